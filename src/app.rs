@@ -1,0 +1,106 @@
+//! The composition root: the only place that picks a concrete store. Builds
+//! every subsystem from [`Settings`], binds the listener, and runs until the
+//! shutdown token is cancelled (zero-to-production's `Application`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{Broker, BrokerSettings};
+use crate::config::Settings;
+use crate::http::{AppState, router};
+use crate::registry::Registry;
+use crate::server::{ServeOptions, serve};
+use crate::store::EventLog;
+use crate::store::embedded::EmbeddedStore;
+use crate::store::postgres::{PostgresOptions, PostgresStore};
+
+/// A built, bound server, ready to run.
+#[derive(Debug)]
+pub struct Application {
+    listener: TcpListener,
+    addr: SocketAddr,
+    router: axum::Router,
+    broker: Broker,
+    store: Arc<dyn EventLog>,
+    options: ServeOptions,
+    shutdown: CancellationToken,
+}
+
+/// Opens the store the settings name: PostgreSQL with `DATABASE_URL`, the
+/// embedded store in the data directory otherwise.
+pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn EventLog>> {
+    Ok(match &settings.database_url {
+        Some(url) => Arc::new(
+            PostgresStore::connect(url, PostgresOptions { pool_size: settings.db_pool, acquire_timeout: settings.db_timeout }).await?,
+        ),
+        None => Arc::new(EmbeddedStore::open(&settings.data_dir).await?),
+    })
+}
+
+impl Application {
+    /// Builds every subsystem and binds the listen address.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        if !settings.listen.ip().is_loopback() {
+            anyhow::bail!(
+                "refusing to listen on {}: tidings has no authentication configured, so it only serves a loopback address (127.0.0.1 or ::1)",
+                settings.listen
+            );
+        }
+        let metrics = crate::metrics::install();
+        let registry = Arc::new(Registry::load(&settings.registry, settings.registry_mode).context("loading the event-type registry")?);
+        crate::metrics::register_types(registry.docs().map(|d| d.name.as_str()));
+        let store = open_store(&settings).await?;
+        let head = store.head().await.context("reading the head of the event log")?;
+        tracing::info!(store = store.kind().as_str(), head, registered_types = registry.len(), mode = ?settings.registry_mode, "store opened");
+
+        let broker = Broker::new(
+            store.clone(),
+            head,
+            BrokerSettings {
+                client_queue: settings.client_queue as usize,
+                slow_client_timeout: settings.slow_client_timeout,
+                eviction_grace: settings.eviction_grace,
+                read_batch: settings.read_batch as usize,
+            },
+        );
+        let shutdown = CancellationToken::new();
+        let listener = TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
+        let addr = listener.local_addr()?;
+        let options = ServeOptions { header_timeout: settings.header_timeout, shutdown_timeout: settings.shutdown_timeout };
+        let state = AppState::new(settings, store.clone(), broker.clone(), registry, metrics, shutdown.clone());
+        Ok(Self { listener, addr, router: router(state), broker, store, options, shutdown })
+    }
+
+    /// The bound address (the port is real even when `:0` was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The store this server appends to.
+    pub fn store(&self) -> Arc<dyn EventLog> {
+        self.store.clone()
+    }
+
+    /// Cancelling this token starts a graceful shutdown.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Serves until the shutdown token is cancelled and every connection has
+    /// finished (or the shutdown deadline closed it).
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let background = CancellationToken::new();
+        let listener_task = self.store.start_wakeups(self.broker.waker(), background.clone());
+        let broker_task = tokio::spawn(self.broker.clone().run(background.clone()));
+        tracing::info!(addr = %self.addr, "tidings is serving");
+        serve(self.listener, self.router, self.options, self.shutdown).await;
+        background.cancel();
+        let _ = tokio::join!(listener_task, broker_task);
+        tracing::info!("tidings stopped");
+        Ok(())
+    }
+}

@@ -1,0 +1,196 @@
+//! `tidings bench`: a load generator that measures what a subscriber sees.
+//!
+//! It holds N SSE connections with a filter, publishes at R events/s
+//! open-loop (every publish is its own task on a fixed schedule, so a slow
+//! server cannot lower the offered rate), and measures publish-to-receive
+//! latency from a timestamp carried in each payload. With `--server-pid` it
+//! also reads the server's CPU time and peak RSS from `/proc`.
+//! It is a benchmark, not a test: it reports, it asserts nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use crate::client;
+
+/// Options of `tidings bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Base URL of the server.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// SSE connections to hold.
+    #[arg(long, default_value_t = 100)]
+    pub clients: usize,
+    /// Events published per second (open loop).
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// How long to publish.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Event type to publish (subscribers filter on it).
+    #[arg(long, default_value = "signal.upvote.recorded")]
+    pub event_type: String,
+    /// Give each subscriber a distinct filter (a distinct target it never
+    /// matches, OR-ed with the bench type), so the broker evaluates N filters.
+    #[arg(long)]
+    pub distinct_filters: bool,
+    /// PID of the server, to report its CPU seconds and peak RSS.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchReport {
+    /// Subscribers that connected.
+    pub subscribers_ready: usize,
+    /// Publishes answered 201.
+    pub publishes_accepted: u64,
+    /// Events received in total.
+    pub delivered: u64,
+    /// accepted x subscribers.
+    pub expected: u64,
+    /// Subscribers that received every accepted event.
+    pub subscribers_complete: usize,
+    /// Latency percentiles, ms.
+    pub p50_ms: f64,
+    /// 90th percentile, ms.
+    pub p90_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// Maximum, ms.
+    pub max_ms: f64,
+    /// Server CPU seconds during the run, when `--server-pid` was given.
+    pub server_cpu_s: Option<f64>,
+    /// Server peak RSS in KiB, when `--server-pid` was given.
+    pub server_peak_rss_kib: Option<u64>,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+fn proc_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+fn proc_peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Runs one bench and returns its report.
+pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(256).build()?;
+    let received: Arc<Vec<AtomicU64>> = Arc::new((0..args.clients).map(|_| AtomicU64::new(0)).collect());
+    let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let mut tasks = Vec::new();
+    for i in 0..args.clients {
+        let url = if args.distinct_filters {
+            let filter = json!({"types": [args.event_type, format!("bench.client_{i}.never")]});
+            format!("{}/v1/stream?filter={}", args.url, urlencode(&filter.to_string()))
+        } else {
+            format!("{}/v1/stream?types={}", args.url, args.event_type)
+        };
+        let mut reader = client::connect(&http, &url, None).await?;
+        let received = received.clone();
+        let latencies = latencies.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut local = Vec::new();
+            while let Some(event) = reader.next_event().await {
+                if event.event.is_some() {
+                    continue;
+                }
+                let now = now_us();
+                if let Ok(v) = serde_json::from_str::<Value>(&event.data)
+                    && let Some(sent) = v["payload"]["sent_us"].as_u64()
+                {
+                    local.push(now.saturating_sub(sent));
+                    received[i].fetch_add(1, Ordering::Relaxed);
+                }
+                if local.len() >= 1024 {
+                    latencies.lock().await.append(&mut local);
+                }
+            }
+            latencies.lock().await.append(&mut local);
+        }));
+    }
+    let cpu_before = args.server_pid.and_then(proc_cpu_seconds);
+
+    let accepted = Arc::new(AtomicU64::new(0));
+    let total = (args.rate * args.duration.as_secs_f64()).round() as u64;
+    let interval = Duration::from_secs_f64(1.0 / args.rate);
+    let start = tokio::time::Instant::now();
+    let mut publishes = Vec::with_capacity(total as usize);
+    for n in 0..total {
+        tokio::time::sleep_until(start + interval.mul_f64(n as f64)).await;
+        let http = http.clone();
+        let url = format!("{}/v1/events", args.url);
+        let accepted = accepted.clone();
+        let event_type = args.event_type.clone();
+        publishes.push(tokio::spawn(async move {
+            let body = json!({"event_type": event_type, "payload": {"sent_us": now_us(), "weight": 1}});
+            if let Ok(r) = http.post(url).json(&body).send().await
+                && r.status().as_u16() == 201
+            {
+                accepted.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for p in publishes {
+        let _ = p.await;
+    }
+    let accepted = accepted.load(Ordering::Relaxed);
+    // Let the last deliveries land: wait until every subscriber has them, or 5 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline && received.iter().any(|r| r.load(Ordering::Relaxed) < accepted) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cpu_after = args.server_pid.and_then(proc_cpu_seconds);
+    for t in &tasks {
+        t.abort();
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut lat = std::mem::take(&mut *latencies.lock().await);
+    lat.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return f64::NAN;
+        }
+        lat[((lat.len() as f64 - 1.0) * p).round() as usize] as f64 / 1000.0
+    };
+    let delivered: u64 = received.iter().map(|r| r.load(Ordering::Relaxed)).sum();
+    Ok(BenchReport {
+        subscribers_ready: args.clients,
+        publishes_accepted: accepted,
+        delivered,
+        expected: accepted * args.clients as u64,
+        subscribers_complete: received.iter().filter(|r| r.load(Ordering::Relaxed) >= accepted).count(),
+        p50_ms: pct(0.50),
+        p90_ms: pct(0.90),
+        p99_ms: pct(0.99),
+        max_ms: pct(1.0),
+        server_cpu_s: cpu_before.zip(cpu_after).map(|(a, b)| b - a),
+        server_peak_rss_kib: args.server_pid.and_then(proc_peak_rss_kib),
+    })
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

@@ -1,0 +1,441 @@
+//! The in-process broker: one task per process reads committed events after
+//! its high-water mark, serialises each frame once, and pushes it into the
+//! bounded queue of every live client whose filter matches. The loop never
+//! waits on a client: a full queue or a client that makes no progress is
+//! evicted with a named reason, and the client resumes from its last id.
+//!
+//! Registration and the high-water mark change under one lock, so a new
+//! subscription learns exactly which events it will receive live (every id
+//! above [`Subscription::position`]) and replays the rest from the store:
+//! no gap, no duplicate at the seam (the mercure order: register, snapshot,
+//! replay, then flush the live queue).
+//!
+//! A client still replaying history whose live queue fills is not slow, only
+//! behind: it is detached as *lagged* and catches up from the store again
+//! (KurrentDB's drop-to-catch-up) instead of being dropped.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::event::{Event, EventId};
+use crate::filter::Filter;
+use crate::metrics as m;
+use crate::store::{EventLog, Record};
+
+/// Broker settings.
+#[derive(Debug, Clone)]
+pub struct BrokerSettings {
+    /// Per-client queue length.
+    pub client_queue: usize,
+    /// A client with queued events that takes none for this long is evicted.
+    pub slow_client_timeout: Duration,
+    /// How long an evicted client's connection may take to flush its last
+    /// frames before it is closed by force.
+    pub eviction_grace: Duration,
+    /// Rows read from the store per round.
+    pub read_batch: usize,
+}
+
+/// One event frame, shared by every client that receives it. Cloning copies
+/// two integers and bumps a reference count: no allocation per client.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// The event id.
+    pub id: EventId,
+    /// The encoded frame (SSE `id:` + `data:` lines).
+    pub bytes: Bytes,
+    /// When it was committed (Unix ms), for publish-to-send latency.
+    pub recorded_ms: i64,
+}
+
+/// Why a subscription stopped receiving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detached {
+    /// Its queue overflowed while it was live: a slow client.
+    QueueFull,
+    /// Events waited in its queue and it took none within the timeout.
+    NoProgress,
+    /// Its queue overflowed while it was still replaying: it should catch up
+    /// from the store and subscribe again.
+    Lagged,
+    /// The broker stopped (server shutdown).
+    Closed,
+}
+
+impl Detached {
+    /// The `reason` label of `tidings_clients_dropped_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::QueueFull => "queue_full",
+            Self::NoProgress => "no_progress",
+            Self::Lagged => "lagged",
+            Self::Closed => "closed",
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Self::QueueFull,
+            2 => Self::NoProgress,
+            3 => Self::Lagged,
+            _ => Self::Closed,
+        }
+    }
+}
+
+/// What a transport tells the broker about a new client.
+#[derive(Debug, Default)]
+pub struct SubscribeOptions {
+    /// Cancelled (after the grace period) when the client is evicted and its
+    /// connection has not finished by then; transports close the socket on it.
+    pub kill: Option<CancellationToken>,
+    /// The `transport` label.
+    pub transport: &'static str,
+    /// Whether the client starts in replay (catch-up) phase.
+    pub catching_up: bool,
+}
+
+/// Per-client state shared between the broker and the transport.
+#[derive(Debug)]
+struct ClientState {
+    catching_up: AtomicBool,
+    detached: AtomicU8,
+    last_progress_ms: AtomicU64,
+    finished: AtomicBool,
+    kill: Option<CancellationToken>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    filter: Arc<Filter>,
+    tx: mpsc::Sender<Frame>,
+    state: Arc<ClientState>,
+}
+
+#[derive(Debug, Default)]
+struct Clients {
+    /// Every event up to here has been fanned out.
+    position: EventId,
+    next_id: u64,
+    map: HashMap<u64, Slot>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: Arc<dyn EventLog>,
+    // A std mutex: it is held only for CPU work (registration, one fan-out
+    // round) and never across an `.await`, which is cheaper than an async
+    // mutex and cannot deadlock the runtime.
+    clients: Mutex<Clients>,
+    wake: Arc<Notify>,
+    settings: BrokerSettings,
+    epoch: Instant,
+    lag_ms: AtomicU64,
+    position: AtomicI64,
+    stopped: CancellationToken,
+}
+
+/// A handle to the broker. Cloning is shallow.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    shared: Arc<Shared>,
+}
+
+impl Broker {
+    /// Creates a broker whose high-water mark starts at `head`: events up to
+    /// it are history, served by replay.
+    pub fn new(store: Arc<dyn EventLog>, head: EventId, settings: BrokerSettings) -> Self {
+        let shared = Shared {
+            store,
+            clients: Mutex::new(Clients { position: head, ..Default::default() }),
+            wake: Arc::new(Notify::new()),
+            settings,
+            epoch: Instant::now(),
+            lag_ms: AtomicU64::new(0),
+            position: AtomicI64::new(head),
+            stopped: CancellationToken::new(),
+        };
+        Self { shared: Arc::new(shared) }
+    }
+
+    /// The notifier that stores use to wake the broker after a commit.
+    pub fn waker(&self) -> Arc<Notify> {
+        self.shared.wake.clone()
+    }
+
+    /// Wakes the broker (after an in-process append).
+    pub fn wake(&self) {
+        self.shared.wake.notify_one();
+    }
+
+    /// The store this broker reads from.
+    pub fn store(&self) -> &Arc<dyn EventLog> {
+        &self.shared.store
+    }
+
+    /// Every event up to this id has been fanned out.
+    pub fn position(&self) -> EventId {
+        self.shared.position.load(Ordering::Acquire)
+    }
+
+    /// Connected clients.
+    pub fn client_count(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// Age of the last fanned-out event when the broker read it, in ms.
+    pub fn lag_ms(&self) -> u64 {
+        self.shared.lag_ms.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Clients> {
+        // A panic while holding the lock cannot leave the map inconsistent
+        // (every mutation is a single insert/remove), so poisoning is ignored.
+        self.shared.clients.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.shared.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Registers a live client. It receives every matching event with an id
+    /// above the returned subscription's [`Subscription::position`].
+    pub fn subscribe(&self, filter: Arc<Filter>, options: SubscribeOptions) -> Subscription {
+        let (tx, rx) = mpsc::channel(self.shared.settings.client_queue);
+        let state = Arc::new(ClientState {
+            catching_up: AtomicBool::new(options.catching_up),
+            detached: AtomicU8::new(0),
+            last_progress_ms: AtomicU64::new(self.now_ms()),
+            finished: AtomicBool::new(false),
+            kill: options.kill,
+        });
+        let mut clients = self.lock();
+        let id = clients.next_id;
+        clients.next_id += 1;
+        let position = clients.position;
+        if self.shared.stopped.is_cancelled() {
+            state.detached.store(4, Ordering::Release);
+            drop(tx);
+        } else {
+            clients.map.insert(id, Slot { filter, tx, state: state.clone() });
+        }
+        drop(clients);
+        metrics::gauge!(m::CLIENTS_CONNECTED, "transport" => options.transport).increment(1.0);
+        Subscription { id, rx, state, broker: self.clone(), position, transport: options.transport }
+    }
+
+    /// Runs the fan-out loop until `cancel`.
+    pub async fn run(self, cancel: CancellationToken) {
+        let sweep_every = (self.shared.settings.slow_client_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let mut sweep = tokio::time::interval(sweep_every);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = self.shared.wake.notified() => {}
+                _ = sweep.tick() => { self.sweep(); continue; }
+            }
+            // Read until caught up; on a store failure retry with backoff
+            // (no wake-up may come for rows that are already committed).
+            loop {
+                let after = self.position();
+                match self.shared.store.read_after(after, self.shared.settings.read_batch).await {
+                    Ok(rows) if rows.is_empty() => {
+                        backoff = Duration::from_millis(50);
+                        break;
+                    }
+                    Ok(rows) => {
+                        backoff = Duration::from_millis(50);
+                        self.fan_out(rows);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "broker cannot read the event log; retrying");
+                        tokio::select! {
+                            _ = cancel.cancelled() => break,
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                }
+                if cancel.is_cancelled() {
+                    break;
+                }
+            }
+        }
+        self.shutdown();
+    }
+
+    /// Detaches every client (their streams end) and refuses new ones.
+    fn shutdown(&self) {
+        self.shared.stopped.cancel();
+        let mut clients = self.lock();
+        for (_, slot) in clients.map.drain() {
+            slot.state.detached.store(4, Ordering::Release);
+        }
+    }
+
+    fn fan_out(&self, rows: Vec<Record>) {
+        let now_wall = chrono::Utc::now().timestamp_millis();
+        let mut events = Vec::with_capacity(rows.len());
+        for row in rows {
+            let lag = (now_wall - row.recorded_ms).max(0) as f64 / 1000.0;
+            metrics::histogram!(m::BROKER_LAG).record(lag);
+            self.shared.lag_ms.store((lag * 1000.0) as u64, Ordering::Relaxed);
+            match Event::from_stored(row.id, &row.body, row.recorded_ms) {
+                Ok(event) => events.push(event),
+                // A row that does not parse was not written by this version of
+                // tidings; skipping it keeps every other client live.
+                Err(e) => tracing::error!(id = row.id, error = %e, "skipping an unreadable event row"),
+            }
+        }
+        let Some(last) = events.last().map(|e| e.id) else { return };
+        let mut evict: Vec<(u64, Detached)> = Vec::new();
+        let mut clients = self.lock();
+        for event in &events {
+            let frame = Frame { id: event.id, bytes: event.sse_frame(), recorded_ms: event.recorded_ms };
+            for (&id, slot) in &clients.map {
+                if !slot.filter.matches(&event.body) {
+                    continue;
+                }
+                match slot.tx.try_send(frame.clone()) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        if !evict.iter().any(|(e, _)| *e == id) {
+                            let reason =
+                                if slot.state.catching_up.load(Ordering::Acquire) { Detached::Lagged } else { Detached::QueueFull };
+                            evict.push((id, reason));
+                        }
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {}
+                }
+            }
+            // Evict between events so an evicted client gets no later frame.
+            for (id, reason) in evict.drain(..) {
+                if let Some(slot) = clients.map.remove(&id) {
+                    self.detach(slot, reason);
+                }
+            }
+        }
+        for slot in clients.map.values() {
+            let depth = slot.tx.max_capacity() - slot.tx.capacity();
+            if depth > 0 {
+                metrics::histogram!(m::QUEUE_DEPTH).record(depth as f64);
+            }
+        }
+        clients.position = last;
+        self.shared.position.store(last, Ordering::Release);
+    }
+
+    /// Evicts clients that have events waiting and took none in time.
+    fn sweep(&self) {
+        let now = self.now_ms();
+        let timeout = self.shared.settings.slow_client_timeout.as_millis() as u64;
+        let mut clients = self.lock();
+        let stuck: Vec<u64> = clients
+            .map
+            .iter()
+            .filter(|(_, s)| {
+                s.tx.capacity() < s.tx.max_capacity() && now.saturating_sub(s.state.last_progress_ms.load(Ordering::Relaxed)) > timeout
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stuck {
+            if let Some(slot) = clients.map.remove(&id) {
+                self.detach(slot, Detached::NoProgress);
+            }
+        }
+    }
+
+    fn detach(&self, slot: Slot, reason: Detached) {
+        slot.state.detached.store(reason as u8 + 1, Ordering::Release);
+        if reason == Detached::Lagged {
+            return;
+        }
+        metrics::counter!(m::CLIENTS_DROPPED, "reason" => reason.label()).increment(1);
+        tracing::info!(reason = reason.label(), "evicting a slow client");
+        if let Some(kill) = slot.state.kill.clone() {
+            let state = slot.state.clone();
+            let grace = self.shared.settings.eviction_grace;
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                if !state.finished.load(Ordering::Acquire) {
+                    kill.cancel();
+                }
+            });
+        }
+        // Dropping the slot drops the sender: the client drains what is
+        // queued, then sees the end of its queue.
+    }
+}
+
+/// A live client's registration. Dropping it unregisters the client.
+#[derive(Debug)]
+pub struct Subscription {
+    id: u64,
+    rx: mpsc::Receiver<Frame>,
+    state: Arc<ClientState>,
+    broker: Broker,
+    position: EventId,
+    transport: &'static str,
+}
+
+impl Subscription {
+    /// Live delivery covers every id above this; history up to it is replayed
+    /// from the store.
+    pub fn position(&self) -> EventId {
+        self.position
+    }
+
+    /// The next live frame; `None` once detached (see [`Self::detached`]).
+    pub async fn recv(&mut self) -> Option<Frame> {
+        let frame = self.rx.recv().await;
+        self.progress();
+        frame
+    }
+
+    /// A frame already queued, without waiting (for coalescing writes).
+    pub fn try_recv(&mut self) -> Option<Frame> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Why the queue ended.
+    pub fn detached(&self) -> Detached {
+        Detached::from_u8(self.state.detached.load(Ordering::Acquire))
+    }
+
+    /// Records progress (frames taken or history written), which keeps the
+    /// client clear of the no-progress eviction.
+    pub fn progress(&self) {
+        self.state.last_progress_ms.store(self.broker.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Marks the end of replay: from now on a full queue means a slow client.
+    pub fn set_live(&self) {
+        self.state.catching_up.store(false, Ordering::Release);
+    }
+
+    /// Marks the client's connection as finished, so no forced close follows.
+    pub fn finish(&self) {
+        self.state.finished.store(true, Ordering::Release);
+    }
+
+    /// The broker this subscription belongs to.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.finish();
+        self.broker.lock().map.remove(&self.id);
+        metrics::gauge!(m::CLIENTS_CONNECTED, "transport" => self.transport).decrement(1.0);
+    }
+}

@@ -1,0 +1,158 @@
+//! A small Server-Sent Events client: the frame parser (per the WHATWG
+//! event-stream rules tidings relies on: `id`, `event`, `data`, `retry`,
+//! comments) and a reader over an HTTP response. Used by `tidings bench`,
+//! the CLI and the integration tests.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt as _};
+
+/// One dispatched event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SseEvent {
+    /// `id:` of the frame, if any.
+    pub id: Option<String>,
+    /// `event:` name; `None` means the default `message`.
+    pub event: Option<String>,
+    /// `data:` lines joined by `\n`.
+    pub data: String,
+}
+
+/// Incremental parser.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    line: Vec<u8>,
+    current: SseEvent,
+    has_data: bool,
+    /// The last `retry:` value seen, in ms.
+    pub retry_ms: Option<u64>,
+    /// Comment lines seen (heartbeats).
+    pub comments: u64,
+}
+
+impl SseParser {
+    /// Feeds bytes; returns the events they complete.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        for &b in bytes {
+            if b == b'\n' {
+                let line = std::mem::take(&mut self.line);
+                let line = line.strip_suffix(b"\r").unwrap_or(&line);
+                self.line_done(line, &mut out);
+            } else {
+                self.line.push(b);
+            }
+        }
+        out
+    }
+
+    fn line_done(&mut self, line: &[u8], out: &mut Vec<SseEvent>) {
+        if line.is_empty() {
+            if self.has_data {
+                out.push(std::mem::take(&mut self.current));
+            } else {
+                self.current = SseEvent::default();
+            }
+            self.has_data = false;
+            return;
+        }
+        if line[0] == b':' {
+            self.comments += 1;
+            return;
+        }
+        let text = String::from_utf8_lossy(line);
+        let (field, value) = match text.split_once(':') {
+            Some((f, v)) => (f.to_owned(), v.strip_prefix(' ').unwrap_or(v).to_owned()),
+            None => (text.into_owned(), String::new()),
+        };
+        match field.as_str() {
+            "id" => self.current.id = Some(value),
+            "event" => self.current.event = Some(value),
+            "data" => {
+                if self.has_data {
+                    self.current.data.push('\n');
+                }
+                self.current.data.push_str(&value);
+                self.has_data = true;
+            }
+            "retry" => self.retry_ms = value.parse().ok(),
+            _ => {}
+        }
+    }
+}
+
+/// Events read from a streaming HTTP response.
+pub struct SseReader<S> {
+    body: S,
+    parser: SseParser,
+    pending: VecDeque<SseEvent>,
+}
+
+impl<S> std::fmt::Debug for SseReader<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SseReader").field("pending", &self.pending.len()).finish_non_exhaustive()
+    }
+}
+
+impl<S, E> SseReader<S>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+{
+    /// Wraps a body stream.
+    pub fn new(body: S) -> Self {
+        Self { body, parser: SseParser::default(), pending: VecDeque::new() }
+    }
+
+    /// The next event; `None` when the stream ended (or failed).
+    pub async fn next_event(&mut self) -> Option<SseEvent> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                return Some(e);
+            }
+            match self.body.next().await {
+                Some(Ok(chunk)) => self.pending.extend(self.parser.feed(&chunk)),
+                _ => return None,
+            }
+        }
+    }
+
+    /// The parser (retry and heartbeat counts).
+    pub fn parser(&self) -> &SseParser {
+        &self.parser
+    }
+}
+
+/// A response body as a stream of chunks.
+pub type BodyStream = std::pin::Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// Opens `url` as an event stream, sending `Last-Event-ID` when given.
+pub async fn connect(http: &reqwest::Client, url: &str, last_event_id: Option<i64>) -> reqwest::Result<SseReader<BodyStream>> {
+    let mut request = http.get(url).header("accept", "text/event-stream");
+    if let Some(id) = last_event_id {
+        request = request.header("last-event-id", id.to_string());
+    }
+    let response = request.send().await?.error_for_status()?;
+    Ok(SseReader::new(Box::pin(response.bytes_stream())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_frames_split_anywhere() {
+        let text = b"retry: 2000\n\n:\n\nid: 1\ndata: {\"a\":1}\n\nevent: system.x\ndata: y\n\n";
+        for split in 0..text.len() {
+            let mut p = SseParser::default();
+            let mut events = p.feed(&text[..split]);
+            events.extend(p.feed(&text[split..]));
+            assert_eq!(p.retry_ms, Some(2000));
+            assert_eq!(p.comments, 1);
+            assert_eq!(events.len(), 2);
+            assert_eq!(events[0].id.as_deref(), Some("1"));
+            assert_eq!(events[0].data, "{\"a\":1}");
+            assert_eq!(events[1].event.as_deref(), Some("system.x"));
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Typed configuration. Every setting is an environment variable with a
+//! matching flag and a documented default; every limit is a setting.
+//! Durations are written `250ms`, `30s`, `5m`, `7d` (parsed by `humantime`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::registry::RegistryMode;
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 250ms, 30s, 5m, 7d)"))
+}
+
+fn byte_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, factor) = match s.to_ascii_lowercase() {
+        x if x.ends_with("kib") => (s[..s.len() - 3].to_owned(), 1024),
+        x if x.ends_with("mib") => (s[..s.len() - 3].to_owned(), 1024 * 1024),
+        _ => (s.to_owned(), 1),
+    };
+    digits.trim().parse::<usize>().map(|n| n * factor).map_err(|_| format!("{s:?} is not a size (write 65536, 64KiB or 1MiB)"))
+}
+
+/// Settings of `tidings serve`.
+#[derive(Debug, Clone, Args)]
+pub struct Settings {
+    /// HTTP listen address.
+    #[arg(long, env = "TIDINGS_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// PostgreSQL URL; unset means the embedded store in the data directory.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    /// Directory of the embedded store (and the server key).
+    #[arg(long, env = "TIDINGS_DATA_DIR", default_value = "./tidings-data")]
+    pub data_dir: PathBuf,
+
+    /// Event-type registry directory (the built-in registry is used when it does not exist).
+    #[arg(long, env = "TIDINGS_REGISTRY", default_value = "./registry")]
+    pub registry: PathBuf,
+
+    /// `strict` refuses unregistered types and schema violations; `warn` accepts, logs and counts them.
+    #[arg(long, env = "TIDINGS_REGISTRY_MODE", value_enum, default_value = "warn")]
+    pub registry_mode: RegistryMode,
+
+    /// Per-client queue length, in events.
+    #[arg(long, env = "TIDINGS_CLIENT_QUEUE", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub client_queue: u32,
+
+    /// A client with waiting events that takes none for this long is dropped.
+    #[arg(long, env = "TIDINGS_SLOW_CLIENT_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub slow_client_timeout: Duration,
+
+    /// Time an evicted client's connection gets to flush before it is closed by force.
+    #[arg(long, env = "TIDINGS_EVICTION_GRACE", default_value = "5s", value_parser = duration)]
+    pub eviction_grace: Duration,
+
+    /// Interval of the SSE comment heartbeat.
+    #[arg(long, env = "TIDINGS_HEARTBEAT", default_value = "15s", value_parser = duration)]
+    pub heartbeat: Duration,
+
+    /// Reconnect delay advertised to SSE clients (`retry:`).
+    #[arg(long, env = "TIDINGS_SSE_RETRY", default_value = "2s", value_parser = duration)]
+    pub sse_retry: Duration,
+
+    /// Largest accepted request body.
+    #[arg(long, env = "TIDINGS_MAX_BODY", default_value = "1MiB", value_parser = byte_size)]
+    pub max_body: usize,
+
+    /// Largest accepted event payload (serialised).
+    #[arg(long, env = "TIDINGS_MAX_PAYLOAD", default_value = "64KiB", value_parser = byte_size)]
+    pub max_payload: usize,
+
+    /// Most events in one publish batch.
+    #[arg(long, env = "TIDINGS_MAX_BATCH", default_value_t = 10_000)]
+    pub max_batch: usize,
+
+    /// Longest `filter=` JSON, in bytes.
+    #[arg(long, env = "TIDINGS_MAX_FILTER_BYTES", default_value = "16KiB", value_parser = byte_size)]
+    pub max_filter_bytes: usize,
+
+    /// Most entries in one filter list (`types`, `agents`, `targets`).
+    #[arg(long, env = "TIDINGS_MAX_FILTER_LIST", default_value_t = 256)]
+    pub max_filter_list: usize,
+
+    /// Rows read per store round trip by the broker and by replay.
+    #[arg(long, env = "TIDINGS_READ_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub read_batch: u32,
+
+    /// Most pooled PostgreSQL connections.
+    #[arg(long, env = "TIDINGS_DB_POOL", default_value_t = 16)]
+    pub db_pool: usize,
+
+    /// Longest wait for a database connection before answering 503.
+    #[arg(long, env = "TIDINGS_DB_TIMEOUT", default_value = "2s", value_parser = duration)]
+    pub db_timeout: Duration,
+
+    /// Longest a client may take to send its request headers (slowloris guard).
+    #[arg(long, env = "TIDINGS_HEADER_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub header_timeout: Duration,
+
+    /// Deadline for a graceful shutdown; connections still open then are closed.
+    #[arg(long, env = "TIDINGS_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Log format.
+    #[arg(long, env = "TIDINGS_LOG_FORMAT", value_enum, default_value = "human")]
+    pub log_format: LogFormat,
+}
+
+impl Settings {
+    /// The defaults, with any `TIDINGS_*`/`DATABASE_URL` environment variables applied.
+    pub fn from_env() -> Self {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            settings: Settings,
+        }
+        <Wrapper as clap::Parser>::parse_from(["tidings"]).settings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(byte_size("1MiB"), Ok(1024 * 1024));
+        assert_eq!(byte_size("64KiB"), Ok(65536));
+        assert_eq!(byte_size("100"), Ok(100));
+        assert!(byte_size("lots").is_err());
+        assert_eq!(duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(duration("7d"), Ok(Duration::from_secs(7 * 86400)));
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+    }
+}

@@ -1,0 +1,215 @@
+//! Segment globs over dotted names: `*` is exactly one segment, `**` is one or
+//! more segments, anywhere in the pattern (`**.recorded`, `link.*.added`,
+//! `hypothesis.**`).
+//!
+//! Why not `globset`: its `**` matches *zero* or more path components and only
+//! knows `/` as a separator, while SPEC-065 wants one-or-more over `.`; and the
+//! broker's index needs the literal prefix of a pattern, which a compiled
+//! regex does not expose. Matching is a small dynamic programme over segments
+//! (O(pattern × name) at worst, allocation-free), checked against an
+//! independent regex translation by property tests.
+
+use std::fmt;
+
+use crate::event::is_valid_segment;
+
+/// One segment of a compiled pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seg {
+    Lit(Box<str>),
+    One,
+    OneOrMore,
+}
+
+/// A compiled event-type glob.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Glob {
+    source: Box<str>,
+    segs: Box<[Seg]>,
+}
+
+impl fmt::Debug for Glob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Glob({})", self.source)
+    }
+}
+
+/// Why a pattern is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GlobError {
+    /// The pattern is empty.
+    #[error("empty pattern")]
+    Empty,
+    /// A segment is empty (`a..b`, `.a`, `a.`).
+    #[error("pattern {0:?} has an empty segment")]
+    EmptySegment(String),
+    /// A segment is neither a name segment nor `*`/`**`.
+    #[error("pattern {pattern:?}: segment {segment:?} is not a lowercase snake_case name, '*' or '**'")]
+    BadSegment {
+        /// The whole pattern.
+        pattern: String,
+        /// The offending segment.
+        segment: String,
+    },
+    /// The pattern is longer than any valid name could be.
+    #[error("pattern is longer than {0} bytes")]
+    TooLong(usize),
+}
+
+impl Glob {
+    /// Compiles a pattern.
+    pub fn new(pattern: &str) -> Result<Self, GlobError> {
+        if pattern.is_empty() {
+            return Err(GlobError::Empty);
+        }
+        if pattern.len() > crate::event::MAX_NAME_LEN {
+            return Err(GlobError::TooLong(crate::event::MAX_NAME_LEN));
+        }
+        let mut segs = Vec::new();
+        for segment in pattern.split('.') {
+            let seg = match segment {
+                "" => return Err(GlobError::EmptySegment(pattern.to_owned())),
+                "*" => Seg::One,
+                "**" => Seg::OneOrMore,
+                s if is_valid_segment(s) => Seg::Lit(s.into()),
+                s => return Err(GlobError::BadSegment { pattern: pattern.to_owned(), segment: s.to_owned() }),
+            };
+            // `**.**` means the same as `*.**`; keep the pattern as written,
+            // the matcher handles consecutive wildcards correctly.
+            segs.push(seg);
+        }
+        Ok(Self { source: pattern.into(), segs: segs.into() })
+    }
+
+    /// The pattern as written.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// The name this pattern matches when it has no wildcard.
+    pub fn exact(&self) -> Option<&str> {
+        self.segs.iter().all(|s| matches!(s, Seg::Lit(_))).then_some(&*self.source)
+    }
+
+    /// The leading literal segments (`link` for `link.*.added`), joined by
+    /// `.`; `None` when the pattern starts with a wildcard.
+    pub fn literal_prefix(&self) -> Option<&str> {
+        let lits = self.segs.iter().take_while(|s| matches!(s, Seg::Lit(_))).count();
+        if lits == 0 {
+            return None;
+        }
+        let end = self.source.split('.').take(lits).map(str::len).sum::<usize>() + lits - 1;
+        Some(&self.source[..end])
+    }
+
+    /// Whether `name` matches.
+    pub fn matches(&self, name: &str) -> bool {
+        // Fast path: most patterns are exact names.
+        if let Some(exact) = self.exact() {
+            return exact == name;
+        }
+        // Segments of the name, without allocating: at most 64 are tracked
+        // (names are at most 255 bytes, so at most 128 segments; longer ones
+        // fall back to a Vec).
+        let mut stack: [&str; 64] = [""; 64];
+        let heap: Vec<&str>;
+        let n = name.split('.').count();
+        let segments: &[&str] = if n <= stack.len() {
+            for (slot, s) in stack.iter_mut().zip(name.split('.')) {
+                *slot = s;
+            }
+            &stack[..n]
+        } else {
+            heap = name.split('.').collect();
+            &heap
+        };
+        match_segments(&self.segs, segments)
+    }
+}
+
+/// `reach[j]`: the first `i` pattern segments can consume exactly the first
+/// `j` name segments. One row at a time, so memory is O(name).
+fn match_segments(pattern: &[Seg], name: &[&str]) -> bool {
+    const MAX: usize = 130;
+    let n = name.len();
+    if n + 1 > MAX {
+        return false;
+    }
+    let mut reach = [false; MAX];
+    reach[0] = true;
+    for seg in pattern {
+        let mut next = [false; MAX];
+        match seg {
+            Seg::Lit(lit) => {
+                for j in 0..n {
+                    next[j + 1] = reach[j] && name[j] == &**lit;
+                }
+            }
+            Seg::One => {
+                next[1..=n].copy_from_slice(&reach[..n]);
+            }
+            Seg::OneOrMore => {
+                // next[j] = exists k < j with reach[k]
+                let mut any = false;
+                for j in 1..=n {
+                    any |= reach[j - 1];
+                    next[j] = any;
+                }
+            }
+        }
+        reach = next;
+    }
+    reach[n]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(p: &str, n: &str) -> bool {
+        Glob::new(p).unwrap().matches(n)
+    }
+
+    #[test]
+    fn spec_examples() {
+        assert!(m("hypothesis.*", "hypothesis.created"));
+        assert!(!m("hypothesis.*", "hypothesis.created.again"));
+        assert!(!m("hypothesis.*", "hypothesis"));
+        assert!(m("hypothesis.**", "hypothesis.created"));
+        assert!(m("hypothesis.**", "hypothesis.a.b.c"));
+        assert!(!m("hypothesis.**", "hypothesis"));
+        assert!(m("**.recorded", "signal.upvote.recorded"));
+        assert!(m("**.recorded", "a.recorded"));
+        assert!(!m("**.recorded", "recorded"));
+        assert!(m("link.*.added", "link.cites.added"));
+        assert!(!m("link.*.added", "link.cites.removed"));
+        assert!(!m("link.*.added", "link.a.b.added"));
+        assert!(m("signal.upvote.recorded", "signal.upvote.recorded"));
+        assert!(!m("signal.upvote.recorded", "signal.upvote"));
+        assert!(m("a.**.z", "a.b.c.z"));
+        assert!(!m("a.**.z", "a.z"));
+        assert!(m("**", "anything.at.all"));
+        assert!(m("*.*", "a.b"));
+    }
+
+    #[test]
+    fn invalid_patterns() {
+        assert_eq!(Glob::new(""), Err(GlobError::Empty));
+        assert!(matches!(Glob::new("a..b"), Err(GlobError::EmptySegment(_))));
+        assert!(matches!(Glob::new(".a"), Err(GlobError::EmptySegment(_))));
+        assert!(matches!(Glob::new("a."), Err(GlobError::EmptySegment(_))));
+        assert!(matches!(Glob::new("A.b"), Err(GlobError::BadSegment { .. })));
+        assert!(matches!(Glob::new("a.b*"), Err(GlobError::BadSegment { .. })));
+        assert!(matches!(Glob::new("a.***"), Err(GlobError::BadSegment { .. })));
+        assert!(matches!(Glob::new("a/b"), Err(GlobError::BadSegment { .. })));
+    }
+
+    #[test]
+    fn prefixes() {
+        assert_eq!(Glob::new("link.*.added").unwrap().literal_prefix(), Some("link"));
+        assert_eq!(Glob::new("signal.upvote.*").unwrap().literal_prefix(), Some("signal.upvote"));
+        assert_eq!(Glob::new("**.recorded").unwrap().literal_prefix(), None);
+        assert_eq!(Glob::new("a.b").unwrap().exact(), Some("a.b"));
+        assert_eq!(Glob::new("a.*").unwrap().exact(), None);
+    }
+}

@@ -1,0 +1,216 @@
+//! The subscription filter (SPEC-065 §2.3): parsed and validated once when a
+//! client subscribes, then evaluated by [`Filter::matches`], the one matcher
+//! every delivery path uses (live SSE, replay, and later poll, WebSocket and
+//! subscriptions). Pure: no I/O.
+//!
+//! Fields are AND-combined, values within a field OR-combined, and an empty
+//! or absent field means "any".
+
+pub mod glob;
+
+use std::collections::HashSet;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+pub use glob::{Glob, GlobError};
+
+use crate::event::EventBody;
+
+/// Limits on what one filter may ask for; each is a setting.
+#[derive(Debug, Clone, Copy)]
+pub struct FilterLimits {
+    /// Longest `filter=` JSON, in bytes.
+    pub max_bytes: usize,
+    /// Most entries in any one list (`types`, `agents`, `targets`).
+    pub max_list: usize,
+}
+
+impl Default for FilterLimits {
+    fn default() -> Self {
+        Self { max_bytes: 16 * 1024, max_list: 256 }
+    }
+}
+
+/// Why a filter is refused (`400 invalid_filter`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct FilterError(pub String);
+
+/// A compiled filter.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    types: Vec<Glob>,
+    agents: HashSet<String>,
+    targets: HashSet<String>,
+}
+
+/// The JSON form, before validation.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilterJson {
+    #[serde(default)]
+    types: Option<Vec<String>>,
+    #[serde(default)]
+    agents: Option<Vec<String>>,
+    #[serde(default)]
+    targets: Option<Vec<String>>,
+    /// Cursor fields belong to the request, not the match; accepted here so a
+    /// client can send one object.
+    #[serde(default)]
+    since: Option<Value>,
+    #[serde(default)]
+    consumer_id: Option<Value>,
+}
+
+/// The filter fields a request may carry in its query string.
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct FilterQuery {
+    /// URL-encoded JSON filter.
+    pub filter: Option<String>,
+    /// Comma list of type globs.
+    pub types: Option<String>,
+    /// Comma list of agent ids.
+    pub agents: Option<String>,
+    /// Comma list of references.
+    pub targets: Option<String>,
+}
+
+impl Filter {
+    /// A filter that matches every event.
+    pub fn any() -> Self {
+        Self::default()
+    }
+
+    /// Builds a filter from its parts, validating each.
+    pub fn from_parts(types: &[String], agents: &[String], targets: &[String], limits: FilterLimits) -> Result<Self, FilterError> {
+        for (field, list) in [("types", types), ("agents", agents), ("targets", targets)] {
+            if list.len() > limits.max_list {
+                return Err(FilterError(format!("{field} has {} entries, at most {} are allowed", list.len(), limits.max_list)));
+            }
+        }
+        let types = types.iter().map(|t| Glob::new(t).map_err(|e| FilterError(format!("types: {e}")))).collect::<Result<Vec<_>, _>>()?;
+        for (field, list) in [("agents", agents), ("targets", targets)] {
+            if let Some(bad) = list.iter().find(|v| v.is_empty() || v.len() > crate::event::MAX_FIELD_LEN) {
+                return Err(FilterError(format!(
+                    "{field}: entries must be 1 to {} bytes, got {} bytes",
+                    crate::event::MAX_FIELD_LEN,
+                    bad.len()
+                )));
+            }
+        }
+        Ok(Self { types, agents: agents.iter().cloned().collect(), targets: targets.iter().cloned().collect() })
+    }
+
+    /// Parses the JSON form; a bare list `["a.*"]` means `{"types":["a.*"]}`.
+    pub fn from_json(text: &str, limits: FilterLimits) -> Result<Self, FilterError> {
+        if text.len() > limits.max_bytes {
+            return Err(FilterError(format!("filter is {} bytes, at most {} are allowed", text.len(), limits.max_bytes)));
+        }
+        let value: Value = serde_json::from_str(text).map_err(|e| FilterError(format!("filter is not valid JSON: {e}")))?;
+        let parsed: FilterJson = match value {
+            Value::Array(_) => {
+                FilterJson { types: Some(string_list("types", value)?), agents: None, targets: None, since: None, consumer_id: None }
+            }
+            Value::Object(_) => serde_json::from_value(value).map_err(|e| FilterError(format!("filter: {e}")))?,
+            _ => return Err(FilterError("filter must be a JSON object or a list of type patterns".into())),
+        };
+        let _ = (&parsed.since, &parsed.consumer_id);
+        Self::from_parts(
+            parsed.types.as_deref().unwrap_or_default(),
+            parsed.agents.as_deref().unwrap_or_default(),
+            parsed.targets.as_deref().unwrap_or_default(),
+            limits,
+        )
+    }
+
+    /// Parses the query-string form: either `filter=<json>` or the comma
+    /// lists, not both (they would be ambiguous).
+    pub fn from_query(q: &FilterQuery, limits: FilterLimits) -> Result<Self, FilterError> {
+        let lists = [&q.types, &q.agents, &q.targets];
+        match &q.filter {
+            Some(_) if lists.iter().any(|l| l.is_some()) => {
+                Err(FilterError("give either filter= or types=/agents=/targets=, not both".into()))
+            }
+            Some(json) => Self::from_json(json, limits),
+            None => {
+                let split = |s: &Option<String>| -> Vec<String> {
+                    s.as_deref().map(|s| s.split(',').map(|p| p.trim().to_owned()).collect()).unwrap_or_default()
+                };
+                Self::from_parts(&split(&q.types), &split(&q.agents), &split(&q.targets), limits)
+            }
+        }
+    }
+
+    /// The type globs (empty: any type).
+    pub fn types(&self) -> &[Glob] {
+        &self.types
+    }
+
+    /// Whether `event` passes every field of this filter.
+    pub fn matches(&self, event: &EventBody) -> bool {
+        if !self.types.is_empty() && !self.types.iter().any(|g| g.matches(&event.event_type)) {
+            return false;
+        }
+        if !self.agents.is_empty() && !event.agent.as_ref().is_some_and(|a| self.agents.contains(&a.id)) {
+            return false;
+        }
+        if !self.targets.is_empty() && !event.references().any(|r| self.targets.contains(r)) {
+            return false;
+        }
+        true
+    }
+}
+
+fn string_list(field: &str, value: Value) -> Result<Vec<String>, FilterError> {
+    serde_json::from_value(value).map_err(|_| FilterError(format!("{field} must be a list of strings")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Agent, Link, Visibility};
+
+    fn ev(t: &str, agent: Option<&str>, r: Option<&str>, links: &[&str]) -> EventBody {
+        EventBody {
+            event_type: t.into(),
+            reference: r.map(Into::into),
+            agent: agent.map(|a| Agent { id: a.into(), kind: None }),
+            session_id: None,
+            occurred_at: String::new(),
+            payload: Value::Null,
+            links: links.iter().map(|l| Link { rel: "target".into(), reference: (*l).into() }).collect(),
+            visibility: Visibility::Public,
+        }
+    }
+
+    #[test]
+    fn fields_and_combine_values_or_combine() {
+        let f = Filter::from_json(r#"{"types":["hypothesis.*"],"agents":["persona:mendel"]}"#, FilterLimits::default()).unwrap();
+        assert!(f.matches(&ev("hypothesis.created", Some("persona:mendel"), None, &[])));
+        assert!(!f.matches(&ev("hypothesis.created", Some("persona:darwin"), None, &[])));
+        assert!(!f.matches(&ev("comment.posted", Some("persona:mendel"), None, &[])));
+        let t = Filter::from_json(r#"{"targets":["paper:p-123"]}"#, FilterLimits::default()).unwrap();
+        assert!(t.matches(&ev("link.cites.added", None, None, &["paper:p-123"])));
+        assert!(t.matches(&ev("paper.archived", None, Some("paper:p-123"), &[])));
+        assert!(!t.matches(&ev("link.cites.added", None, None, &["paper:p-9"])));
+    }
+
+    #[test]
+    fn bare_list_and_query_forms_are_equivalent() {
+        let a = Filter::from_json(r#"["a.*"]"#, FilterLimits::default()).unwrap();
+        let b = Filter::from_query(&FilterQuery { types: Some("a.*".into()), ..Default::default() }, FilterLimits::default()).unwrap();
+        assert_eq!(a.types(), b.types());
+    }
+
+    #[test]
+    fn bad_filters_are_refused() {
+        let l = FilterLimits::default();
+        assert!(Filter::from_json(r#"{"types":"a.*"}"#, l).is_err());
+        assert!(Filter::from_json(r#"{"types":[""]}"#, l).is_err());
+        assert!(Filter::from_json(r#"{"types":["a..b"]}"#, l).is_err());
+        assert!(Filter::from_json(r#"{"typos":["a.b"]}"#, l).is_err());
+        assert!(Filter::from_json(r#"{"types":"#, l).is_err());
+        assert!(Filter::from_json(&format!(r#"{{"agents":["{}"]}}"#, "x".repeat(20000)), l).is_err());
+    }
+}

@@ -1,0 +1,113 @@
+//! `POST /v1/events`: one event or `{"events":[...]}`, validated in full
+//! before anything is stored, appended in one all-or-nothing batch.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::ApiError;
+use crate::event::{EventError, PublishRequest};
+use crate::metrics as m;
+use crate::registry::{Problem, RegistryMode};
+use crate::store::NewRecord;
+
+/// Reads a request body up to `limit` bytes; over it is `413 body_too_large`.
+pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    let too_large = || ApiError::too_large("body_too_large", format!("request body is over the limit of {limit} bytes"));
+    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(s) = source {
+            if s.is::<http_body_util::LengthLimitError>() {
+                return too_large();
+            }
+            source = s.source();
+        }
+        ApiError::bad_request("malformed_body", "the request body could not be read")
+    })
+}
+
+/// Publishes one event or a batch.
+pub(crate) async fn publish(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let bytes = read_body(&headers, body, app.settings().max_body).await?;
+    let value: Value =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
+    let (items, batch) = match value {
+        Value::Object(mut map) if map.contains_key("events") && !map.contains_key("event_type") => {
+            if map.len() != 1 {
+                return Err(ApiError::bad_request("invalid_event", "a batch is {\"events\": [...]} with no other fields"));
+            }
+            match map.remove("events") {
+                Some(Value::Array(items)) => (items, true),
+                _ => return Err(ApiError::bad_request("invalid_event", "events must be a list of events")),
+            }
+        }
+        single @ Value::Object(_) => (vec![single], false),
+        _ => return Err(ApiError::bad_request("invalid_event", "the body must be an event object or {\"events\": [...]}")),
+    };
+    if items.is_empty() {
+        return Err(ApiError::bad_request("invalid_event", "events must not be empty"));
+    }
+    let max_batch = app.settings().max_batch;
+    if items.len() > max_batch {
+        return Err(ApiError::too_large("batch_too_large", format!("a batch holds at most {max_batch} events, got {}", items.len())));
+    }
+
+    let registry = app.registry();
+    let now = chrono::Utc::now();
+    let mut records = Vec::with_capacity(items.len());
+    // Index in `records` of each published event (aliases follow it).
+    let mut primary = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let at = |msg: String| if batch { format!("events[{i}]: {msg}") } else { msg };
+        let request: PublishRequest =
+            serde_json::from_value(item).map_err(|e| ApiError::bad_request("invalid_event", at(e.to_string())))?;
+        let body = request.into_body(app.settings().max_payload, now).map_err(|e| match e {
+            EventError::InvalidName(_) => ApiError::unprocessable("invalid_event_name", at(e.to_string())),
+            EventError::InvalidField(_) => ApiError::bad_request("invalid_event", at(e.to_string())),
+            EventError::PayloadTooLarge { .. } => ApiError::too_large("payload_too_large", at(e.to_string())),
+        })?;
+        let check = registry.check(&body.event_type, &body.payload);
+        if let Some(problem) = &check.problem {
+            let (code, kind, message) = match problem {
+                Problem::Unregistered => {
+                    ("unregistered_event_type", "unregistered_type", format!("event type {:?} is not in the registry", body.event_type))
+                }
+                Problem::SchemaViolation(detail) => (
+                    "payload_schema_violation",
+                    "schema_violation",
+                    format!("payload does not match the schema of {:?}: {detail}", body.event_type),
+                ),
+            };
+            if registry.mode() == RegistryMode::Strict {
+                return Err(ApiError::unprocessable(code, at(message)));
+            }
+            tracing::warn!(event_type = %body.event_type, problem = code, "accepting an event the registry does not vouch for (warn mode)");
+            metrics::counter!(m::REGISTRY_VIOLATIONS, "kind" => kind).increment(1);
+        }
+        primary.push(records.len());
+        for name in check.fire {
+            let mut copy = body.clone();
+            copy.event_type = name;
+            records.push(NewRecord { event_type: copy.event_type.clone(), body: copy.to_json() });
+        }
+    }
+
+    let labels: Vec<String> =
+        records.iter().map(|r| if registry.contains(&r.event_type) { r.event_type.clone() } else { "unregistered".to_owned() }).collect();
+    let ids = app.store().append(records).await?;
+    for label in labels {
+        metrics::counter!(m::EVENTS_PUBLISHED, "type" => label).increment(1);
+    }
+    // Wake the local broker at once instead of waiting for the NOTIFY round trip.
+    app.broker().wake();
+    let event_ids: Vec<i64> = primary.into_iter().map(|i| ids[i]).collect();
+    Ok((StatusCode::CREATED, Json(json!({ "event_ids": event_ids }))))
+}

@@ -1,0 +1,74 @@
+//! The `tidings` binary: parses the command line, starts logging, and hands
+//! over to the library.
+
+use clap::{Parser, Subcommand};
+use tidings::app::Application;
+use tidings::bench::BenchArgs;
+use tidings::config::{LogFormat, Settings};
+use tracing_subscriber::EnvFilter;
+
+/// tidings: an event-stream broker.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the server (the default).
+    Serve(Settings),
+    /// Apply database migrations and exit.
+    Migrate(Settings),
+    /// Measure delivery against a running server.
+    Bench(BenchArgs),
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("TIDINGS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or_else(|| Command::Serve(Settings::from_env())) {
+        Command::Serve(settings) => {
+            init_logs(settings.log_format);
+            let app = Application::build(settings).await?;
+            let shutdown = app.shutdown_token();
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                tracing::info!("shutting down");
+                shutdown.cancel();
+            });
+            app.run_until_stopped().await
+        }
+        Command::Migrate(settings) => {
+            init_logs(settings.log_format);
+            let store = tidings::app::open_store(&settings).await?;
+            tracing::info!(store = store.kind().as_str(), "migrations applied");
+            Ok(())
+        }
+        Command::Bench(args) => {
+            init_logs(LogFormat::Human);
+            let report = tidings::bench::run(args).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,119 @@
+//! The Prometheus metrics catalog: every family's name in one place, the
+//! recorder installed once per process, and every family registered and
+//! zero-initialised at start-up so dashboards see it before the first event.
+//!
+//! Label values are bounded: transports, drop reasons, registered type names
+//! (unregistered ones are counted as `unregistered`), route templates and
+//! status codes. Never ids or free-form strings.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Events appended, by registered type.
+pub const EVENTS_PUBLISHED: &str = "tidings_events_published_total";
+/// Frames written to clients, by transport.
+pub const EVENTS_DELIVERED: &str = "tidings_events_delivered_total";
+/// Connected clients, by transport.
+pub const CLIENTS_CONNECTED: &str = "tidings_clients_connected";
+/// Clients ended by the server, by reason.
+pub const CLIENTS_DROPPED: &str = "tidings_clients_dropped_total";
+/// Queue depth of a client when an event is pushed to it.
+pub const QUEUE_DEPTH: &str = "tidings_queue_depth";
+/// Commit-to-broker time: from `recorded_at` order to fan-out.
+pub const BROKER_LAG: &str = "tidings_broker_lag_seconds";
+/// Publish-to-send time, from the append to the frame leaving the queue.
+pub const DELIVERY_LATENCY: &str = "tidings_delivery_latency_seconds";
+/// LISTEN reconnects.
+pub const LISTENER_RECONNECTS: &str = "tidings_listener_reconnects_total";
+/// Events sent from history rather than live.
+pub const REPLAYED_EVENTS: &str = "tidings_replayed_events_total";
+/// Registry problems accepted in warn mode, by kind.
+pub const REGISTRY_VIOLATIONS: &str = "tidings_registry_violations_total";
+/// HTTP requests, by route template and status.
+pub const HTTP_REQUESTS: &str = "tidings_http_requests_total";
+/// Replay gaps announced to clients.
+pub const REPLAY_GAPS: &str = "tidings_replay_gaps_total";
+
+/// Transports that deliver events.
+pub const TRANSPORTS: &[&str] = &["sse"];
+/// Why the server ends a client.
+pub const DROP_REASONS: &[&str] = &["queue_full", "no_progress"];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+const LATENCY_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+const DEPTH_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+
+/// Installs the process-wide recorder (once; later calls share it) and
+/// returns the handle that renders `/metrics`.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(QUEUE_DEPTH.into()), DEPTH_BUCKETS))
+                .expect("bucket lists are non-empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed by an embedding
+            // program; then ours only renders what it records itself.
+            let _ = metrics::set_global_recorder(recorder);
+            describe();
+            let upkeep = handle.clone();
+            std::thread::Builder::new()
+                .name("tidings-metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(Duration::from_secs(5));
+                        upkeep.run_upkeep();
+                    }
+                })
+                .expect("spawning the metrics upkeep thread");
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_counter!(EVENTS_PUBLISHED, Unit::Count, "Events appended to the log, by registered type.");
+    describe_counter!(EVENTS_DELIVERED, Unit::Count, "Event frames handed to clients, by transport.");
+    describe_gauge!(CLIENTS_CONNECTED, Unit::Count, "Connected streaming clients, by transport.");
+    describe_counter!(CLIENTS_DROPPED, Unit::Count, "Clients ended by the server, by reason.");
+    describe_histogram!(QUEUE_DEPTH, Unit::Count, "Client queue depth seen when an event is pushed.");
+    describe_histogram!(BROKER_LAG, Unit::Seconds, "Time from an append to the broker fanning it out.");
+    describe_histogram!(DELIVERY_LATENCY, Unit::Seconds, "Time from an append to its frame being written to a client.");
+    describe_counter!(LISTENER_RECONNECTS, Unit::Count, "Reconnects of the LISTEN connection.");
+    describe_counter!(REPLAYED_EVENTS, Unit::Count, "Events sent from history on resume.");
+    describe_counter!(REGISTRY_VIOLATIONS, Unit::Count, "Unregistered types or schema violations accepted in warn mode.");
+    describe_counter!(HTTP_REQUESTS, Unit::Count, "HTTP requests, by route template and status.");
+    describe_counter!(REPLAY_GAPS, Unit::Count, "Resumes that could not be served gap-free.");
+
+    for transport in TRANSPORTS {
+        counter!(EVENTS_DELIVERED, "transport" => *transport).increment(0);
+        gauge!(CLIENTS_CONNECTED, "transport" => *transport).increment(0.0);
+    }
+    for reason in DROP_REASONS {
+        counter!(CLIENTS_DROPPED, "reason" => *reason).increment(0);
+    }
+    for kind in ["unregistered_type", "schema_violation"] {
+        counter!(REGISTRY_VIOLATIONS, "kind" => kind).increment(0);
+    }
+    counter!(LISTENER_RECONNECTS).increment(0);
+    counter!(REPLAYED_EVENTS).increment(0);
+    counter!(REPLAY_GAPS).increment(0);
+    counter!(EVENTS_PUBLISHED, "type" => "unregistered").increment(0);
+    // Histograms appear in the exposition once they have a sample; a zero
+    // sample would distort quantiles, so they are registered without one and
+    // described above.
+    let _ = (histogram!(QUEUE_DEPTH), histogram!(BROKER_LAG), histogram!(DELIVERY_LATENCY));
+}
+
+/// Zero-initialises the per-type publish counter for each registered type.
+pub fn register_types<'a>(types: impl Iterator<Item = &'a str>) {
+    for t in types {
+        counter!(EVENTS_PUBLISHED, "type" => t.to_owned()).increment(0);
+    }
+}

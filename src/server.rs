@@ -1,0 +1,120 @@
+//! The HTTP/1.1 server loop: accepts connections, serves each on its own
+//! task with hyper, and owns their lifecycle.
+//!
+//! Why not `axum::serve`: tidings must be able to close *one* connection by
+//! force (a slow SSE client whose socket no longer drains) and to bound a
+//! graceful shutdown by a deadline (endless SSE bodies never finish on their
+//! own). Each connection gets a [`Connection`] handle in its request
+//! extensions whose kill token closes the socket; every kill token is a
+//! child of one server-wide token that the shutdown deadline cancels.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt as _;
+
+/// A handle on the connection a request arrived on.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    kill: CancellationToken,
+    peer: SocketAddr,
+}
+
+impl Connection {
+    /// Cancelling this token closes the connection at once.
+    pub fn kill_token(&self) -> CancellationToken {
+        self.kill.clone()
+    }
+
+    /// The peer address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+}
+
+/// Server-loop settings.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Longest a client may take to send its request headers.
+    pub header_timeout: Duration,
+    /// Longest a graceful shutdown may take before connections are closed.
+    pub shutdown_timeout: Duration,
+}
+
+/// Serves `router` on `listener` until `shutdown` is cancelled, then stops
+/// accepting, lets open connections finish (streams end themselves on the
+/// same token) and closes what is left at the deadline.
+pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions, shutdown: CancellationToken) {
+    let tracker = TaskTracker::new();
+    let force = CancellationToken::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead
+                    // of spinning; the listener itself is still fine.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = Connection { kill: force.child_token(), peer };
+        tracker.spawn(serve_connection(stream, connection, router.clone(), options.header_timeout, shutdown.clone()));
+    }
+    drop(listener);
+    tracker.close();
+    if tokio::time::timeout(options.shutdown_timeout, tracker.wait()).await.is_err() {
+        tracing::warn!(open = tracker.len(), "shutdown deadline reached; closing the remaining connections");
+        force.cancel();
+        tracker.wait().await;
+    }
+}
+
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    connection: Connection,
+    router: Router,
+    header_timeout: Duration,
+    shutdown: CancellationToken,
+) {
+    let kill = connection.kill.clone();
+    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        request.extensions_mut().insert(connection.clone());
+        let router = router.clone();
+        async move { router.oneshot(request.map(Body::new)).await.map_err(|e: Infallible| match e {}) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let mut conn = pin!(conn);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            _ = shutdown.cancelled(), if !draining => {
+                conn.as_mut().graceful_shutdown();
+                draining = true;
+            }
+            _ = kill.cancelled() => break,
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Storage: the event log the broker and the transports stand on.
+//!
+//! [`EventLog`] is what the rest of tidings needs from a store: append with
+//! gap-free ids that become visible in commit order, read after an id, the
+//! head, and a wake-up whenever something was committed. Records are opaque
+//! to the store (a type name for indexing, and a JSON body): no SPEC-065
+//! vocabulary lives here, so tree changes and notifications share the log.
+//!
+//! Implementations: [`postgres`] (production, several processes, one LISTEN
+//! connection per process) and [`embedded`] (a single-node SQLite file, for a
+//! machine with nothing installed). Only the composition root (`app`) names a
+//! concrete store.
+
+pub mod embedded;
+pub mod postgres;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::event::EventId;
+
+/// One record to append.
+#[derive(Debug, Clone)]
+pub struct NewRecord {
+    /// Type name, stored in its own column for operators and indexes.
+    pub event_type: String,
+    /// The JSON body.
+    pub body: String,
+}
+
+/// One stored record.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// Its id.
+    pub id: EventId,
+    /// The JSON body as appended.
+    pub body: String,
+    /// When it was committed, in Unix milliseconds.
+    pub recorded_ms: i64,
+}
+
+/// Which store backs this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    /// PostgreSQL.
+    Postgres,
+    /// The embedded single-node store.
+    Embedded,
+}
+
+impl StoreKind {
+    /// The name shown in logs and `/health/deep`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::Embedded => "embedded",
+        }
+    }
+}
+
+/// State of the wake-up listener, for `/health/deep` and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerState {
+    /// Connected and listening (or in-process for the embedded store).
+    Listening,
+    /// Reconnecting after a loss.
+    Reconnecting,
+    /// Not started yet.
+    Starting,
+}
+
+/// Store failures, by what a caller can do about them.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached now; retrying later may work (`503`).
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
+    /// Anything else; a bug or corruption, logged and answered `500`.
+    #[error("store error: {0}")]
+    Other(#[from] anyhow::Error),
+}
+
+/// The event log.
+#[async_trait]
+pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
+    /// Which store this is.
+    fn kind(&self) -> StoreKind;
+
+    /// Appends `batch` atomically (all or nothing) and returns the assigned
+    /// ids, consecutive and in batch order. Ids are gap-free and commit-ordered:
+    /// once a reader has seen id N, no id below N appears later.
+    async fn append(&self, batch: Vec<NewRecord>) -> Result<Vec<EventId>, StoreError>;
+
+    /// Up to `limit` records with `id > after`, ascending.
+    async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError>;
+
+    /// The highest committed id (0 when empty).
+    async fn head(&self) -> Result<EventId, StoreError>;
+
+    /// The lowest retained id minus one, i.e. the oldest resume point that can
+    /// be served without a gap (0 when nothing was ever pruned).
+    async fn floor(&self) -> Result<EventId, StoreError>;
+
+    /// Cheap round trip to the database.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Starts whatever wakes `wake` after each commit (the LISTEN task for
+    /// PostgreSQL; nothing for the embedded store, which wakes in-process)
+    /// and runs until `cancel`. Also wakes once after every (re)connect, so a
+    /// lost notification is never a lost event.
+    fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()>;
+
+    /// Listener state and reconnect count.
+    fn listener(&self) -> (ListenerState, u64);
+}

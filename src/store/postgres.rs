@@ -1,0 +1,325 @@
+//! The PostgreSQL event log: a connection pool for reads and appends, and the
+//! one LISTEN connection per process that wakes the broker.
+//!
+//! An append is one statement (one implicit transaction, one round trip): it
+//! bumps `tidings_head.last_id` under that row's lock, inserts the batch with
+//! ids from the old value, and queues one `NOTIFY tidings_events` carrying
+//! only the new head. Concurrent appenders wait on the row lock, so ids are
+//! handed out in commit order with no gaps, and a rolled-back append leaves
+//! no hole.
+//!
+//! The LISTEN task owns its connection (`application_name=tidings-listener`)
+//! and nothing else touches it. A notification is only a hint: after every
+//! (re)connect it wakes the broker, which reads rows after its high-water
+//! mark, so a lost or coalesced NOTIFY loses nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use futures_util::StreamExt as _;
+use tokio::sync::{Notify, mpsc};
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+
+use super::{EventLog, ListenerState, NewRecord, Record, StoreError, StoreKind};
+use crate::event::EventId;
+
+/// The NOTIFY channel.
+const CHANNEL: &str = "tidings_events";
+
+/// Migrations, in order. Each runs once, inside a transaction, recorded in
+/// `tidings_migrations`; the whole run is serialised by an advisory lock so
+/// several processes starting together do not race.
+const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "event_log", include_str!("../../migrations/postgres/0001_event_log.sql"))];
+
+/// Pool and timeout settings.
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// Most pooled connections.
+    pub pool_size: usize,
+    /// Longest wait for a pooled connection (and for a new one to connect)
+    /// before a request fails with `503` instead of hanging.
+    pub acquire_timeout: Duration,
+}
+
+/// The PostgreSQL store. Cloning is shallow.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+    config: tokio_postgres::Config,
+    listener: Arc<ListenerStatus>,
+}
+
+#[derive(Debug, Default)]
+struct ListenerStatus {
+    state: AtomicU8,
+    reconnects: AtomicU64,
+}
+
+impl PostgresStore {
+    /// Connects (lazily: the pool opens connections on demand) and applies
+    /// pending migrations.
+    pub async fn connect(url: &str, options: PostgresOptions) -> anyhow::Result<Self> {
+        let mut config: tokio_postgres::Config = url.parse().context("DATABASE_URL is not a valid PostgreSQL URL")?;
+        if config.get_application_name().is_none() {
+            config.application_name("tidings");
+        }
+        config.connect_timeout(options.acquire_timeout);
+        config.keepalives(true).keepalives_idle(Duration::from_secs(10));
+        let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(options.acquire_timeout))
+            .create_timeout(Some(options.acquire_timeout))
+            .recycle_timeout(Some(options.acquire_timeout))
+            .build()
+            .context("building the PostgreSQL pool")?;
+        let store = Self { pool, config, listener: Arc::default() };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Applies pending migrations; idempotent.
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        let mut client = self.pool.get().await.context("connecting to PostgreSQL")?;
+        client.batch_execute("SELECT pg_advisory_lock(7324001)").await?;
+        let result = async {
+            client
+                .batch_execute(
+                    "CREATE TABLE IF NOT EXISTS tidings_migrations (
+                        version integer PRIMARY KEY, name text NOT NULL,
+                        applied_at timestamptz NOT NULL DEFAULT now())",
+                )
+                .await?;
+            for (version, name, sql) in MIGRATIONS {
+                let tx = client.transaction().await?;
+                let done = tx.query_opt("SELECT 1 FROM tidings_migrations WHERE version = $1", &[version]).await?;
+                if done.is_none() {
+                    tracing::info!(version, name, "applying migration");
+                    tx.batch_execute(sql).await.with_context(|| format!("migration {version} {name}"))?;
+                    tx.execute("INSERT INTO tidings_migrations (version, name) VALUES ($1, $2)", &[version, name]).await?;
+                }
+                tx.commit().await?;
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        client.batch_execute("SELECT pg_advisory_unlock(7324001)").await?;
+        result
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(pool_error)
+    }
+}
+
+fn pool_error(e: PoolError) -> StoreError {
+    match e {
+        PoolError::Backend(e) => pg_error(e),
+        other => StoreError::Unavailable(other.to_string()),
+    }
+}
+
+/// Connection-level failures (closed socket, I/O, the server shutting down or
+/// refusing connections) are "unavailable"; the rest are bugs.
+fn pg_error(e: tokio_postgres::Error) -> StoreError {
+    let unavailable = e.is_closed()
+        || e.code().is_some_and(|c| {
+            let code = c.code();
+            code.starts_with("08") || code.starts_with("57P") || code == "53300"
+        })
+        || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
+    if unavailable { StoreError::Unavailable(e.to_string()) } else { StoreError::Other(e.into()) }
+}
+
+const APPEND_SQL: &str = "
+WITH head AS (
+    UPDATE tidings_head SET last_id = last_id + cardinality($1::text[])
+    WHERE singleton
+    RETURNING last_id - cardinality($1::text[]) AS base, last_id
+), inserted AS (
+    INSERT INTO events (id, event_type, body)
+    SELECT head.base + t.ord, t.event_type, t.body
+    FROM head, unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(event_type, body, ord)
+)
+SELECT base FROM head, LATERAL (SELECT pg_notify('tidings_events', head.last_id::text)) AS notified";
+
+#[async_trait]
+impl EventLog for PostgresStore {
+    fn kind(&self) -> StoreKind {
+        StoreKind::Postgres
+    }
+
+    async fn append(&self, batch: Vec<NewRecord>) -> Result<Vec<EventId>, StoreError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (types, bodies): (Vec<String>, Vec<String>) = batch.into_iter().map(|r| (r.event_type, r.body)).unzip();
+        let client = self.client().await?;
+        let statement = client.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
+        let row = client.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?;
+        let base: i64 = row.get(0);
+        Ok((1..=types.len() as i64).map(|i| base + i).collect())
+    }
+
+    async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT id, body, (extract(epoch FROM recorded_at) * 1000)::bigint FROM events WHERE id > $1 ORDER BY id LIMIT $2",
+            )
+            .await
+            .map_err(pg_error)?;
+        let rows = client.query(&statement, &[&after, &(limit as i64)]).await.map_err(pg_error)?;
+        Ok(rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect())
+    }
+
+    async fn head(&self) -> Result<EventId, StoreError> {
+        let client = self.client().await?;
+        let row = client.query_one("SELECT last_id FROM tidings_head", &[]).await.map_err(pg_error)?;
+        Ok(row.get(0))
+    }
+
+    async fn floor(&self) -> Result<EventId, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT coalesce((SELECT min(id) - 1 FROM events), (SELECT last_id FROM tidings_head))", &[])
+            .await
+            .map_err(pg_error)?;
+        Ok(row.get(0))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client.simple_query("SELECT 1").await.map_err(pg_error)?;
+        Ok(())
+    }
+
+    fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let config = self.config.clone();
+        let status = self.listener.clone();
+        tokio::spawn(listen_loop(config, status, wake, cancel))
+    }
+
+    fn listener(&self) -> (ListenerState, u64) {
+        let state = match self.listener.state.load(Ordering::Relaxed) {
+            1 => ListenerState::Listening,
+            2 => ListenerState::Reconnecting,
+            _ => ListenerState::Starting,
+        };
+        (state, self.listener.reconnects.load(Ordering::Relaxed))
+    }
+}
+
+/// How often the LISTEN connection is probed, so a silently cut network is
+/// noticed even when no notification is due.
+const LISTENER_PROBE: Duration = Duration::from_secs(5);
+/// Reconnect backoff bounds.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+async fn listen_loop(mut config: tokio_postgres::Config, status: Arc<ListenerStatus>, wake: Arc<Notify>, cancel: CancellationToken) {
+    config.application_name("tidings-listener");
+    let mut backoff = BACKOFF_MIN;
+    let mut first = true;
+    loop {
+        let result = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = listen_once(&config, &status, &wake, &cancel, &mut backoff) => r,
+        };
+        if cancel.is_cancelled() {
+            return;
+        }
+        status.state.store(2, Ordering::Relaxed);
+        if !first || result.is_err() {
+            status.reconnects.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(crate::metrics::LISTENER_RECONNECTS).increment(1);
+        }
+        first = false;
+        match result {
+            Ok(()) => tracing::warn!("LISTEN connection closed; reconnecting"),
+            Err(e) => tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "LISTEN connection lost; reconnecting"),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(jitter(backoff)) => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+fn jitter(d: Duration) -> Duration {
+    d.mul_f64(rand::random_range(0.5..1.0))
+}
+
+async fn listen_once(
+    config: &tokio_postgres::Config,
+    status: &ListenerStatus,
+    wake: &Notify,
+    cancel: &CancellationToken,
+    backoff: &mut Duration,
+) -> anyhow::Result<()> {
+    let (client, mut connection) = config.connect(NoTls).await.context("connecting the LISTEN session")?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    // The connection future must be polled for the client to make progress;
+    // it also yields the notifications.
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(_)) => {
+                    if tx.send(()).is_err() {
+                        break;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    });
+    let guard = DriverGuard(driver);
+    let listen = format!("LISTEN {CHANNEL}");
+    client.batch_execute(&listen).await.context("LISTEN")?;
+    status.state.store(1, Ordering::Relaxed);
+    *backoff = BACKOFF_MIN;
+    tracing::info!("LISTEN connection established");
+    // Anything committed while we were not listening is read now.
+    wake.notify_one();
+    let mut probe = tokio::time::interval(LISTENER_PROBE);
+    probe.tick().await;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            n = rx.recv() => match n {
+                Some(()) => wake.notify_one(),
+                None => break,
+            },
+            _ = probe.tick() => {
+                // The probe re-issues LISTEN (a no-op on a channel already
+                // listened to), so pg_stat_activity keeps showing what this
+                // session is for.
+                tokio::time::timeout(LISTENER_PROBE, client.batch_execute(&listen))
+                    .await
+                    .context("LISTEN probe timed out")?
+                    .context("LISTEN probe")?;
+            }
+        }
+    }
+    drop(guard);
+    anyhow::bail!("LISTEN connection ended")
+}
+
+/// Aborts the connection driver when the listener gives up on it.
+struct DriverGuard(tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>);
+
+impl Drop for DriverGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

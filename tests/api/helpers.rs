@@ -1,0 +1,203 @@
+//! The test harness: a real server on a random loopback port, on a fresh
+//! PostgreSQL database or a fresh embedded data directory per test.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tidings::app::Application;
+use tidings::client::{SseEvent, SseReader};
+use tidings::config::Settings;
+use tidings::store::EventLog;
+use tokio_util::sync::CancellationToken;
+
+/// Which store a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Postgres,
+    Embedded,
+}
+
+/// Runs a test body once per store: `both_stores!(name, ...)` turns each
+/// `async fn name(backend: Backend)` into `name::postgres` and `name::embedded`.
+#[macro_export]
+macro_rules! both_stores {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() { super::$name($crate::helpers::Backend::Postgres).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() { super::$name($crate::helpers::Backend::Embedded).await }
+        }
+    )*};
+}
+
+pub(crate) fn admin_url() -> String {
+    std::env::var("TIDINGS_TEST_DATABASE_URL")
+        .expect("TIDINGS_TEST_DATABASE_URL is not set: run the suite with scripts/test, which starts PostgreSQL")
+}
+
+/// Creates a fresh database and returns its URL and name.
+pub(crate) async fn fresh_database() -> (String, String) {
+    let admin = admin_url();
+    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("connecting to the test cluster");
+    tokio::spawn(conn);
+    let name = format!("t_{}", rand::random::<u64>());
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("creating a test database");
+    let url = match admin.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{name}"),
+        None => panic!("unexpected admin URL"),
+    };
+    (url, name)
+}
+
+/// Settings for a test server: loopback port 0, short timeouts.
+pub(crate) fn test_settings() -> Settings {
+    let mut s = Settings::from_env();
+    s.listen = "127.0.0.1:0".parse().unwrap();
+    s.database_url = None;
+    s.registry = concat!(env!("CARGO_MANIFEST_DIR"), "/registry").into();
+    s.registry_mode = tidings::registry::RegistryMode::Warn;
+    s.shutdown_timeout = Duration::from_secs(3);
+    s
+}
+
+pub(crate) struct TestApp {
+    pub(crate) base: String,
+    pub(crate) http: reqwest::Client,
+    pub(crate) store: Arc<dyn EventLog>,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) db_name: Option<String>,
+    pub(crate) db_url: Option<String>,
+    _handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
+    spawn_app_with(backend, |_| {}).await
+}
+
+pub(crate) async fn spawn_app_with(backend: Backend, configure: impl FnOnce(&mut Settings)) -> TestApp {
+    let mut settings = test_settings();
+    let mut dir = None;
+    let mut db = None;
+    match backend {
+        Backend::Postgres => {
+            let (url, name) = fresh_database().await;
+            settings.database_url = Some(url.clone());
+            db = Some((url, name));
+        }
+        Backend::Embedded => {
+            let d = tempfile::tempdir().unwrap();
+            settings.data_dir = d.path().to_path_buf();
+            dir = Some(d);
+        }
+    }
+    configure(&mut settings);
+    start(settings, dir, db).await
+}
+
+/// Starts a server on prepared settings.
+pub(crate) async fn start(settings: Settings, dir: Option<tempfile::TempDir>, db: Option<(String, String)>) -> TestApp {
+    let app = Application::build(settings).await.expect("building the app");
+    let base = format!("http://{}", app.local_addr());
+    let store = app.store();
+    let shutdown = app.shutdown_token();
+    let handle = tokio::spawn(app.run_until_stopped());
+    TestApp {
+        base,
+        http: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap(),
+        store,
+        shutdown,
+        db_url: db.as_ref().map(|d| d.0.clone()),
+        db_name: db.map(|d| d.1),
+        _handle: handle,
+        _dir: dir,
+    }
+}
+
+impl Drop for TestApp {
+    /// Servers share the test process: each stops when its test ends.
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl TestApp {
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Publishes one event body; returns the status and JSON answer.
+    pub(crate) async fn post_events(&self, body: &Value) -> (u16, Value) {
+        let r = self.http.post(self.url("/v1/events")).json(body).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Publishes a raw body with a content type.
+    pub(crate) async fn post_raw(&self, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let r = self.http.post(self.url("/v1/events")).header("content-type", "application/json").body(body).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Publishes one event of `event_type` and returns its id.
+    pub(crate) async fn publish(&self, event_type: &str, payload: Value) -> i64 {
+        let (status, body) = self.post_events(&json!({"event_type": event_type, "payload": payload})).await;
+        assert_eq!(status, 201, "publish failed: {body}");
+        body["event_ids"][0].as_i64().unwrap()
+    }
+
+    /// Opens `/v1/stream` with a query string and optional Last-Event-ID.
+    pub(crate) async fn stream(&self, query: &str, last_event_id: Option<i64>) -> Stream {
+        let url = self.url(&format!("/v1/stream{query}"));
+        Stream { reader: tidings::client::connect(&self.http, &url, last_event_id).await.expect("opening the stream") }
+    }
+
+    pub(crate) async fn head(&self) -> i64 {
+        self.store.head().await.unwrap()
+    }
+
+    /// A connection to this test's database (PostgreSQL only).
+    pub(crate) async fn db(&self) -> tokio_postgres::Client {
+        let (client, conn) =
+            tokio_postgres::connect(self.db_url.as_deref().expect("a PostgreSQL test"), tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+    }
+
+    /// Value of a metric line (exact name with labels) in `/metrics`.
+    pub(crate) async fn metric(&self, series: &str) -> f64 {
+        let text = self.http.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+}
+
+pub(crate) struct Stream {
+    reader: SseReader<tidings::client::BodyStream>,
+}
+
+impl Stream {
+    /// The next event, failing the test after 10 s of silence.
+    pub(crate) async fn next(&mut self) -> SseEvent {
+        tokio::time::timeout(Duration::from_secs(10), self.reader.next_event())
+            .await
+            .expect("timed out waiting for an event")
+            .expect("the stream ended")
+    }
+
+    /// The next `n` event ids (unnamed events only).
+    pub(crate) async fn ids(&mut self, n: usize) -> Vec<i64> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let e = self.next().await;
+            if e.event.is_none() {
+                out.push(e.id.expect("events carry an id").parse().unwrap());
+            }
+        }
+        out
+    }
+}

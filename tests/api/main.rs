@@ -1,0 +1,12 @@
+//! Integration tests: one binary, a real server on a random port, a real
+//! PostgreSQL database (fresh per test) or a fresh embedded data directory.
+//! Tests that hold on every store run on both (`both_stores!`).
+
+mod helpers;
+
+mod durability;
+mod ordering;
+mod postgres;
+mod publish;
+mod stream;
+mod taxonomy;

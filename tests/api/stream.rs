@@ -1,0 +1,143 @@
+//! `/v1/stream`: frame format, Last-Event-ID resume, the replay/live seam,
+//! envelope negotiation.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value, json};
+
+use crate::both_stores;
+use crate::helpers::{Backend, spawn_app};
+
+both_stores!(three_events_then_resume_from_the_first, seam_under_concurrent_publishers, envelope_negotiation, since_and_filters);
+
+async fn three_events_then_resume_from_the_first(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(app.publish("comment.posted", json!({"comment_id": format!("c{i}")})).await);
+    }
+    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "ids are consecutive: {ids:?}");
+
+    // Raw frame format: retry once, then id + data per event.
+    let response = app.http.get(app.url("/v1/stream?since=0")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    assert_eq!(response.headers()["cache-control"], "no-cache");
+    assert_eq!(response.headers()["x-accel-buffering"], "no");
+    let mut reader = tidings::client::SseReader::new(Box::pin(response.bytes_stream()) as tidings::client::BodyStream);
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let e = reader.next_event().await.unwrap();
+        assert_eq!(e.event, None, "events are unnamed so onmessage sees them");
+        let v: Value = serde_json::from_str(&e.data).unwrap();
+        assert_eq!(v["envelope_version"], 1);
+        assert_eq!(v["event_type"], "comment.posted");
+        assert_eq!(e.id.as_deref().unwrap(), v["event_id"].to_string());
+        assert!(v["occurred_at"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(v["visibility"], "public");
+        assert_eq!(v["links"], json!([]));
+        got.push(v["event_id"].as_i64().unwrap());
+    }
+    assert_eq!(got, ids);
+    assert_eq!(reader.parser().retry_ms, Some(2000));
+    drop(reader);
+
+    // Resume after the first: exactly the other two, then live.
+    let mut s = app.stream("", Some(ids[0])).await;
+    assert_eq!(s.ids(2).await, ids[1..].to_vec());
+    let live = app.publish("comment.posted", json!({})).await;
+    assert_eq!(s.ids(1).await, vec![live]);
+}
+
+async fn seam_under_concurrent_publishers(backend: Backend) {
+    let app = std::sync::Arc::new(spawn_app(backend).await);
+    // Some history first.
+    for _ in 0..20 {
+        app.publish("signal.upvote.recorded", json!({"weight": 1})).await;
+    }
+    let resume_from = 10;
+    let publishers: Vec<_> = (0..8)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for _ in 0..25 {
+                    ids.push(app.publish("signal.upvote.recorded", json!({"weight": 2})).await);
+                }
+                ids
+            })
+        })
+        .collect();
+    // Connect while they run.
+    tokio::task::yield_now().await;
+    let mut s = app.stream("?types=signal.*.recorded", Some(resume_from)).await;
+    let mut published = BTreeSet::new();
+    for p in publishers {
+        published.extend(p.await.unwrap());
+    }
+    let head = app.head().await;
+    assert_eq!(head, 20 + 200);
+    let expected: Vec<i64> = (resume_from + 1..=head).collect();
+    let got = s.ids(expected.len()).await;
+    assert_eq!(got, expected, "every id after the resume point exactly once, ascending");
+    // Nothing more arrives: the next event is the one we publish now.
+    let next = app.publish("signal.upvote.recorded", json!({})).await;
+    assert_eq!(s.ids(1).await, vec![next]);
+}
+
+async fn envelope_negotiation(backend: Backend) {
+    let app = spawn_app(backend).await;
+    // SPEC-065 §4.9: a subscriber that only accepts a version we do not write
+    // gets a typed error, not a crash and not a silent downgrade.
+    let r = app.http.get(app.url("/v1/stream?accept_envelope=2")).send().await.unwrap();
+    assert_eq!(r.status(), 406);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "envelope_version_unsupported");
+    assert_eq!(body["supported"], json!([1]));
+    let r = app.http.get(app.url("/v1/stream?accept_envelope=two")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "invalid_accept_envelope");
+    // A client that knows 1 and 2 gets 1.
+    let id = app.publish("comment.posted", json!({})).await;
+    let mut s = app.stream("?accept_envelope=1,2&since=0", None).await;
+    let e = s.next().await;
+    let v: Value = serde_json::from_str(&e.data).unwrap();
+    assert_eq!((v["envelope_version"].as_i64(), v["event_id"].as_i64()), (Some(1), Some(id)));
+    // And the server is still serving.
+    assert_eq!(app.http.get(app.url("/health")).send().await.unwrap().status(), 200);
+}
+
+async fn since_and_filters(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let a = app.publish("hypothesis.created", json!({})).await;
+    let _b = app.publish("comment.posted", json!({})).await;
+    let c = app.publish("hypothesis.promoted", json!({"to_state": "promoted"})).await;
+    // since= works like Last-Event-ID, and types= globs filter replay.
+    let mut s = app.stream("?since=0&types=hypothesis.*", None).await;
+    assert_eq!(s.ids(2).await, vec![a, c]);
+    // Last-Event-ID wins over since.
+    let mut s = app.stream("?since=0&types=hypothesis.*", Some(a)).await;
+    assert_eq!(s.ids(1).await, vec![c]);
+    // Live only without a resume point.
+    let mut live = app.stream("?types=comment.posted", None).await;
+    let d = app.publish("comment.posted", json!({})).await;
+    assert_eq!(live.ids(1).await, vec![d]);
+    // Bad resume points and filters are refused before a stream opens.
+    for (query, header, code) in [
+        ("?since=-1", None, "invalid_since"),
+        ("?since=abc", None, "invalid_since"),
+        ("", Some("x1"), "invalid_last_event_id"),
+        ("?types=a..b", None, "invalid_filter"),
+        ("?types=", None, "invalid_filter"),
+        ("?filter=%7B%22types%22%3A%22a.*%22%7D", None, "invalid_filter"),
+        ("?filter=%7Bnot%20json", None, "invalid_filter"),
+    ] {
+        let mut r = app.http.get(app.url(&format!("/v1/stream{query}")));
+        if let Some(h) = header {
+            r = r.header("last-event-id", h);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), 400, "{query} {header:?}");
+        assert_eq!(r.json::<Value>().await.unwrap()["error"], code, "{query} {header:?}");
+    }
+}
