@@ -42,6 +42,108 @@ pub struct BenchArgs {
     /// PID of the server, to report its CPU seconds and peak RSS.
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// What to measure: `deliver` (subscribers and latency), `publish`
+    /// (append throughput) or `replay` (one client reading history).
+    #[arg(long, value_enum, default_value = "deliver")]
+    pub mode: Mode,
+    /// `publish`: events per request (1 = single publishes).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// `publish`: concurrent publishers.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// `replay`: events to publish first and then read back.
+    #[arg(long, default_value_t = 100_000)]
+    pub events: u64,
+}
+
+/// What `tidings bench` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// N subscribers, R events/s, publish-to-receive latency.
+    Deliver,
+    /// Append throughput, closed loop.
+    Publish,
+    /// One client resuming far behind.
+    Replay,
+}
+
+/// Throughput of a `publish` or `replay` run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ThroughputReport {
+    /// What was measured.
+    pub mode: &'static str,
+    /// Events in the measurement.
+    pub events: u64,
+    /// Wall time, seconds.
+    pub seconds: f64,
+    /// events / seconds.
+    pub events_per_second: f64,
+}
+
+/// Closed-loop publish throughput: `concurrency` publishers, `batch` events
+/// per request, for `duration`.
+pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputReport> {
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/events", args.url);
+    let events = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + args.duration;
+    let workers: Vec<_> = (0..args.concurrency)
+        .map(|_| {
+            let (http, url, events, batch, event_type) = (http.clone(), url.clone(), events.clone(), args.batch, args.event_type.clone());
+            tokio::spawn(async move {
+                let one = json!({"event_type": event_type, "payload": {"weight": 1}});
+                let body = if batch == 1 { one } else { json!({"events": vec![one; batch]}) };
+                let body = serde_json::to_vec(&body).expect("serialisable");
+                while Instant::now() < deadline {
+                    let r = http.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
+                    if r.is_ok_and(|r| r.status() == 201) {
+                        events.fetch_add(batch as u64, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let events = events.load(Ordering::Relaxed);
+    let mode = if args.batch == 1 { "publish_single" } else { "publish_batched" };
+    Ok(ThroughputReport { mode, events, seconds, events_per_second: events as f64 / seconds })
+}
+
+/// Replay throughput: publishes `events` in batches of 1,000, then times one
+/// client reading them all from the start.
+pub async fn replay_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputReport> {
+    let http = reqwest::Client::new();
+    let head_before = head(&http, &args.url).await?;
+    let mut left = args.events;
+    while left > 0 {
+        let n = left.min(1000);
+        let one = json!({"event_type": args.event_type, "payload": {"weight": 1}});
+        let r = http.post(format!("{}/v1/events", args.url)).json(&json!({"events": vec![one; n as usize]})).send().await?;
+        anyhow::ensure!(r.status() == 201, "preloading failed: {}", r.status());
+        left -= n;
+    }
+    let start = Instant::now();
+    let mut reader = client::connect(&http, &format!("{}/v1/stream?since={head_before}", args.url), None).await?;
+    let mut got = 0;
+    while got < args.events {
+        match reader.next_event().await {
+            Some(e) if e.event.is_none() => got += 1,
+            Some(_) => {}
+            None => anyhow::bail!("the stream ended after {got} events"),
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(ThroughputReport { mode: "replay", events: got, seconds, events_per_second: got as f64 / seconds })
+}
+
+async fn head(http: &reqwest::Client, url: &str) -> anyhow::Result<i64> {
+    let v: Value = http.get(format!("{url}/health/deep")).send().await?.json().await?;
+    v["head_event_id"].as_i64().ok_or_else(|| anyhow::anyhow!("no head_event_id in /health/deep"))
 }
 
 /// What one run measured.

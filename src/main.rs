@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use tidings::app::Application;
-use tidings::bench::BenchArgs;
+use tidings::bench::{BenchArgs, Mode};
 use tidings::config::{LogFormat, Settings};
 use tracing_subscriber::EnvFilter;
 
@@ -57,7 +57,11 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Bench(args) => {
             init_logs(LogFormat::Human);
-            let report = tidings::bench::run(args).await?;
+            let report = match args.mode {
+                Mode::Deliver => serde_json::to_value(tidings::bench::run(args).await?)?,
+                Mode::Publish => serde_json::to_value(tidings::bench::publish_throughput(&args).await?)?,
+                Mode::Replay => serde_json::to_value(tidings::bench::replay_throughput(&args).await?)?,
+            };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }

@@ -105,7 +105,7 @@ pub(crate) async fn stream(
                 metrics::counter!(m::REPLAY_GAPS).increment(1);
                 let data = json!({ "requested": requested, "available_from": floor + 1, "head": head }).to_string();
                 gap = Some(sse_frame(None, Some(names::SYSTEM_REPLAY_GAP), data.as_bytes()));
-                if requested > head { position } else { floor }
+                if requested > head { head.max(position) } else { floor }
             } else {
                 requested
             }

@@ -63,14 +63,15 @@ pub(crate) fn test_settings() -> Settings {
 }
 
 pub(crate) struct TestApp {
+    settings: Settings,
     pub(crate) base: String,
     pub(crate) http: reqwest::Client,
     pub(crate) store: Arc<dyn EventLog>,
     pub(crate) shutdown: CancellationToken,
     pub(crate) db_name: Option<String>,
     pub(crate) db_url: Option<String>,
-    _handle: tokio::task::JoinHandle<anyhow::Result<()>>,
-    _dir: Option<tempfile::TempDir>,
+    handle: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    dir: Option<tempfile::TempDir>,
 }
 
 pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
@@ -99,20 +100,21 @@ pub(crate) async fn spawn_app_with(backend: Backend, configure: impl FnOnce(&mut
 
 /// Starts a server on prepared settings.
 pub(crate) async fn start(settings: Settings, dir: Option<tempfile::TempDir>, db: Option<(String, String)>) -> TestApp {
-    let app = Application::build(settings).await.expect("building the app");
+    let app = Application::build(settings.clone()).await.expect("building the app");
     let base = format!("http://{}", app.local_addr());
     let store = app.store();
     let shutdown = app.shutdown_token();
     let handle = tokio::spawn(app.run_until_stopped());
     TestApp {
+        settings,
         base,
         http: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap(),
         store,
         shutdown,
         db_url: db.as_ref().map(|d| d.0.clone()),
         db_name: db.map(|d| d.1),
-        _handle: handle,
-        _dir: dir,
+        handle: Some(handle),
+        dir,
     }
 }
 
@@ -124,6 +126,19 @@ impl Drop for TestApp {
 }
 
 impl TestApp {
+    /// Graceful stop (what SIGTERM does), then a new server on the same
+    /// store, as after a restart.
+    pub(crate) async fn restart(mut self) -> TestApp {
+        self.shutdown.cancel();
+        if let Some(handle) = self.handle.take() {
+            handle.await.expect("the server task").expect("a clean stop");
+        }
+        let (settings, dir) = (self.settings.clone(), self.dir.take());
+        let db = self.db_url.clone().zip(self.db_name.clone());
+        drop(self);
+        start(settings, dir, db).await
+    }
+
     pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
@@ -167,6 +182,12 @@ impl TestApp {
         client
     }
 
+    /// Streaming clients the broker holds (from `/health/deep`).
+    pub(crate) async fn clients(&self) -> i64 {
+        let v: Value = self.http.get(self.url("/health/deep")).send().await.unwrap().json().await.unwrap();
+        v["events"]["in_flight_subscriptions"].as_i64().unwrap()
+    }
+
     /// Value of a metric line (exact name with labels) in `/metrics`.
     pub(crate) async fn metric(&self, series: &str) -> f64 {
         let text = self.http.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap();
@@ -187,6 +208,16 @@ impl Stream {
             .await
             .expect("timed out waiting for an event")
             .expect("the stream ended")
+    }
+
+    /// The next event or `None` if the stream ends.
+    pub(crate) async fn next_or_end(&mut self) -> Option<SseEvent> {
+        tokio::time::timeout(Duration::from_secs(10), self.reader.next_event()).await.expect("timed out waiting for an event")
+    }
+
+    /// The last `retry:` the server sent, in ms.
+    pub(crate) fn retry_ms(&self) -> Option<u64> {
+        self.reader.parser().retry_ms
     }
 
     /// The next `n` event ids (unnamed events only).

@@ -4,6 +4,7 @@
 
 mod helpers;
 
+mod delivery;
 mod durability;
 mod ordering;
 mod postgres;

@@ -1,0 +1,104 @@
+//! Delivery guarantees: slow clients are dropped with a named notice and
+//! resume losing nothing; resume points history cannot serve are announced;
+//! shutdown ends streams cleanly and a restart loses nothing.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::both_stores;
+use crate::helpers::{Backend, spawn_app, spawn_app_with};
+
+both_stores!(resume_beyond_the_head_is_a_replay_gap, shutdown_ends_streams_and_restart_loses_nothing, slow_client_is_dropped_and_resumes);
+
+async fn resume_beyond_the_head_is_a_replay_gap(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.publish("comment.posted", json!({})).await;
+    let mut s = app.stream("", Some(1_000_000)).await;
+    let gap = s.next().await;
+    assert_eq!(gap.event.as_deref(), Some("system.replay_gap"));
+    let v: Value = serde_json::from_str(&gap.data).unwrap();
+    assert_eq!(v, json!({"requested": 1_000_000, "available_from": 1, "head": 1}));
+    // Delivery continues live after the notice.
+    let id = app.publish("comment.posted", json!({})).await;
+    assert_eq!(s.ids(1).await, vec![id]);
+}
+
+async fn shutdown_ends_streams_and_restart_loses_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let first = app.publish("comment.posted", json!({})).await;
+    let mut s = app.stream("?types=comment.*", Some(0)).await;
+    assert_eq!(s.ids(1).await, vec![first]);
+    let deadline = app_shutdown_deadline();
+    let started = std::time::Instant::now();
+    let restart = tokio::spawn(app.restart());
+    // The stream ends by itself with a jittered retry, well within the deadline.
+    let ended = tokio::time::timeout(deadline, async { while s.next_or_end().await.is_some() {} }).await;
+    assert!(ended.is_ok(), "the stream ended within the shutdown deadline");
+    let retry = s.retry_ms().expect("a retry hint");
+    assert!((2000..=10_000).contains(&retry), "jittered retry between 1x and 5x the base: {retry}");
+    assert!(started.elapsed() < deadline);
+    let app = restart.await.unwrap();
+    // Published after the restart; the client resumes from its last id.
+    let later = app.publish("comment.posted", json!({})).await;
+    let mut s = app.stream("?types=comment.*", Some(first)).await;
+    assert_eq!(s.ids(1).await, vec![later]);
+}
+
+fn app_shutdown_deadline() -> Duration {
+    Duration::from_secs(3)
+}
+
+/// SPEC-065 §4.7: a client that stops reading is dropped with
+/// `system.client_dropped_slow` carrying its last id; reconnecting with that
+/// id yields the rest exactly once; a fast client at the same time receives
+/// everything.
+async fn slow_client_is_dropped_and_resumes(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.client_queue = 8;
+        s.slow_client_timeout = Duration::from_millis(300);
+        s.eviction_grace = Duration::from_secs(30);
+    })
+    .await;
+    let mut fast = app.stream("?types=comment.posted", None).await;
+    // The slow client: connected, then not read at all.
+    let slow = app.http.get(app.url("/v1/stream?types=comment.posted")).send().await.unwrap();
+    assert_eq!(app.clients().await, 2);
+    // Enough bytes to fill the socket buffers between server and client.
+    let blob = "x".repeat(60_000);
+    let mut published = Vec::new();
+    let mut fast_got = Vec::new();
+    for _ in 0..400 {
+        published.push(app.publish("comment.posted", json!({"body": blob})).await);
+        fast_got.extend(fast.ids(1).await);
+        if app.clients().await == 1 {
+            break;
+        }
+    }
+    assert_eq!(app.clients().await, 1, "the slow client was dropped");
+    assert_eq!(fast_got, published, "the fast client received everything on time");
+    let after_drop: Vec<i64> = vec![app.publish("comment.posted", json!({})).await, app.publish("comment.posted", json!({})).await];
+    assert_eq!(fast.ids(2).await, after_drop);
+
+    // The slow client reads now: contiguous events, then the notice.
+    let mut reader = tidings::client::SseReader::new(Box::pin(slow.bytes_stream()) as tidings::client::BodyStream);
+    let mut got = Vec::new();
+    let notice = loop {
+        let e =
+            tokio::time::timeout(Duration::from_secs(10), reader.next_event()).await.unwrap().expect("the notice arrives before the end");
+        match e.event.as_deref() {
+            None => got.push(e.id.unwrap().parse::<i64>().unwrap()),
+            Some("system.client_dropped_slow") => break e,
+            Some(other) => panic!("unexpected {other}"),
+        }
+    };
+    let v: Value = serde_json::from_str(&notice.data).unwrap();
+    assert_eq!(v["reason"], "queue_full");
+    let last = v["last_event_id"].as_i64().expect("the last id it was sent");
+    assert_eq!(got, published.iter().copied().take_while(|id| *id <= last).collect::<Vec<_>>(), "what it got is a prefix");
+    assert!(reader.next_event().await.is_none(), "the stream ends after the notice");
+    // Resume: the rest, exactly once.
+    let mut resumed = app.stream("?types=comment.posted", Some(last)).await;
+    let rest: Vec<i64> = published.iter().chain(after_drop.iter()).copied().filter(|id| *id > last).collect();
+    assert_eq!(resumed.ids(rest.len()).await, rest);
+}
