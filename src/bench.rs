@@ -196,6 +196,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let received: Arc<Vec<AtomicU64>> = Arc::new((0..args.clients).map(|_| AtomicU64::new(0)).collect());
     let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
     let mut tasks = Vec::new();
+    let done = tokio_util::sync::CancellationToken::new();
     for i in 0..args.clients {
         let url = if args.distinct_filters {
             let filter = json!({"types": [args.event_type, format!("bench.client_{i}.never")]});
@@ -206,9 +207,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         let mut reader = client::connect(&http, &url, None).await?;
         let received = received.clone();
         let latencies = latencies.clone();
+        let done = done.clone();
         tasks.push(tokio::spawn(async move {
             let mut local = Vec::new();
-            while let Some(event) = reader.next_event().await {
+            loop {
+                let event = tokio::select! {
+                    _ = done.cancelled() => break,
+                    e = reader.next_event() => match e { Some(e) => e, None => break },
+                };
                 if event.event.is_some() {
                     continue;
                 }
@@ -258,9 +264,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cpu_after = args.server_pid.and_then(proc_cpu_seconds);
-    for t in &tasks {
-        t.abort();
-    }
+    done.cancel();
     for t in tasks {
         let _ = t.await;
     }

@@ -82,6 +82,7 @@ impl AppState {
 /// Builds the router.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(ops::live_page))
         .route("/v1/events", post(events::publish))
         .route("/v1/stream", get(sse::stream))
         .route("/v1/registry", get(ops::registry))

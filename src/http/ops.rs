@@ -12,6 +12,12 @@ use serde_json::{Value, json};
 
 use super::AppState;
 
+/// The live page: a filter builder and a live list of envelopes, embedded
+/// in the binary (no build step).
+pub(crate) async fn live_page() -> Response {
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"))], include_str!("assets/live.html")).into_response()
+}
+
 /// Liveness: the process serves HTTP.
 pub(crate) async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))

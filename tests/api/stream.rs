@@ -8,7 +8,13 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::helpers::{Backend, spawn_app};
 
-both_stores!(three_events_then_resume_from_the_first, seam_under_concurrent_publishers, envelope_negotiation, since_and_filters);
+both_stores!(
+    three_events_then_resume_from_the_first,
+    seam_under_concurrent_publishers,
+    envelope_negotiation,
+    since_and_filters,
+    heartbeat_and_live_page
+);
 
 async fn three_events_then_resume_from_the_first(backend: Backend) {
     let app = spawn_app(backend).await;
@@ -140,4 +146,25 @@ async fn since_and_filters(backend: Backend) {
         assert_eq!(r.status(), 400, "{query} {header:?}");
         assert_eq!(r.json::<Value>().await.unwrap()["error"], code, "{query} {header:?}");
     }
+}
+
+async fn heartbeat_and_live_page(backend: Backend) {
+    use futures_util::StreamExt as _;
+    let app = crate::helpers::spawn_app_with(backend, |s| s.heartbeat = std::time::Duration::from_millis(100)).await;
+    let response = app.http.get(app.url("/v1/stream")).send().await.unwrap();
+    let mut body = response.bytes_stream();
+    let mut seen = Vec::new();
+    // The first chunk is the retry line; a comment heartbeat follows while idle.
+    while !seen.windows(3).any(|w| w == b":\n\n") {
+        let chunk =
+            tokio::time::timeout(std::time::Duration::from_secs(5), body.next()).await.expect("a heartbeat while idle").unwrap().unwrap();
+        seen.extend_from_slice(&chunk);
+    }
+    assert!(seen.starts_with(b"retry: 2000\n\n"));
+    // The live page is served from the binary.
+    let r = app.http.get(app.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    let html = r.text().await.unwrap();
+    assert!(html.contains("new EventSource(\"/v1/stream?\""));
 }
