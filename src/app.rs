@@ -33,6 +33,12 @@ pub struct Application {
 /// Opens the store the settings name: PostgreSQL with `DATABASE_URL`, the
 /// embedded store in the data directory otherwise.
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn EventLog>> {
+    match &settings.database_url {
+        Some(_) => tracing::info!(store = "postgres", "tidings stores events in PostgreSQL (DATABASE_URL)"),
+        None => {
+            tracing::info!(store = "embedded", dir = %settings.data_dir.display(), "tidings stores events in the embedded store (set DATABASE_URL for PostgreSQL)")
+        }
+    }
     Ok(match &settings.database_url {
         Some(url) => Arc::new(
             PostgresStore::connect(url, PostgresOptions { pool_size: settings.db_pool, acquire_timeout: settings.db_timeout }).await?,
@@ -51,9 +57,9 @@ impl Application {
             );
         }
         let metrics = crate::metrics::install();
+        let store = open_store(&settings).await?;
         let registry = Arc::new(Registry::load(&settings.registry, settings.registry_mode).context("loading the event-type registry")?);
         crate::metrics::register_types(registry.docs().map(|d| d.name.as_str()));
-        let store = open_store(&settings).await?;
         let head = store.head().await.context("reading the head of the event log")?;
         tracing::info!(store = store.kind().as_str(), head, registered_types = registry.len(), mode = ?settings.registry_mode, "store opened");
 

@@ -212,4 +212,30 @@ mod tests {
         assert_eq!(Glob::new("a.b").unwrap().exact(), Some("a.b"));
         assert_eq!(Glob::new("a.*").unwrap().exact(), None);
     }
+
+    /// An independent reference: the pattern translated to a regex.
+    fn reference(pattern: &str, name: &str) -> bool {
+        let parts: Vec<String> = pattern
+            .split('.')
+            .map(|seg| match seg {
+                "*" => "[a-z][a-z0-9_]*".to_owned(),
+                "**" => "[a-z][a-z0-9_]*(?:\\.[a-z][a-z0-9_]*)*".to_owned(),
+                lit => regex::escape(lit),
+            })
+            .collect();
+        regex::Regex::new(&format!("^{}$", parts.join("\\."))).unwrap().is_match(name)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        #[test]
+        fn matches_the_regex_reference(
+            pattern in proptest::collection::vec(proptest::prop_oneof!["a", "b", "ab", "\\*", "\\*\\*"], 1..5),
+            name in proptest::collection::vec(proptest::prop_oneof!["a", "b", "ab"], 1..7),
+        ) {
+            let pattern = pattern.join(".");
+            let name = name.join(".");
+            proptest::prop_assert_eq!(Glob::new(&pattern).unwrap().matches(&name), reference(&pattern, &name), "{} vs {}", pattern, name);
+        }
+    }
 }
