@@ -9,7 +9,12 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::helpers::{Backend, spawn_app, spawn_app_with};
 
-both_stores!(resume_beyond_the_head_is_a_replay_gap, shutdown_ends_streams_and_restart_loses_nothing, slow_client_is_dropped_and_resumes);
+both_stores!(
+    resume_beyond_the_head_is_a_replay_gap,
+    shutdown_ends_streams_and_restart_loses_nothing,
+    slow_client_is_dropped_and_resumes,
+    stuck_client_is_dropped_for_no_progress
+);
 
 async fn resume_beyond_the_head_is_a_replay_gap(backend: Backend) {
     let app = spawn_app(backend).await;
@@ -101,4 +106,36 @@ async fn slow_client_is_dropped_and_resumes(backend: Backend) {
     let mut resumed = app.stream("?types=comment.posted", Some(last)).await;
     let rest: Vec<i64> = published.iter().chain(after_drop.iter()).copied().filter(|id| *id > last).collect();
     assert_eq!(resumed.ids(rest.len()).await, rest);
+}
+
+/// A client whose socket stops draining, with room left in its queue, is
+/// dropped by the no-progress timeout rather than by overflow.
+async fn stuck_client_is_dropped_for_no_progress(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.client_queue = 100_000;
+        s.slow_client_timeout = Duration::from_millis(300);
+        s.eviction_grace = Duration::from_secs(30);
+    })
+    .await;
+    let stuck = app.http.get(app.url("/v1/stream?types=comment.posted")).send().await.unwrap();
+    let blob = "x".repeat(60_000);
+    let mut published = Vec::new();
+    for _ in 0..2000 {
+        published.push(app.publish("comment.posted", json!({"body": blob})).await);
+        if app.clients().await == 0 {
+            break;
+        }
+    }
+    assert_eq!(app.clients().await, 0, "the stuck client was dropped");
+    let mut reader = tidings::client::SseReader::new(Box::pin(stuck.bytes_stream()) as tidings::client::BodyStream);
+    let notice = loop {
+        let e = tokio::time::timeout(Duration::from_secs(10), reader.next_event()).await.unwrap().expect("the notice arrives");
+        if e.event.is_some() {
+            break e;
+        }
+    };
+    assert_eq!(notice.event.as_deref(), Some("system.client_dropped_slow"));
+    let v: Value = serde_json::from_str(&notice.data).unwrap();
+    assert_eq!(v["reason"], "no_progress");
+    assert!(v["last_event_id"].as_i64().is_some_and(|id| published.contains(&id)));
 }
