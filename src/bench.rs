@@ -66,6 +66,86 @@ pub enum Mode {
     Publish,
     /// One client resuming far behind.
     Replay,
+    /// In-process: filter matching for `--clients` distinct filters, 1% of
+    /// them matching each event, with the broker's index and without it.
+    Fanout,
+}
+
+/// Matching cost per event, with and without the index.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FanoutReport {
+    /// Distinct filters.
+    pub clients: usize,
+    /// Events matched.
+    pub events: u64,
+    /// Matches per event (should be 1% of clients).
+    pub matches_per_event: f64,
+    /// Microseconds per event with the index.
+    pub indexed_us_per_event: f64,
+    /// Events/s the indexed matcher sustains (one core).
+    pub indexed_events_per_second: f64,
+    /// Microseconds per event evaluating every filter.
+    pub linear_us_per_event: f64,
+    /// Events/s when evaluating every filter (one core).
+    pub linear_events_per_second: f64,
+}
+
+/// Measures filter matching for `args.clients` distinct filters, each a type
+/// (one of 100) plus a payload rule, so 1% of them match any event.
+pub fn fanout_compare(args: &BenchArgs) -> anyhow::Result<FanoutReport> {
+    use crate::broker::index::FilterIndex;
+    use crate::event::{EventBody, Visibility};
+    use crate::filter::{Filter, FilterLimits};
+    let limits = FilterLimits::default();
+    let filters: Vec<Filter> = (0..args.clients)
+        .map(|i| {
+            Filter::from_parts(&[format!("bench.k{}.tick", i % 100)], &[], &[], limits)
+                .and_then(|f| f.with_payload(&json!({"!=": [{"var": "w"}, -(i as f64) - 1.0]}), limits))
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!(e.0))?;
+    let mut index = FilterIndex::default();
+    for (i, f) in filters.iter().enumerate() {
+        index.insert(i as u64, f);
+    }
+    let events: Vec<EventBody> = (0..100)
+        .map(|k| EventBody {
+            event_type: format!("bench.k{k}.tick"),
+            reference: None,
+            agent: None,
+            session_id: None,
+            occurred_at: String::new(),
+            payload: json!({"w": k}),
+            links: vec![],
+            visibility: Visibility::Public,
+        })
+        .collect();
+    let rounds = args.events.max(100);
+    let mut candidates = Vec::new();
+    let (mut matched, start) = (0u64, Instant::now());
+    for n in 0..rounds {
+        let event = &events[(n % 100) as usize];
+        index.candidates(&event.event_type, &mut candidates);
+        matched += candidates.iter().filter(|&&id| filters[id as usize].matches(event)).count() as u64;
+    }
+    let indexed = start.elapsed().as_secs_f64();
+    let linear_rounds = (rounds / 20).max(100);
+    let (mut linear_matched, start) = (0u64, Instant::now());
+    for n in 0..linear_rounds {
+        let event = &events[(n % 100) as usize];
+        linear_matched += filters.iter().filter(|f| f.matches(event)).count() as u64;
+    }
+    let linear = start.elapsed().as_secs_f64();
+    anyhow::ensure!(matched / rounds == linear_matched / linear_rounds, "the index and the full scan disagree");
+    Ok(FanoutReport {
+        clients: args.clients,
+        events: rounds,
+        matches_per_event: matched as f64 / rounds as f64,
+        indexed_us_per_event: indexed * 1e6 / rounds as f64,
+        indexed_events_per_second: rounds as f64 / indexed,
+        linear_us_per_event: linear * 1e6 / linear_rounds as f64,
+        linear_events_per_second: linear_rounds as f64 / linear,
+    })
 }
 
 /// Throughput of a `publish` or `replay` run.

@@ -96,6 +96,14 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_MAX_FILTER_LIST", default_value_t = 256)]
     pub max_filter_list: usize,
 
+    /// Deepest nesting of a payload rule (JsonLogic).
+    #[arg(long, env = "TIDINGS_MAX_RULE_DEPTH", default_value_t = 32)]
+    pub max_rule_depth: usize,
+
+    /// Most nodes in a payload rule (JsonLogic).
+    #[arg(long, env = "TIDINGS_MAX_RULE_NODES", default_value_t = 1024)]
+    pub max_rule_nodes: usize,
+
     /// Rows read per store round trip by the broker and by replay.
     #[arg(long, env = "TIDINGS_READ_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub read_batch: u32,

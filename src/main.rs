@@ -61,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
                 Mode::Deliver => serde_json::to_value(tidings::bench::run(args).await?)?,
                 Mode::Publish => serde_json::to_value(tidings::bench::publish_throughput(&args).await?)?,
                 Mode::Replay => serde_json::to_value(tidings::bench::replay_throughput(&args).await?)?,
+                Mode::Fanout => serde_json::to_value(tidings::bench::fanout_compare(&args)?)?,
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())

@@ -14,6 +14,8 @@
 //! behind: it is detached as *lagged* and catches up from the store again
 //! (KurrentDB's drop-to-catch-up) instead of being dropped.
 
+pub mod index;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -124,6 +126,22 @@ struct Clients {
     position: EventId,
     next_id: u64,
     map: HashMap<u64, Slot>,
+    index: index::FilterIndex,
+    /// Reused candidate buffer, so a fan-out round allocates nothing.
+    scratch: Vec<u64>,
+}
+
+impl Clients {
+    fn insert(&mut self, id: u64, slot: Slot) {
+        self.index.insert(id, &slot.filter);
+        self.map.insert(id, slot);
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Slot> {
+        let slot = self.map.remove(&id)?;
+        self.index.remove(id, &slot.filter);
+        Some(slot)
+    }
 }
 
 #[derive(Debug)]
@@ -223,7 +241,7 @@ impl Broker {
             state.detached.store(4, Ordering::Release);
             drop(tx);
         } else {
-            clients.map.insert(id, Slot { filter, tx, state: state.clone() });
+            clients.insert(id, Slot { filter, tx, state: state.clone() });
         }
         drop(clients);
         metrics::gauge!(m::CLIENTS_CONNECTED, "transport" => options.transport).increment(1.0);
@@ -279,6 +297,7 @@ impl Broker {
         for (_, slot) in clients.map.drain() {
             slot.state.detached.store(4, Ordering::Release);
         }
+        clients.index = index::FilterIndex::default();
     }
 
     fn fan_out(&self, rows: Vec<Record>) {
@@ -297,13 +316,20 @@ impl Broker {
         }
         let Some(last) = events.last().map(|e| e.id) else { return };
         let mut evict: Vec<(u64, Detached)> = Vec::new();
-        let mut clients = self.lock();
+        let mut guard = self.lock();
+        let clients = &mut *guard;
+        let mut candidates = std::mem::take(&mut clients.scratch);
         for event in &events {
-            let frame = Frame { id: event.id, bytes: event.sse_frame(), recorded_ms: event.recorded_ms };
-            for (&id, slot) in &clients.map {
+            // Only clients the index names are checked, with the full filter.
+            clients.index.candidates(&event.body.event_type, &mut candidates);
+            let mut frame = None;
+            for &id in &candidates {
+                let Some(slot) = clients.map.get(&id) else { continue };
                 if !slot.filter.matches(&event.body) {
                     continue;
                 }
+                // Built once per event, and only if someone wants it.
+                let frame = frame.get_or_insert_with(|| Frame { id: event.id, bytes: event.sse_frame(), recorded_ms: event.recorded_ms });
                 match slot.tx.try_send(frame.clone()) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
@@ -318,11 +344,12 @@ impl Broker {
             }
             // Evict between events so an evicted client gets no later frame.
             for (id, reason) in evict.drain(..) {
-                if let Some(slot) = clients.map.remove(&id) {
+                if let Some(slot) = clients.remove(id) {
                     self.detach(slot, reason);
                 }
             }
         }
+        clients.scratch = candidates;
         for slot in clients.map.values() {
             let depth = slot.tx.max_capacity() - slot.tx.capacity();
             if depth > 0 {
@@ -347,7 +374,7 @@ impl Broker {
             .map(|(id, _)| *id)
             .collect();
         for id in stuck {
-            if let Some(slot) = clients.map.remove(&id) {
+            if let Some(slot) = clients.remove(id) {
                 self.detach(slot, Detached::NoProgress);
             }
         }
@@ -435,7 +462,7 @@ impl Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         self.finish();
-        self.broker.lock().map.remove(&self.id);
+        self.broker.lock().remove(self.id);
         metrics::gauge!(m::CLIENTS_CONNECTED, "transport" => self.transport).decrement(1.0);
     }
 }

@@ -7,6 +7,7 @@
 //! or absent field means "any".
 
 pub mod glob;
+pub mod payload;
 
 use std::collections::HashSet;
 
@@ -14,6 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 pub use glob::{Glob, GlobError};
+pub use payload::{PayloadRule, RuleLimits};
 
 use crate::event::EventBody;
 
@@ -24,11 +26,13 @@ pub struct FilterLimits {
     pub max_bytes: usize,
     /// Most entries in any one list (`types`, `agents`, `targets`).
     pub max_list: usize,
+    /// Limits on the payload rule.
+    pub rule: RuleLimits,
 }
 
 impl Default for FilterLimits {
     fn default() -> Self {
-        Self { max_bytes: 16 * 1024, max_list: 256 }
+        Self { max_bytes: 16 * 1024, max_list: 256, rule: RuleLimits::default() }
     }
 }
 
@@ -43,6 +47,7 @@ pub struct Filter {
     types: Vec<Glob>,
     agents: HashSet<String>,
     targets: HashSet<String>,
+    payload: Option<PayloadRule>,
 }
 
 /// The JSON form, before validation.
@@ -55,6 +60,8 @@ struct FilterJson {
     agents: Option<Vec<String>>,
     #[serde(default)]
     targets: Option<Vec<String>>,
+    #[serde(default)]
+    payload: Option<Value>,
     /// Cursor fields belong to the request, not the match; accepted here so a
     /// client can send one object.
     #[serde(default)]
@@ -99,7 +106,13 @@ impl Filter {
                 )));
             }
         }
-        Ok(Self { types, agents: agents.iter().cloned().collect(), targets: targets.iter().cloned().collect() })
+        Ok(Self { types, agents: agents.iter().cloned().collect(), targets: targets.iter().cloned().collect(), payload: None })
+    }
+
+    /// Adds a payload rule (validated and compiled here).
+    pub fn with_payload(mut self, rule: &Value, limits: FilterLimits) -> Result<Self, FilterError> {
+        self.payload = Some(PayloadRule::compile(rule, limits.rule).map_err(FilterError)?);
+        Ok(self)
     }
 
     /// Parses the JSON form; a bare list `["a.*"]` means `{"types":["a.*"]}`.
@@ -109,19 +122,28 @@ impl Filter {
         }
         let value: Value = serde_json::from_str(text).map_err(|e| FilterError(format!("filter is not valid JSON: {e}")))?;
         let parsed: FilterJson = match value {
-            Value::Array(_) => {
-                FilterJson { types: Some(string_list("types", value)?), agents: None, targets: None, since: None, consumer_id: None }
-            }
+            Value::Array(_) => FilterJson {
+                types: Some(string_list("types", value)?),
+                agents: None,
+                targets: None,
+                payload: None,
+                since: None,
+                consumer_id: None,
+            },
             Value::Object(_) => serde_json::from_value(value).map_err(|e| FilterError(format!("filter: {e}")))?,
             _ => return Err(FilterError("filter must be a JSON object or a list of type patterns".into())),
         };
         let _ = (&parsed.since, &parsed.consumer_id);
-        Self::from_parts(
+        let filter = Self::from_parts(
             parsed.types.as_deref().unwrap_or_default(),
             parsed.agents.as_deref().unwrap_or_default(),
             parsed.targets.as_deref().unwrap_or_default(),
             limits,
-        )
+        )?;
+        match &parsed.payload {
+            None | Some(Value::Null) => Ok(filter),
+            Some(rule) => filter.with_payload(rule, limits),
+        }
     }
 
     /// Parses the query-string form: either `filter=<json>` or the comma
@@ -158,7 +180,8 @@ impl Filter {
         if !self.targets.is_empty() && !event.references().any(|r| self.targets.contains(r)) {
             return false;
         }
-        true
+        // The rule last: it is the most expensive check.
+        self.payload.as_ref().is_none_or(|rule| rule.matches(&event.payload))
     }
 }
 

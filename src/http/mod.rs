@@ -75,7 +75,12 @@ impl AppState {
     }
 
     fn filter_limits(&self) -> FilterLimits {
-        FilterLimits { max_bytes: self.inner.settings.max_filter_bytes, max_list: self.inner.settings.max_filter_list }
+        let s = &self.inner.settings;
+        FilterLimits {
+            max_bytes: s.max_filter_bytes,
+            max_list: s.max_filter_list,
+            rule: crate::filter::RuleLimits { max_depth: s.max_rule_depth, max_nodes: s.max_rule_nodes },
+        }
     }
 }
 

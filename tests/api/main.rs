@@ -6,6 +6,7 @@ mod helpers;
 
 mod delivery;
 mod durability;
+mod filters;
 mod ordering;
 mod postgres;
 mod publish;
