@@ -35,10 +35,11 @@ pub struct BenchArgs {
     /// Event type to publish (subscribers filter on it).
     #[arg(long, default_value = "signal.upvote.recorded")]
     pub event_type: String,
-    /// Give each subscriber a distinct filter (a distinct target it never
-    /// matches, OR-ed with the bench type), so the broker evaluates N filters.
-    #[arg(long)]
-    pub distinct_filters: bool,
+    /// Split subscribers into this many shards: client i adds the payload
+    /// rule `shard == i % shards`, and event n carries `shard = n % shards`,
+    /// so each event matches 1/shards of the clients (1 = every client, no rule).
+    #[arg(long, default_value_t = 1)]
+    pub shards: u64,
     /// PID of the server, to report its CPU seconds and peak RSS.
     #[arg(long)]
     pub server_pid: Option<u32>,
@@ -106,7 +107,7 @@ pub fn fanout_compare(args: &BenchArgs) -> anyhow::Result<FanoutReport> {
         .map_err(|e| anyhow::anyhow!(e.0))?;
     let mut index = FilterIndex::default();
     for (i, f) in filters.iter().enumerate() {
-        index.insert(i as u64, f);
+        index.insert(i as u64, f, i);
     }
     let events: Vec<EventBody> = (0..100)
         .map(|k| EventBody {
@@ -126,14 +127,16 @@ pub fn fanout_compare(args: &BenchArgs) -> anyhow::Result<FanoutReport> {
     for n in 0..rounds {
         let event = &events[(n % 100) as usize];
         index.candidates(&event.event_type, &mut candidates);
-        matched += candidates.iter().filter(|&&id| filters[id as usize].matches(event)).count() as u64;
+        let input = crate::filter::MatchInput::new(event);
+        matched += candidates.iter().filter(|&&(_, &i, typed)| filters[i].matches_after_types(&input, typed)).count() as u64;
     }
     let indexed = start.elapsed().as_secs_f64();
     let linear_rounds = (rounds / 20).max(100);
     let (mut linear_matched, start) = (0u64, Instant::now());
     for n in 0..linear_rounds {
         let event = &events[(n % 100) as usize];
-        linear_matched += filters.iter().filter(|f| f.matches(event)).count() as u64;
+        let input = crate::filter::MatchInput::new(event);
+        linear_matched += filters.iter().filter(|f| f.matches_input(&input)).count() as u64;
     }
     let linear = start.elapsed().as_secs_f64();
     anyhow::ensure!(matched / rounds == linear_matched / linear_rounds, "the index and the full scan disagree");
@@ -235,7 +238,7 @@ pub struct BenchReport {
     pub publishes_accepted: u64,
     /// Events received in total.
     pub delivered: u64,
-    /// accepted x subscribers.
+    /// Deliveries owed: each subscriber's share of the accepted events.
     pub expected: u64,
     /// Subscribers that received every accepted event.
     pub subscribers_complete: usize,
@@ -278,8 +281,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let mut tasks = Vec::new();
     let done = tokio_util::sync::CancellationToken::new();
     for i in 0..args.clients {
-        let url = if args.distinct_filters {
-            let filter = json!({"types": [args.event_type, format!("bench.client_{i}.never")]});
+        let shards = args.shards.max(1);
+        let url = if shards > 1 {
+            let filter = json!({"types": [args.event_type], "payload": {"==": [{"var": "shard"}, i as u64 % shards]}});
             format!("{}/v1/stream?filter={}", args.url, urlencode(&filter.to_string()))
         } else {
             format!("{}/v1/stream?types={}", args.url, args.event_type)
@@ -314,7 +318,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     }
     let cpu_before = args.server_pid.and_then(proc_cpu_seconds);
 
-    let accepted = Arc::new(AtomicU64::new(0));
+    let shards = args.shards.max(1);
+    let accepted: Arc<Vec<AtomicU64>> = Arc::new((0..shards).map(|_| AtomicU64::new(0)).collect());
     let total = (args.rate * args.duration.as_secs_f64()).round() as u64;
     let interval = Duration::from_secs_f64(1.0 / args.rate);
     let start = tokio::time::Instant::now();
@@ -326,21 +331,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         let accepted = accepted.clone();
         let event_type = args.event_type.clone();
         publishes.push(tokio::spawn(async move {
-            let body = json!({"event_type": event_type, "payload": {"sent_us": now_us(), "weight": 1}});
+            let shard = n % shards;
+            let body = json!({"event_type": event_type, "payload": {"sent_us": now_us(), "weight": 1, "shard": shard}});
             if let Ok(r) = http.post(url).json(&body).send().await
                 && r.status().as_u16() == 201
             {
-                accepted.fetch_add(1, Ordering::Relaxed);
+                accepted[shard as usize].fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
     for p in publishes {
         let _ = p.await;
     }
-    let accepted = accepted.load(Ordering::Relaxed);
+    let per_shard: Vec<u64> = accepted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    let accepted: u64 = per_shard.iter().sum();
+    let owed = |i: usize| per_shard[i % shards as usize];
     // Let the last deliveries land: wait until every subscriber has them, or 5 s.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline && received.iter().any(|r| r.load(Ordering::Relaxed) < accepted) {
+    while Instant::now() < deadline && received.iter().enumerate().any(|(i, r)| r.load(Ordering::Relaxed) < owed(i)) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cpu_after = args.server_pid.and_then(proc_cpu_seconds);
@@ -361,8 +369,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         subscribers_ready: args.clients,
         publishes_accepted: accepted,
         delivered,
-        expected: accepted * args.clients as u64,
-        subscribers_complete: received.iter().filter(|r| r.load(Ordering::Relaxed) >= accepted).count(),
+        expected: (0..args.clients).map(owed).sum(),
+        subscribers_complete: received.iter().enumerate().filter(|(i, r)| r.load(Ordering::Relaxed) >= owed(*i)).count(),
         p50_ms: pct(0.50),
         p90_ms: pct(0.90),
         p99_ms: pct(0.99),

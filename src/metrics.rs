@@ -20,7 +20,7 @@ pub const EVENTS_DELIVERED: &str = "tidings_events_delivered_total";
 pub const CLIENTS_CONNECTED: &str = "tidings_clients_connected";
 /// Clients ended by the server, by reason.
 pub const CLIENTS_DROPPED: &str = "tidings_clients_dropped_total";
-/// Queue depth of a client when an event is pushed to it.
+/// Depth of client queues that hold events, sampled once per sweep.
 pub const QUEUE_DEPTH: &str = "tidings_queue_depth";
 /// Commit-to-broker time: from `recorded_at` order to fan-out.
 pub const BROKER_LAG: &str = "tidings_broker_lag_seconds";
@@ -82,7 +82,7 @@ fn describe() {
     describe_counter!(EVENTS_DELIVERED, Unit::Count, "Event frames handed to clients, by transport.");
     describe_gauge!(CLIENTS_CONNECTED, Unit::Count, "Connected streaming clients, by transport.");
     describe_counter!(CLIENTS_DROPPED, Unit::Count, "Clients ended by the server, by reason.");
-    describe_histogram!(QUEUE_DEPTH, Unit::Count, "Client queue depth seen when an event is pushed.");
+    describe_histogram!(QUEUE_DEPTH, Unit::Count, "Depth of non-empty client queues, sampled about once a second.");
     describe_histogram!(BROKER_LAG, Unit::Seconds, "Time from an append to the broker fanning it out.");
     describe_histogram!(DELIVERY_LATENCY, Unit::Seconds, "Time from an append to its frame being written to a client.");
     describe_counter!(LISTENER_RECONNECTS, Unit::Count, "Reconnects of the LISTEN connection.");

@@ -26,7 +26,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{Event, EventId};
-use crate::filter::Filter;
+use crate::filter::{Filter, MatchInput};
 use crate::metrics as m;
 use crate::store::{EventLog, Record};
 
@@ -125,19 +125,19 @@ struct Clients {
     /// Every event up to here has been fanned out.
     position: EventId,
     next_id: u64,
-    map: HashMap<u64, Slot>,
-    index: index::FilterIndex,
-    /// Reused candidate buffer, so a fan-out round allocates nothing.
-    scratch: Vec<u64>,
+    map: HashMap<u64, Arc<Slot>>,
+    /// The same slots, filed by what their filters could match.
+    index: index::FilterIndex<Arc<Slot>>,
 }
 
 impl Clients {
     fn insert(&mut self, id: u64, slot: Slot) {
-        self.index.insert(id, &slot.filter);
+        let slot = Arc::new(slot);
+        self.index.insert(id, &slot.filter, slot.clone());
         self.map.insert(id, slot);
     }
 
-    fn remove(&mut self, id: u64) -> Option<Slot> {
+    fn remove(&mut self, id: u64) -> Option<Arc<Slot>> {
         let slot = self.map.remove(&id)?;
         self.index.remove(id, &slot.filter);
         Some(slot)
@@ -315,45 +315,41 @@ impl Broker {
             }
         }
         let Some(last) = events.last().map(|e| e.id) else { return };
-        let mut evict: Vec<(u64, Detached)> = Vec::new();
         let mut guard = self.lock();
         let clients = &mut *guard;
-        let mut candidates = std::mem::take(&mut clients.scratch);
-        for event in &events {
-            // Only clients the index names are checked, with the full filter.
-            clients.index.candidates(&event.body.event_type, &mut candidates);
-            let mut frame = None;
-            for &id in &candidates {
-                let Some(slot) = clients.map.get(&id) else { continue };
-                if !slot.filter.matches(&event.body) {
-                    continue;
-                }
-                // Built once per event, and only if someone wants it.
-                let frame = frame.get_or_insert_with(|| Frame { id: event.id, bytes: event.sse_frame(), recorded_ms: event.recorded_ms });
-                match slot.tx.try_send(frame.clone()) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        if !evict.iter().any(|(e, _)| *e == id) {
+        // Evicted clients get no later frame of this round; they are removed
+        // once the round is over (the index is borrowed until then).
+        let mut evict: Vec<(u64, Detached)> = Vec::new();
+        {
+            let mut candidates = Vec::new();
+            for event in &events {
+                // Only clients the index names are checked, with the full filter
+                // (minus the type check when the index already settled it).
+                clients.index.candidates(&event.body.event_type, &mut candidates);
+                let input = MatchInput::new(&event.body);
+                let mut frame = None;
+                for &(id, slot, type_matched) in &candidates {
+                    if !slot.filter.matches_after_types(&input, type_matched) || evict.iter().any(|(e, _)| *e == id) {
+                        continue;
+                    }
+                    // Built once per event, and only if someone wants it.
+                    let frame =
+                        frame.get_or_insert_with(|| Frame { id: event.id, bytes: event.sse_frame(), recorded_ms: event.recorded_ms });
+                    match slot.tx.try_send(frame.clone()) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(_)) => {
                             let reason =
                                 if slot.state.catching_up.load(Ordering::Acquire) { Detached::Lagged } else { Detached::QueueFull };
                             evict.push((id, reason));
                         }
+                        Err(mpsc::error::TrySendError::Closed(_)) => {}
                     }
-                    Err(mpsc::error::TrySendError::Closed(_)) => {}
-                }
-            }
-            // Evict between events so an evicted client gets no later frame.
-            for (id, reason) in evict.drain(..) {
-                if let Some(slot) = clients.remove(id) {
-                    self.detach(slot, reason);
                 }
             }
         }
-        clients.scratch = candidates;
-        for slot in clients.map.values() {
-            let depth = slot.tx.max_capacity() - slot.tx.capacity();
-            if depth > 0 {
-                metrics::histogram!(m::QUEUE_DEPTH).record(depth as f64);
+        for (id, reason) in evict {
+            if let Some(slot) = clients.remove(id) {
+                self.detach(&slot, reason);
             }
         }
         clients.position = last;
@@ -365,22 +361,25 @@ impl Broker {
         let now = self.now_ms();
         let timeout = self.shared.settings.slow_client_timeout.as_millis() as u64;
         let mut clients = self.lock();
-        let stuck: Vec<u64> = clients
-            .map
-            .iter()
-            .filter(|(_, s)| {
-                s.tx.capacity() < s.tx.max_capacity() && now.saturating_sub(s.state.last_progress_ms.load(Ordering::Relaxed)) > timeout
-            })
-            .map(|(id, _)| *id)
-            .collect();
+        let mut stuck = Vec::new();
+        for (id, slot) in &clients.map {
+            let depth = slot.tx.max_capacity() - slot.tx.capacity();
+            if depth > 0 {
+                // Sampled here, once per sweep, rather than on the hot path.
+                metrics::histogram!(m::QUEUE_DEPTH).record(depth as f64);
+                if now.saturating_sub(slot.state.last_progress_ms.load(Ordering::Relaxed)) > timeout {
+                    stuck.push(*id);
+                }
+            }
+        }
         for id in stuck {
             if let Some(slot) = clients.remove(id) {
-                self.detach(slot, Detached::NoProgress);
+                self.detach(&slot, Detached::NoProgress);
             }
         }
     }
 
-    fn detach(&self, slot: Slot, reason: Detached) {
+    fn detach(&self, slot: &Slot, reason: Detached) {
         slot.state.detached.store(reason as u8 + 1, Ordering::Release);
         if reason == Detached::Lagged {
             return;
@@ -397,8 +396,8 @@ impl Broker {
                 }
             });
         }
-        // Dropping the slot drops the sender: the client drains what is
-        // queued, then sees the end of its queue.
+        // Dropping the slot (the last Arc, by the caller) drops the sender:
+        // the client drains what is queued, then sees the end of its queue.
     }
 }
 

@@ -26,6 +26,8 @@ enum Seg {
 pub struct Glob {
     source: Box<str>,
     segs: Box<[Seg]>,
+    /// No wildcard: matching is a string comparison.
+    literal: bool,
 }
 
 impl fmt::Debug for Glob {
@@ -78,7 +80,8 @@ impl Glob {
             // the matcher handles consecutive wildcards correctly.
             segs.push(seg);
         }
-        Ok(Self { source: pattern.into(), segs: segs.into() })
+        let literal = segs.iter().all(|s| matches!(s, Seg::Lit(_)));
+        Ok(Self { source: pattern.into(), segs: segs.into(), literal })
     }
 
     /// The pattern as written.
@@ -88,7 +91,7 @@ impl Glob {
 
     /// The name this pattern matches when it has no wildcard.
     pub fn exact(&self) -> Option<&str> {
-        self.segs.iter().all(|s| matches!(s, Seg::Lit(_))).then_some(&*self.source)
+        self.literal.then_some(&*self.source)
     }
 
     /// The leading literal segments (`link` for `link.*.added`), joined by
@@ -105,8 +108,8 @@ impl Glob {
     /// Whether `name` matches.
     pub fn matches(&self, name: &str) -> bool {
         // Fast path: most patterns are exact names.
-        if let Some(exact) = self.exact() {
-            return exact == name;
+        if self.literal {
+            return *self.source == *name;
         }
         // Segments of the name, without allocating: at most 64 are tracked
         // (names are at most 255 bytes, so at most 128 segments; longer ones

@@ -171,7 +171,21 @@ impl Filter {
 
     /// Whether `event` passes every field of this filter.
     pub fn matches(&self, event: &EventBody) -> bool {
-        if !self.types.is_empty() && !self.types.iter().any(|g| g.matches(&event.event_type)) {
+        self.matches_input(&MatchInput::new(event))
+    }
+
+    /// Whether the event passes; the form the broker and replay use, so that
+    /// an event checked against many filters prepares its payload once.
+    pub fn matches_input(&self, input: &MatchInput<'_>) -> bool {
+        self.matches_after_types(input, false)
+    }
+
+    /// Like [`Self::matches_input`]; `type_matched` says the caller already
+    /// knows a type glob matches (the broker's index found the client under
+    /// the event's exact name), so that check is skipped.
+    pub fn matches_after_types(&self, input: &MatchInput<'_>, type_matched: bool) -> bool {
+        let event = input.body;
+        if !type_matched && !self.types.is_empty() && !self.types.iter().any(|g| g.matches(&event.event_type)) {
             return false;
         }
         if !self.agents.is_empty() && !event.agent.as_ref().is_some_and(|a| self.agents.contains(&a.id)) {
@@ -181,7 +195,26 @@ impl Filter {
             return false;
         }
         // The rule last: it is the most expensive check.
-        self.payload.as_ref().is_none_or(|rule| rule.matches(&event.payload))
+        self.payload.as_ref().is_none_or(|rule| input.payload().is_some_and(|data| rule.matches_prepared(data)))
+    }
+}
+
+/// One event being matched against many filters: the body, and its payload
+/// converted for rule evaluation on first use, then shared.
+#[derive(Debug)]
+pub struct MatchInput<'a> {
+    body: &'a EventBody,
+    payload: std::cell::OnceCell<Option<datalogic_rs::ParsedData>>,
+}
+
+impl<'a> MatchInput<'a> {
+    /// Wraps an event body.
+    pub fn new(body: &'a EventBody) -> Self {
+        Self { body, payload: std::cell::OnceCell::new() }
+    }
+
+    fn payload(&self) -> Option<&datalogic_rs::ParsedData> {
+        self.payload.get_or_init(|| payload::prepare(&self.body.payload)).as_ref()
     }
 }
 

@@ -21,7 +21,7 @@
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
-use datalogic_rs::{Engine, Logic};
+use datalogic_rs::{Engine, Logic, ParsedData};
 use serde_json::Value;
 
 /// Operators and their arity (min, max arguments; `None` = unbounded).
@@ -118,6 +118,12 @@ impl PayloadRule {
     /// Evaluates the rule over `payload` and applies JsonLogic truthiness. An
     /// evaluation error (a division by a string, say) does not match.
     pub fn matches(&self, payload: &Value) -> bool {
+        prepare(payload).is_some_and(|data| self.matches_prepared(&data))
+    }
+
+    /// Like [`Self::matches`] over a payload prepared once with [`prepare`],
+    /// so that one event checked against many rules is converted once.
+    pub fn matches_prepared(&self, payload: &ParsedData) -> bool {
         ARENA.with(|arena| {
             let mut arena = arena.borrow_mut();
             let result = engine().evaluate(&self.logic, payload, &arena).map(|v| engine().truthy(v)).unwrap_or(false);
@@ -133,6 +139,11 @@ impl PayloadRule {
         let text = session.eval_str(&self.logic, data).map_err(|e| e.to_string())?;
         serde_json::from_str(&text).map_err(|e| e.to_string())
     }
+}
+
+/// Converts a payload into the evaluator's form, once per event.
+pub fn prepare(payload: &Value) -> Option<ParsedData> {
+    ParsedData::from_json(&payload.to_string()).ok()
 }
 
 /// Walks the rule: operators known, one key per object, arity in range,
