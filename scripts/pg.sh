@@ -2,7 +2,10 @@
 # cluster in a temporary directory on a free loopback port and stops it when
 # the calling script exits. Installs Debian's `postgresql` package when the
 # server binaries are missing and this runs as root.
-# Usage: start_pg [extra postgres -c options...]; then $PG_URL, $PG_CTL.
+# Usage: start_pg [extra postgres settings...]; then $PG_URL and $PG_CTL (a
+# pg_ctl command line for that cluster: "$PG_CTL stop", "$PG_CTL start").
+# start_pg_named NAME [settings...] starts one more cluster and sets
+# PG_URL_<NAME> and PG_CTL_<NAME>.
 
 find_pg_bin() {
   local d
@@ -46,18 +49,42 @@ free_port() {
 PORT=$(free_port)
 
 cleanup() {
-  "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$TMP/data" -m immediate stop >/dev/null 2>&1 || true
+  local d
+  for d in "$TMP"/*/; do
+    [ -f "$d/PG_VERSION" ] && "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$d" -m immediate stop >/dev/null 2>&1 || true
+  done
   rm -rf "$TMP"
 }
 trap cleanup EXIT
 
+# pg_cluster DIR PORT [settings...]: initdb with every setting written into
+# postgresql.conf (so a plain "pg_ctl start" restarts it the same way), start.
+pg_cluster() {
+  local dir=$1 port=$2 o
+  shift 2
+  "${RUNAS[@]}" "$PGBIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >/dev/null
+  {
+    echo "port = $port"
+    echo "listen_addresses = '127.0.0.1'"
+    echo "unix_socket_directories = '$TMP'"
+    echo "max_connections = 400"
+    for o in "$@"; do echo "$o"; done
+  } >>"$dir/postgresql.conf"
+  "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$dir" -l "$dir.log" -w start >/dev/null
+}
+
 start_pg() {
-  local opts="-p $PORT -k $TMP -c listen_addresses=127.0.0.1 -c max_connections=400"
-  local o
-  for o in "$@"; do opts="$opts -c $o"; done
-  "${RUNAS[@]}" "$PGBIN/initdb" -D "$TMP/data" -U postgres --auth=trust -E UTF8 >/dev/null
-  "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$TMP/data" -l "$TMP/postgres.log" -w -o "$opts" start >/dev/null
+  pg_cluster "$TMP/data" "$PORT" "$@"
   PG_URL="postgres://postgres@127.0.0.1:$PORT/postgres"
-  PG_CTL="${RUNAS[*]} $PGBIN/pg_ctl -D $TMP/data -l $TMP/postgres.log"
+  PG_CTL="${RUNAS[*]} $PGBIN/pg_ctl -D $TMP/data -l $TMP/data.log -w"
+}
+
+start_pg_named() {
+  local name=$1 port
+  shift
+  port=$(free_port)
+  pg_cluster "$TMP/$name" "$port" "$@"
+  printf -v "PG_URL_$name" '%s' "postgres://postgres@127.0.0.1:$port/postgres"
+  printf -v "PG_CTL_$name" '%s' "${RUNAS[*]} $PGBIN/pg_ctl -D $TMP/$name -l $TMP/$name.log -w"
 }
 

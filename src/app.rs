@@ -27,6 +27,7 @@ pub struct Application {
     broker: Broker,
     store: Arc<dyn EventLog>,
     options: ServeOptions,
+    retention: (crate::config::Retention, std::time::Duration),
     shutdown: CancellationToken,
 }
 
@@ -77,8 +78,9 @@ impl Application {
         let listener = TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
         let addr = listener.local_addr()?;
         let options = ServeOptions { header_timeout: settings.header_timeout, shutdown_timeout: settings.shutdown_timeout };
+        let retention = (settings.retention, settings.retention_interval);
         let state = AppState::new(settings, store.clone(), broker.clone(), registry, metrics, shutdown.clone());
-        Ok(Self { listener, addr, router: router(state), broker, store, options, shutdown })
+        Ok(Self { listener, addr, router: router(state), broker, store, options, retention, shutdown })
     }
 
     /// The bound address (the port is real even when `:0` was asked for).
@@ -102,10 +104,12 @@ impl Application {
         let background = CancellationToken::new();
         let listener_task = self.store.start_wakeups(self.broker.waker(), background.clone());
         let broker_task = tokio::spawn(self.broker.clone().run(background.clone()));
+        let (retention, every) = self.retention;
+        let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), retention, every, background.clone()));
         tracing::info!(addr = %self.addr, "tidings is serving");
         serve(self.listener, self.router, self.options, self.shutdown).await;
         background.cancel();
-        let _ = tokio::join!(listener_task, broker_task);
+        let _ = tokio::join!(listener_task, broker_task, retention_task);
         tracing::info!("tidings stopped");
         Ok(())
     }

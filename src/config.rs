@@ -23,6 +23,41 @@ fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 250ms, 30s, 5m, 7d)"))
 }
 
+/// History retention: `off`, a maximum age (`7d`), a maximum count of
+/// events (`1000000`), or both (`7d,1000000`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Events older than this are pruned.
+    pub max_age: Option<Duration>,
+    /// At most this many of the newest events are kept.
+    pub max_events: Option<u64>,
+}
+
+impl Retention {
+    /// Whether anything is ever pruned.
+    pub fn is_on(&self) -> bool {
+        self.max_age.is_some() || self.max_events.is_some()
+    }
+}
+
+fn retention(s: &str) -> Result<Retention, String> {
+    let mut r = Retention::default();
+    if s.trim() == "off" || s.trim().is_empty() {
+        return Ok(r);
+    }
+    for part in s.split(',').map(str::trim) {
+        if let Ok(n) = part.parse::<u64>() {
+            if n == 0 {
+                return Err("a retention count must be at least 1".into());
+            }
+            r.max_events = Some(n);
+        } else {
+            r.max_age = Some(duration(part).map_err(|e| format!("{part:?}: {e}; or a count of events, or off"))?);
+        }
+    }
+    Ok(r)
+}
+
 fn byte_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let (digits, factor) = match s.to_ascii_lowercase() {
@@ -116,6 +151,14 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_DB_TIMEOUT", default_value = "2s", value_parser = duration)]
     pub db_timeout: Duration,
 
+    /// History retention: `off`, an age (`30d`), a count of events (`1000000`), or both (`30d,1000000`).
+    #[arg(long, env = "TIDINGS_RETENTION", default_value = "off", value_parser = retention)]
+    pub retention: Retention,
+
+    /// How often retention prunes history.
+    #[arg(long, env = "TIDINGS_RETENTION_INTERVAL", default_value = "1m", value_parser = duration)]
+    pub retention_interval: Duration,
+
     /// Longest a client may take to send its request headers (slowloris guard).
     #[arg(long, env = "TIDINGS_HEADER_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub header_timeout: Duration,
@@ -154,5 +197,10 @@ mod tests {
         assert_eq!(duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(duration("7d"), Ok(Duration::from_secs(7 * 86400)));
         assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(retention("off"), Ok(Retention::default()));
+        assert_eq!(retention("7d,1000"), Ok(Retention { max_age: Some(Duration::from_secs(7 * 86400)), max_events: Some(1000) }));
+        assert_eq!(retention("500").unwrap().max_events, Some(500));
+        assert!(retention("0").is_err());
+        assert!(retention("soon").is_err());
     }
 }

@@ -62,6 +62,8 @@ async fn main() -> anyhow::Result<()> {
                 Mode::Publish => serde_json::to_value(tidings::bench::publish_throughput(&args).await?)?,
                 Mode::Replay => serde_json::to_value(tidings::bench::replay_throughput(&args).await?)?,
                 Mode::Fanout => serde_json::to_value(tidings::bench::fanout_compare(&args)?)?,
+                Mode::ListenLoss => serde_json::to_value(tidings::bench::listen_loss(&args).await?)?,
+                Mode::Storm => serde_json::to_value(tidings::bench::storm(&args).await?)?,
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())

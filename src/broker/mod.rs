@@ -107,6 +107,11 @@ pub struct SubscribeOptions {
 #[derive(Debug)]
 struct ClientState {
     catching_up: AtomicBool,
+    /// The fan-out round of the last push, and how many frames that round
+    /// pushed: a queue filled entirely by one round is a burst, not a slow
+    /// client. Only the broker task touches these.
+    round: AtomicU64,
+    round_pushed: AtomicU64,
     detached: AtomicU8,
     last_progress_ms: AtomicU64,
     finished: AtomicBool,
@@ -126,6 +131,8 @@ struct Clients {
     position: EventId,
     next_id: u64,
     map: HashMap<u64, Arc<Slot>>,
+    /// Fan-out rounds so far.
+    rounds: u64,
     /// The same slots, filed by what their filters could match.
     index: index::FilterIndex<Arc<Slot>>,
 }
@@ -228,6 +235,8 @@ impl Broker {
         let (tx, rx) = mpsc::channel(self.shared.settings.client_queue);
         let state = Arc::new(ClientState {
             catching_up: AtomicBool::new(options.catching_up),
+            round: AtomicU64::new(0),
+            round_pushed: AtomicU64::new(0),
             detached: AtomicU8::new(0),
             last_progress_ms: AtomicU64::new(self.now_ms()),
             finished: AtomicBool::new(false),
@@ -320,6 +329,8 @@ impl Broker {
         // Evicted clients get no later frame of this round; they are removed
         // once the round is over (the index is borrowed until then).
         let mut evict: Vec<(u64, Detached)> = Vec::new();
+        clients.rounds += 1;
+        let round = clients.rounds;
         {
             let mut candidates = Vec::new();
             for event in &events {
@@ -336,10 +347,25 @@ impl Broker {
                     let frame =
                         frame.get_or_insert_with(|| Frame { id: event.id, bytes: event.sse_frame(), recorded_ms: event.recorded_ms });
                     match slot.tx.try_send(frame.clone()) {
-                        Ok(()) => {}
+                        Ok(()) => {
+                            let state = &slot.state;
+                            if state.round.swap(round, Ordering::Relaxed) == round {
+                                state.round_pushed.fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                state.round_pushed.store(1, Ordering::Relaxed);
+                            }
+                        }
                         Err(mpsc::error::TrySendError::Full(_)) => {
+                            let state = &slot.state;
+                            // Behind, not slow: still replaying, or the whole
+                            // queue was filled by this round (a burst larger
+                            // than the queue). Such a client catches up from
+                            // the store; one whose queue was already backed up
+                            // before this round is slow and is dropped.
+                            let burst = state.round.load(Ordering::Relaxed) == round
+                                && state.round_pushed.load(Ordering::Relaxed) >= slot.tx.max_capacity() as u64;
                             let reason =
-                                if slot.state.catching_up.load(Ordering::Acquire) { Detached::Lagged } else { Detached::QueueFull };
+                                if burst || state.catching_up.load(Ordering::Acquire) { Detached::Lagged } else { Detached::QueueFull };
                             evict.push((id, reason));
                         }
                         Err(mpsc::error::TrySendError::Closed(_)) => {}

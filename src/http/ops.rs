@@ -27,10 +27,10 @@ pub(crate) async fn health() -> Json<Value> {
 /// stops routing publishers here.
 pub(crate) async fn health_deep(State(app): State<AppState>) -> Response {
     let store = app.store();
-    let probe = tokio::time::timeout(Duration::from_secs(2), async { (store.ping().await, store.head().await) }).await;
-    let (up, head) = match probe {
-        Ok((Ok(()), Ok(head))) => (true, Some(head)),
-        _ => (false, None),
+    let probe = tokio::time::timeout(Duration::from_secs(2), async { (store.ping().await, store.head().await, store.floor().await) }).await;
+    let (up, head, floor) = match probe {
+        Ok((Ok(()), Ok(head), Ok(floor))) => (true, Some(head), Some(floor)),
+        _ => (false, None, None),
     };
     let (listener, reconnects) = store.listener();
     let body = json!({
@@ -38,6 +38,7 @@ pub(crate) async fn health_deep(State(app): State<AppState>) -> Response {
         "store": store.kind().as_str(),
         "database": if up { "up" } else { "down" },
         "head_event_id": head,
+        "history_from": floor.map(|f| f + 1),
         "broker_position": app.broker().position(),
         "listener": { "state": listener, "reconnects": reconnects },
         "uptime_seconds": app.inner.started.elapsed().as_secs(),

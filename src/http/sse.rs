@@ -213,6 +213,13 @@ impl SseState {
                         continue;
                     }
                     let mut out = BytesMut::new();
+                    if rows[0].id > self.cursor + 1 {
+                        // Retention pruned history while this client was
+                        // replaying: say so instead of skipping silently.
+                        metrics::counter!(m::REPLAY_GAPS).increment(1);
+                        let data = json!({ "requested": self.cursor, "available_from": rows[0].id, "head": self.target }).to_string();
+                        out.extend_from_slice(&sse_frame(None, Some(names::SYSTEM_REPLAY_GAP), data.as_bytes()));
+                    }
                     let mut sent = 0u64;
                     let target = self.target;
                     for row in rows.into_iter().take_while(|r| r.id <= target) {
@@ -231,6 +238,8 @@ impl SseState {
                     if sent > 0 {
                         metrics::counter!(m::REPLAYED_EVENTS).increment(sent);
                         metrics::counter!(m::EVENTS_DELIVERED, "transport" => "sse").increment(sent);
+                    }
+                    if !out.is_empty() {
                         return Some(out.freeze());
                     }
                 }

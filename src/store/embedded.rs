@@ -220,6 +220,33 @@ impl EventLog for EmbeddedStore {
         .await
     }
 
+    async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError> {
+        let inner = self.inner.clone();
+        let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
+        tokio::task::spawn_blocking(move || -> rusqlite::Result<u64> {
+            let conn = lock(&inner.writer);
+            let cut: i64 = conn.query_row(
+                "SELECT max(
+                    coalesce((SELECT max(id) FROM events WHERE recorded_at < ?1), 0),
+                    coalesce((SELECT last_id FROM tidings_head) - ?2, 0))",
+                params![recorded_before_ms, keep],
+                |r| r.get(0),
+            )?;
+            let mut deleted = 0;
+            loop {
+                // In slices, so appends are not held up for long.
+                let n = conn.execute("DELETE FROM events WHERE id <= min(?1, (SELECT min(id) FROM events) + 9999)", [cut])?;
+                deleted += n as u64;
+                if n == 0 {
+                    return Ok(deleted);
+                }
+            }
+        })
+        .await
+        .map_err(|e| StoreError::Other(e.into()))?
+        .map_err(sqlite_error)
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.read(|conn| conn.query_row("SELECT 1", [], |_| Ok(()))).await
     }

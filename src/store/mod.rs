@@ -107,6 +107,13 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// be served without a gap (0 when nothing was ever pruned).
     async fn floor(&self) -> Result<EventId, StoreError>;
 
+    /// Deletes history: every event up to the newest one recorded before
+    /// `recorded_before_ms` (Unix ms), and every event more than `keep_last`
+    /// below the head, whichever cut is higher. History stays contiguous (the
+    /// cut is by id), so [`Self::floor`] tells resumers what is left.
+    /// Returns how many events were deleted.
+    async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError>;
+
     /// Cheap round trip to the database.
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -118,4 +125,31 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
 
     /// Listener state and reconnect count.
     fn listener(&self) -> (ListenerState, u64);
+}
+
+/// Prunes history by `retention` every `every` until `cancel` (the
+/// background half of `TIDINGS_RETENTION`). Failures are logged and retried
+/// at the next tick: retention is housekeeping, never a reason to stop.
+pub async fn run_retention(
+    store: Arc<dyn EventLog>,
+    retention: crate::config::Retention,
+    every: std::time::Duration,
+    cancel: CancellationToken,
+) {
+    if !retention.is_on() {
+        return;
+    }
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let before = retention.max_age.map(|age| chrono::Utc::now().timestamp_millis() - age.as_millis().min(i64::MAX as u128) as i64);
+        match store.prune(before, retention.max_events).await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::info!(deleted, "retention pruned history"),
+            Err(e) => tracing::warn!(error = %e, "retention could not prune history; retrying at the next interval"),
+        }
+    }
 }

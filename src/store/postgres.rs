@@ -194,6 +194,33 @@ impl EventLog for PostgresStore {
         Ok(row.get(0))
     }
 
+    async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
+        let cut: i64 = client
+            .query_one(
+                "SELECT GREATEST(
+                    COALESCE((SELECT max(id) FROM events WHERE recorded_at < to_timestamp($1::bigint / 1000.0)), 0),
+                    COALESCE((SELECT last_id FROM tidings_head) - $2::bigint, 0))",
+                &[&recorded_before_ms, &keep],
+            )
+            .await
+            .map_err(pg_error)?
+            .get(0);
+        // In slices, so one prune never holds a long transaction.
+        let mut deleted = 0;
+        loop {
+            let n = client
+                .execute("DELETE FROM events WHERE id <= LEAST($1::bigint, (SELECT min(id) FROM events) + 9999)", &[&cut])
+                .await
+                .map_err(pg_error)?;
+            deleted += n;
+            if n == 0 {
+                return Ok(deleted);
+            }
+        }
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
         client.simple_query("SELECT 1").await.map_err(pg_error)?;

@@ -13,7 +13,9 @@ both_stores!(
     resume_beyond_the_head_is_a_replay_gap,
     shutdown_ends_streams_and_restart_loses_nothing,
     slow_client_is_dropped_and_resumes,
-    stuck_client_is_dropped_for_no_progress
+    stuck_client_is_dropped_for_no_progress,
+    resume_older_than_retained_history_is_a_replay_gap,
+    a_burst_larger_than_the_queue_is_caught_up_not_dropped
 );
 
 async fn resume_beyond_the_head_is_a_replay_gap(backend: Backend) {
@@ -138,4 +140,53 @@ async fn stuck_client_is_dropped_for_no_progress(backend: Backend) {
     let v: Value = serde_json::from_str(&notice.data).unwrap();
     assert_eq!(v["reason"], "no_progress");
     assert!(v["last_event_id"].as_i64().is_some_and(|id| published.contains(&id)));
+}
+
+/// Retention prunes history in the background; a resume point older than
+/// what is left gets `system.replay_gap`, then everything that is left.
+async fn resume_older_than_retained_history_is_a_replay_gap(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.retention = tidings::config::Retention { max_age: None, max_events: Some(5) };
+        s.retention_interval = Duration::from_millis(50);
+    })
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        ids.push(app.publish("comment.posted", json!({})).await);
+    }
+    // Wait for the pruner (bounded): history then starts at id 6.
+    let mut tries = 0;
+    while app.deep().await.1["history_from"] != 6 {
+        tries += 1;
+        assert!(tries < 200, "retention pruned to the last 5 events");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mut s = app.stream("", Some(ids[0])).await;
+    let gap = s.next().await;
+    assert_eq!(gap.event.as_deref(), Some("system.replay_gap"));
+    assert_eq!(serde_json::from_str::<Value>(&gap.data).unwrap(), json!({"requested": 1, "available_from": 6, "head": 10}));
+    assert_eq!(s.ids(5).await, ids[5..].to_vec());
+}
+
+/// One publish of more events than a client's queue holds is a burst, not a
+/// slow client: a live client that keeps reading gets every event, in order,
+/// and is not dropped.
+async fn a_burst_larger_than_the_queue_is_caught_up_not_dropped(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.client_queue = 8).await;
+    let mut s = app.stream("?types=comment.*", None).await;
+    let batch: Vec<Value> = (0..50).map(|i| json!({"event_type": "comment.posted", "payload": {"i": i}})).collect();
+    let (status, answer) = app.post_events(&json!({"events": batch})).await;
+    assert_eq!(status, 201);
+    let ids: Vec<i64> = answer["event_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    let mut got = Vec::new();
+    while got.len() < ids.len() {
+        let e = s.next().await;
+        assert_eq!(e.event, None, "no system notice: {e:?}");
+        got.push(e.id.unwrap().parse::<i64>().unwrap());
+    }
+    assert_eq!(got, ids);
+    // Still live afterwards.
+    let next = app.publish("comment.posted", json!({})).await;
+    assert_eq!(s.ids(1).await, vec![next]);
+    assert_eq!(app.clients().await, 1);
 }

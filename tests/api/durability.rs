@@ -1,50 +1,15 @@
 //! The embedded store as a real process: acknowledged events survive
 //! `kill -9`, and one data directory has one owner.
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::process::{Child, Command};
 
-struct Server {
-    child: Child,
-    base: String,
-}
+use crate::helpers::{Process, free_port, process_command, spawn_process};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn command(dir: &std::path::Path, port: u16) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidings"));
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("TIDINGS_DATA_DIR", dir)
-        .env("TIDINGS_LISTEN", format!("127.0.0.1:{port}"))
-        .env("TIDINGS_REGISTRY", concat!(env!("CARGO_MANIFEST_DIR"), "/registry"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    cmd
-}
-
-async fn start(dir: &std::path::Path) -> Server {
-    let port = free_port();
-    let child = command(dir, port).spawn().expect("starting tidings");
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    // Wait for readiness: bounded, and fails loudly.
-    for _ in 0..200 {
-        if let Ok(r) = http.get(format!("{base}/health")).send().await
-            && r.status() == 200
-        {
-            return Server { child, base };
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("tidings did not become ready");
+async fn start(dir: &std::path::Path) -> Process {
+    spawn_process(&[("TIDINGS_DATA_DIR", dir.display().to_string())]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,7 +71,7 @@ async fn acknowledged_events_survive_sigkill() {
 async fn a_second_server_on_the_same_data_directory_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let _first = start(dir.path()).await;
-    let second = command(dir.path(), free_port()).spawn().unwrap();
+    let second = process_command(&[("TIDINGS_DATA_DIR", dir.path().display().to_string())], free_port()).spawn().unwrap();
     let output = tokio::time::timeout(Duration::from_secs(20), second.wait_with_output()).await.expect("the second server exits").unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -39,7 +39,12 @@ pub(crate) fn admin_url() -> String {
 
 /// Creates a fresh database and returns its URL and name.
 pub(crate) async fn fresh_database() -> (String, String) {
-    let admin = admin_url();
+    fresh_database_on(&admin_url()).await
+}
+
+/// Creates a fresh database on the cluster of `admin` (a URL).
+pub(crate) async fn fresh_database_on(admin: &str) -> (String, String) {
+    let admin = admin.to_owned();
     let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("connecting to the test cluster");
     tokio::spawn(conn);
     let name = format!("t_{}", rand::random::<u64>());
@@ -188,6 +193,12 @@ impl TestApp {
         v["events"]["in_flight_subscriptions"].as_i64().unwrap()
     }
 
+    /// `/health/deep` as JSON, with its status.
+    pub(crate) async fn deep(&self) -> (u16, Value) {
+        let r = self.http.get(self.url("/health/deep")).send().await.unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+
     /// Value of a metric line (exact name with labels) in `/metrics`.
     pub(crate) async fn metric(&self, series: &str) -> f64 {
         let text = self.http.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap();
@@ -231,4 +242,45 @@ impl Stream {
         }
         out
     }
+}
+
+/// A tidings server running as its own OS process (the real binary).
+pub(crate) struct Process {
+    pub(crate) child: tokio::process::Child,
+    pub(crate) base: String,
+}
+
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The `tidings` binary with a clean environment plus `envs`, on `port`.
+pub(crate) fn process_command(envs: &[(&str, String)], port: u16) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tidings"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("TIDINGS_LISTEN", format!("127.0.0.1:{port}"))
+        .env("TIDINGS_REGISTRY", concat!(env!("CARGO_MANIFEST_DIR"), "/registry"))
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Starts the binary and waits (bounded) until it answers `/health`.
+pub(crate) async fn spawn_process(envs: &[(&str, String)]) -> Process {
+    let port = free_port();
+    let child = process_command(envs, port).spawn().expect("starting tidings");
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    for _ in 0..200 {
+        if let Ok(r) = http.get(format!("{base}/health")).send().await
+            && r.status() == 200
+        {
+            return Process { child, base };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("tidings did not become ready");
 }

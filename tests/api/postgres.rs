@@ -32,19 +32,18 @@ async fn one_listen_connection_for_a_hundred_clients() {
     assert_eq!(listeners, 1);
 }
 
-/// Two servers on one database (each with its own broker and LISTEN
-/// connection, as two processes would have): events published on one reach
-/// the clients of the other, also across a LISTEN loss.
+/// Two server processes on one database: events published on one reach the
+/// clients of the other, also across a LISTEN loss; one LISTEN each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_one_database_survive_listen_loss() {
     let a = spawn_app(Backend::Postgres).await;
     let (url, name) = (a.db_url.clone().unwrap(), a.db_name.clone().unwrap());
-    let mut settings = crate::helpers::test_settings();
-    settings.database_url = Some(url.clone());
-    let b = crate::helpers::start(settings, None, Some((url, name.clone()))).await;
+    // B is the real binary in its own process.
+    let b = crate::helpers::spawn_process(&[("DATABASE_URL", url)]).await;
     let mut clients = Vec::new();
     for _ in 0..10 {
-        clients.push(b.stream("?types=comment.posted", None).await);
+        let reader = tidings::client::connect(&a.http, &format!("{}/v1/stream?types=comment.posted", b.base), None).await.unwrap();
+        clients.push(reader);
     }
     let db = a.db().await;
     let listeners = "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'tidings-listener'";
@@ -73,9 +72,96 @@ async fn two_servers_one_database_survive_listen_loss() {
         }
     }
     for c in &mut clients {
-        assert_eq!(c.ids(published.len()).await, published, "every event once, in order, across the LISTEN loss");
+        let mut got = Vec::new();
+        while got.len() < published.len() {
+            let e = tokio::time::timeout(std::time::Duration::from_secs(10), c.next_event()).await.expect("delivery").expect("open stream");
+            assert_eq!(e.event, None, "no system notice: {e:?}");
+            got.push(e.id.unwrap().parse::<i64>().unwrap());
+        }
+        assert_eq!(got, published, "every event once, in order, across the LISTEN loss");
     }
-    let deep: serde_json::Value = b.http.get(b.url("/health/deep")).send().await.unwrap().json().await.unwrap();
+    let deep: serde_json::Value = a.http.get(format!("{}/health/deep", b.base)).send().await.unwrap().json().await.unwrap();
     assert!(deep["listener"]["reconnects"].as_u64().unwrap() >= 1, "{deep}");
     assert_eq!(db.query(listeners, &[&name]).await.unwrap().len(), 2, "one LISTEN each after reconnecting");
+}
+
+/// The database stops under a running server: publishing answers `503` with
+/// `Retry-After` promptly (no hang), `/health/deep` says the database is
+/// down, connected streams stay open on heartbeats, and once the database is
+/// back everything resumes without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_outage_and_recovery() {
+    use futures_util::StreamExt as _;
+    let admin = std::env::var("TIDINGS_TEST_OUTAGE_DATABASE_URL").expect("scripts/test starts the outage cluster");
+    let ctl = std::env::var("TIDINGS_TEST_OUTAGE_PG_CTL").unwrap();
+    let pg_ctl = |action: &'static str| {
+        let cmd = format!("{ctl} {action}");
+        async move {
+            let status = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(&cmd)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .await
+                .unwrap();
+            assert!(status.success(), "{cmd}");
+        }
+    };
+    let (url, name) = crate::helpers::fresh_database_on(&admin).await;
+    let mut settings = crate::helpers::test_settings();
+    settings.database_url = Some(url.clone());
+    settings.db_timeout = std::time::Duration::from_secs(1);
+    settings.heartbeat = std::time::Duration::from_millis(100);
+    let app = crate::helpers::start(settings, None, Some((url, name))).await;
+
+    let response = app.http.get(app.url("/v1/stream?types=comment.posted")).send().await.unwrap();
+    let mut body = response.bytes_stream();
+    let mut parser = tidings::client::SseParser::default();
+    let first = app.publish("comment.posted", json!({})).await;
+    let mut events = Vec::new();
+    while events.is_empty() {
+        events.extend(parser.feed(&body.next().await.unwrap().unwrap()));
+    }
+    assert_eq!(events[0].id.as_deref(), Some(first.to_string().as_str()));
+
+    pg_ctl("stop -m fast").await;
+    let started = std::time::Instant::now();
+    let (status, answer) = app.post_events(&json!({"event_type": "comment.posted"})).await;
+    assert_eq!((status, answer["error"].as_str()), (503, Some("store_unavailable")), "{answer}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "no hang: answered in {:?}", started.elapsed());
+    let r = app.http.post(app.url("/v1/events")).json(&json!({"event_type": "comment.posted"})).send().await.unwrap();
+    assert_eq!(r.headers()["retry-after"], "1");
+    let (status, deep) = app.deep().await;
+    assert_eq!((status, deep["database"].as_str()), (503, Some("down")));
+    // The stream stays open: heartbeats keep arriving while the database is down.
+    let beats = parser.comments;
+    while parser.comments < beats + 2 {
+        let chunk =
+            tokio::time::timeout(std::time::Duration::from_secs(5), body.next()).await.expect("heartbeats continue").unwrap().unwrap();
+        assert!(parser.feed(&chunk).is_empty(), "no event while the database is down");
+    }
+
+    pg_ctl("start").await;
+    // Recovery without a restart: publishing works again (the pool reconnects)…
+    let mut tries = 0;
+    let second = loop {
+        let (status, answer) = app.post_events(&json!({"event_type": "comment.posted"})).await;
+        if status == 201 {
+            break answer["event_ids"][0].as_i64().unwrap();
+        }
+        tries += 1;
+        assert!(tries < 100, "publishing recovers: {answer}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    // …and the same stream receives the new event.
+    let mut got = Vec::new();
+    while got.is_empty() {
+        let chunk =
+            tokio::time::timeout(std::time::Duration::from_secs(10), body.next()).await.expect("delivery resumes").unwrap().unwrap();
+        got.extend(parser.feed(&chunk));
+    }
+    assert_eq!(got[0].id.as_deref(), Some(second.to_string().as_str()));
+    assert_eq!(second, first + 1, "nothing half-written while the database was down");
+    assert_eq!(app.deep().await.1["database"], "up");
 }
