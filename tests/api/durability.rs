@@ -77,3 +77,39 @@ async fn a_second_server_on_the_same_data_directory_refuses_to_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("is in use by another tidings process"), "a clear message: {stderr}");
 }
+
+/// SIGTERM on the real binary: open streams end with a jittered `retry:`,
+/// the process exits cleanly within its shutdown deadline, and a restart on
+/// the same data directory resumes the client with nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_streams_and_a_restart_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let envs = [("TIDINGS_DATA_DIR", dir.path().display().to_string()), ("TIDINGS_SHUTDOWN_TIMEOUT", "5s".to_owned())];
+    let mut server = spawn_process(&envs).await;
+    let http = reqwest::Client::new();
+    let publish = |base: String| {
+        let http = http.clone();
+        async move {
+            let r = http.post(format!("{base}/v1/events")).json(&json!({"event_type": "comment.posted"})).send().await.unwrap();
+            assert_eq!(r.status(), 201);
+            r.json::<serde_json::Value>().await.unwrap()["event_ids"][0].as_i64().unwrap()
+        }
+    };
+    let first = publish(server.base.clone()).await;
+    let mut reader = tidings::client::connect(&http, &format!("{}/v1/stream?since=0", server.base), None).await.unwrap();
+    assert_eq!(reader.next_event().await.unwrap().id.as_deref(), Some("1"));
+    let pid = server.child.id().unwrap().to_string();
+    assert!(tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap().success());
+    // The stream ends by itself (no more events, then the end).
+    let end = tokio::time::timeout(Duration::from_secs(5), reader.next_event()).await.expect("the stream ends within the deadline");
+    assert!(end.is_none());
+    let retry = reader.parser().retry_ms.unwrap();
+    assert!((2000..=10_000).contains(&retry), "a jittered retry: {retry}");
+    let status = tokio::time::timeout(Duration::from_secs(10), server.child.wait()).await.expect("the process exits").unwrap();
+    assert!(status.success(), "a clean exit: {status:?}");
+
+    let server = spawn_process(&envs).await;
+    let later = publish(server.base.clone()).await;
+    let mut reader = tidings::client::connect(&http, &format!("{}/v1/stream", server.base), Some(first)).await.unwrap();
+    assert_eq!(reader.next_event().await.unwrap().id, Some(later.to_string()));
+}
