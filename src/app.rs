@@ -28,6 +28,7 @@ pub struct Application {
     store: Arc<dyn EventLog>,
     options: ServeOptions,
     retention: (crate::config::Retention, std::time::Duration),
+    consumer_ttl: std::time::Duration,
     shutdown: CancellationToken,
 }
 
@@ -79,8 +80,9 @@ impl Application {
         let addr = listener.local_addr()?;
         let options = ServeOptions { header_timeout: settings.header_timeout, shutdown_timeout: settings.shutdown_timeout };
         let retention = (settings.retention, settings.retention_interval);
+        let consumer_ttl = settings.consumer_ttl;
         let state = AppState::new(settings, store.clone(), broker.clone(), registry, metrics, shutdown.clone());
-        Ok(Self { listener, addr, router: router(state), broker, store, options, retention, shutdown })
+        Ok(Self { listener, addr, router: router(state), broker, store, options, retention, consumer_ttl, shutdown })
     }
 
     /// The bound address (the port is real even when `:0` was asked for).
@@ -106,10 +108,11 @@ impl Application {
         let broker_task = tokio::spawn(self.broker.clone().run(background.clone()));
         let (retention, every) = self.retention;
         let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), retention, every, background.clone()));
+        let expiry_task = tokio::spawn(crate::store::run_consumer_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
         tracing::info!(addr = %self.addr, "tidings is serving");
         serve(self.listener, self.router, self.options, self.shutdown).await;
         background.cancel();
-        let _ = tokio::join!(listener_task, broker_task, retention_task);
+        let _ = tokio::join!(listener_task, broker_task, retention_task, expiry_task);
         tracing::info!("tidings stopped");
         Ok(())
     }

@@ -151,6 +151,22 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_DB_TIMEOUT", default_value = "2s", value_parser = duration)]
     pub db_timeout: Duration,
 
+    /// A durable consumer silent this long is collected (resuming it without `since` answers 410).
+    #[arg(long, env = "TIDINGS_CONSUMER_TTL", default_value = "7d", value_parser = duration)]
+    pub consumer_ttl: Duration,
+
+    /// Most events one poll returns (`limit` is capped here).
+    #[arg(long, env = "TIDINGS_POLL_MAX_LIMIT", default_value_t = 1000)]
+    pub poll_max_limit: usize,
+
+    /// Longest a poll may wait (`wait_ms` is capped here).
+    #[arg(long, env = "TIDINGS_POLL_MAX_WAIT", default_value = "60s", value_parser = duration)]
+    pub poll_max_wait: Duration,
+
+    /// Most rows one poll scans before answering `has_more` with its scan position.
+    #[arg(long, env = "TIDINGS_POLL_MAX_SCAN", default_value_t = 100_000)]
+    pub poll_max_scan: usize,
+
     /// History retention: `off`, an age (`30d`), a count of events (`1000000`), or both (`30d,1000000`).
     #[arg(long, env = "TIDINGS_RETENTION", default_value = "off", value_parser = retention)]
     pub retention: Retention,

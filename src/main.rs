@@ -64,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
                 Mode::Fanout => serde_json::to_value(tidings::bench::fanout_compare(&args)?)?,
                 Mode::ListenLoss => serde_json::to_value(tidings::bench::listen_loss(&args).await?)?,
                 Mode::Storm => serde_json::to_value(tidings::bench::storm(&args).await?)?,
+                Mode::Poll => serde_json::to_value(tidings::bench::poll_bench(&args).await?)?,
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())

@@ -34,11 +34,15 @@ pub const REPLAYED_EVENTS: &str = "tidings_replayed_events_total";
 pub const REGISTRY_VIOLATIONS: &str = "tidings_registry_violations_total";
 /// HTTP requests, by route template and status.
 pub const HTTP_REQUESTS: &str = "tidings_http_requests_total";
+/// Poll requests.
+pub const POLL_REQUESTS: &str = "tidings_poll_requests_total";
+/// Durable consumers' distance behind the head, sampled by the expiry sweep.
+pub const CONSUMER_LAG: &str = "tidings_consumer_lag_events";
 /// Replay gaps announced to clients.
 pub const REPLAY_GAPS: &str = "tidings_replay_gaps_total";
 
 /// Transports that deliver events.
-pub const TRANSPORTS: &[&str] = &["sse"];
+pub const TRANSPORTS: &[&str] = &["sse", "poll"];
 /// Why the server ends a client.
 pub const DROP_REASONS: &[&str] = &["queue_full", "no_progress"];
 
@@ -90,6 +94,8 @@ fn describe() {
     describe_counter!(REGISTRY_VIOLATIONS, Unit::Count, "Unregistered types or schema violations accepted in warn mode.");
     describe_counter!(HTTP_REQUESTS, Unit::Count, "HTTP requests, by route template and status.");
     describe_counter!(REPLAY_GAPS, Unit::Count, "Resumes that could not be served gap-free.");
+    describe_counter!(POLL_REQUESTS, Unit::Count, "Poll requests.");
+    describe_histogram!(CONSUMER_LAG, Unit::Count, "Durable consumers' events behind the head, sampled by each expiry sweep.");
 
     for transport in TRANSPORTS {
         counter!(EVENTS_DELIVERED, "transport" => *transport).increment(0);
@@ -104,11 +110,12 @@ fn describe() {
     counter!(LISTENER_RECONNECTS).increment(0);
     counter!(REPLAYED_EVENTS).increment(0);
     counter!(REPLAY_GAPS).increment(0);
+    counter!(POLL_REQUESTS).increment(0);
     counter!(EVENTS_PUBLISHED, "type" => "unregistered").increment(0);
     // Histograms appear in the exposition once they have a sample; a zero
     // sample would distort quantiles, so they are registered without one and
     // described above.
-    let _ = (histogram!(QUEUE_DEPTH), histogram!(BROKER_LAG), histogram!(DELIVERY_LATENCY));
+    let _ = (histogram!(QUEUE_DEPTH), histogram!(BROKER_LAG), histogram!(DELIVERY_LATENCY), histogram!(CONSUMER_LAG));
 }
 
 /// Zero-initialises the per-type publish counter for each registered type.

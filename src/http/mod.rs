@@ -4,6 +4,7 @@
 pub mod error;
 mod events;
 mod ops;
+mod poll;
 mod sse;
 
 use std::sync::Arc;
@@ -74,6 +75,10 @@ impl AppState {
         self.inner.shutdown.clone()
     }
 
+    fn consumer_ttl_ms(&self) -> i64 {
+        self.inner.settings.consumer_ttl.as_millis().min(i64::MAX as u128) as i64
+    }
+
     fn filter_limits(&self) -> FilterLimits {
         let s = &self.inner.settings;
         FilterLimits {
@@ -90,6 +95,10 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(ops::live_page))
         .route("/v1/events", post(events::publish))
         .route("/v1/stream", get(sse::stream))
+        .route("/v1/poll", get(poll::poll_get).post(poll::poll_post))
+        .route("/v1/consumers", get(poll::list))
+        .route("/v1/consumers/{id}", axum::routing::delete(poll::delete))
+        .route("/v1/consumers/{id}/ack", post(poll::ack))
         .route("/v1/registry", get(ops::registry))
         .route("/health", get(ops::health))
         .route("/health/deep", get(ops::health_deep))

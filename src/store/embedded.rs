@@ -24,14 +24,17 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use async_trait::async_trait;
-use rusqlite::{Connection, OpenFlags, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension as _, params};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{EventLog, ListenerState, NewRecord, Record, StoreError, StoreKind};
+use super::{Acked, Consumer, ConsumerOpen, EventLog, ListenerState, NewRecord, Opened, Record, StoreError, StoreKind};
 use crate::event::EventId;
 
-const MIGRATIONS: &[(i64, &str, &str)] = &[(1, "event_log", include_str!("../../migrations/embedded/0001_event_log.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "event_log", include_str!("../../migrations/embedded/0001_event_log.sql")),
+    (2, "consumers", include_str!("../../migrations/embedded/0002_consumers.sql")),
+];
 
 /// Read connections kept open.
 const READERS: usize = 4;
@@ -134,6 +137,49 @@ impl EmbeddedStore {
     }
 }
 
+impl EmbeddedStore {
+    /// Runs `f` with the writer connection on the blocking pool.
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&mut lock(&inner.writer)))
+            .await
+            .map_err(|e| StoreError::Other(e.into()))?
+            .map_err(sqlite_error)
+    }
+}
+
+const COLLECT_SQL: &str = "
+INSERT INTO consumer_expired (consumer_id, expired_ms)
+SELECT consumer_id, ?3 FROM consumer_subscriptions WHERE consumer_id = ?1 AND last_activity_ms < ?2
+ON CONFLICT (consumer_id) DO UPDATE SET expired_ms = excluded.expired_ms";
+const COLLECT_DELETE_SQL: &str = "DELETE FROM consumer_subscriptions WHERE consumer_id = ?1 AND last_activity_ms < ?2";
+
+const CONSUMER_UPDATE_SQL: &str = "
+UPDATE consumer_subscriptions SET
+    filter_json = CASE WHEN ?2 THEN ?3 ELSE filter_json END,
+    cursor = max(cursor, min(coalesce(?4, cursor), (SELECT last_id FROM tidings_head))),
+    last_activity_ms = ?5
+WHERE consumer_id = ?1
+RETURNING consumer_id, filter_json, cursor, created_ms, last_activity_ms";
+
+fn consumer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Consumer> {
+    Ok(Consumer { id: r.get(0)?, filter_json: r.get(1)?, cursor: r.get(2)?, created_ms: r.get(3)?, last_activity_ms: r.get(4)? })
+}
+
+/// Collects `id` if it has been silent since before `before_ms`.
+fn collect(conn: &Connection, id: &str, before_ms: i64, now_ms: i64) -> rusqlite::Result<()> {
+    conn.execute(COLLECT_SQL, params![id, before_ms, now_ms])?;
+    conn.execute(COLLECT_DELETE_SQL, params![id, before_ms])?;
+    Ok(())
+}
+
+fn is_expired(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
+    conn.query_row("SELECT EXISTS (SELECT 1 FROM consumer_expired WHERE consumer_id = ?1)", [id], |r| r.get(0))
+}
+
 fn sqlite_error(e: rusqlite::Error) -> StoreError {
     match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked | rusqlite::ErrorCode::DiskFull) => {
@@ -173,26 +219,23 @@ impl EventLog for EmbeddedStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let inner = self.inner.clone();
-        let ids = tokio::task::spawn_blocking(move || -> rusqlite::Result<Vec<EventId>> {
-            let mut conn = lock(&inner.writer);
-            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let base: i64 = tx.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
-            let now = chrono::Utc::now().timestamp_millis();
-            {
-                let mut insert = tx.prepare_cached("INSERT INTO events (id, event_type, body, recorded_at) VALUES (?1, ?2, ?3, ?4)")?;
-                for (i, record) in batch.iter().enumerate() {
-                    insert.execute(params![base + 1 + i as i64, record.event_type, record.body, now])?;
+        let ids = self
+            .write(move |conn| {
+                let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let base: i64 = tx.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
+                let now = chrono::Utc::now().timestamp_millis();
+                {
+                    let mut insert = tx.prepare_cached("INSERT INTO events (id, event_type, body, recorded_at) VALUES (?1, ?2, ?3, ?4)")?;
+                    for (i, record) in batch.iter().enumerate() {
+                        insert.execute(params![base + 1 + i as i64, record.event_type, record.body, now])?;
+                    }
                 }
-            }
-            let last = base + batch.len() as i64;
-            tx.execute("UPDATE tidings_head SET last_id = ?1 WHERE singleton = 1", [last])?;
-            tx.commit()?;
-            Ok((base + 1..=last).collect())
-        })
-        .await
-        .map_err(|e| StoreError::Other(e.into()))?
-        .map_err(sqlite_error)?;
+                let last = base + batch.len() as i64;
+                tx.execute("UPDATE tidings_head SET last_id = ?1 WHERE singleton = 1", [last])?;
+                tx.commit()?;
+                Ok((base + 1..=last).collect())
+            })
+            .await?;
         if let Some(wake) = lock(&self.inner.wake).as_ref() {
             wake.notify_one();
         }
@@ -221,10 +264,8 @@ impl EventLog for EmbeddedStore {
     }
 
     async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError> {
-        let inner = self.inner.clone();
         let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
-        tokio::task::spawn_blocking(move || -> rusqlite::Result<u64> {
-            let conn = lock(&inner.writer);
+        self.write(move |conn| {
             let cut: i64 = conn.query_row(
                 "SELECT max(
                     coalesce((SELECT max(id) FROM events WHERE recorded_at < ?1), 0),
@@ -243,8 +284,93 @@ impl EventLog for EmbeddedStore {
             }
         })
         .await
-        .map_err(|e| StoreError::Other(e.into()))?
-        .map_err(sqlite_error)
+    }
+
+    async fn consumer_open(&self, open: ConsumerOpen<'_>) -> Result<Opened, StoreError> {
+        let (id, since, now, before) = (open.id.to_owned(), open.since, open.now_ms, open.expire_before_ms);
+        let replace = open.filter_json.is_some();
+        let filter = open.filter_json.flatten().map(str::to_owned);
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            collect(&tx, &id, before, now)?;
+            let update = |tx: &rusqlite::Transaction<'_>| {
+                tx.query_row(CONSUMER_UPDATE_SQL, params![id, replace, filter, since, now], consumer_row).optional()
+            };
+            let mut row = update(&tx)?;
+            if row.is_none() {
+                if is_expired(&tx, &id)? && since.is_none() {
+                    tx.commit()?;
+                    return Ok(Opened::Expired);
+                }
+                tx.execute(
+                    "INSERT OR IGNORE INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms)
+                     SELECT ?1, ?2, min(coalesce(?3, last_id), last_id), ?4, ?4 FROM tidings_head",
+                    params![id, filter, since, now],
+                )?;
+                tx.execute("DELETE FROM consumer_expired WHERE consumer_id = ?1", [&id])?;
+                row = update(&tx)?;
+            }
+            tx.commit()?;
+            row.map(Opened::Ready).ok_or(rusqlite::Error::QueryReturnedNoRows)
+        })
+        .await
+    }
+
+    async fn consumer_ack(&self, id: &str, cursor: EventId, now_ms: i64, expire_before_ms: i64) -> Result<Acked, StoreError> {
+        let id = id.to_owned();
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            collect(&tx, &id, expire_before_ms, now_ms)?;
+            let row: Option<i64> = tx
+                .query_row(
+                    "UPDATE consumer_subscriptions
+                     SET cursor = max(cursor, min(?2, (SELECT last_id FROM tidings_head))), last_activity_ms = ?3
+                     WHERE consumer_id = ?1 RETURNING cursor",
+                    params![id, cursor, now_ms],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let acked = match row {
+                Some(c) => Acked::Cursor(c),
+                None if is_expired(&tx, &id)? => Acked::Expired,
+                None => Acked::NotFound,
+            };
+            tx.commit()?;
+            Ok(acked)
+        })
+        .await
+    }
+
+    async fn consumer_list(&self) -> Result<Vec<Consumer>, StoreError> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT consumer_id, filter_json, cursor, created_ms, last_activity_ms FROM consumer_subscriptions ORDER BY consumer_id",
+            )?;
+            let rows = stmt.query_map([], consumer_row)?;
+            rows.collect()
+        })
+        .await
+    }
+
+    async fn consumer_delete(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.write(move |conn| Ok(conn.execute("DELETE FROM consumer_subscriptions WHERE consumer_id = ?1", [id])? > 0)).await
+    }
+
+    async fn consumer_expire(&self, before_ms: i64) -> Result<u64, StoreError> {
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            tx.execute(
+                "INSERT INTO consumer_expired (consumer_id, expired_ms)
+                 SELECT consumer_id, ?2 FROM consumer_subscriptions WHERE last_activity_ms < ?1
+                 ON CONFLICT (consumer_id) DO UPDATE SET expired_ms = excluded.expired_ms",
+                params![before_ms, chrono::Utc::now().timestamp_millis()],
+            )?;
+            let n = tx.execute("DELETE FROM consumer_subscriptions WHERE last_activity_ms < ?1", [before_ms])?;
+            tx.commit()?;
+            Ok(n as u64)
+        })
+        .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -43,6 +43,56 @@ pub struct Record {
     pub recorded_ms: i64,
 }
 
+/// A durable consumer as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Consumer {
+    /// Its id.
+    pub id: String,
+    /// The stored filter (JSON), `None` for "everything".
+    pub filter_json: Option<String>,
+    /// Everything up to here is confirmed.
+    pub cursor: EventId,
+    /// Created, Unix ms.
+    pub created_ms: i64,
+    /// Last poll or ack, Unix ms.
+    pub last_activity_ms: i64,
+}
+
+/// How a poll opens a consumer.
+#[derive(Debug, Clone)]
+pub struct ConsumerOpen<'a> {
+    /// The consumer id.
+    pub id: &'a str,
+    /// `Some` replaces the stored filter (the inner `None` clears it).
+    pub filter_json: Option<Option<&'a str>>,
+    /// A `since` given with the poll: confirms everything up to it.
+    pub since: Option<EventId>,
+    /// A consumer silent since before this (Unix ms) is collected first.
+    pub expire_before_ms: i64,
+    /// Now, Unix ms.
+    pub now_ms: i64,
+}
+
+/// What opening a consumer found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opened {
+    /// The consumer, created or updated.
+    Ready(Consumer),
+    /// It was collected for silence and no `since` was given.
+    Expired,
+}
+
+/// What an ack found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acked {
+    /// The cursor after the ack.
+    Cursor(EventId),
+    /// No such consumer.
+    NotFound,
+    /// It was collected for silence.
+    Expired,
+}
+
 /// Which store backs this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -114,6 +164,28 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// Returns how many events were deleted.
     async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError>;
 
+    /// Opens a durable consumer for a poll, in one transaction: collects it
+    /// first if it has been silent too long; creates it when absent (its
+    /// cursor at `since`, else at the head: a new consumer starts with what is
+    /// published from now on), unless it was collected and no `since` is
+    /// given; replaces its filter when one is given; confirms `since` (a
+    /// monotonic max, clamped to the head); records the activity.
+    async fn consumer_open(&self, open: ConsumerOpen<'_>) -> Result<Opened, StoreError>;
+
+    /// Confirms everything up to `cursor` (monotonic max, clamped to the head).
+    /// A consumer silent since before `expire_before_ms` is collected first.
+    async fn consumer_ack(&self, id: &str, cursor: EventId, now_ms: i64, expire_before_ms: i64) -> Result<Acked, StoreError>;
+
+    /// Every consumer, by id.
+    async fn consumer_list(&self) -> Result<Vec<Consumer>, StoreError>;
+
+    /// Deletes a consumer (not remembered as expired); whether it existed.
+    async fn consumer_delete(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Collects consumers silent since before `before_ms`, remembering their
+    /// ids; returns how many.
+    async fn consumer_expire(&self, before_ms: i64) -> Result<u64, StoreError>;
+
     /// Cheap round trip to the database.
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -150,6 +222,31 @@ pub async fn run_retention(
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "retention pruned history"),
             Err(e) => tracing::warn!(error = %e, "retention could not prune history; retrying at the next interval"),
+        }
+    }
+}
+
+/// Collects durable consumers silent for longer than `ttl`, checking about
+/// four times per TTL (at most once a minute), and samples every remaining
+/// consumer's lag into `tidings_consumer_lag_events`.
+pub async fn run_consumer_expiry(store: Arc<dyn EventLog>, ttl: std::time::Duration, cancel: CancellationToken) {
+    let every = (ttl / 4).clamp(std::time::Duration::from_millis(20), std::time::Duration::from_secs(60));
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let before = chrono::Utc::now().timestamp_millis() - ttl.as_millis().min(i64::MAX as u128) as i64;
+        match store.consumer_expire(before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(collected = n, "collected silent durable consumers"),
+            Err(e) => tracing::warn!(error = %e, "consumer expiry failed; retrying at the next interval"),
+        }
+        if let (Ok(head), Ok(consumers)) = (store.head().await, store.consumer_list().await) {
+            for c in consumers {
+                metrics::histogram!(crate::metrics::CONSUMER_LAG).record((head - c.cursor).max(0) as f64);
+            }
         }
     }
 }

@@ -25,7 +25,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
-use super::{EventLog, ListenerState, NewRecord, Record, StoreError, StoreKind};
+use super::{Acked, Consumer, ConsumerOpen, EventLog, ListenerState, NewRecord, Opened, Record, StoreError, StoreKind};
 use crate::event::EventId;
 
 /// The NOTIFY channel.
@@ -34,7 +34,10 @@ const CHANNEL: &str = "tidings_events";
 /// Migrations, in order. Each runs once, inside a transaction, recorded in
 /// `tidings_migrations`; the whole run is serialised by an advisory lock so
 /// several processes starting together do not race.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "event_log", include_str!("../../migrations/postgres/0001_event_log.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "event_log", include_str!("../../migrations/postgres/0001_event_log.sql")),
+    (2, "consumers", include_str!("../../migrations/postgres/0002_consumers.sql")),
+];
 
 /// Pool and timeout settings.
 #[derive(Debug, Clone)]
@@ -137,6 +140,25 @@ fn pg_error(e: tokio_postgres::Error) -> StoreError {
     if unavailable { StoreError::Unavailable(e.to_string()) } else { StoreError::Other(e.into()) }
 }
 
+const COLLECT_SQL: &str = "
+WITH gone AS (
+    DELETE FROM consumer_subscriptions WHERE consumer_id = $1 AND last_activity_ms < $2 RETURNING consumer_id
+)
+INSERT INTO consumer_expired (consumer_id, expired_ms) SELECT consumer_id, $3 FROM gone
+ON CONFLICT (consumer_id) DO UPDATE SET expired_ms = EXCLUDED.expired_ms";
+
+const CONSUMER_UPDATE_SQL: &str = "
+UPDATE consumer_subscriptions SET
+    filter_json = CASE WHEN $2 THEN $3 ELSE filter_json END,
+    cursor = GREATEST(cursor, LEAST(COALESCE($4, cursor), (SELECT last_id FROM tidings_head))),
+    last_activity_ms = $5
+WHERE consumer_id = $1
+RETURNING consumer_id, filter_json, cursor, created_ms, last_activity_ms";
+
+fn consumer_row(r: &tokio_postgres::Row) -> Consumer {
+    Consumer { id: r.get(0), filter_json: r.get(1), cursor: r.get(2), created_ms: r.get(3), last_activity_ms: r.get(4) }
+}
+
 const APPEND_SQL: &str = "
 WITH head AS (
     UPDATE tidings_head SET last_id = last_id + cardinality($1::text[])
@@ -219,6 +241,86 @@ impl EventLog for PostgresStore {
                 return Ok(deleted);
             }
         }
+    }
+
+    async fn consumer_open(&self, open: ConsumerOpen<'_>) -> Result<Opened, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        tx.execute(COLLECT_SQL, &[&open.id, &open.expire_before_ms, &open.now_ms]).await.map_err(pg_error)?;
+        let replace = open.filter_json.is_some();
+        let filter = open.filter_json.flatten();
+        let mut row =
+            tx.query_opt(CONSUMER_UPDATE_SQL, &[&open.id, &replace, &filter, &open.since, &open.now_ms]).await.map_err(pg_error)?;
+        if row.is_none() {
+            let expired =
+                tx.query_opt("SELECT 1 FROM consumer_expired WHERE consumer_id = $1", &[&open.id]).await.map_err(pg_error)?.is_some();
+            if expired && open.since.is_none() {
+                tx.commit().await.map_err(pg_error)?;
+                return Ok(Opened::Expired);
+            }
+            tx.execute(
+                "INSERT INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms)
+                 SELECT $1, $2, LEAST(COALESCE($3, last_id), last_id), $4, $4 FROM tidings_head
+                 ON CONFLICT (consumer_id) DO NOTHING",
+                &[&open.id, &filter, &open.since, &open.now_ms],
+            )
+            .await
+            .map_err(pg_error)?;
+            tx.execute("DELETE FROM consumer_expired WHERE consumer_id = $1", &[&open.id]).await.map_err(pg_error)?;
+            row = tx.query_opt(CONSUMER_UPDATE_SQL, &[&open.id, &replace, &filter, &open.since, &open.now_ms]).await.map_err(pg_error)?;
+        }
+        tx.commit().await.map_err(pg_error)?;
+        let row = row.ok_or_else(|| StoreError::Other(anyhow::anyhow!("consumer {} vanished while being opened", open.id)))?;
+        Ok(Opened::Ready(consumer_row(&row)))
+    }
+
+    async fn consumer_ack(&self, id: &str, cursor: EventId, now_ms: i64, expire_before_ms: i64) -> Result<Acked, StoreError> {
+        let client = self.client().await?;
+        client.execute(COLLECT_SQL, &[&id, &expire_before_ms, &now_ms]).await.map_err(pg_error)?;
+        let row = client
+            .query_opt(
+                "UPDATE consumer_subscriptions
+                 SET cursor = GREATEST(cursor, LEAST($2, (SELECT last_id FROM tidings_head))), last_activity_ms = $3
+                 WHERE consumer_id = $1 RETURNING cursor",
+                &[&id, &cursor, &now_ms],
+            )
+            .await
+            .map_err(pg_error)?;
+        if let Some(row) = row {
+            return Ok(Acked::Cursor(row.get(0)));
+        }
+        let expired = client.query_opt("SELECT 1 FROM consumer_expired WHERE consumer_id = $1", &[&id]).await.map_err(pg_error)?;
+        Ok(if expired.is_some() { Acked::Expired } else { Acked::NotFound })
+    }
+
+    async fn consumer_list(&self) -> Result<Vec<Consumer>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT consumer_id, filter_json, cursor, created_ms, last_activity_ms FROM consumer_subscriptions ORDER BY consumer_id",
+                &[],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(rows.iter().map(consumer_row).collect())
+    }
+
+    async fn consumer_delete(&self, id: &str) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        Ok(client.execute("DELETE FROM consumer_subscriptions WHERE consumer_id = $1", &[&id]).await.map_err(pg_error)? > 0)
+    }
+
+    async fn consumer_expire(&self, before_ms: i64) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "WITH gone AS (DELETE FROM consumer_subscriptions WHERE last_activity_ms < $1 RETURNING consumer_id)
+                 INSERT INTO consumer_expired (consumer_id, expired_ms) SELECT consumer_id, $2 FROM gone
+                 ON CONFLICT (consumer_id) DO UPDATE SET expired_ms = EXCLUDED.expired_ms",
+                &[&before_ms, &chrono::Utc::now().timestamp_millis()],
+            )
+            .await
+            .map_err(pg_error)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

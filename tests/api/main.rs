@@ -8,6 +8,7 @@ mod delivery;
 mod durability;
 mod filters;
 mod ordering;
+mod poll;
 mod postgres;
 mod publish;
 mod stream;

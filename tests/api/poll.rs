@@ -1,0 +1,239 @@
+//! `GET|POST /v1/poll` and durable consumers: paging, long-poll, SPEC-065
+//! §4.8, cursor rules, expiry, operator endpoints and bad input.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::both_stores;
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
+
+both_stores!(
+    paging_walks_the_stream,
+    long_poll_returns_on_the_first_match,
+    spec_4_8_durable_replay,
+    cursor_rules,
+    expiry_answers_410,
+    operators_and_bad_input
+);
+
+async fn get(app: &TestApp, query: &str) -> (u16, Value) {
+    let r = app.http.get(app.url(&format!("/v1/poll?{query}"))).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+async fn post(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
+    let r = app.http.post(app.url(path)).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+fn ids(answer: &Value) -> Vec<i64> {
+    answer["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_i64().unwrap()).collect()
+}
+
+async fn paging_walks_the_stream(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let mut matching = Vec::new();
+    for i in 0..10 {
+        matching.push(app.publish("comment.posted", json!({"i": i})).await);
+        app.publish("flag.raised", json!({})).await; // filtered out
+    }
+    let (mut since, mut seen, mut pages) = (0, Vec::<i64>::new(), 0);
+    loop {
+        let (status, page) = get(&app, &format!("types=comment.posted&since={since}&limit=4")).await;
+        assert_eq!(status, 200, "{page}");
+        let got = ids(&page);
+        assert!(got.len() <= 4);
+        assert!(page["events"].as_array().unwrap().iter().all(|e| e["envelope_version"] == 1 && e["event_type"] == "comment.posted"));
+        seen.extend(&got);
+        since = page["next_since"].as_i64().unwrap();
+        pages += 1;
+        if !page["has_more"].as_bool().unwrap() {
+            break;
+        }
+        assert_eq!(since, *got.last().unwrap(), "next_since is the last event returned");
+    }
+    assert_eq!(pages, 3, "4 + 4 + 2");
+    assert_eq!(seen, matching, "nothing missed or repeated");
+    // The POST form with the same filter as JSON is equivalent.
+    let (status, page) = post(&app, "/v1/poll", json!({"filter": {"types": ["comment.posted"]}, "since": 0, "limit": 100})).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(ids(&page), matching);
+    assert_eq!(page["has_more"], false);
+}
+
+async fn long_poll_returns_on_the_first_match(backend: Backend) {
+    let app = std::sync::Arc::new(spawn_app(backend).await);
+    let waiting = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let answer = get(&app, "types=comment.posted&wait_ms=10000").await;
+            (answer, started.elapsed())
+        })
+    };
+    // Publish non-matching events until the poll is registered, then a match.
+    while app.clients().await == 0 {
+        tokio::task::yield_now().await;
+    }
+    app.publish("flag.raised", json!({})).await;
+    app.publish("flag.raised", json!({})).await;
+    let id = app.publish("comment.posted", json!({})).await;
+    let ((status, page), elapsed) = waiting.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(ids(&page), vec![id], "only the matching event");
+    assert_eq!(page["next_since"], id);
+    assert!(elapsed < Duration::from_secs(8), "it returned on the match, well before the wait ended ({elapsed:?})");
+}
+
+/// SPEC-065 §4.8: register a consumer, disconnect, emit 100 events, resume:
+/// the 100 missed events arrive in order from the cursor.
+async fn spec_4_8_durable_replay(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.publish("comment.posted", json!({})).await; // history before registration
+    let (status, first) = get(&app, "consumer_id=ticker-prism-prod-1&types=comment.*").await;
+    assert_eq!(status, 200);
+    assert!(ids(&first).is_empty(), "a new consumer starts at the head");
+    let mut emitted = Vec::new();
+    for i in 0..100 {
+        emitted.push(app.publish("comment.posted", json!({"i": i})).await);
+    }
+    // Resume with the consumer id alone: stored filter, stored cursor.
+    let (status, page) = get(&app, "consumer_id=ticker-prism-prod-1&limit=1000").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(ids(&page), emitted, "the 100 missed events, in order");
+    assert_eq!(page["has_more"], false);
+}
+
+async fn cursor_rules(backend: Backend) {
+    let app = std::sync::Arc::new(spawn_app(backend).await);
+    let (status, _) = get(&app, "consumer_id=c1").await;
+    assert_eq!(status, 200);
+    let mut all = Vec::new();
+    for _ in 0..60 {
+        all.push(app.publish("comment.posted", json!({})).await);
+    }
+    // Ack 50, then 10: the cursor stays at 50.
+    assert_eq!(
+        post(&app, "/v1/consumers/c1/ack", json!({"cursor": all[49]})).await,
+        (200, json!({"consumer_id": "c1", "cursor": all[49]}))
+    );
+    assert_eq!(post(&app, "/v1/consumers/c1/ack", json!({"cursor": all[9]})).await.1["cursor"], all[49]);
+    let (_, page) = get(&app, "consumer_id=c1&limit=1000").await;
+    assert_eq!(ids(&page), all[50..].to_vec(), "resumes after 50");
+    // Returning events does not move the cursor: the same poll again gives the same.
+    let (_, again) = get(&app, "consumer_id=c1&limit=1000").await;
+    assert_eq!(ids(&again), all[50..].to_vec());
+    // A poll with since confirms up to it.
+    let (_, page) = get(&app, &format!("consumer_id=c1&since={}", all[54])).await;
+    assert_eq!(ids(&page), all[55..].to_vec());
+    let (_, page) = get(&app, "consumer_id=c1").await;
+    assert_eq!(ids(&page), all[55..].to_vec(), "since was confirmed");
+    // Ack past the head is clamped: the next new event is still delivered.
+    let head = app.head().await;
+    assert_eq!(post(&app, "/v1/consumers/c1/ack", json!({"cursor": head + 1000})).await.1["cursor"], head);
+    let next = app.publish("comment.posted", json!({})).await;
+    let (_, page) = get(&app, "consumer_id=c1").await;
+    assert_eq!(ids(&page), vec![next]);
+    // Concurrent acks from two tasks end at the max.
+    let head = app.head().await;
+    let tasks: Vec<_> = (0..2)
+        .map(|t| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                for c in (0..=head).filter(|c| c % 2 == t) {
+                    let (status, _) = post(&app, "/v1/consumers/c1/ack", json!({"cursor": c})).await;
+                    assert_eq!(status, 200);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let list: Value = app.http.get(app.url("/v1/consumers")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(list["consumers"][0]["cursor"], head);
+    assert_eq!(list["consumers"][0]["lag"], 0);
+}
+
+async fn expiry_answers_410(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.consumer_ttl = Duration::from_millis(300)).await;
+    assert_eq!(get(&app, "consumer_id=sleepy").await.0, 200);
+    let id = app.publish("comment.posted", json!({})).await;
+    // Collected by the sweep (or on access) after 300 ms of silence.
+    let mut tries = 0;
+    loop {
+        let list: Value = app.http.get(app.url("/v1/consumers")).send().await.unwrap().json().await.unwrap();
+        if list["consumers"].as_array().unwrap().is_empty() {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 200, "the consumer is collected");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (status, body) = get(&app, "consumer_id=sleepy").await;
+    assert_eq!((status, body["error"].as_str()), (410, Some("cursor_expired")), "{body}");
+    let (status, body) = post(&app, "/v1/consumers/sleepy/ack", json!({"cursor": 1})).await;
+    assert_eq!((status, body["error"].as_str()), (410, Some("cursor_expired")));
+    // With since it starts afresh.
+    let (status, page) = get(&app, "consumer_id=sleepy&since=0").await;
+    assert_eq!(status, 200);
+    assert_eq!(ids(&page), vec![id]);
+    assert_eq!(get(&app, "consumer_id=sleepy").await.0, 200, "and is a live consumer again");
+}
+
+async fn operators_and_bad_input(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.publish("comment.posted", json!({})).await;
+    assert_eq!(get(&app, "consumer_id=ops-1&since=0&types=comment.*").await.0, 200);
+    app.publish("comment.posted", json!({})).await;
+    let list: Value = app.http.get(app.url("/v1/consumers")).send().await.unwrap().json().await.unwrap();
+    let c = &list["consumers"][0];
+    assert_eq!((c["consumer_id"].as_str(), c["cursor"].as_i64(), c["lag"].as_i64()), (Some("ops-1"), Some(0), Some(2)));
+    assert_eq!(c["filter"], json!({"types": ["comment.*"]}));
+    assert!(c["last_activity"].as_str().unwrap().ends_with('Z'));
+
+    for (query, code) in [
+        ("since=-1", "invalid_since"),
+        ("since=abc", "invalid_since"),
+        ("limit=0", "invalid_limit"),
+        ("limit=x", "invalid_limit"),
+        ("limit=-3", "invalid_limit"),
+        ("wait_ms=-5", "invalid_wait_ms"),
+        ("wait_ms=soon", "invalid_wait_ms"),
+        ("types=a..b", "invalid_filter"),
+        ("filter=%7B%22payload%22%3A%7B%22nope%22%3A1%7D%7D", "invalid_filter"),
+        ("consumer_id=no%20spaces", "invalid_consumer_id"),
+        ("consumer_id=ops-1&types=a..b", "invalid_filter"),
+    ] {
+        let (status, body) = get(&app, query).await;
+        assert_eq!((status, body["error"].as_str()), (400, Some(code)), "{query}: {body}");
+    }
+    for (body, code) in [
+        (json!({"since": -1}), "invalid_since"),
+        (json!({"since": "5"}), "invalid_since"),
+        (json!({"limit": 1.5}), "invalid_limit"),
+        (json!({"filter": {"types": "x"}}), "invalid_filter"),
+        (json!({"sinse": 1}), "invalid_poll"),
+    ] {
+        let (status, answer) = post(&app, "/v1/poll", body.clone()).await;
+        assert_eq!((status, answer["error"].as_str()), (400, Some(code)), "{body}: {answer}");
+    }
+    for body in [json!({"cursor": "x"}), json!({"cursor": -1}), json!({})] {
+        let (status, answer) = post(&app, "/v1/consumers/ops-1/ack", body.clone()).await;
+        assert_eq!((status, answer["error"].as_str()), (400, Some("invalid_cursor")), "{body}");
+    }
+    assert_eq!(post(&app, "/v1/consumers/nobody/ack", json!({"cursor": 1})).await.1["error"], "consumer_not_found");
+    // Nothing changed by the refusals: the consumer's filter and cursor stand.
+    let list: Value = app.http.get(app.url("/v1/consumers")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(list["consumers"][0]["cursor"], 0);
+    assert_eq!(list["consumers"][0]["filter"], json!({"types": ["comment.*"]}));
+    // limit is capped, not refused.
+    let (status, page) = get(&app, "since=0&limit=5000").await;
+    assert_eq!((status, ids(&page).len()), (200, 2));
+    // Delete.
+    assert_eq!(app.http.delete(app.url("/v1/consumers/ops-1")).send().await.unwrap().status(), 204);
+    let r = app.http.delete(app.url("/v1/consumers/ops-1")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+}
