@@ -9,7 +9,9 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{AuthMode, Verifier};
 use crate::broker::{Broker, BrokerSettings};
+use crate::config::AuthSetting;
 use crate::config::Settings;
 use crate::http::{AppState, router};
 use crate::registry::Registry;
@@ -49,15 +51,46 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn EventLog>
     })
 }
 
+/// Decides how requests are authenticated. With a key, tokens are required
+/// (unless `TIDINGS_AUTH=off`); without one, authentication is off, which is
+/// only allowed on a loopback address: anyone who can reach the port could
+/// otherwise publish as anyone and read everything.
+pub fn resolve_auth(settings: &Settings) -> anyhow::Result<AuthMode> {
+    let verifier = match (&settings.jwt_hs256_secret, &settings.jwt_public_key_file) {
+        (Some(_), Some(_)) => anyhow::bail!("set only one of TIDINGS_JWT_HS256_SECRET and TIDINGS_JWT_PUBLIC_KEY_FILE"),
+        (Some(secret), None) => Some(Verifier::hs256(secret.as_bytes()).map_err(anyhow::Error::msg)?),
+        (None, Some(path)) => Some(Verifier::public_key_file(path).map_err(anyhow::Error::msg)?),
+        (None, None) => None,
+    }
+    .map(|v| v.expect(settings.jwt_audience.as_deref(), settings.jwt_issuer.as_deref()));
+    match (settings.auth, verifier) {
+        (Some(AuthSetting::Jwt), None) => {
+            anyhow::bail!("TIDINGS_AUTH=jwt needs a key: set TIDINGS_JWT_HS256_SECRET or TIDINGS_JWT_PUBLIC_KEY_FILE")
+        }
+        (Some(AuthSetting::Jwt) | None, Some(verifier)) => Ok(AuthMode::Jwt(Arc::new(verifier))),
+        (Some(AuthSetting::Off), _) | (None, None) => {
+            if !settings.listen.ip().is_loopback() {
+                anyhow::bail!(
+                    "refusing to listen on {} with authentication off: anyone who reaches this address could publish as any agent and \
+                     read every event. Configure TIDINGS_JWT_HS256_SECRET or TIDINGS_JWT_PUBLIC_KEY_FILE, or listen on a loopback \
+                     address (127.0.0.1 or ::1) for local development",
+                    settings.listen
+                );
+            }
+            tracing::warn!(
+                listen = %settings.listen,
+                "authentication is off: every local caller may publish and read everything (development only; configure a JWT key for anything else)"
+            );
+            Ok(AuthMode::Off)
+        }
+    }
+}
+
 impl Application {
     /// Builds every subsystem and binds the listen address.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        if !settings.listen.ip().is_loopback() {
-            anyhow::bail!(
-                "refusing to listen on {}: tidings has no authentication configured, so it only serves a loopback address (127.0.0.1 or ::1)",
-                settings.listen
-            );
-        }
+        let auth = resolve_auth(&settings)?;
+        crate::http::cors(&settings.cors_origins)?;
         let metrics = crate::metrics::install();
         let store = open_store(&settings).await?;
         let registry = Arc::new(Registry::load(&settings.registry, settings.registry_mode).context("loading the event-type registry")?);
@@ -81,7 +114,7 @@ impl Application {
         let options = ServeOptions { header_timeout: settings.header_timeout, shutdown_timeout: settings.shutdown_timeout };
         let retention = (settings.retention, settings.retention_interval);
         let consumer_ttl = settings.consumer_ttl;
-        let state = AppState::new(settings, store.clone(), broker.clone(), registry, metrics, shutdown.clone());
+        let state = AppState::new(auth, settings, store.clone(), broker.clone(), registry, metrics, shutdown.clone());
         Ok(Self { listener, addr, router: router(state), broker, store, options, retention, consumer_ttl, shutdown })
     }
 

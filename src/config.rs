@@ -10,6 +10,15 @@ use clap::{Args, ValueEnum};
 
 use crate::registry::RegistryMode;
 
+/// `TIDINGS_AUTH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuthSetting {
+    /// Bearer JWTs (needs a key).
+    Jwt,
+    /// No tokens: local development only, loopback addresses only.
+    Off,
+}
+
 /// How logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -182,6 +191,46 @@ pub struct Settings {
     /// Deadline for a graceful shutdown; connections still open then are closed.
     #[arg(long, env = "TIDINGS_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub shutdown_timeout: Duration,
+
+    /// `jwt` or `off`; unset means `jwt` when a key is configured, else `off` (loopback only).
+    #[arg(long, env = "TIDINGS_AUTH", value_enum)]
+    pub auth: Option<AuthSetting>,
+
+    /// Shared secret for HS256 tokens.
+    #[arg(long, env = "TIDINGS_JWT_HS256_SECRET", hide_env_values = true)]
+    pub jwt_hs256_secret: Option<String>,
+
+    /// PEM public key (Ed25519 or RSA) for EdDSA / RS256 tokens.
+    #[arg(long, env = "TIDINGS_JWT_PUBLIC_KEY_FILE")]
+    pub jwt_public_key_file: Option<PathBuf>,
+
+    /// Required `aud` claim, if set.
+    #[arg(long, env = "TIDINGS_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// Required `iss` claim, if set.
+    #[arg(long, env = "TIDINGS_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// Most concurrent streams in total (beyond: 503 with Retry-After).
+    #[arg(long, env = "TIDINGS_MAX_STREAMS", default_value_t = 50_000)]
+    pub max_streams: usize,
+
+    /// Most concurrent streams per identity when auth is on (beyond: 429).
+    #[arg(long, env = "TIDINGS_MAX_STREAMS_PER_IDENTITY", default_value_t = 1_000)]
+    pub max_streams_per_identity: usize,
+
+    /// Most events one resume may replay; an older resume point gets system.replay_gap.
+    #[arg(long, env = "TIDINGS_MAX_REPLAY", default_value_t = 1_000_000)]
+    pub max_replay: u64,
+
+    /// Events per second one identity may publish (`0` = no limit).
+    #[arg(long, env = "TIDINGS_PUBLISH_RATE", default_value_t = 0)]
+    pub publish_rate: u32,
+
+    /// Origins allowed by CORS: a comma list, or `*` (never with credentials); empty = no CORS.
+    #[arg(long, env = "TIDINGS_CORS_ORIGINS", default_value = "")]
+    pub cors_origins: String,
 
     /// Log format.
     #[arg(long, env = "TIDINGS_LOG_FORMAT", value_enum, default_value = "human")]

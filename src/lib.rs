@@ -27,6 +27,7 @@
 //!   the bench tool and the tests; [`bench`]: the load generator.
 
 pub mod app;
+pub mod auth;
 pub mod bench;
 pub mod broker;
 pub mod client;

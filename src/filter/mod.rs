@@ -42,12 +42,17 @@ impl Default for FilterLimits {
 pub struct FilterError(pub String);
 
 /// A compiled filter.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Filter {
     types: Vec<Glob>,
     agents: HashSet<String>,
     targets: HashSet<String>,
     payload: Option<PayloadRule>,
+    /// The caller's `subscribe` grants, when they restrict anything: an event
+    /// must match one of them as well as the filter's own types.
+    grants: Option<Vec<Glob>>,
+    /// The highest visibility the caller may see.
+    max_visibility: crate::event::Visibility,
 }
 
 /// The JSON form, before validation.
@@ -83,10 +88,34 @@ pub struct FilterQuery {
     pub targets: Option<String>,
 }
 
+impl Default for Filter {
+    fn default() -> Self {
+        Self {
+            types: Vec::new(),
+            agents: HashSet::new(),
+            targets: HashSet::new(),
+            payload: None,
+            grants: None,
+            max_visibility: crate::event::Visibility::Admin,
+        }
+    }
+}
+
 impl Filter {
     /// A filter that matches every event.
     pub fn any() -> Self {
         Self::default()
+    }
+
+    /// Intersects this filter with what `caller` may receive: its `subscribe`
+    /// grants (asking for `**` with a grant of `hypothesis.*` yields only
+    /// `hypothesis.*`) and its visibility. Every delivery path applies this.
+    pub fn restrict_to(mut self, caller: &crate::auth::Identity) -> Self {
+        if !caller.admin && !caller.subscribe.iter().any(|g| g.as_str() == "**") {
+            self.grants = Some(caller.subscribe.clone());
+        }
+        self.max_visibility = caller.visibility;
+        self
     }
 
     /// Builds a filter from its parts, validating each.
@@ -106,7 +135,7 @@ impl Filter {
                 )));
             }
         }
-        Ok(Self { types, agents: agents.iter().cloned().collect(), targets: targets.iter().cloned().collect(), payload: None })
+        Ok(Self { types, agents: agents.iter().cloned().collect(), targets: targets.iter().cloned().collect(), ..Self::default() })
     }
 
     /// Adds a payload rule (validated and compiled here).
@@ -185,6 +214,14 @@ impl Filter {
     /// the event's exact name), so that check is skipped.
     pub fn matches_after_types(&self, input: &MatchInput<'_>, type_matched: bool) -> bool {
         let event = input.body;
+        if event.visibility > self.max_visibility {
+            return false;
+        }
+        if let Some(grants) = &self.grants
+            && !grants.iter().any(|g| g.matches(&event.event_type))
+        {
+            return false;
+        }
         if !type_matched && !self.types.is_empty() && !self.types.iter().any(|g| g.matches(&event.event_type)) {
             return false;
         }

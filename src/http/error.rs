@@ -17,12 +17,13 @@ pub struct ApiError {
     message: String,
     extra: Option<Value>,
     retry_after: Option<u64>,
+    bearer_challenge: bool,
 }
 
 impl ApiError {
     /// An error with a status, a stable code and a message.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), extra: None, retry_after: None }
+        Self { status, code, message: message.into(), extra: None, retry_after: None, bearer_challenge: false }
     }
 
     /// `400` with `code`.
@@ -38,6 +39,24 @@ impl ApiError {
     /// `413` with `code`.
     pub fn too_large(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message)
+    }
+
+    /// `401`, with `WWW-Authenticate: Bearer`.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        let mut err = Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
+        err.bearer_challenge = true;
+        err
+    }
+
+    /// `403` with `code`.
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, code, message)
+    }
+
+    /// Asks the client to come back after `secs`.
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
     }
 
     /// Adds fields to the JSON body.
@@ -79,6 +98,9 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.bearer_challenge {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

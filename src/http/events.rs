@@ -8,6 +8,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::caller::Caller;
 use super::error::ApiError;
 use crate::event::{EventError, PublishRequest};
 use crate::metrics as m;
@@ -35,7 +36,12 @@ pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> 
 }
 
 /// Publishes one event or a batch.
-pub(crate) async fn publish(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Result<(StatusCode, Json<Value>), ApiError> {
+pub(crate) async fn publish(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     let bytes = read_body(&headers, body, app.settings().max_body).await?;
     let value: Value =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
@@ -60,6 +66,7 @@ pub(crate) async fn publish(State(app): State<AppState>, headers: HeaderMap, bod
         return Err(ApiError::too_large("batch_too_large", format!("a batch holds at most {max_batch} events, got {}", items.len())));
     }
 
+    app.limits().take_publish(&caller, items.len())?;
     let registry = app.registry();
     let now = chrono::Utc::now();
     let mut records = Vec::with_capacity(items.len());
@@ -69,11 +76,28 @@ pub(crate) async fn publish(State(app): State<AppState>, headers: HeaderMap, bod
         let at = |msg: String| if batch { format!("events[{i}]: {msg}") } else { msg };
         let request: PublishRequest =
             serde_json::from_value(item).map_err(|e| ApiError::bad_request("invalid_event", at(e.to_string())))?;
+        let mut request = request;
+        // A publisher is its agent: it cannot claim another agent's id
+        // (agent filters mean nothing if agents can be forged), and events
+        // without an agent are attributed to it.
+        match &request.agent {
+            Some(agent) if agent.id != caller.sub && !caller.admin => {
+                return Err(ApiError::forbidden(
+                    "agent_spoofing",
+                    at(format!("agent.id {:?} is not the caller's identity; only admins may publish for another agent", agent.id)),
+                ));
+            }
+            None if caller.authenticated => request.agent = Some(crate::event::Agent { id: caller.sub.clone(), kind: None }),
+            _ => {}
+        }
         let body = request.into_body(app.settings().max_payload, now).map_err(|e| match e {
             EventError::InvalidName(_) => ApiError::unprocessable("invalid_event_name", at(e.to_string())),
             EventError::InvalidField(_) => ApiError::bad_request("invalid_event", at(e.to_string())),
             EventError::PayloadTooLarge { .. } => ApiError::too_large("payload_too_large", at(e.to_string())),
         })?;
+        if !caller.may_publish(&body.event_type) {
+            return Err(ApiError::forbidden("forbidden_event_type", at(format!("the caller may not publish {:?}", body.event_type))));
+        }
         let check = registry.check(&body.event_type, &body.payload);
         if let Some(problem) = &check.problem {
             let (code, kind, message) = match problem {

@@ -1,8 +1,10 @@
 //! The HTTP layer: the router, the shared application state handed to
 //! handlers, and one file per transport. Only this module knows axum.
 
+mod caller;
 pub mod error;
 mod events;
+mod limits;
 mod ops;
 mod poll;
 mod sse;
@@ -18,6 +20,7 @@ use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{AuthMode, Identity};
 use crate::broker::Broker;
 use crate::config::Settings;
 use crate::filter::FilterLimits;
@@ -33,6 +36,9 @@ pub struct AppState {
 
 #[derive(Debug)]
 struct Inner {
+    auth: AuthMode,
+    local: Identity,
+    limits: Arc<limits::Limits>,
     settings: Settings,
     store: Arc<dyn EventLog>,
     broker: Broker,
@@ -45,6 +51,7 @@ struct Inner {
 impl AppState {
     /// Bundles the handles.
     pub fn new(
+        auth: AuthMode,
         settings: Settings,
         store: Arc<dyn EventLog>,
         broker: Broker,
@@ -52,7 +59,22 @@ impl AppState {
         metrics: PrometheusHandle,
         shutdown: CancellationToken,
     ) -> Self {
-        Self { inner: Arc::new(Inner { settings, store, broker, registry, metrics, shutdown, started: Instant::now() }) }
+        let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
+        let inner =
+            Inner { auth, local: Identity::local(), limits, settings, store, broker, registry, metrics, shutdown, started: Instant::now() };
+        Self { inner: Arc::new(inner) }
+    }
+
+    fn auth(&self) -> &AuthMode {
+        &self.inner.auth
+    }
+
+    fn local_identity(&self) -> &Identity {
+        &self.inner.local
+    }
+
+    fn limits(&self) -> &Arc<limits::Limits> {
+        &self.inner.limits
     }
 
     fn settings(&self) -> &Settings {
@@ -89,9 +111,38 @@ impl AppState {
     }
 }
 
+/// The CORS layer for `TIDINGS_CORS_ORIGINS`: none when empty; `*` allows
+/// any origin without credentials; an explicit list allows credentials
+/// (cookies) for exactly those origins.
+pub fn cors(origins: &str) -> anyhow::Result<Option<tower_http::cors::CorsLayer>> {
+    use axum::http::{HeaderName, HeaderValue, Method, header};
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    let origins = origins.trim();
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let methods = [Method::GET, Method::POST, Method::PUT, Method::DELETE];
+    if origins == "*" {
+        return Ok(Some(CorsLayer::new().allow_origin(Any).allow_methods(methods).allow_headers(Any)));
+    }
+    let list = origins
+        .split(',')
+        .map(|o| o.trim())
+        .filter(|o| !o.is_empty())
+        .map(|o| {
+            anyhow::ensure!(o != "*", "TIDINGS_CORS_ORIGINS: '*' cannot be mixed with explicit origins");
+            HeaderValue::from_str(o).map_err(|_| anyhow::anyhow!("TIDINGS_CORS_ORIGINS: {o:?} is not a valid origin"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let headers =
+        [header::AUTHORIZATION, header::CONTENT_TYPE, HeaderName::from_static("last-event-id"), header::IF_MATCH, header::IF_NONE_MATCH];
+    Ok(Some(CorsLayer::new().allow_origin(AllowOrigin::list(list)).allow_credentials(true).allow_methods(methods).allow_headers(headers)))
+}
+
 /// Builds the router.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let cors = cors(&state.inner.settings.cors_origins).ok().flatten();
+    let router = Router::new()
         .route("/", get(ops::live_page))
         .route("/v1/events", post(events::publish))
         .route("/v1/stream", get(sse::stream))
@@ -105,8 +156,12 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(ops::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn(count_requests))
-        .with_state(state)
+        .layer(axum::middleware::from_fn(observe_requests))
+        .with_state(state);
+    match cors {
+        Some(cors) => router.layer(cors),
+        None => router,
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -117,10 +172,28 @@ async fn method_not_allowed() -> ApiError {
     ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this endpoint does not take that method")
 }
 
-/// Counts requests by route template (never the raw path: bounded labels).
-async fn count_requests(request: Request, next: Next) -> Response {
+/// Gives every request an id (`x-request-id`, echoed when the client sent
+/// one), logs it at debug level with the query string redacted (tokens may
+/// travel there), and counts it by route template (never the raw path:
+/// bounded labels).
+async fn observe_requests(request: Request, next: Next) -> Response {
+    let started = Instant::now();
     let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "unmatched".to_owned());
-    let response = next.run(request).await.into_response();
-    metrics::counter!(crate::metrics::HTTP_REQUESTS, "route" => route, "status" => response.status().as_u16().to_string()).increment(1);
+    let request_id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() <= 64 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
+    let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+    let query = request.uri().query().map(crate::auth::redact_query);
+    let mut response = next.run(request).await.into_response();
+    let status = response.status().as_u16();
+    tracing::debug!(request_id, %method, path, query, status, elapsed_ms = started.elapsed().as_millis() as u64, "request");
+    if let Ok(value) = axum::http::HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    metrics::counter!(crate::metrics::HTTP_REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
     response
 }

@@ -59,7 +59,7 @@ pub(crate) async fn metrics(State(app): State<AppState>) -> Response {
 }
 
 /// The event-type registry.
-pub(crate) async fn registry(State(app): State<AppState>) -> Json<Value> {
+pub(crate) async fn registry(State(app): State<AppState>, _caller: super::caller::Caller) -> Json<Value> {
     let registry = app.registry();
     Json(json!({
         "mode": registry.mode(),

@@ -25,6 +25,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::caller::Caller;
 use super::error::ApiError;
 use super::sse::{check_envelope, parse_cursor};
 use crate::broker::SubscribeOptions;
@@ -141,7 +142,7 @@ fn query_filter_json(q: &FilterQuery) -> Option<String> {
 }
 
 /// `GET /v1/poll`.
-pub(crate) async fn poll_get(State(app): State<AppState>, Query(q): Query<PollQuery>) -> Result<Response, ApiError> {
+pub(crate) async fn poll_get(State(app): State<AppState>, caller: Caller, Query(q): Query<PollQuery>) -> Result<Response, ApiError> {
     check_envelope(q.accept_envelope.as_deref())?;
     // Validate the filter in whichever form it came; store its JSON form.
     Filter::from_query(&q.filter, app.filter_limits()).map_err(filter_error)?;
@@ -149,11 +150,11 @@ pub(crate) async fn poll_get(State(app): State<AppState>, Query(q): Query<PollQu
     let limit = uint(None, q.limit.as_deref(), "invalid_limit", "limit")?;
     let wait = uint(None, q.wait_ms.as_deref(), "invalid_wait_ms", "wait_ms")?;
     let request = PollRequest::build(&app, query_filter_json(&q.filter), since, q.consumer_id, limit, wait)?;
-    poll(app, request).await
+    poll(app, caller, request).await
 }
 
 /// `POST /v1/poll`.
-pub(crate) async fn poll_post(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub(crate) async fn poll_post(State(app): State<AppState>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
     let body: PollBody =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request("invalid_poll", format!("the poll body is not valid: {e}")))?;
@@ -163,7 +164,7 @@ pub(crate) async fn poll_post(State(app): State<AppState>, headers: HeaderMap, b
     let limit = uint(body.limit.as_ref(), None, "invalid_limit", "limit")?;
     let wait = uint(body.wait_ms.as_ref(), None, "invalid_wait_ms", "wait_ms")?;
     let request = PollRequest::build(&app, filter_json, since, body.consumer_id, limit, wait)?;
-    poll(app, request).await
+    poll(app, caller, request).await
 }
 
 fn now_ms() -> i64 {
@@ -178,7 +179,11 @@ fn expired() -> ApiError {
     )
 }
 
-async fn poll(app: AppState, request: PollRequest) -> Result<Response, ApiError> {
+fn not_owner(id: &str) -> ApiError {
+    ApiError::forbidden("not_consumer_owner", format!("consumer {id:?} belongs to another identity"))
+}
+
+async fn poll(app: AppState, caller: Caller, request: PollRequest) -> Result<Response, ApiError> {
     metrics::counter!(m::POLL_REQUESTS).increment(1);
     let limits = app.filter_limits();
     // Validate a given filter before anything is stored.
@@ -202,19 +207,26 @@ async fn poll(app: AppState, request: PollRequest) -> Result<Response, ApiError>
                     since: request.since,
                     expire_before_ms: now_ms() - app.consumer_ttl_ms(),
                     now_ms: now_ms(),
+                    actor: caller.actor(),
                 })
                 .await?;
             match opened {
                 Opened::Expired => return Err(expired()),
+                Opened::Forbidden => return Err(not_owner(id)),
                 // `since` (already confirmed) wins; otherwise resume after the cursor.
                 Opened::Ready(consumer) => (consumer.filter_json, request.since.unwrap_or(consumer.cursor)),
             }
         }
     };
-    let filter = Arc::new(match &filter_json {
-        Some(json) => Filter::from_json(json, limits).map_err(filter_error)?,
-        None => Filter::any(),
-    });
+    // Whatever was asked for, the caller receives only what its grants and
+    // visibility allow.
+    let filter = Arc::new(
+        match &filter_json {
+            Some(json) => Filter::from_json(json, limits).map_err(filter_error)?,
+            None => Filter::any(),
+        }
+        .restrict_to(&caller.0),
+    );
 
     // Register before the first read, so nothing committed in between is missed.
     let mut subscription = (!request.wait.is_zero())
@@ -309,6 +321,7 @@ pub(crate) struct AckBody {
 /// Confirms everything up to `cursor`.
 pub(crate) async fn ack(
     State(app): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -319,23 +332,32 @@ pub(crate) async fn ack(
         .map_err(|e| ApiError::bad_request("invalid_cursor", format!("the body must be {{\"cursor\": N}}: {e}")))?;
     let cursor = uint(Some(&body.cursor), None, "invalid_cursor", "cursor")?.unwrap_or(0);
     let cursor = EventId::try_from(cursor).map_err(|_| ApiError::bad_request("invalid_cursor", "cursor is too large"))?;
-    match app.store().consumer_ack(&id, cursor, now_ms(), now_ms() - app.consumer_ttl_ms()).await? {
+    match app.store().consumer_ack(&id, cursor, now_ms(), now_ms() - app.consumer_ttl_ms(), caller.actor()).await? {
         Acked::Cursor(cursor) => Ok(Json(json!({ "consumer_id": id, "cursor": cursor }))),
-        Acked::NotFound => Err(ApiError::new(StatusCode::NOT_FOUND, "consumer_not_found", format!("no consumer {id:?}"))),
-        Acked::Expired => Err(expired()),
+        other => Err(refusal(&id, other)),
     }
 }
 
-/// Lists durable consumers with their lag behind the head.
-pub(crate) async fn list(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
+fn refusal(id: &str, outcome: Acked) -> ApiError {
+    match outcome {
+        Acked::Expired => expired(),
+        Acked::Forbidden => not_owner(id),
+        Acked::NotFound | Acked::Cursor(_) => ApiError::new(StatusCode::NOT_FOUND, "consumer_not_found", format!("no consumer {id:?}")),
+    }
+}
+
+/// Lists the caller's durable consumers (every one for an admin) with their
+/// lag behind the head.
+pub(crate) async fn list(State(app): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     let head = app.store().head().await?;
-    let consumers = app.store().consumer_list().await?;
+    let consumers = app.store().consumer_list(caller.actor()).await?;
     let ms = |ms: i64| chrono::DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
     let list: Vec<Value> = consumers
         .into_iter()
         .map(|c| {
             json!({
                 "consumer_id": c.id,
+                "owner": c.owner,
                 "filter": c.filter_json.as_deref().and_then(|f| serde_json::from_str::<Value>(f).ok()),
                 "cursor": c.cursor,
                 "lag": (head - c.cursor).max(0),
@@ -348,11 +370,10 @@ pub(crate) async fn list(State(app): State<AppState>) -> Result<Json<Value>, Api
 }
 
 /// Deletes a consumer.
-pub(crate) async fn delete(State(app): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub(crate) async fn delete(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     check_consumer_id(&id)?;
-    if app.store().consumer_delete(&id).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::new(StatusCode::NOT_FOUND, "consumer_not_found", format!("no consumer {id:?}")))
+    match app.store().consumer_delete(&id, caller.actor()).await? {
+        Acked::Cursor(_) => Ok(StatusCode::NO_CONTENT),
+        other => Err(refusal(&id, other)),
     }
 }

@@ -24,7 +24,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
+use super::caller::Caller;
 use super::error::ApiError;
+use super::limits::StreamPermit;
 use crate::broker::{Broker, Detached, SubscribeOptions, Subscription};
 use crate::event::{Event, EventId, names, negotiate_envelope, sse_frame};
 use crate::filter::{Filter, FilterQuery};
@@ -75,6 +77,7 @@ pub(crate) fn check_envelope(accept: Option<&str>) -> Result<(), ApiError> {
 /// Opens a stream.
 pub(crate) async fn stream(
     State(app): State<AppState>,
+    Caller(caller): Caller,
     connection: Option<Extension<Connection>>,
     headers: HeaderMap,
     Query(query): Query<StreamQuery>,
@@ -87,6 +90,7 @@ pub(crate) async fn stream(
         None => query.since.as_deref().map(|s| parse_cursor(s, "invalid_since", "since")).transpose()?,
     };
 
+    let permit = app.limits().acquire_stream(&caller)?;
     let broker = app.broker().clone();
     let kill = connection.map(|c| c.0.kill_token());
     let subscription =
@@ -100,7 +104,12 @@ pub(crate) async fn stream(
         None => position,
         Some(requested) => {
             let store = app.store();
-            let (head, floor) = (store.head().await?, store.floor().await?);
+            let head = store.head().await?;
+            // The oldest point one resume may replay from: retained history,
+            // and at most TIDINGS_MAX_REPLAY events back (mercure's
+            // maxHistoryScan: a reconnect cannot force an unbounded scan).
+            let cap = head.saturating_sub(i64::try_from(app.settings().max_replay).unwrap_or(i64::MAX));
+            let floor = store.floor().await?.max(cap);
             if requested > head || requested < floor {
                 metrics::counter!(m::REPLAY_GAPS).increment(1);
                 let data = json!({ "requested": requested, "available_from": floor + 1, "head": head }).to_string();
@@ -128,6 +137,7 @@ pub(crate) async fn stream(
         read_batch: settings.read_batch as usize,
         client_queue: settings.client_queue,
         shutdown: app.shutdown_token(),
+        _permit: permit,
     };
     let body = futures_util::stream::unfold(state, |mut s| async move {
         s.next_chunk().await.map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), s))
@@ -166,6 +176,8 @@ struct SseState {
     read_batch: usize,
     client_queue: u32,
     shutdown: CancellationToken,
+    /// This stream's place in the stream limits, given back on drop.
+    _permit: StreamPermit,
 }
 
 impl SseState {

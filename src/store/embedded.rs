@@ -28,12 +28,13 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension as _, params};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{Acked, Consumer, ConsumerOpen, EventLog, ListenerState, NewRecord, Opened, Record, StoreError, StoreKind};
+use super::{Acked, Actor, Consumer, ConsumerOpen, EventLog, ListenerState, NewRecord, Opened, Record, StoreError, StoreKind};
 use crate::event::EventId;
 
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "event_log", include_str!("../../migrations/embedded/0001_event_log.sql")),
     (2, "consumers", include_str!("../../migrations/embedded/0002_consumers.sql")),
+    (3, "consumer_owner", include_str!("../../migrations/embedded/0003_consumer_owner.sql")),
 ];
 
 /// Read connections kept open.
@@ -162,11 +163,18 @@ UPDATE consumer_subscriptions SET
     filter_json = CASE WHEN ?2 THEN ?3 ELSE filter_json END,
     cursor = max(cursor, min(coalesce(?4, cursor), (SELECT last_id FROM tidings_head))),
     last_activity_ms = ?5
-WHERE consumer_id = ?1
-RETURNING consumer_id, filter_json, cursor, created_ms, last_activity_ms";
+WHERE consumer_id = ?1 AND (owner = ?6 OR ?7)
+RETURNING consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner";
 
 fn consumer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Consumer> {
-    Ok(Consumer { id: r.get(0)?, filter_json: r.get(1)?, cursor: r.get(2)?, created_ms: r.get(3)?, last_activity_ms: r.get(4)? })
+    Ok(Consumer {
+        id: r.get(0)?,
+        filter_json: r.get(1)?,
+        cursor: r.get(2)?,
+        created_ms: r.get(3)?,
+        last_activity_ms: r.get(4)?,
+        owner: r.get(5)?,
+    })
 }
 
 /// Collects `id` if it has been silent since before `before_ms`.
@@ -178,6 +186,18 @@ fn collect(conn: &Connection, id: &str, before_ms: i64, now_ms: i64) -> rusqlite
 
 fn is_expired(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
     conn.query_row("SELECT EXISTS (SELECT 1 FROM consumer_expired WHERE consumer_id = ?1)", [id], |r| r.get(0))
+}
+
+/// Why an owner-checked statement touched no consumer.
+fn why_not(conn: &Connection, id: &str) -> rusqlite::Result<Acked> {
+    let exists: bool = conn.query_row("SELECT EXISTS (SELECT 1 FROM consumer_subscriptions WHERE consumer_id = ?1)", [id], |r| r.get(0))?;
+    Ok(if exists {
+        Acked::Forbidden
+    } else if is_expired(conn, id)? {
+        Acked::Expired
+    } else {
+        Acked::NotFound
+    })
 }
 
 fn sqlite_error(e: rusqlite::Error) -> StoreError {
@@ -288,13 +308,14 @@ impl EventLog for EmbeddedStore {
 
     async fn consumer_open(&self, open: ConsumerOpen<'_>) -> Result<Opened, StoreError> {
         let (id, since, now, before) = (open.id.to_owned(), open.since, open.now_ms, open.expire_before_ms);
+        let (owner, admin) = (open.actor.sub.to_owned(), open.actor.admin);
         let replace = open.filter_json.is_some();
         let filter = open.filter_json.flatten().map(str::to_owned);
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             collect(&tx, &id, before, now)?;
             let update = |tx: &rusqlite::Transaction<'_>| {
-                tx.query_row(CONSUMER_UPDATE_SQL, params![id, replace, filter, since, now], consumer_row).optional()
+                tx.query_row(CONSUMER_UPDATE_SQL, params![id, replace, filter, since, now, owner, admin], consumer_row).optional()
             };
             let mut row = update(&tx)?;
             if row.is_none() {
@@ -302,22 +323,33 @@ impl EventLog for EmbeddedStore {
                     tx.commit()?;
                     return Ok(Opened::Expired);
                 }
-                tx.execute(
-                    "INSERT OR IGNORE INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms)
-                     SELECT ?1, ?2, min(coalesce(?3, last_id), last_id), ?4, ?4 FROM tidings_head",
-                    params![id, filter, since, now],
+                let created = tx.execute(
+                    "INSERT OR IGNORE INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner)
+                     SELECT ?1, ?2, min(coalesce(?3, last_id), last_id), ?4, ?4, ?5 FROM tidings_head",
+                    params![id, filter, since, now, owner],
                 )?;
-                tx.execute("DELETE FROM consumer_expired WHERE consumer_id = ?1", [&id])?;
+                if created == 1 {
+                    tx.execute("DELETE FROM consumer_expired WHERE consumer_id = ?1", [&id])?;
+                }
                 row = update(&tx)?;
             }
             tx.commit()?;
-            row.map(Opened::Ready).ok_or(rusqlite::Error::QueryReturnedNoRows)
+            // Still none: the consumer exists and belongs to someone else.
+            Ok(row.map_or(Opened::Forbidden, Opened::Ready))
         })
         .await
     }
 
-    async fn consumer_ack(&self, id: &str, cursor: EventId, now_ms: i64, expire_before_ms: i64) -> Result<Acked, StoreError> {
+    async fn consumer_ack(
+        &self,
+        id: &str,
+        cursor: EventId,
+        now_ms: i64,
+        expire_before_ms: i64,
+        actor: Actor<'_>,
+    ) -> Result<Acked, StoreError> {
         let id = id.to_owned();
+        let (owner, admin) = (actor.sub.to_owned(), actor.admin);
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             collect(&tx, &id, expire_before_ms, now_ms)?;
@@ -325,15 +357,14 @@ impl EventLog for EmbeddedStore {
                 .query_row(
                     "UPDATE consumer_subscriptions
                      SET cursor = max(cursor, min(?2, (SELECT last_id FROM tidings_head))), last_activity_ms = ?3
-                     WHERE consumer_id = ?1 RETURNING cursor",
-                    params![id, cursor, now_ms],
+                     WHERE consumer_id = ?1 AND (owner = ?4 OR ?5) RETURNING cursor",
+                    params![id, cursor, now_ms, owner, admin],
                     |r| r.get(0),
                 )
                 .optional()?;
             let acked = match row {
                 Some(c) => Acked::Cursor(c),
-                None if is_expired(&tx, &id)? => Acked::Expired,
-                None => Acked::NotFound,
+                None => why_not(&tx, &id)?,
             };
             tx.commit()?;
             Ok(acked)
@@ -341,20 +372,35 @@ impl EventLog for EmbeddedStore {
         .await
     }
 
-    async fn consumer_list(&self) -> Result<Vec<Consumer>, StoreError> {
-        self.read(|conn| {
+    async fn consumer_list(&self, actor: Actor<'_>) -> Result<Vec<Consumer>, StoreError> {
+        let (owner, admin) = (actor.sub.to_owned(), actor.admin);
+        self.read(move |conn| {
             let mut stmt = conn.prepare(
-                "SELECT consumer_id, filter_json, cursor, created_ms, last_activity_ms FROM consumer_subscriptions ORDER BY consumer_id",
+                "SELECT consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner FROM consumer_subscriptions
+                 WHERE owner = ?1 OR ?2 ORDER BY consumer_id",
             )?;
-            let rows = stmt.query_map([], consumer_row)?;
+            let rows = stmt.query_map(params![owner, admin], consumer_row)?;
             rows.collect()
         })
         .await
     }
 
-    async fn consumer_delete(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_owned();
-        self.write(move |conn| Ok(conn.execute("DELETE FROM consumer_subscriptions WHERE consumer_id = ?1", [id])? > 0)).await
+    async fn consumer_delete(&self, id: &str, actor: Actor<'_>) -> Result<Acked, StoreError> {
+        let (id, owner, admin) = (id.to_owned(), actor.sub.to_owned(), actor.admin);
+        self.write(move |conn| {
+            let cursor: Option<i64> = conn
+                .query_row(
+                    "DELETE FROM consumer_subscriptions WHERE consumer_id = ?1 AND (owner = ?2 OR ?3) RETURNING cursor",
+                    params![id, owner, admin],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match cursor {
+                Some(c) => Ok(Acked::Cursor(c)),
+                None => why_not(conn, &id),
+            }
+        })
+        .await
     }
 
     async fn consumer_expire(&self, before_ms: i64) -> Result<u64, StoreError> {

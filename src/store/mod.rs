@@ -56,6 +56,17 @@ pub struct Consumer {
     pub created_ms: i64,
     /// Last poll or ack, Unix ms.
     pub last_activity_ms: i64,
+    /// The identity that created it.
+    pub owner: String,
+}
+
+/// Who is acting on a consumer: its owner may, an admin may.
+#[derive(Debug, Clone, Copy)]
+pub struct Actor<'a> {
+    /// The caller's identity.
+    pub sub: &'a str,
+    /// Admins act on every consumer.
+    pub admin: bool,
 }
 
 /// How a poll opens a consumer.
@@ -71,6 +82,8 @@ pub struct ConsumerOpen<'a> {
     pub expire_before_ms: i64,
     /// Now, Unix ms.
     pub now_ms: i64,
+    /// Who polls: owns a consumer it creates; needs to own an existing one.
+    pub actor: Actor<'a>,
 }
 
 /// What opening a consumer found.
@@ -80,6 +93,8 @@ pub enum Opened {
     Ready(Consumer),
     /// It was collected for silence and no `since` was given.
     Expired,
+    /// It belongs to another identity.
+    Forbidden,
 }
 
 /// What an ack found.
@@ -91,6 +106,8 @@ pub enum Acked {
     NotFound,
     /// It was collected for silence.
     Expired,
+    /// It belongs to another identity.
+    Forbidden,
 }
 
 /// Which store backs this process.
@@ -174,13 +191,20 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
 
     /// Confirms everything up to `cursor` (monotonic max, clamped to the head).
     /// A consumer silent since before `expire_before_ms` is collected first.
-    async fn consumer_ack(&self, id: &str, cursor: EventId, now_ms: i64, expire_before_ms: i64) -> Result<Acked, StoreError>;
+    async fn consumer_ack(
+        &self,
+        id: &str,
+        cursor: EventId,
+        now_ms: i64,
+        expire_before_ms: i64,
+        actor: Actor<'_>,
+    ) -> Result<Acked, StoreError>;
 
-    /// Every consumer, by id.
-    async fn consumer_list(&self) -> Result<Vec<Consumer>, StoreError>;
+    /// Every consumer `actor` may see (all of them for an admin), by id.
+    async fn consumer_list(&self, actor: Actor<'_>) -> Result<Vec<Consumer>, StoreError>;
 
-    /// Deletes a consumer (not remembered as expired); whether it existed.
-    async fn consumer_delete(&self, id: &str) -> Result<bool, StoreError>;
+    /// Deletes a consumer (not remembered as expired).
+    async fn consumer_delete(&self, id: &str, actor: Actor<'_>) -> Result<Acked, StoreError>;
 
     /// Collects consumers silent since before `before_ms`, remembering their
     /// ids; returns how many.
@@ -243,7 +267,7 @@ pub async fn run_consumer_expiry(store: Arc<dyn EventLog>, ttl: std::time::Durat
             Ok(n) => tracing::info!(collected = n, "collected silent durable consumers"),
             Err(e) => tracing::warn!(error = %e, "consumer expiry failed; retrying at the next interval"),
         }
-        if let (Ok(head), Ok(consumers)) = (store.head().await, store.consumer_list().await) {
+        if let (Ok(head), Ok(consumers)) = (store.head().await, store.consumer_list(Actor { sub: "", admin: true }).await) {
             for c in consumers {
                 metrics::histogram!(crate::metrics::CONSUMER_LAG).record((head - c.cursor).max(0) as f64);
             }

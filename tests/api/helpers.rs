@@ -103,8 +103,16 @@ pub(crate) async fn spawn_app_with(backend: Backend, configure: impl FnOnce(&mut
     start(settings, dir, db).await
 }
 
+/// Logs of the servers under test go to the test's captured output (shown
+/// for failing tests); `TIDINGS_LOG` sets the level (default `warn`).
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TIDINGS_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+}
+
 /// Starts a server on prepared settings.
 pub(crate) async fn start(settings: Settings, dir: Option<tempfile::TempDir>, db: Option<(String, String)>) -> TestApp {
+    init_logs();
     let app = Application::build(settings.clone()).await.expect("building the app");
     let base = format!("http://{}", app.local_addr());
     let store = app.store();

@@ -1,0 +1,288 @@
+//! Who is calling, and what they may do: bearer JWTs verified with one
+//! configured key and algorithm, the claims that grant publishing,
+//! subscribing and visibility, and the local-development mode without
+//! tokens.
+//!
+//! Verification uses `jsonwebtoken` with exactly one algorithm (HS256 for a
+//! shared secret; EdDSA or RS256 for a PEM public key): `alg: none` and
+//! algorithm switches are refused by construction, and `exp` is required.
+//!
+//! A token may travel in `Authorization: Bearer`, an `access_token` cookie,
+//! or an `access_token` query parameter, because `EventSource` cannot set
+//! headers. It is never written to a log, a metric label or an error message.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+
+use crate::event::Visibility;
+use crate::filter::Glob;
+
+/// A verified caller.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The identity (`sub`); for publishers, their agent id.
+    pub sub: String,
+    /// Type globs the caller may publish.
+    pub publish: Vec<Glob>,
+    /// Type globs the caller may receive.
+    pub subscribe: Vec<Glob>,
+    /// The highest visibility the caller may see.
+    pub visibility: Visibility,
+    /// Admins may publish as any agent and manage every consumer.
+    pub admin: bool,
+    /// Whether this identity came from a token (false with auth off).
+    pub authenticated: bool,
+}
+
+impl Identity {
+    /// The caller when authentication is off (local development): may do
+    /// everything.
+    pub fn local() -> Self {
+        let all = vec![Glob::new("**").expect("a valid glob")];
+        Self { sub: "local".into(), publish: all.clone(), subscribe: all, visibility: Visibility::Admin, admin: true, authenticated: false }
+    }
+
+    /// Whether the caller may publish `event_type`.
+    pub fn may_publish(&self, event_type: &str) -> bool {
+        self.publish.iter().any(|g| g.matches(event_type))
+    }
+
+    /// Whether the caller may receive `event_type`.
+    pub fn may_subscribe(&self, event_type: &str) -> bool {
+        self.subscribe.iter().any(|g| g.matches(event_type))
+    }
+}
+
+/// The claims tidings reads.
+#[derive(Debug, Deserialize)]
+struct Claims {
+    sub: String,
+    #[serde(default)]
+    publish: Vec<String>,
+    #[serde(default)]
+    subscribe: Vec<String>,
+    #[serde(default)]
+    visibility: Visibility,
+    #[serde(default)]
+    admin: bool,
+}
+
+/// Why a request is not authenticated (`401`). The message never contains
+/// the token.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    /// No token anywhere.
+    #[error("a bearer token is required (Authorization header, access_token cookie or access_token query parameter)")]
+    Missing,
+    /// The token does not verify.
+    #[error("the token is not valid: {0}")]
+    Invalid(String),
+}
+
+/// How requests are authenticated.
+#[derive(Clone)]
+pub enum AuthMode {
+    /// Every caller is [`Identity::local`].
+    Off,
+    /// Bearer JWTs.
+    Jwt(Arc<Verifier>),
+}
+
+impl std::fmt::Debug for AuthMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Off => f.write_str("AuthMode::Off"),
+            Self::Jwt(v) => write!(f, "AuthMode::Jwt({v:?})"),
+        }
+    }
+}
+
+/// A configured verifier: one key, one algorithm.
+pub struct Verifier {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl std::fmt::Debug for Verifier {
+    /// Never prints the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier").field("algorithms", &self.validation.algorithms).finish_non_exhaustive()
+    }
+}
+
+impl Verifier {
+    /// HS256 with a shared secret.
+    pub fn hs256(secret: &[u8]) -> Result<Self, String> {
+        if secret.len() < 16 {
+            return Err("TIDINGS_JWT_HS256_SECRET must be at least 16 bytes".into());
+        }
+        let key = DecodingKey::from_secret(secret).map_err(|e| format!("unusable HS256 secret: {e}"))?;
+        Ok(Self { key, validation: Validation::new(Algorithm::HS256) })
+    }
+
+    /// A PEM public key: Ed25519 (EdDSA) or RSA (RS256), detected from the key.
+    pub fn public_key_pem(pem: &[u8]) -> Result<Self, String> {
+        if let Ok(key) = DecodingKey::from_ed_pem(pem) {
+            return Ok(Self { key, validation: Validation::new(Algorithm::EdDSA) });
+        }
+        DecodingKey::from_rsa_pem(pem)
+            .map(|key| Self { key, validation: Validation::new(Algorithm::RS256) })
+            .map_err(|e| format!("not an Ed25519 or RSA public key in PEM form: {e}"))
+    }
+
+    /// Loads a PEM public key file.
+    pub fn public_key_file(path: &Path) -> Result<Self, String> {
+        let pem = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        Self::public_key_pem(&pem)
+    }
+
+    /// Requires `aud` and/or `iss` to match.
+    pub fn expect(mut self, audience: Option<&str>, issuer: Option<&str>) -> Self {
+        let mut required = vec!["exp", "sub"];
+        if let Some(aud) = audience {
+            self.validation.set_audience(&[aud]);
+            required.push("aud");
+        }
+        if let Some(iss) = issuer {
+            self.validation.set_issuer(&[iss]);
+            required.push("iss");
+        }
+        self.validation.set_required_spec_claims(&required);
+        self
+    }
+
+    /// Verifies a token and returns the caller.
+    pub fn verify(&self, token: &str) -> Result<Identity, AuthError> {
+        let mut validation = self.validation.clone();
+        if validation.required_spec_claims.is_empty() || !validation.required_spec_claims.contains("exp") {
+            validation.set_required_spec_claims(&["exp", "sub"]);
+        }
+        validation.validate_exp = true;
+        validation.leeway = 5;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &validation).map_err(|e| AuthError::Invalid(describe(&e)))?;
+        let claims = data.claims;
+        let globs = |field: &str, list: &[String]| -> Result<Vec<Glob>, AuthError> {
+            list.iter().map(|g| Glob::new(g).map_err(|e| AuthError::Invalid(format!("claim {field}: {e}")))).collect()
+        };
+        if claims.sub.is_empty() {
+            return Err(AuthError::Invalid("claim sub is empty".into()));
+        }
+        Ok(Identity {
+            publish: globs("publish", &claims.publish)?,
+            subscribe: globs("subscribe", &claims.subscribe)?,
+            sub: claims.sub,
+            visibility: claims.visibility,
+            admin: claims.admin,
+            authenticated: true,
+        })
+    }
+}
+
+/// A short reason that names the failure, never the token.
+fn describe(e: &jsonwebtoken::errors::Error) -> String {
+    use jsonwebtoken::errors::ErrorKind as K;
+    match e.kind() {
+        K::ExpiredSignature => "it has expired".into(),
+        K::InvalidSignature => "its signature does not verify".into(),
+        K::InvalidAlgorithm | K::InvalidAlgorithmName => "it is not signed with the configured algorithm".into(),
+        K::MissingRequiredClaim(c) => format!("claim {c} is required"),
+        K::InvalidAudience => "its audience is not accepted".into(),
+        K::InvalidIssuer => "its issuer is not accepted".into(),
+        K::ImmatureSignature => "it is not valid yet".into(),
+        K::Json(_) => "its claims are malformed".into(),
+        _ => "it is malformed".into(),
+    }
+}
+
+/// Finds the token in a request: `Authorization: Bearer`, else the
+/// `access_token` cookie, else the `access_token` query parameter.
+pub fn find_token<'a>(
+    authorization: Option<&'a str>,
+    cookie: Option<&'a str>,
+    query: Option<&'a str>,
+) -> Option<std::borrow::Cow<'a, str>> {
+    if let Some(value) = authorization {
+        let (scheme, token) = value.trim().split_once(' ').unwrap_or((value, ""));
+        if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() {
+            return Some(token.trim().into());
+        }
+    }
+    if let Some(cookies) = cookie {
+        for pair in cookies.split(';') {
+            if let Some(("access_token", v)) = pair.trim().split_once('=')
+                && !v.is_empty()
+            {
+                return Some(v.into());
+            }
+        }
+    }
+    let query = query?;
+    form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "access_token").map(|(_, v)| v.into_owned().into())
+}
+
+/// Replaces the value of `access_token` in a query string, for logs.
+pub fn redact_query(query: &str) -> String {
+    query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some(("access_token", _)) => "access_token=REDACTED".to_owned(),
+            _ => pair.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{EncodingKey, Header, encode};
+    use serde_json::json;
+
+    fn token(claims: serde_json::Value, secret: &[u8]) -> String {
+        encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret).unwrap()).unwrap()
+    }
+
+    fn exp() -> i64 {
+        chrono::Utc::now().timestamp() + 600
+    }
+
+    #[test]
+    fn verifies_claims_and_refuses_the_rest() {
+        let v = Verifier::hs256(b"secret-of-16-bytes").unwrap();
+        let id = v
+            .verify(&token(
+                json!({"sub":"persona:mendel","exp":exp(),"publish":["hypothesis.*"],"visibility":"reviewer_only"}),
+                b"secret-of-16-bytes",
+            ))
+            .unwrap();
+        assert_eq!(id.sub, "persona:mendel");
+        assert!(id.may_publish("hypothesis.created") && !id.may_publish("comment.posted"));
+        assert!(!id.may_subscribe("hypothesis.created"), "no subscribe claim, no subscription");
+        assert_eq!(id.visibility, Visibility::ReviewerOnly);
+        assert!(matches!(v.verify(&token(json!({"sub":"a","exp":exp()}), b"other")), Err(AuthError::Invalid(_))));
+        assert!(matches!(v.verify(&token(json!({"sub":"a"}), b"secret-of-16-bytes")), Err(AuthError::Invalid(m)) if m.contains("exp")));
+        let expired = token(json!({"sub":"a","exp":chrono::Utc::now().timestamp() - 600}), b"secret-of-16-bytes");
+        assert_eq!(v.verify(&expired).unwrap_err(), AuthError::Invalid("it has expired".into()));
+        // alg: none
+        let none = format!("{}.{}.", b64(r#"{"alg":"none","typ":"JWT"}"#), b64(&json!({"sub":"a","exp":exp()}).to_string()));
+        assert!(v.verify(&none).is_err());
+        assert!(v.verify(&token(json!({"sub":"a","exp":exp(),"publish":["a..b"]}), b"secret-of-16-bytes")).is_err());
+    }
+
+    fn b64(s: &str) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+    }
+
+    #[test]
+    fn tokens_travel_three_ways_and_are_redacted() {
+        assert_eq!(find_token(Some("Bearer abc"), None, None).as_deref(), Some("abc"));
+        assert_eq!(find_token(None, Some("x=1; access_token=def"), None).as_deref(), Some("def"));
+        assert_eq!(find_token(None, None, Some("types=a.b&access_token=g%2Bh")).as_deref(), Some("g+h"));
+        assert!(find_token(Some("Basic zzz"), None, None).is_none());
+        assert_eq!(redact_query("types=a.b&access_token=secret"), "types=a.b&access_token=REDACTED");
+    }
+}

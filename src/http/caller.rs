@@ -1,0 +1,40 @@
+//! The caller of a request, as an axum extractor: the verified identity from
+//! a bearer token, or the local identity when authentication is off. Every
+//! handler that needs a caller takes [`Caller`]; `/health`, `/health/deep`
+//! and `/metrics` do not, so they never require a token.
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::auth::{AuthMode, Identity, find_token};
+use crate::store::Actor;
+
+/// The verified caller.
+#[derive(Debug, Clone)]
+pub(crate) struct Caller(pub(crate) Identity);
+
+impl Caller {
+    /// The caller as the store's notion of who acts on a consumer.
+    pub(crate) fn actor(&self) -> Actor<'_> {
+        Actor { sub: &self.0.sub, admin: self.0.admin }
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        match state.auth() {
+            AuthMode::Off => Ok(Caller(state.local_identity().clone())),
+            AuthMode::Jwt(verifier) => {
+                let header_str = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
+                let token = find_token(header_str(header::AUTHORIZATION), header_str(header::COOKIE), parts.uri.query())
+                    .ok_or_else(|| ApiError::unauthorized(crate::auth::AuthError::Missing.to_string()))?;
+                verifier.verify(&token).map(Caller).map_err(|e| ApiError::unauthorized(e.to_string()))
+            }
+        }
+    }
+}
