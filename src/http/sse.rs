@@ -83,8 +83,9 @@ pub(crate) async fn stream(
     Query(query): Query<StreamQuery>,
 ) -> Result<Response, ApiError> {
     check_envelope(query.accept_envelope.as_deref())?;
-    let filter =
-        Arc::new(Filter::from_query(&query.filter, app.filter_limits()).map_err(|e| ApiError::bad_request("invalid_filter", e.0))?);
+    // What was asked for, intersected with what the caller may receive.
+    let filter = Filter::from_query(&query.filter, app.filter_limits()).map_err(|e| ApiError::bad_request("invalid_filter", e.0))?;
+    let filter = Arc::new(filter.restrict_to(&caller));
     let resume = match headers.get("last-event-id") {
         Some(v) => Some(parse_cursor(v.to_str().unwrap_or("x"), "invalid_last_event_id", "Last-Event-ID")?),
         None => query.since.as_deref().map(|s| parse_cursor(s, "invalid_since", "since")).transpose()?,

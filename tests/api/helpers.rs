@@ -221,6 +221,11 @@ pub(crate) struct Stream {
 }
 
 impl Stream {
+    /// Reads an already opened `/v1/stream` response.
+    pub(crate) fn from_response(response: reqwest::Response) -> Self {
+        Stream { reader: SseReader::new(Box::pin(response.bytes_stream())) }
+    }
+
     /// The next event, failing the test after 10 s of silence.
     pub(crate) async fn next(&mut self) -> SseEvent {
         tokio::time::timeout(Duration::from_secs(10), self.reader.next_event())

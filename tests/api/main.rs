@@ -11,5 +11,6 @@ mod ordering;
 mod poll;
 mod postgres;
 mod publish;
+mod security;
 mod stream;
 mod taxonomy;

@@ -1,0 +1,358 @@
+//! Security: bearer tokens, grants, no agent spoofing, visibility on every
+//! path, consumer ownership, limits, CORS, and tokens kept out of logs.
+
+use std::time::Duration;
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use serde_json::{Value, json};
+
+use crate::both_stores;
+use crate::helpers::{Backend, TestApp, spawn_app_with};
+
+both_stores!(
+    bad_tokens_are_401,
+    grants_and_agent_spoofing,
+    visibility_matrix_has_no_leaks,
+    grant_intersection_and_token_carriers,
+    consumers_belong_to_their_creator,
+    stream_publish_and_replay_limits,
+    cors_origins
+);
+
+const SECRET: &str = "a-test-secret-of-enough-bytes";
+
+fn token_with(claims: Value, secret: &str) -> String {
+    encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()).unwrap()).unwrap()
+}
+
+/// A valid token for `sub` with extra claims.
+fn token(sub: &str, mut claims: Value) -> String {
+    claims["sub"] = json!(sub);
+    claims["exp"] = json!(chrono::Utc::now().timestamp() + 600);
+    token_with(claims, SECRET)
+}
+
+fn admin() -> String {
+    token("ops", json!({"admin": true, "publish": ["**"], "subscribe": ["**"], "visibility": "admin"}))
+}
+
+async fn secured(backend: Backend) -> TestApp {
+    spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await
+}
+
+async fn publish_as(app: &TestApp, token: &str, body: Value) -> (u16, Value) {
+    let r = app.http.post(app.url("/v1/events")).bearer_auth(token).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn stream_as(app: &TestApp, token: &str, query: &str) -> crate::helpers::Stream {
+    let url = app.url(&format!("/v1/stream?{query}"));
+    let response = app.http.get(url).bearer_auth(token).send().await.unwrap();
+    assert_eq!(response.status(), 200, "stream as token");
+    crate::helpers::Stream::from_response(response)
+}
+
+async fn bad_tokens_are_401(backend: Backend) {
+    let app = secured(backend).await;
+    let b64 = |s: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+    };
+    let exp = chrono::Utc::now().timestamp() + 600;
+    let cases: Vec<(&str, Option<String>)> = vec![
+        ("missing", None),
+        (
+            "alg none",
+            Some(format!("{}.{}.", b64(r#"{"alg":"none","typ":"JWT"}"#), b64(&json!({"sub":"x","exp":exp,"publish":["**"]}).to_string()))),
+        ),
+        ("expired", Some(token_with(json!({"sub":"x","exp": chrono::Utc::now().timestamp() - 600, "publish":["**"]}), SECRET))),
+        ("wrong key", Some(token_with(json!({"sub":"x","exp":exp,"publish":["**"]}), "another-secret-of-enough-bytes"))),
+        ("no exp", Some(token_with(json!({"sub":"x","publish":["**"]}), SECRET))),
+        ("garbage", Some("not.a.token".into())),
+    ];
+    for (what, token) in cases {
+        for (method, path) in [("POST", "/v1/events"), ("GET", "/v1/stream"), ("GET", "/v1/poll"), ("GET", "/v1/consumers")] {
+            let mut r = if method == "POST" {
+                app.http.post(app.url(path)).json(&json!({"event_type": "comment.posted"}))
+            } else {
+                app.http.get(app.url(path))
+            };
+            if let Some(t) = &token {
+                r = r.bearer_auth(t);
+            }
+            let r = r.send().await.unwrap();
+            assert_eq!(r.status(), 401, "{what} on {method} {path}");
+            assert_eq!(r.headers()["www-authenticate"], "Bearer");
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["error"], "unauthorized");
+            if let Some(t) = &token {
+                assert!(!body.to_string().contains(t.as_str()), "the token is never echoed");
+            }
+        }
+    }
+    assert_eq!(app.head().await, 0, "nothing was stored");
+    // Health and metrics need no token.
+    for path in ["/health", "/health/deep", "/metrics"] {
+        assert_eq!(app.http.get(app.url(path)).send().await.unwrap().status(), 200, "{path}");
+    }
+}
+
+async fn grants_and_agent_spoofing(backend: Backend) {
+    let app = secured(backend).await;
+    let mendel = token("persona:mendel", json!({"publish": ["hypothesis.*"], "subscribe": ["**"]}));
+    let (status, body) = publish_as(&app, &mendel, json!({"event_type": "comment.posted"})).await;
+    assert_eq!((status, body["error"].as_str()), (403, Some("forbidden_event_type")));
+    let (status, body) = publish_as(&app, &mendel, json!({"event_type": "hypothesis.created", "agent": {"id": "persona:darwin"}})).await;
+    assert_eq!((status, body["error"].as_str()), (403, Some("agent_spoofing")));
+    // A batch with one bad event stores nothing.
+    let (status, _) =
+        publish_as(&app, &mendel, json!({"events": [{"event_type": "hypothesis.created"}, {"event_type": "comment.posted"}]})).await;
+    assert_eq!(status, 403);
+    assert_eq!(app.head().await, 0);
+    // Its own agent id, or none (then it is attributed), is fine.
+    let (status, _) =
+        publish_as(&app, &mendel, json!({"event_type": "hypothesis.created", "agent": {"id": "persona:mendel", "kind": "ai_persona"}}))
+            .await;
+    assert_eq!(status, 201);
+    let (status, _) = publish_as(&app, &mendel, json!({"event_type": "hypothesis.promoted", "payload": {"to_state": "x"}})).await;
+    assert_eq!(status, 201);
+    // An admin may publish for another agent.
+    let (status, _) = publish_as(&app, &admin(), json!({"event_type": "comment.posted", "agent": {"id": "human:u-jane"}})).await;
+    assert_eq!(status, 201);
+    let mut s = stream_as(&app, &admin(), "since=0").await;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let v: Value = serde_json::from_str(&s.next().await.data).unwrap();
+        seen.push(v["agent"]["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(seen, vec!["persona:mendel", "persona:mendel", "human:u-jane"], "events without an agent are attributed to the publisher");
+}
+
+/// Readers at each level x events at each level x live, replay and poll.
+async fn visibility_matrix_has_no_leaks(backend: Backend) {
+    let app = secured(backend).await;
+    let levels = ["public", "reviewer_only", "admin"];
+    let reader = |level: &str| token(&format!("reader-{level}"), json!({"subscribe": ["**"], "visibility": level}));
+    let mut live = Vec::new();
+    for level in levels {
+        live.push(stream_as(&app, &reader(level), "types=comment.posted").await);
+    }
+    let mut ids = Vec::new();
+    for level in levels {
+        let (status, body) = publish_as(&app, &admin(), json!({"event_type": "comment.posted", "visibility": level})).await;
+        assert_eq!(status, 201);
+        ids.push(body["event_ids"][0].as_i64().unwrap());
+    }
+    // A public sentinel closes each reader's expected sequence.
+    let (_, body) = publish_as(&app, &admin(), json!({"event_type": "comment.posted"})).await;
+    let sentinel = body["event_ids"][0].as_i64().unwrap();
+    for (r, level) in levels.iter().enumerate() {
+        let mut expected: Vec<i64> = ids[..=r].to_vec();
+        expected.push(sentinel);
+        assert_eq!(live[r].ids(expected.len()).await, expected, "live, reader {level}");
+        let mut replay = stream_as(&app, &reader(level), "types=comment.posted&since=0").await;
+        assert_eq!(replay.ids(expected.len()).await, expected, "replay, reader {level}");
+        let r = app.http.get(app.url("/v1/poll?since=0&limit=100")).bearer_auth(reader(level)).send().await.unwrap();
+        let page: Value = r.json().await.unwrap();
+        let polled: Vec<i64> = page["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_i64().unwrap()).collect();
+        assert_eq!(polled, expected, "poll, reader {level}");
+    }
+}
+
+async fn grant_intersection_and_token_carriers(backend: Backend) {
+    let app = secured(backend).await;
+    let narrow = token("watcher", json!({"subscribe": ["hypothesis.*"]}));
+    let mut live = stream_as(&app, &narrow, "types=**").await;
+    publish_as(&app, &admin(), json!({"event_type": "comment.posted"})).await;
+    let (_, b) = publish_as(&app, &admin(), json!({"event_type": "hypothesis.created"})).await;
+    assert_eq!(live.ids(1).await, vec![b["event_ids"][0].as_i64().unwrap()], "** with a grant of hypothesis.* yields only hypothesis.*");
+    // By cookie and by query parameter (EventSource cannot set headers).
+    let url = app.url("/v1/stream?since=0");
+    let r = app.http.get(&url).header("cookie", format!("theme=dark; access_token={narrow}")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut by_cookie = crate::helpers::Stream::from_response(r);
+    assert_eq!(by_cookie.ids(1).await, vec![b["event_ids"][0].as_i64().unwrap()]);
+    let r = app.http.get(format!("{url}&access_token={narrow}")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut by_query = crate::helpers::Stream::from_response(r);
+    assert_eq!(by_query.ids(1).await, vec![b["event_ids"][0].as_i64().unwrap()]);
+}
+
+async fn consumers_belong_to_their_creator(backend: Backend) {
+    let app = secured(backend).await;
+    let alice = token("alice", json!({"subscribe": ["**"]}));
+    let bob = token("bob", json!({"subscribe": ["**"]}));
+    let get = |t: &str, path: &str| app.http.get(app.url(path)).bearer_auth(t.to_owned()).send();
+    assert_eq!(get(&alice, "/v1/poll?consumer_id=alice-feed").await.unwrap().status(), 200);
+    let r = get(&bob, "/v1/poll?consumer_id=alice-feed").await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "not_consumer_owner");
+    let r = app.http.post(app.url("/v1/consumers/alice-feed/ack")).bearer_auth(&bob).json(&json!({"cursor": 0})).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    let r = app.http.delete(app.url("/v1/consumers/alice-feed")).bearer_auth(&bob).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    let list: Value = get(&bob, "/v1/consumers").await.unwrap().json().await.unwrap();
+    assert_eq!(list["consumers"], json!([]), "bob sees none of alice's consumers");
+    let list: Value = get(&admin(), "/v1/consumers").await.unwrap().json().await.unwrap();
+    assert_eq!(list["consumers"][0]["owner"], "alice");
+    let r = app.http.post(app.url("/v1/consumers/alice-feed/ack")).bearer_auth(&alice).json(&json!({"cursor": 0})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+async fn stream_publish_and_replay_limits(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.jwt_hs256_secret = Some(SECRET.into());
+        s.max_streams = 3;
+        s.max_streams_per_identity = 2;
+        s.publish_rate = 2;
+        s.max_replay = 5;
+    })
+    .await;
+    let alice = token("alice", json!({"subscribe": ["**"], "publish": ["**"]}));
+    let bob = token("bob", json!({"subscribe": ["**"]}));
+    let open = |t: &str| app.http.get(app.url("/v1/stream")).bearer_auth(t.to_owned()).send();
+    let a1 = open(&alice).await.unwrap();
+    let a2 = open(&alice).await.unwrap();
+    assert_eq!((a1.status().as_u16(), a2.status().as_u16()), (200, 200));
+    let a3 = open(&alice).await.unwrap();
+    assert_eq!(a3.status(), 429, "per identity");
+    assert_eq!(a3.json::<Value>().await.unwrap()["error"], "too_many_streams_for_identity");
+    let b1 = open(&bob).await.unwrap();
+    assert_eq!(b1.status(), 200);
+    let b2 = open(&bob).await.unwrap();
+    assert_eq!(b2.status(), 503, "in total");
+    assert!(b2.headers().contains_key("retry-after"));
+    // A stream given back frees its place.
+    drop(a1);
+    let mut freed = false;
+    for _ in 0..100 {
+        let r = open(&bob).await.unwrap();
+        if r.status() == 200 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "a closed stream releases its permit");
+    // Publish rate: 2 events/s for alice; a quick burst is refused with Retry-After.
+    let mut refused = None;
+    for _ in 0..5 {
+        let r =
+            app.http.post(app.url("/v1/events")).bearer_auth(&alice).json(&json!({"event_type": "comment.posted"})).send().await.unwrap();
+        if r.status() == 429 {
+            refused = Some(r);
+            break;
+        }
+    }
+    let refused = refused.expect("the rate limit applies");
+    assert!(refused.headers().contains_key("retry-after"));
+    assert_eq!(refused.json::<Value>().await.unwrap()["error"], "rate_limited");
+    // Replay cap: a resume 10 events back with a cap of 5 is a gap.
+    let ops = admin();
+    let mut published = 0;
+    while published < 10 {
+        // The same rate limit applies to the admin: wait it out when refused.
+        match publish_as(&app, &ops, json!({"events": [{"event_type": "comment.posted"}, {"event_type": "comment.posted"}]})).await.0 {
+            201 => published += 2,
+            429 => tokio::time::sleep(Duration::from_millis(300)).await,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let head = app.head().await;
+    drop((a2, b1));
+    let mut s = stream_as(&app, &ops, &format!("since={}", head - 10)).await;
+    let gap = s.next().await;
+    assert_eq!(gap.event.as_deref(), Some("system.replay_gap"));
+    let v: Value = serde_json::from_str(&gap.data).unwrap();
+    assert_eq!(v, json!({"requested": head - 10, "available_from": head - 4, "head": head}));
+    assert_eq!(s.ids(5).await, ((head - 4)..=head).collect::<Vec<_>>());
+}
+
+async fn cors_origins(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.cors_origins = "https://app.example".into()).await;
+    let preflight = |origin: &'static str| {
+        app.http
+            .request(reqwest::Method::OPTIONS, app.url("/v1/stream"))
+            .header("origin", origin)
+            .header("access-control-request-method", "GET")
+            .send()
+    };
+    let ok = preflight("https://app.example").await.unwrap();
+    assert_eq!(ok.headers()["access-control-allow-origin"], "https://app.example");
+    assert_eq!(ok.headers()["access-control-allow-credentials"], "true");
+    let other = preflight("https://evil.example").await.unwrap();
+    assert!(!other.headers().contains_key("access-control-allow-origin"));
+    let any = spawn_app_with(backend, |s| s.cors_origins = "*".into()).await;
+    let r = any.http.get(any.url("/health")).header("origin", "https://x.example").send().await.unwrap();
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    assert!(!r.headers().contains_key("access-control-allow-credentials"), "never credentials with *");
+}
+
+/// The real binary with debug request logs: tokens sent by header, cookie
+/// and query (valid and not) never appear in what it writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_reach_the_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let envs = [
+        ("TIDINGS_DATA_DIR", dir.path().display().to_string()),
+        ("TIDINGS_JWT_HS256_SECRET", SECRET.to_owned()),
+        ("TIDINGS_LOG", "debug".to_owned()),
+    ];
+    let server = crate::helpers::spawn_process(&envs).await;
+    let good = token("alice", json!({"subscribe": ["**"], "publish": ["**"]}));
+    let bad = token_with(json!({"sub": "mallory", "exp": 1}), SECRET);
+    let http = reqwest::Client::new();
+    for t in [&good, &bad] {
+        let _ = http.post(format!("{}/v1/events", server.base)).bearer_auth(t).json(&json!({"event_type": "comment.posted"})).send().await;
+        let _ = http.get(format!("{}/v1/poll?access_token={t}", server.base)).send().await;
+        let _ = http.get(format!("{}/v1/consumers", server.base)).header("cookie", format!("access_token={t}")).send().await;
+        let _ = http.get(format!("{}/v1/nope?access_token={t}", server.base)).send().await;
+    }
+    let mut child = server.child;
+    child.start_kill().unwrap();
+    let output = child.wait_with_output().await.unwrap();
+    let logs = String::from_utf8_lossy(&output.stderr);
+    assert!(logs.contains("access_token=REDACTED"), "requests were logged, with the query redacted:\n{logs}");
+    for t in [&good, &bad] {
+        assert!(!logs.contains(t.as_str()), "a token reached the logs");
+        let signature = t.rsplit('.').next().unwrap();
+        assert!(!logs.contains(signature), "a token signature reached the logs");
+    }
+}
+
+/// Authentication off on a non-loopback address refuses to start, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_off_refuses_a_public_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = crate::helpers::process_command(&[("TIDINGS_DATA_DIR", dir.path().display().to_string())], 0);
+    cmd.env("TIDINGS_LISTEN", "0.0.0.0:0");
+    let output = tokio::time::timeout(Duration::from_secs(20), cmd.output()).await.unwrap().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("refusing to listen on 0.0.0.0:0 with authentication off"), "{stderr}");
+    assert!(stderr.contains("TIDINGS_JWT_HS256_SECRET"), "it says what to do: {stderr}");
+    // TIDINGS_AUTH=jwt without a key refuses too.
+    let mut cmd =
+        crate::helpers::process_command(&[("TIDINGS_DATA_DIR", dir.path().display().to_string()), ("TIDINGS_AUTH", "jwt".into())], 0);
+    let output = tokio::time::timeout(Duration::from_secs(20), cmd.output()).await.unwrap().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("TIDINGS_AUTH=jwt needs a key"));
+}
+
+/// EdDSA tokens with a PEM public key file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ed25519_public_key_tokens() {
+    use ed25519_dalek::pkcs8::{EncodePrivateKey, EncodePublicKey, spki::der::pem::LineEnding};
+    let signing = ed25519_dalek::SigningKey::from_bytes(&rand::random::<[u8; 32]>());
+    let dir = tempfile::tempdir().unwrap();
+    let public = dir.path().join("public.pem");
+    std::fs::write(&public, signing.verifying_key().to_public_key_pem(LineEnding::LF).unwrap()).unwrap();
+    let app = spawn_app_with(Backend::Embedded, |s| s.jwt_public_key_file = Some(public.clone())).await;
+    let private = signing.to_pkcs8_pem(LineEnding::LF).unwrap();
+    let claims = json!({"sub": "edd", "exp": chrono::Utc::now().timestamp() + 600, "publish": ["**"]});
+    let good = encode(&Header::new(Algorithm::EdDSA), &claims, &EncodingKey::from_ed_pem(private.as_bytes()).unwrap()).unwrap();
+    assert_eq!(publish_as(&app, &good, json!({"event_type": "comment.posted"})).await.0, 201);
+    // The HS256 algorithm (an algorithm switch) is refused.
+    assert_eq!(publish_as(&app, &token("edd", json!({"publish": ["**"]})), json!({"event_type": "comment.posted"})).await.0, 401);
+}
