@@ -142,10 +142,12 @@ impl Application {
         let (retention, every) = self.retention;
         let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), retention, every, background.clone()));
         let expiry_task = tokio::spawn(crate::store::run_consumer_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
+        let probe_task =
+            tokio::spawn(crate::store::run_health_probe(self.store.clone(), std::time::Duration::from_secs(5), background.clone()));
         tracing::info!(addr = %self.addr, "tidings is serving");
         serve(self.listener, self.router, self.options, self.shutdown).await;
         background.cancel();
-        let _ = tokio::join!(listener_task, broker_task, retention_task, expiry_task);
+        let _ = tokio::join!(listener_task, broker_task, retention_task, expiry_task, probe_task);
         tracing::info!("tidings stopped");
         Ok(())
     }

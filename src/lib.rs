@@ -24,12 +24,14 @@
 //! - [`http`]: router and transports; [`server`]: the connection loop;
 //! - [`metrics`]: the Prometheus catalog; [`config`]: settings;
 //! - [`app`]: the composition root; [`client`]: an SSE client for the CLI,
-//!   the bench tool and the tests; [`bench`]: the load generator.
+//!   the bench tool and the tests; [`bench`]: the load generator;
+//!   [`cli`]: `tail`, `publish`, `registry check`; [`auth`]: tokens and grants.
 
 pub mod app;
 pub mod auth;
 pub mod bench;
 pub mod broker;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod event;

@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use tidings::app::Application;
 use tidings::bench::{BenchArgs, Mode};
+use tidings::cli::{PublishArgs, RegistryCommand, TailArgs};
 use tidings::config::{LogFormat, Settings};
 use tracing_subscriber::EnvFilter;
 
@@ -23,6 +24,13 @@ enum Command {
     Migrate(Settings),
     /// Measure delivery against a running server.
     Bench(BenchArgs),
+    /// Follow a stream in the terminal; resumes with the last id after any disconnect.
+    Tail(TailArgs),
+    /// Publish one event.
+    Publish(PublishArgs),
+    /// Work with the event-type registry.
+    #[command(subcommand)]
+    Registry(RegistryCommand),
 }
 
 fn init_logs(format: LogFormat) {
@@ -70,6 +78,12 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }
+        Command::Tail(args) => {
+            init_logs(LogFormat::Human);
+            tidings::cli::tail(args).await
+        }
+        Command::Publish(args) => tidings::cli::publish(args).await,
+        Command::Registry(RegistryCommand::Check { registry }) => tidings::cli::registry_check(&registry),
     }
 }
 

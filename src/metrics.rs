@@ -38,6 +38,10 @@ pub const HTTP_REQUESTS: &str = "tidings_http_requests_total";
 pub const POLL_REQUESTS: &str = "tidings_poll_requests_total";
 /// Durable consumers' distance behind the head, sampled by the expiry sweep.
 pub const CONSUMER_LAG: &str = "tidings_consumer_lag_events";
+/// 1 while the store answers, 0 while it does not.
+pub const DATABASE_UP: &str = "tidings_database_up";
+/// 1 while the wake-up listener (LISTEN) is connected.
+pub const LISTENER_UP: &str = "tidings_listener_up";
 /// Replay gaps announced to clients.
 pub const REPLAY_GAPS: &str = "tidings_replay_gaps_total";
 
@@ -95,6 +99,8 @@ fn describe() {
     describe_counter!(HTTP_REQUESTS, Unit::Count, "HTTP requests, by route template and status.");
     describe_counter!(REPLAY_GAPS, Unit::Count, "Resumes that could not be served gap-free.");
     describe_counter!(POLL_REQUESTS, Unit::Count, "Poll requests.");
+    describe_gauge!(DATABASE_UP, Unit::Count, "1 while the store answers, 0 while it does not.");
+    describe_gauge!(LISTENER_UP, Unit::Count, "1 while the LISTEN connection (or the embedded wake-up) is up.");
     describe_histogram!(CONSUMER_LAG, Unit::Count, "Durable consumers' events behind the head, sampled by each expiry sweep.");
 
     for transport in TRANSPORTS {
@@ -111,10 +117,11 @@ fn describe() {
     counter!(REPLAYED_EVENTS).increment(0);
     counter!(REPLAY_GAPS).increment(0);
     counter!(POLL_REQUESTS).increment(0);
+    gauge!(DATABASE_UP).set(1.0);
+    gauge!(LISTENER_UP).set(0.0);
     counter!(EVENTS_PUBLISHED, "type" => "unregistered").increment(0);
-    // Histograms appear in the exposition once they have a sample; a zero
-    // sample would distort quantiles, so they are registered without one and
-    // described above.
+    counter!(HTTP_REQUESTS, "route" => "/metrics", "status" => "200").increment(0);
+    // Registering a histogram renders it with empty buckets; no fake sample.
     let _ = (histogram!(QUEUE_DEPTH), histogram!(BROKER_LAG), histogram!(DELIVERY_LATENCY), histogram!(CONSUMER_LAG));
 }
 

@@ -274,3 +274,19 @@ pub async fn run_consumer_expiry(store: Arc<dyn EventLog>, ttl: std::time::Durat
         }
     }
 }
+
+/// Probes the store every `every` and publishes `tidings_database_up` and
+/// `tidings_listener_up`, so alerts see an outage without a request failing.
+pub async fn run_health_probe(store: Arc<dyn EventLog>, every: std::time::Duration, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let up = tokio::time::timeout(every, store.ping()).await.is_ok_and(|r| r.is_ok());
+        metrics::gauge!(crate::metrics::DATABASE_UP).set(if up { 1.0 } else { 0.0 });
+        let listening = store.listener().0 == ListenerState::Listening;
+        metrics::gauge!(crate::metrics::LISTENER_UP).set(if listening { 1.0 } else { 0.0 });
+    }
+}

@@ -4,9 +4,11 @@
 
 mod helpers;
 
+mod cli;
 mod delivery;
 mod durability;
 mod filters;
+mod metrics;
 mod ordering;
 mod poll;
 mod postgres;

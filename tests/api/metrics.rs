@@ -1,0 +1,89 @@
+//! The Prometheus catalog: every family exported from start-up, and the
+//! exposition valid for `promtool check metrics`.
+
+use std::process::Stdio;
+
+use tokio::io::AsyncWriteExt as _;
+
+use crate::helpers::{Backend, spawn_app};
+
+const CATALOG: &[&str] = &[
+    "tidings_events_published_total",
+    "tidings_events_delivered_total",
+    "tidings_clients_connected",
+    "tidings_clients_dropped_total",
+    "tidings_queue_depth",
+    "tidings_broker_lag_seconds",
+    "tidings_delivery_latency_seconds",
+    "tidings_listener_reconnects_total",
+    "tidings_replayed_events_total",
+    "tidings_poll_requests_total",
+    "tidings_consumer_lag_events",
+    "tidings_http_requests_total",
+    "tidings_replay_gaps_total",
+    "tidings_registry_violations_total",
+    "tidings_database_up",
+    "tidings_listener_up",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_family_from_start_up_and_promtool_accepts_it() {
+    let app = spawn_app(Backend::Embedded).await;
+    let text = app.http.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    for family in CATALOG {
+        assert!(
+            text.lines().any(|l| l.starts_with("# TYPE ") && l.split(' ').nth(2) == Some(family)),
+            "{family} is exported before any event"
+        );
+    }
+    // Labels are bounded: transports, reasons, types, route templates.
+    for transport in ["sse", "poll"] {
+        assert!(text.contains(&format!("tidings_clients_connected{{transport=\"{transport}\"}}")));
+    }
+    let promtool = which("promtool").expect("promtool is needed (scripts/test installs Debian's prometheus package)");
+    let mut child = tokio::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(text.as_bytes()).await.unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn which(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| std::path::Path::new(d).join(name)).find(|p| p.is_file())
+}
+
+/// Every family of the catalog is on the Grafana dashboard and every alert
+/// rule uses a family tidings exports.
+#[test]
+fn the_deploy_kit_covers_the_catalog() {
+    let dashboard = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/grafana/tidings-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap().to_owned()))
+        .collect();
+    for family in CATALOG {
+        assert!(exprs.iter().any(|e| e.contains(family)), "{family} is on the dashboard");
+    }
+    let alerts = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus/alerts.yml")).unwrap();
+    for needed in ["tidings_database_up", "tidings_listener_up", "tidings_clients_dropped_total", "tidings_broker_lag_seconds_bucket"] {
+        assert!(alerts.contains(needed), "an alert uses {needed}");
+    }
+    let used: Vec<&str> = alerts.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("tidings_")).collect();
+    for name in used {
+        let family = name.trim_end_matches("_bucket");
+        assert!(CATALOG.contains(&family), "alert rules use only exported families: {name}");
+    }
+}
