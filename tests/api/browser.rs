@@ -1,0 +1,71 @@
+//! The live page in a real browser: headless Chromium (driven by
+//! `tests/browser/live_page.mjs` with playwright-core) opens `/`, sees a
+//! published event appear, follows the server through a restart, and resumes
+//! after a reload, with nothing missing or repeated. `scripts/test` installs
+//! Chromium and the node module.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+
+use crate::helpers::{free_port, process_command};
+
+async fn start_on(dir: &std::path::Path, port: u16) -> tokio::process::Child {
+    let mut child = process_command(&[("TIDINGS_DATA_DIR", dir.display().to_string())], port).spawn().unwrap();
+    let http = reqwest::Client::new();
+    for _ in 0..200 {
+        if http.get(format!("http://127.0.0.1:{port}/health")).send().await.is_ok_and(|r| r.status() == 200) {
+            return child;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.start_kill();
+    panic!("tidings did not start");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_page_shows_events_and_resumes_after_restart_and_reload() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/live_page.mjs");
+    let modules = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/node_modules/playwright-core");
+    assert!(std::path::Path::new(modules).is_dir(), "run scripts/test, which installs playwright-core (npm ci in tests/browser)");
+    assert!(std::path::Path::new("/usr/bin/chromium").exists(), "run scripts/test, which installs Debian's chromium");
+
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut server = start_on(dir.path(), port).await;
+    let mut node = tokio::process::Command::new("node")
+        .arg(script)
+        .arg(&base)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs");
+    let mut stdin = node.stdin.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(node.stdout.take().unwrap()).lines();
+    let mut ok = None;
+    while let Ok(Ok(Some(line))) = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await {
+        if line == "RESTART" {
+            let pid = server.id().unwrap().to_string();
+            assert!(tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap().success());
+            server.wait().await.unwrap();
+            server = start_on(dir.path(), port).await;
+            // Published before the page has reconnected: it must still arrive.
+            let r = reqwest::Client::new()
+                .post(format!("{base}/v1/events"))
+                .json(&serde_json::json!({"event_type": "comment.posted", "payload": {"step": "b"}}))
+                .send()
+                .await
+                .unwrap();
+            let id = r.json::<serde_json::Value>().await.unwrap()["event_ids"][0].as_i64().unwrap();
+            stdin.write_all(format!("RESTARTED {id}\n").as_bytes()).await.unwrap();
+        } else if let Some(summary) = line.strip_prefix("OK ") {
+            ok = Some(summary.to_owned());
+        }
+    }
+    let out = node.wait_with_output().await.unwrap();
+    assert!(out.status.success() && ok.is_some(), "the browser run failed: {}", String::from_utf8_lossy(&out.stderr));
+}

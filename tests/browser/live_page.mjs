@@ -1,0 +1,69 @@
+// Drives the live page in headless Chromium for tests/api/browser.rs.
+// Protocol on stdio: prints "RESTART" when the server should be restarted,
+// then expects "RESTARTED <id>" (the id of an event published right after
+// the restart); prints "OK <json>" when every check passed.
+import { chromium } from "playwright-core";
+import readline from "node:readline";
+
+const base = process.argv[2];
+const shot = process.env.TIDINGS_SCREENSHOT;
+const lines = readline.createInterface({ input: process.stdin });
+const nextLine = () => new Promise((resolve) => lines.once("line", resolve));
+
+async function publish(payload) {
+  const r = await fetch(`${base}/v1/events`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ event_type: "comment.posted", payload }),
+  });
+  if (r.status !== 201) throw new Error(`publish answered ${r.status}`);
+  return (await r.json()).event_ids[0];
+}
+
+const shown = (page) => page.$$eval("#events li", (items) => items.map((li) => Number(li.dataset.id)).filter(Boolean).reverse());
+const waitFor = (page, id) => page.waitForSelector(`#events li[data-id="${id}"]`, { timeout: 15000 });
+const waitOpen = (page) => page.waitForFunction(() => document.getElementById("state").textContent === "open", null, { timeout: 15000 });
+
+const browser = await chromium.launch({
+  executablePath: "/usr/bin/chromium",
+  headless: true,
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"],
+});
+try {
+  const page = await browser.newPage();
+  const filter = encodeURIComponent(JSON.stringify({ types: ["comment.*"] }));
+  await page.goto(`${base}/?filter=${filter}`);
+  await waitOpen(page);
+
+  const a = await publish({ step: "a" });
+  await waitFor(page, a);
+
+  // The server restarts; the page reconnects by itself with Last-Event-ID.
+  console.log("RESTART");
+  const [word, bText] = (await nextLine()).split(" ");
+  if (word !== "RESTARTED") throw new Error(`unexpected ${word}`);
+  const b = Number(bText);
+  await waitFor(page, b);
+  const c = await publish({ step: "c" });
+  await waitFor(page, c);
+  const afterRestart = await shown(page);
+  if (JSON.stringify(afterRestart) !== JSON.stringify([a, b, c])) {
+    throw new Error(`after the restart the page shows ${afterRestart}, expected ${[a, b, c]}`);
+  }
+
+  // A reload resumes from the last id the page kept: nothing repeated.
+  await page.reload();
+  await waitOpen(page);
+  const d = await publish({ step: "d" });
+  await waitFor(page, d);
+  const afterReload = await shown(page);
+  if (JSON.stringify(afterReload) !== JSON.stringify([d])) {
+    throw new Error(`after the reload the page shows ${afterReload}, expected ${[d]}`);
+  }
+  if (shot) await page.screenshot({ path: shot, fullPage: true });
+  console.log(`OK ${JSON.stringify({ afterRestart, afterReload })}`);
+} finally {
+  await browser.close();
+  lines.close();
+}
