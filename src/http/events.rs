@@ -36,6 +36,27 @@ pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> 
 }
 
 /// Publishes one event or a batch.
+#[utoipa::path(
+    post,
+    path = "/v1/events",
+    tag = "events",
+    request_body(
+        content = Object,
+        content_type = "application/json",
+        description = "One event `{event_type, ref?, agent?: {id, kind?}, session_id?, occurred_at?, payload?, links?: [{rel, ref}], visibility?}` or a batch `{\"events\": [...]}` (all or nothing)"
+    ),
+    responses(
+        (status = 201, description = "Stored: `{\"event_ids\": [...]}`", body = Object),
+        (status = 400, description = "`malformed_json`, `invalid_event`, `malformed_body`", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`forbidden_event_type`, `agent_spoofing`", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "`body_too_large`, `payload_too_large`, `batch_too_large`", body = crate::http::openapi::ErrorBody),
+        (status = 422, description = "`invalid_event_name`; in strict mode `unregistered_event_type`, `payload_schema_violation`", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "`rate_limited` (with Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "`store_unavailable` (with Retry-After)", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
 pub(crate) async fn publish(
     State(app): State<AppState>,
     Caller(caller): Caller,

@@ -5,6 +5,7 @@ mod caller;
 pub mod error;
 mod events;
 mod limits;
+mod openapi;
 mod ops;
 mod poll;
 mod sse;
@@ -16,7 +17,6 @@ use axum::Router;
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +46,8 @@ struct Inner {
     metrics: PrometheusHandle,
     shutdown: CancellationToken,
     started: Instant,
+    /// The OpenAPI document, set once the router is assembled.
+    openapi: std::sync::OnceLock<serde_json::Value>,
 }
 
 impl AppState {
@@ -60,8 +62,19 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> Self {
         let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
-        let inner =
-            Inner { auth, local: Identity::local(), limits, settings, store, broker, registry, metrics, shutdown, started: Instant::now() };
+        let inner = Inner {
+            auth,
+            local: Identity::local(),
+            limits,
+            settings,
+            store,
+            broker,
+            registry,
+            metrics,
+            shutdown,
+            started: Instant::now(),
+            openapi: std::sync::OnceLock::new(),
+        };
         Self { inner: Arc::new(inner) }
     }
 
@@ -139,21 +152,31 @@ pub fn cors(origins: &str) -> anyhow::Result<Option<tower_http::cors::CorsLayer>
     Ok(Some(CorsLayer::new().allow_origin(AllowOrigin::list(list)).allow_credentials(true).allow_methods(methods).allow_headers(headers)))
 }
 
-/// Builds the router.
+/// Builds the router and, from the same handler annotations, the OpenAPI
+/// document: every route is registered through `routes!`, so none can be
+/// missing from `/openapi.json` (a test checks that no plain axum route call is
+/// used here).
 pub fn router(state: AppState) -> Router {
+    use utoipa::OpenApi as _;
+    use utoipa_axum::router::OpenApiRouter;
+    use utoipa_axum::routes;
     let cors = cors(&state.inner.settings.cors_origins).ok().flatten();
-    let router = Router::new()
-        .route("/", get(ops::live_page))
-        .route("/v1/events", post(events::publish))
-        .route("/v1/stream", get(sse::stream))
-        .route("/v1/poll", get(poll::poll_get).post(poll::poll_post))
-        .route("/v1/consumers", get(poll::list))
-        .route("/v1/consumers/{id}", axum::routing::delete(poll::delete))
-        .route("/v1/consumers/{id}/ack", post(poll::ack))
-        .route("/v1/registry", get(ops::registry))
-        .route("/health", get(ops::health))
-        .route("/health/deep", get(ops::health_deep))
-        .route("/metrics", get(ops::metrics))
+    let (router, api) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(ops::live_page))
+        .routes(routes!(events::publish))
+        .routes(routes!(sse::stream))
+        .routes(routes!(poll::poll_get, poll::poll_post))
+        .routes(routes!(poll::list))
+        .routes(routes!(poll::delete))
+        .routes(routes!(poll::ack))
+        .routes(routes!(ops::registry))
+        .routes(routes!(ops::health))
+        .routes(routes!(ops::health_deep))
+        .routes(routes!(ops::metrics))
+        .routes(routes!(openapi::document))
+        .split_for_parts();
+    let _ = state.inner.openapi.set(serde_json::to_value(&api).unwrap_or_default());
+    let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(observe_requests))

@@ -14,17 +14,28 @@ use super::AppState;
 
 /// The live page: a filter builder and a live list of envelopes, embedded
 /// in the binary (no build step).
+#[utoipa::path(get, path = "/", tag = "operations", responses((status = 200, description = "The live page (HTML)", content_type = "text/html", body = String)))]
 pub(crate) async fn live_page() -> Response {
     ([(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"))], include_str!("assets/live.html")).into_response()
 }
 
 /// Liveness: the process serves HTTP.
+#[utoipa::path(get, path = "/health", tag = "operations", responses((status = 200, description = "Liveness: `{\"status\": \"ok\"}`", body = Object)))]
 pub(crate) async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
 /// Readiness and state. `503` while the database is down, so a load balancer
 /// stops routing publishers here.
+#[utoipa::path(
+    get,
+    path = "/health/deep",
+    tag = "operations",
+    responses(
+        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, uptime_seconds, events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
+        (status = 503, description = "The same document while the database is down", body = Object),
+    )
+)]
 pub(crate) async fn health_deep(State(app): State<AppState>) -> Response {
     let store = app.store();
     let probe = tokio::time::timeout(Duration::from_secs(2), async { (store.ping().await, store.head().await, store.floor().await) }).await;
@@ -53,12 +64,23 @@ pub(crate) async fn health_deep(State(app): State<AppState>) -> Response {
 }
 
 /// Prometheus exposition.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
 pub(crate) async fn metrics(State(app): State<AppState>) -> Response {
     let text = app.inner.metrics.render();
     ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"))], text).into_response()
 }
 
 /// The event-type registry.
+#[utoipa::path(
+    get,
+    path = "/v1/registry",
+    tag = "events",
+    responses(
+        (status = 200, description = "`{mode, types: [{name, description, renamed_from, payload_schema}]}`", body = Object),
+        (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
 pub(crate) async fn registry(State(app): State<AppState>, _caller: super::caller::Caller) -> Json<Value> {
     let registry = app.registry();
     Json(json!({

@@ -142,6 +142,32 @@ fn query_filter_json(q: &FilterQuery) -> Option<String> {
 }
 
 /// `GET /v1/poll`.
+#[utoipa::path(
+    get,
+    path = "/v1/poll",
+    tag = "streams",
+    params(
+        ("filter" = Option<String>, Query, description = "JSON filter `{types, agents, targets, payload}` (a bare list means types)"),
+        ("types" = Option<String>, Query, description = "Comma list of type globs (`*` one segment, `**` one or more)"),
+        ("agents" = Option<String>, Query, description = "Comma list of agent ids"),
+        ("targets" = Option<String>, Query, description = "Comma list of references (`ref` or any `links[].ref`)"),
+        ("accept_envelope" = Option<String>, Query, description = "Comma list of envelope versions the client understands"),
+        ("since" = Option<i64>, Query, description = "Read after this id; with a consumer, confirms everything up to it"),
+        ("consumer_id" = Option<String>, Query, description = "Durable consumer: stored filter and cursor"),
+        ("limit" = Option<u32>, Query, description = "Most events (default 100, capped)"),
+        ("wait_ms" = Option<u32>, Query, description = "Long-poll: wait up to this long for a match (capped)"),
+    ),
+    responses(
+        (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_limit`, `invalid_wait_ms`, `invalid_consumer_id`, `invalid_accept_envelope`", body = crate::http::openapi::ErrorBody),
+        (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool}`", body = Object),
+        (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
+        (status = 406, description = "`envelope_version_unsupported`", body = crate::http::openapi::ErrorBody),
+        (status = 410, description = "`cursor_expired`: the consumer was collected; poll with `since` to start afresh", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "`store_unavailable`", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
 pub(crate) async fn poll_get(State(app): State<AppState>, caller: Caller, Query(q): Query<PollQuery>) -> Result<Response, ApiError> {
     check_envelope(q.accept_envelope.as_deref())?;
     // Validate the filter in whichever form it came; store its JSON form.
@@ -154,6 +180,23 @@ pub(crate) async fn poll_get(State(app): State<AppState>, caller: Caller, Query(
 }
 
 /// `POST /v1/poll`.
+#[utoipa::path(
+    post,
+    path = "/v1/poll",
+    tag = "streams",
+    request_body(content = Object, content_type = "application/json", description = "`{filter?, since?, consumer_id?, limit?, wait_ms?, accept_envelope?}`"),
+    responses(
+        (status = 400, description = "`invalid_poll`, `invalid_filter`, `invalid_since`, `invalid_limit`, `invalid_wait_ms`, `invalid_consumer_id`, `malformed_body`", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
+        (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool}`", body = Object),
+        (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
+        (status = 406, description = "`envelope_version_unsupported`", body = crate::http::openapi::ErrorBody),
+        (status = 410, description = "`cursor_expired`: the consumer was collected; poll with `since` to start afresh", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "`store_unavailable`", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
 pub(crate) async fn poll_post(State(app): State<AppState>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
     let body: PollBody =
@@ -319,6 +362,22 @@ pub(crate) struct AckBody {
 }
 
 /// Confirms everything up to `cursor`.
+#[utoipa::path(
+    post,
+    path = "/v1/consumers/{id}/ack",
+    tag = "streams",
+    params(("id" = String, Path, description = "Consumer id")),
+    request_body(content = Object, content_type = "application/json", description = "`{\"cursor\": N}`: everything up to N is confirmed (monotonic, clamped to the head)"),
+    responses(
+        (status = 200, description = "`{\"consumer_id\", \"cursor\"}`", body = Object),
+        (status = 400, description = "`invalid_cursor`, `invalid_consumer_id`", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "`consumer_not_found`", body = crate::http::openapi::ErrorBody),
+        (status = 410, description = "`cursor_expired`", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
 pub(crate) async fn ack(
     State(app): State<AppState>,
     caller: Caller,
@@ -348,6 +407,16 @@ fn refusal(id: &str, outcome: Acked) -> ApiError {
 
 /// Lists the caller's durable consumers (every one for an admin) with their
 /// lag behind the head.
+#[utoipa::path(
+    get,
+    path = "/v1/consumers",
+    tag = "streams",
+    responses(
+        (status = 200, description = "`{head_event_id, consumers: [{consumer_id, owner, filter, cursor, lag, last_activity, created}]}`", body = Object),
+        (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
 pub(crate) async fn list(State(app): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     let head = app.store().head().await?;
     let consumers = app.store().consumer_list(caller.actor()).await?;
@@ -370,6 +439,21 @@ pub(crate) async fn list(State(app): State<AppState>, caller: Caller) -> Result<
 }
 
 /// Deletes a consumer.
+#[utoipa::path(
+    delete,
+    path = "/v1/consumers/{id}",
+    tag = "streams",
+    params(("id" = String, Path, description = "Consumer id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "`invalid_consumer_id`", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "`consumer_not_found`", body = crate::http::openapi::ErrorBody),
+        (status = 410, description = "`cursor_expired`", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
 pub(crate) async fn delete(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     check_consumer_id(&id)?;
     match app.store().consumer_delete(&id, caller.actor()).await? {

@@ -75,6 +75,29 @@ pub(crate) fn check_envelope(accept: Option<&str>) -> Result<(), ApiError> {
 }
 
 /// Opens a stream.
+#[utoipa::path(
+    get,
+    path = "/v1/stream",
+    tag = "streams",
+    params(
+        ("filter" = Option<String>, Query, description = "JSON filter `{types, agents, targets, payload}` (a bare list means types)"),
+        ("types" = Option<String>, Query, description = "Comma list of type globs (`*` one segment, `**` one or more)"),
+        ("agents" = Option<String>, Query, description = "Comma list of agent ids"),
+        ("targets" = Option<String>, Query, description = "Comma list of references (`ref` or any `links[].ref`)"),
+        ("accept_envelope" = Option<String>, Query, description = "Comma list of envelope versions the client understands"),
+        ("since" = Option<i64>, Query, description = "Resume after this id (Last-Event-ID wins)"),
+        ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this id"),
+    ),
+    responses(
+        (status = 200, description = "An event stream: `retry:`, then `id:` + `data: <envelope>` per event; named notices `system.client_dropped_slow`, `system.replay_gap`; comment heartbeats", content_type = "text/event-stream", body = String),
+        (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_last_event_id`, `invalid_accept_envelope`", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
+        (status = 406, description = "`envelope_version_unsupported` (lists `supported`)", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "`too_many_streams_for_identity`", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "`too_many_streams`, `store_unavailable` (with Retry-After)", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
 pub(crate) async fn stream(
     State(app): State<AppState>,
     Caller(caller): Caller,

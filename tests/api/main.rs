@@ -10,6 +10,7 @@ mod delivery;
 mod durability;
 mod filters;
 mod metrics;
+mod openapi;
 mod ordering;
 mod poll;
 mod postgres;
