@@ -18,6 +18,24 @@ pub(crate) struct ErrorBody {
     pub(crate) message: String,
 }
 
+/// The filter parameters shared by `/v1/stream` and `/v1/poll` (for the
+/// document; the handlers parse them as [`crate::filter::FilterQuery`]).
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(crate) struct FilterParams {
+    /// JSON filter `{types, agents, targets, payload}` (a bare list means types).
+    filter: Option<String>,
+    /// Comma list of type globs (`*` one segment, `**` one or more).
+    types: Option<String>,
+    /// Comma list of agent ids.
+    agents: Option<String>,
+    /// Comma list of references (`ref` or any `links[].ref`).
+    targets: Option<String>,
+    /// Comma list of envelope versions the client understands.
+    accept_envelope: Option<String>,
+}
+
 /// The document's frame: title, tags and security schemes. Paths come from
 /// the router.
 #[derive(OpenApi)]

@@ -147,11 +147,7 @@ fn query_filter_json(q: &FilterQuery) -> Option<String> {
     path = "/v1/poll",
     tag = "streams",
     params(
-        ("filter" = Option<String>, Query, description = "JSON filter `{types, agents, targets, payload}` (a bare list means types)"),
-        ("types" = Option<String>, Query, description = "Comma list of type globs (`*` one segment, `**` one or more)"),
-        ("agents" = Option<String>, Query, description = "Comma list of agent ids"),
-        ("targets" = Option<String>, Query, description = "Comma list of references (`ref` or any `links[].ref`)"),
-        ("accept_envelope" = Option<String>, Query, description = "Comma list of envelope versions the client understands"),
+        super::openapi::FilterParams,
         ("since" = Option<i64>, Query, description = "Read after this id; with a consumer, confirms everything up to it"),
         ("consumer_id" = Option<String>, Query, description = "Durable consumer: stored filter and cursor"),
         ("limit" = Option<u32>, Query, description = "Most events (default 100, capped)"),

@@ -80,11 +80,7 @@ pub(crate) fn check_envelope(accept: Option<&str>) -> Result<(), ApiError> {
     path = "/v1/stream",
     tag = "streams",
     params(
-        ("filter" = Option<String>, Query, description = "JSON filter `{types, agents, targets, payload}` (a bare list means types)"),
-        ("types" = Option<String>, Query, description = "Comma list of type globs (`*` one segment, `**` one or more)"),
-        ("agents" = Option<String>, Query, description = "Comma list of agent ids"),
-        ("targets" = Option<String>, Query, description = "Comma list of references (`ref` or any `links[].ref`)"),
-        ("accept_envelope" = Option<String>, Query, description = "Comma list of envelope versions the client understands"),
+        super::openapi::FilterParams,
         ("since" = Option<i64>, Query, description = "Resume after this id (Last-Event-ID wins)"),
         ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this id"),
     ),
