@@ -57,6 +57,14 @@ pub struct BenchArgs {
     /// events published during the loss; `fanout`: events matched.
     #[arg(long, default_value_t = 100_000)]
     pub events: u64,
+    /// Generic mode: subscribe to this SSE URL instead of tidings' `/v1/stream`
+    /// (any server whose publish endpoint relays a body verbatim, e.g. Nchan).
+    #[arg(long, requires = "generic_publish")]
+    pub generic_subscribe: Option<String>,
+    /// Generic mode: POST each event body here; the body is
+    /// `{"sent_us": N}` and subscribers read it back verbatim.
+    #[arg(long, requires = "generic_subscribe")]
+    pub generic_publish: Option<String>,
     /// `listen-loss`: the PostgreSQL database the servers share.
     #[arg(long)]
     pub database_url: Option<String>,
@@ -85,10 +93,53 @@ pub enum Mode {
     /// `--clients` clients reconnect at the same moment with a Last-Event-ID
     /// 10 events back: connections accepted per second, time until all caught up.
     Storm,
+    /// `--clients` idle SSE connections: the server's resident memory per
+    /// connection (needs `--server-pid`).
+    Idle,
     /// `--clients` long-pollers (durable consumers) while `--rate` events/s
     /// are published: delivery latency and poll round trips; then one
     /// consumer `--events` behind reads them all in pages of 1,000.
     Poll,
+}
+
+/// Result of `idle`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct IdleReport {
+    /// Connections held.
+    pub connections: usize,
+    /// Server RSS before connecting, KiB.
+    pub rss_before_kib: u64,
+    /// Server RSS with every connection open, KiB.
+    pub rss_after_kib: u64,
+    /// (after - before) / connections, KiB.
+    pub kib_per_connection: f64,
+}
+
+fn proc_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `idle`: see [`Mode::Idle`].
+pub async fn idle(args: &BenchArgs) -> anyhow::Result<IdleReport> {
+    let pid = args.server_pid.ok_or_else(|| anyhow::anyhow!("--server-pid is required"))?;
+    let before = proc_rss_kib(pid).ok_or_else(|| anyhow::anyhow!("cannot read the RSS of {pid}"))?;
+    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
+    let url = args.generic_subscribe.clone().unwrap_or_else(|| format!("{}/v1/stream?types={}", args.url, args.event_type));
+    let mut held = Vec::with_capacity(args.clients);
+    for _ in 0..args.clients {
+        held.push(client::connect(&http, &url, None).await?);
+    }
+    // Let the server settle (buffers allocated, heartbeat timers armed).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = proc_rss_kib(pid).ok_or_else(|| anyhow::anyhow!("cannot read the RSS of {pid}"))?;
+    drop(held);
+    Ok(IdleReport {
+        connections: args.clients,
+        rss_before_kib: before,
+        rss_after_kib: after,
+        kib_per_connection: after.saturating_sub(before) as f64 / args.clients as f64,
+    })
 }
 
 /// Result of `poll`.
@@ -521,6 +572,8 @@ pub struct BenchReport {
     pub p50_ms: f64,
     /// 90th percentile, ms.
     pub p90_ms: f64,
+    /// 95th percentile, ms.
+    pub p95_ms: f64,
     /// 99th percentile, ms.
     pub p99_ms: f64,
     /// Maximum, ms.
@@ -557,7 +610,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let done = tokio_util::sync::CancellationToken::new();
     for i in 0..args.clients {
         let shards = args.shards.max(1);
-        let url = if shards > 1 {
+        let url = if let Some(url) = &args.generic_subscribe {
+            url.clone()
+        } else if shards > 1 {
             let filter = json!({"types": [args.event_type], "payload": {"==": [{"var": "shard"}, i as u64 % shards]}});
             format!("{}/v1/stream?filter={}", args.url, urlencode(&filter.to_string()))
         } else {
@@ -578,8 +633,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
                     continue;
                 }
                 let now = now_us();
+                // A tidings envelope carries it in the payload; a generic
+                // server relays the published body itself.
                 if let Ok(v) = serde_json::from_str::<Value>(&event.data)
-                    && let Some(sent) = v["payload"]["sent_us"].as_u64()
+                    && let Some(sent) = v["payload"]["sent_us"].as_u64().or_else(|| v["sent_us"].as_u64())
                 {
                     local.push(now.saturating_sub(sent));
                     received[i].fetch_add(1, Ordering::Relaxed);
@@ -602,14 +659,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     for n in 0..total {
         tokio::time::sleep_until(start + interval.mul_f64(n as f64)).await;
         let http = http.clone();
-        let url = format!("{}/v1/events", args.url);
+        let generic = args.generic_publish.clone();
+        let url = generic.clone().unwrap_or_else(|| format!("{}/v1/events", args.url));
         let accepted = accepted.clone();
         let event_type = args.event_type.clone();
         publishes.push(tokio::spawn(async move {
             let shard = n % shards;
-            let body = json!({"event_type": event_type, "payload": {"sent_us": now_us(), "weight": 1, "shard": shard}});
+            let body = if generic.is_some() {
+                json!({"sent_us": now_us(), "shard": shard})
+            } else {
+                json!({"event_type": event_type, "payload": {"sent_us": now_us(), "weight": 1, "shard": shard}})
+            };
             if let Ok(r) = http.post(url).json(&body).send().await
-                && r.status().as_u16() == 201
+                && r.status().is_success()
             {
                 accepted[shard as usize].fetch_add(1, Ordering::Relaxed);
             }
@@ -648,6 +710,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         subscribers_complete: received.iter().enumerate().filter(|(i, r)| r.load(Ordering::Relaxed) >= owed(*i)).count(),
         p50_ms: pct(0.50),
         p90_ms: pct(0.90),
+        p95_ms: pct(0.95),
         p99_ms: pct(0.99),
         max_ms: pct(1.0),
         server_cpu_s: cpu_before.zip(cpu_after).map(|(a, b)| b - a),

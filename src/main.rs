@@ -74,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
                 Mode::ListenLoss => serde_json::to_value(tidings::bench::listen_loss(&args).await?)?,
                 Mode::Storm => serde_json::to_value(tidings::bench::storm(&args).await?)?,
                 Mode::Poll => serde_json::to_value(tidings::bench::poll_bench(&args).await?)?,
+                Mode::Idle => serde_json::to_value(tidings::bench::idle(&args).await?)?,
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
