@@ -30,6 +30,12 @@ pub mod names {
     pub const SYSTEM_CLIENT_DROPPED_SLOW: &str = "system.client_dropped_slow";
     /// A resume point could not be served gap-free from the retained history.
     pub const SYSTEM_REPLAY_GAP: &str = "system.replay_gap";
+    /// An entity was created in the tree.
+    pub const TREE_CREATED: &str = "tree.created";
+    /// An entity in the tree was replaced.
+    pub const TREE_UPDATED: &str = "tree.updated";
+    /// An entity was deleted from the tree.
+    pub const TREE_DELETED: &str = "tree.deleted";
 }
 
 /// Longest accepted event name, in bytes.

@@ -41,3 +41,4 @@ pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod store;
+pub mod tree;

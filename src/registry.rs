@@ -202,11 +202,14 @@ mod tests {
     #[test]
     fn builtin_registry_loads_and_knows_the_spec_types() {
         let r = Registry::load(Path::new("/nonexistent"), RegistryMode::Strict).unwrap();
-        assert_eq!(r.len(), 26);
+        assert_eq!(r.len(), 29);
         for t in ["hypothesis.created", "signal.upvote.recorded", "link.contradicts.added", "system.replay_gap"] {
             assert!(r.contains(t), "{t}");
         }
-        for name in [crate::event::names::SYSTEM_CLIENT_DROPPED_SLOW, crate::event::names::SYSTEM_REPLAY_GAP] {
+        use crate::event::names;
+        for name in
+            [names::SYSTEM_CLIENT_DROPPED_SLOW, names::SYSTEM_REPLAY_GAP, names::TREE_CREATED, names::TREE_UPDATED, names::TREE_DELETED]
+        {
             assert!(r.contains(name), "{name} must be registered");
         }
     }

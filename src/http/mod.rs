@@ -9,6 +9,7 @@ mod openapi;
 mod ops;
 mod poll;
 mod sse;
+mod tree;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -174,6 +175,8 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(ops::health_deep))
         .routes(routes!(ops::metrics))
         .routes(routes!(openapi::document))
+        .routes(routes!(tree::root))
+        .routes(routes!(tree::get, tree::put, tree::delete))
         .split_for_parts();
     let _ = state.inner.openapi.set(serde_json::to_value(&api).unwrap_or_default());
     let router = router

@@ -53,6 +53,7 @@ pub(crate) struct FilterParams {
         (name = "events", description = "Publishing and the registry"),
         (name = "streams", description = "Server-Sent Events, polling and durable consumers"),
         (name = "operations", description = "Health, metrics, the live page and this document"),
+        (name = "tree", description = "The entity tree: CAS writes that append change events"),
     )
 )]
 pub(crate) struct ApiDoc;

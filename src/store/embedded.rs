@@ -28,13 +28,17 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension as _, params};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{Acked, Actor, Consumer, ConsumerOpen, EventLog, ListenerState, NewRecord, Opened, Record, StoreError, StoreKind};
+use super::{
+    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, EventLog, ListenerState, NewRecord, Opened, Record, StoreError, StoreKind, TreeEntry,
+    TreeOutcome, TreeWrite,
+};
 use crate::event::EventId;
 
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "event_log", include_str!("../../migrations/embedded/0001_event_log.sql")),
     (2, "consumers", include_str!("../../migrations/embedded/0002_consumers.sql")),
     (3, "consumer_owner", include_str!("../../migrations/embedded/0003_consumer_owner.sql")),
+    (4, "tree", include_str!("../../migrations/embedded/0004_tree.sql")),
 ];
 
 /// Read connections kept open.
@@ -200,6 +204,21 @@ fn why_not(conn: &Connection, id: &str) -> rusqlite::Result<Acked> {
     })
 }
 
+/// Appends `batch` inside `tx`: ids continue from the head, allocated under
+/// the write transaction (SQLite has one writer), so they are gap-free and
+/// commit-ordered.
+fn append_in(tx: &rusqlite::Transaction<'_>, batch: &[NewRecord]) -> rusqlite::Result<Vec<EventId>> {
+    let base: i64 = tx.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut insert = tx.prepare_cached("INSERT INTO events (id, event_type, body, recorded_at) VALUES (?1, ?2, ?3, ?4)")?;
+    for (i, record) in batch.iter().enumerate() {
+        insert.execute(params![base + 1 + i as i64, record.event_type, record.body, now])?;
+    }
+    let last = base + batch.len() as i64;
+    tx.execute("UPDATE tidings_head SET last_id = ?1 WHERE singleton = 1", [last])?;
+    Ok((base + 1..=last).collect())
+}
+
 fn sqlite_error(e: rusqlite::Error) -> StoreError {
     match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked | rusqlite::ErrorCode::DiskFull) => {
@@ -242,18 +261,9 @@ impl EventLog for EmbeddedStore {
         let ids = self
             .write(move |conn| {
                 let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                let base: i64 = tx.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
-                let now = chrono::Utc::now().timestamp_millis();
-                {
-                    let mut insert = tx.prepare_cached("INSERT INTO events (id, event_type, body, recorded_at) VALUES (?1, ?2, ?3, ?4)")?;
-                    for (i, record) in batch.iter().enumerate() {
-                        insert.execute(params![base + 1 + i as i64, record.event_type, record.body, now])?;
-                    }
-                }
-                let last = base + batch.len() as i64;
-                tx.execute("UPDATE tidings_head SET last_id = ?1 WHERE singleton = 1", [last])?;
+                let ids = append_in(&tx, &batch)?;
                 tx.commit()?;
-                Ok((base + 1..=last).collect())
+                Ok(ids)
             })
             .await?;
         if let Some(wake) = lock(&self.inner.wake).as_ref() {
@@ -417,6 +427,66 @@ impl EventLog for EmbeddedStore {
             Ok(n as u64)
         })
         .await
+    }
+
+    async fn tree_get(&self, path: &str) -> Result<Option<TreeEntry>, StoreError> {
+        let path = path.to_owned();
+        self.read(move |conn| {
+            conn.query_row("SELECT entity, hash FROM tree_entities WHERE path = ?1", [&path], |r| {
+                Ok(TreeEntry { path: path.clone(), entity: r.get(0)?, hash: r.get(1)? })
+            })
+            .optional()
+        })
+        .await
+    }
+
+    async fn tree_below(&self, prefix: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        // Everything after "prefix/" and before "prefix0" ('0' follows '/').
+        let (from, to) =
+            if prefix.is_empty() { (String::new(), "\u{10FFFF}".to_owned()) } else { (format!("{prefix}/"), format!("{prefix}0")) };
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached("SELECT path FROM tree_entities WHERE path > ?1 AND path < ?2 ORDER BY path LIMIT ?3")?;
+            let rows = stmt.query_map(params![from, to, limit as i64], |r| r.get(0))?;
+            rows.collect()
+        })
+        .await
+    }
+
+    async fn tree_write(&self, write: TreeWrite) -> Result<TreeOutcome, StoreError> {
+        let outcome = self
+            .write(move |conn| {
+                let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let current: Option<String> =
+                    tx.query_row("SELECT hash FROM tree_entities WHERE path = ?1", [&write.path], |r| r.get(0)).optional()?;
+                let kind = match write.decide(current.as_deref()) {
+                    Ok(kind) => kind,
+                    Err(outcome) => return Ok(outcome),
+                };
+                let record = (write.event)(kind, current.as_deref());
+                let event_id = append_in(&tx, std::slice::from_ref(&record))?[0];
+                match (&write.entity, kind) {
+                    (Some((entity, hash)), _) => {
+                        tx.execute(
+                            "INSERT INTO tree_entities (path, entity, hash, changed_event) VALUES (?1, ?2, ?3, ?4)
+                             ON CONFLICT (path) DO UPDATE SET entity = excluded.entity, hash = excluded.hash, changed_event = excluded.changed_event",
+                            params![write.path, entity, hash, event_id],
+                        )?;
+                    }
+                    (None, ChangeKind::Deleted) => {
+                        tx.execute("DELETE FROM tree_entities WHERE path = ?1", [&write.path])?;
+                    }
+                    (None, _) => {}
+                }
+                tx.commit()?;
+                Ok(TreeOutcome::Done { kind, previous_hash: current, event_id })
+            })
+            .await?;
+        if matches!(outcome, TreeOutcome::Done { .. })
+            && let Some(wake) = lock(&self.inner.wake).as_ref()
+        {
+            wake.notify_one();
+        }
+        Ok(outcome)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

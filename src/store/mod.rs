@@ -110,6 +110,102 @@ pub enum Acked {
     Forbidden,
 }
 
+/// A stored tree entity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeEntry {
+    /// Its path.
+    pub path: String,
+    /// Its canonical JSON.
+    pub entity: String,
+    /// `sha256:<hex>` of that JSON.
+    pub hash: String,
+}
+
+/// The precondition of a tree write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    /// None: write whatever is there.
+    Always,
+    /// Only if the current entity has this hash (`If-Match`).
+    IfMatch(String),
+    /// Only if nothing is there (`If-None-Match: *`).
+    IfAbsent,
+}
+
+/// What a write did to a path, for the change event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Nothing was there.
+    Created,
+    /// An entity was replaced.
+    Updated,
+    /// The entity was removed.
+    Deleted,
+}
+
+/// Builds the change event of a tree write from what the write found: the
+/// store calls it inside the write's transaction, so the event and the
+/// change commit together. The store knows nothing of event names.
+pub type ChangeEvent = Box<dyn FnOnce(ChangeKind, Option<&str>) -> NewRecord + Send>;
+
+/// A tree write: a put (`entity` is the canonical JSON and its hash) or a
+/// delete (`entity` is `None`).
+pub struct TreeWrite {
+    /// The path.
+    pub path: String,
+    /// What to store, or `None` to delete.
+    pub entity: Option<(String, String)>,
+    /// The precondition.
+    pub condition: Condition,
+    /// The change event to append with it.
+    pub event: ChangeEvent,
+}
+
+impl std::fmt::Debug for TreeWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TreeWrite").field("path", &self.path).field("condition", &self.condition).finish_non_exhaustive()
+    }
+}
+
+/// What a tree write found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TreeOutcome {
+    /// Written; the change event has this id.
+    Done {
+        /// What happened.
+        kind: ChangeKind,
+        /// The hash before the write.
+        previous_hash: Option<String>,
+        /// The change event.
+        event_id: EventId,
+    },
+    /// The precondition failed; this is what is there now.
+    Mismatch {
+        /// The current hash (`None`: nothing there).
+        current: Option<String>,
+    },
+    /// A delete found nothing to delete.
+    Missing,
+}
+
+impl TreeWrite {
+    /// Decides the outcome from the current hash, before anything is written.
+    pub fn decide(&self, current: Option<&str>) -> Result<ChangeKind, TreeOutcome> {
+        let mismatch = || TreeOutcome::Mismatch { current: current.map(str::to_owned) };
+        match (&self.condition, current) {
+            (Condition::IfMatch(h), Some(c)) if h != c => return Err(mismatch()),
+            (Condition::IfMatch(_), None) | (Condition::IfAbsent, Some(_)) => return Err(mismatch()),
+            _ => {}
+        }
+        match (&self.entity, current) {
+            (Some(_), None) => Ok(ChangeKind::Created),
+            (Some(_), Some(_)) => Ok(ChangeKind::Updated),
+            (None, Some(_)) => Ok(ChangeKind::Deleted),
+            (None, None) => Err(TreeOutcome::Missing),
+        }
+    }
+}
+
 /// Which store backs this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -209,6 +305,16 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// Collects consumers silent since before `before_ms`, remembering their
     /// ids; returns how many.
     async fn consumer_expire(&self, before_ms: i64) -> Result<u64, StoreError>;
+
+    /// The entity at `path`.
+    async fn tree_get(&self, path: &str) -> Result<Option<TreeEntry>, StoreError>;
+
+    /// Paths below `prefix` (`""` for the whole tree), ascending, at most `limit`.
+    async fn tree_below(&self, prefix: &str, limit: usize) -> Result<Vec<String>, StoreError>;
+
+    /// Applies a write and appends its change event in one transaction;
+    /// writes to one path are serialised, so their events are in commit order.
+    async fn tree_write(&self, write: TreeWrite) -> Result<TreeOutcome, StoreError>;
 
     /// Cheap round trip to the database.
     async fn ping(&self) -> Result<(), StoreError>;

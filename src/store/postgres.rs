@@ -25,7 +25,10 @@ use tokio::sync::{Notify, mpsc};
 use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
-use super::{Acked, Actor, Consumer, ConsumerOpen, EventLog, ListenerState, NewRecord, Opened, Record, StoreError, StoreKind};
+use super::{
+    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, EventLog, ListenerState, NewRecord, Opened, Record, StoreError, StoreKind, TreeEntry,
+    TreeOutcome, TreeWrite,
+};
 use crate::event::EventId;
 
 /// The NOTIFY channel.
@@ -38,6 +41,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "event_log", include_str!("../../migrations/postgres/0001_event_log.sql")),
     (2, "consumers", include_str!("../../migrations/postgres/0002_consumers.sql")),
     (3, "consumer_owner", include_str!("../../migrations/postgres/0003_consumer_owner.sql")),
+    (4, "tree", include_str!("../../migrations/postgres/0004_tree.sql")),
 ];
 
 /// Pool and timeout settings.
@@ -361,6 +365,57 @@ impl EventLog for PostgresStore {
             )
             .await
             .map_err(pg_error)
+    }
+
+    async fn tree_get(&self, path: &str) -> Result<Option<TreeEntry>, StoreError> {
+        let client = self.client().await?;
+        let row = client.query_opt("SELECT entity, hash FROM tree_entities WHERE path = $1", &[&path]).await.map_err(pg_error)?;
+        Ok(row.map(|r| TreeEntry { path: path.to_owned(), entity: r.get(0), hash: r.get(1) }))
+    }
+
+    async fn tree_below(&self, prefix: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        let client = self.client().await?;
+        // Everything after "prefix/" and before "prefix0" ('0' follows '/').
+        let (from, to) =
+            if prefix.is_empty() { (String::new(), "\u{10FFFF}".to_owned()) } else { (format!("{prefix}/"), format!("{prefix}0")) };
+        let rows = client
+            .query("SELECT path FROM tree_entities WHERE path > $1 AND path < $2 ORDER BY path LIMIT $3", &[&from, &to, &(limit as i64)])
+            .await
+            .map_err(pg_error)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn tree_write(&self, write: TreeWrite) -> Result<TreeOutcome, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        // One writer per path at a time, also when the path does not exist yet.
+        tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7324002))", &[&write.path]).await.map_err(pg_error)?;
+        let current: Option<String> =
+            tx.query_opt("SELECT hash FROM tree_entities WHERE path = $1", &[&write.path]).await.map_err(pg_error)?.map(|r| r.get(0));
+        let kind = match write.decide(current.as_deref()) {
+            Ok(kind) => kind,
+            Err(outcome) => return Ok(outcome),
+        };
+        let record = (write.event)(kind, current.as_deref());
+        let row = tx.query_one(APPEND_SQL, &[&vec![record.event_type], &vec![record.body]]).await.map_err(pg_error)?;
+        let event_id: i64 = row.get::<_, i64>(0) + 1;
+        match (&write.entity, kind) {
+            (Some((entity, hash)), _) => {
+                tx.execute(
+                    "INSERT INTO tree_entities (path, entity, hash, changed_event) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (path) DO UPDATE SET entity = EXCLUDED.entity, hash = EXCLUDED.hash, changed_event = EXCLUDED.changed_event",
+                    &[&write.path, entity, hash, &event_id],
+                )
+                .await
+                .map_err(pg_error)?;
+            }
+            (None, ChangeKind::Deleted) => {
+                tx.execute("DELETE FROM tree_entities WHERE path = $1", &[&write.path]).await.map_err(pg_error)?;
+            }
+            (None, _) => {}
+        }
+        tx.commit().await.map_err(pg_error)?;
+        Ok(TreeOutcome::Done { kind, previous_hash: current, event_id })
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -18,3 +18,4 @@ mod publish;
 mod security;
 mod stream;
 mod taxonomy;
+mod tree;

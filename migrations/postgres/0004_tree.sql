@@ -1,0 +1,10 @@
+-- The entity tree: one row per path, the entity as its canonical JSON, its
+-- hash, and the event that last changed it. Every change also appends a
+-- tree.created / tree.updated / tree.deleted event in the same transaction.
+-- Paths compare bytewise (COLLATE "C") so a prefix is a contiguous range.
+CREATE TABLE IF NOT EXISTS tree_entities (
+    path          TEXT   COLLATE "C" PRIMARY KEY,
+    entity        TEXT   NOT NULL,
+    hash          TEXT   NOT NULL,
+    changed_event BIGINT NOT NULL
+);

@@ -1,0 +1,124 @@
+//! The entity tree's vocabulary: paths, entities and their hashes. Pure: no
+//! I/O (the store keeps the tree; `http::tree` serves it).
+//!
+//! An entity is `{type, data}`. Its hash is `sha256:<hex>` of its RFC 8785
+//! canonical JSON (through `serde_json_canonicalizer`), so two servers that
+//! hold the same entity agree on its hash whatever key order or number
+//! spelling they received. Writes are compare-and-swap on that hash.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Most segments in a path.
+pub const MAX_DEPTH: usize = 32;
+/// Longest path, in bytes.
+pub const MAX_PATH_LEN: usize = 1024;
+/// Longest entity type, in bytes.
+pub const MAX_TYPE_LEN: usize = 256;
+
+/// Why a path is refused (`400 invalid_path`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct PathError(pub String);
+
+/// Checks a tree path: `/`-separated segments of `[A-Za-z0-9._~:-]`, no
+/// empty, `.` or `..` segment, at most [`MAX_DEPTH`] segments and
+/// [`MAX_PATH_LEN`] bytes.
+pub fn validate_path(path: &str) -> Result<(), PathError> {
+    if path.is_empty() {
+        return Err(PathError("the path is empty".into()));
+    }
+    if path.len() > MAX_PATH_LEN {
+        return Err(PathError(format!("the path is longer than {MAX_PATH_LEN} bytes")));
+    }
+    let mut depth = 0;
+    for segment in path.split('/') {
+        depth += 1;
+        match segment {
+            "" => return Err(PathError(format!("{path:?} has an empty segment"))),
+            "." | ".." => return Err(PathError(format!("{path:?} has a {segment:?} segment"))),
+            s if !s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~:-".contains(&b)) => {
+                return Err(PathError(format!("segment {s:?} has characters outside [A-Za-z0-9._~:-]")));
+            }
+            _ => {}
+        }
+    }
+    if depth > MAX_DEPTH {
+        return Err(PathError(format!("the path has more than {MAX_DEPTH} segments")));
+    }
+    Ok(())
+}
+
+/// An entity as written: a type and its data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entity {
+    /// The entity type (`system/identity`, `note`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The content.
+    pub data: Value,
+}
+
+/// Why an entity is refused (`400 invalid_entity`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct EntityError(pub String);
+
+impl Entity {
+    /// Validates the entity.
+    pub fn check(&self) -> Result<(), EntityError> {
+        if self.kind.is_empty() || self.kind.len() > MAX_TYPE_LEN {
+            return Err(EntityError(format!("type must be 1 to {MAX_TYPE_LEN} bytes")));
+        }
+        Ok(())
+    }
+
+    /// The canonical JSON (RFC 8785) and its hash.
+    pub fn canonical(&self) -> (String, String) {
+        let value = serde_json::json!({"type": self.kind, "data": self.data});
+        let canonical = serde_json_canonicalizer::to_string(&value).expect("a JSON value always canonicalises");
+        let hash = hash_canonical(&canonical);
+        (canonical, hash)
+    }
+}
+
+/// `sha256:<hex>` of canonical JSON text.
+pub fn hash_canonical(canonical: &str) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(canonical.as_bytes())))
+}
+
+/// The `ref` of a tree change event.
+pub fn event_ref(path: &str) -> String {
+    format!("tree:{path}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn paths() {
+        for ok in ["a", "a/b/c", "system/subscription/x-1", "v1.2/~tilde/a:b", "A-Z_0.9"] {
+            assert_eq!(validate_path(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "/a", "a/", "a//b", "a/./b", "a/../b", "..", "a b", "a/é", "a?b", "a%2Fb"] {
+            assert!(validate_path(bad).is_err(), "{bad}");
+        }
+        assert!(validate_path(&vec!["a"; 33].join("/")).is_err());
+        assert!(validate_path(&"a".repeat(1025)).is_err());
+    }
+
+    #[test]
+    fn hashes_are_canonical() {
+        let a: Entity = serde_json::from_value(json!({"type": "note", "data": {"b": 1, "a": [1.0, "x"]}})).unwrap();
+        let b: Entity = serde_json::from_str(r#"{"data":{"a":[1,"x"],"b":1.0},"type":"note"}"#).unwrap();
+        assert_eq!(a.canonical(), b.canonical(), "key order and number spelling do not matter");
+        let (canonical, hash) = a.canonical();
+        assert_eq!(canonical, r#"{"data":{"a":[1,"x"],"b":1},"type":"note"}"#);
+        assert!(hash.starts_with("sha256:") && hash.len() == 7 + 64);
+        assert_ne!(hash, Entity { kind: "note".into(), data: json!({}) }.canonical().1);
+    }
+}

@@ -1,0 +1,195 @@
+//! The entity tree: CAS writes, bad paths and entities, listings, and the
+//! change events every write appends (with correct hashes, in commit order).
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::both_stores;
+use crate::helpers::{Backend, TestApp, spawn_app};
+
+both_stores!(cas_matrix, bad_paths_and_entities_store_nothing, change_events_chain_hashes, concurrent_cas_writers_keep_the_chain);
+
+async fn put(app: &TestApp, path: &str, body: Value, header: Option<(&str, &str)>) -> (u16, Value) {
+    let mut r = app.http.put(app.url(&format!("/v1/tree/{path}"))).json(&body);
+    if let Some((k, v)) = header {
+        r = r.header(k, v);
+    }
+    let r = r.send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn delete(app: &TestApp, path: &str, if_match: Option<&str>) -> (u16, Value) {
+    let mut r = app.http.delete(app.url(&format!("/v1/tree/{path}")));
+    if let Some(h) = if_match {
+        r = r.header("if-match", format!("\"{h}\""));
+    }
+    let r = r.send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+fn quoted(h: &Value) -> String {
+    format!("\"{}\"", h.as_str().unwrap())
+}
+
+async fn cas_matrix(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let (status, created) = put(&app, "notes/a", json!({"type": "note", "data": {"v": 1}}), None).await;
+    assert_eq!(status, 201, "{created}");
+    let h1 = created["hash"].clone();
+    assert_eq!(created["previous_hash"], Value::Null);
+    assert_eq!(created["uri"], "notes/a");
+    // GET: the canonical entity, the hash as ETag.
+    let r = app.http.get(app.url("/v1/tree/notes/a")).send().await.unwrap();
+    assert_eq!(r.headers()["etag"].to_str().unwrap(), quoted(&h1));
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"type": "note", "data": {"v": 1}}));
+    // Create-only on an existing entity.
+    let (status, body) = put(&app, "notes/a", json!({"type": "note", "data": {"v": 9}}), Some(("if-none-match", "*"))).await;
+    assert_eq!((status, body["error"].as_str(), &body["current_hash"]), (409, Some("hash_mismatch"), &h1));
+    // If-Match with a stale hash, then the right one.
+    let stale = "\"sha256:0000000000000000000000000000000000000000000000000000000000000000\"";
+    let (status, body) = put(&app, "notes/a", json!({"type": "note", "data": {"v": 2}}), Some(("if-match", stale))).await;
+    assert_eq!((status, &body["current_hash"]), (409, &h1));
+    let (status, updated) = put(&app, "notes/a", json!({"type": "note", "data": {"v": 2}}), Some(("if-match", &quoted(&h1)))).await;
+    assert_eq!(status, 200);
+    assert_eq!(updated["previous_hash"], h1);
+    let h2 = updated["hash"].clone();
+    assert_ne!(h1, h2);
+    // The same entity written with other key order and number spelling keeps its hash.
+    let (status, same) = put(&app, "notes/a", serde_json::from_str(r#"{"data":{"v":2.0},"type":"note"}"#).unwrap(), None).await;
+    assert_eq!((status, &same["hash"], &same["previous_hash"]), (200, &h2, &h2));
+    // If-Match on a missing path, create-only on a missing path.
+    let (status, body) = put(&app, "notes/b", json!({"type": "note", "data": {}}), Some(("if-match", &quoted(&h1)))).await;
+    assert_eq!((status, &body["current_hash"]), (409, &Value::Null));
+    assert_eq!(put(&app, "notes/b", json!({"type": "note", "data": {}}), Some(("if-none-match", "*"))).await.0, 201);
+    // Delete: wrong hash, right hash, then nothing there.
+    assert_eq!(delete(&app, "notes/a", Some(h1.as_str().unwrap())).await.0, 409);
+    let (status, deleted) = delete(&app, "notes/a", Some(h2.as_str().unwrap())).await;
+    assert_eq!((status, &deleted["previous_hash"], &deleted["hash"]), (200, &h2, &Value::Null));
+    let r = app.http.get(app.url("/v1/tree/notes/a")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "entity_not_found");
+    assert_eq!(delete(&app, "notes/a", None).await.1["error"], "entity_not_found");
+    // Listings: children of a path, and the root.
+    put(&app, "notes/deep/x", json!({"type": "note", "data": {}}), None).await;
+    let list: Value = app.http.get(app.url("/v1/tree/notes/")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        list["children"],
+        json!([
+            {"name": "b", "path": "notes/b", "entity": true, "has_children": false},
+            {"name": "deep", "path": "notes/deep", "entity": false, "has_children": true}
+        ])
+    );
+    let root: Value = app.http.get(app.url("/v1/tree/")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(root["children"][0]["name"], "notes");
+}
+
+async fn bad_paths_and_entities_store_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let good = json!({"type": "note", "data": {}});
+    for path in ["a//b", "a/%C3%A9", "a/b%20c", "a%2Fb/"] {
+        let (status, body) = put(&app, path, good.clone(), None).await;
+        assert_eq!((status, body["error"].as_str()), (400, Some("invalid_path")), "{path}: {body}");
+    }
+    // Dot segments, sent as they are (HTTP clients would resolve them).
+    for path in ["a/../b", "a/./b", "../b"] {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let body = good.to_string();
+        let mut socket = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://")).await.unwrap();
+        let request = format!(
+            "PUT /v1/tree/{path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+        assert!(answer.contains("invalid_path"), "{path}: {answer}");
+    }
+    let deep = vec!["s"; 40].join("/");
+    assert_eq!(put(&app, &deep, good.clone(), None).await.1["error"], "invalid_path");
+    for body in [
+        json!({"type": "note"}),
+        json!({"data": {}}),
+        json!({"type": "", "data": {}}),
+        json!({"type": "n", "data": {}, "extra": 1}),
+        json!([1]),
+    ] {
+        let (status, answer) = put(&app, "ok/path", body.clone(), None).await;
+        assert_eq!((status, answer["error"].as_str()), (400, Some("invalid_entity")), "{body}");
+    }
+    let r = app.http.put(app.url("/v1/tree/ok/path")).header("content-type", "application/json").body("{\"type\":").send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let (status, body) = put(&app, "ok/path", good.clone(), Some(("if-none-match", "\"abc\""))).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_condition")));
+    assert_eq!(app.head().await, 0, "no event was appended");
+    assert_eq!(app.http.get(app.url("/v1/tree/ok/path")).send().await.unwrap().status(), 404, "nothing was stored");
+}
+
+async fn change_events_chain_hashes(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let mut live = app.stream("?targets=tree:docs/readme", None).await;
+    let (_, a) = put(&app, "docs/readme", json!({"type": "doc", "data": {"rev": 1}}), None).await;
+    let (_, b) = put(&app, "docs/readme", json!({"type": "doc", "data": {"rev": 2}}), None).await;
+    put(&app, "docs/other", json!({"type": "doc", "data": {}}), None).await; // another target
+    let (_, c) = delete(&app, "docs/readme", None).await;
+    let mut events = Vec::new();
+    for _ in 0..3 {
+        events.push(serde_json::from_str::<Value>(&live.next().await.data).unwrap());
+    }
+    let types: Vec<&str> = events.iter().map(|e| e["event_type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["tree.created", "tree.updated", "tree.deleted"]);
+    assert!(events.iter().all(|e| e["ref"] == "tree:docs/readme" && e["payload"]["uri"] == "docs/readme"));
+    assert_eq!(events[0]["payload"], json!({"uri": "docs/readme", "hash": a["hash"]}));
+    assert_eq!(events[1]["payload"], json!({"uri": "docs/readme", "hash": b["hash"], "previous_hash": a["hash"]}));
+    assert_eq!(events[2]["payload"], json!({"uri": "docs/readme", "previous_hash": b["hash"]}));
+    assert_eq!(events[2]["event_id"], c["event_id"]);
+    // The same through replay, with a type glob.
+    let mut replay = app.stream("?since=0&types=tree.*&targets=tree:docs/readme", None).await;
+    assert_eq!(replay.ids(3).await, events.iter().map(|e| e["event_id"].as_i64().unwrap()).collect::<Vec<_>>());
+}
+
+/// Several writers doing read-modify-write with If-Match on one path: every
+/// accepted write is one event, and each event's previous_hash is the hash of
+/// the one before it, in commit order.
+async fn concurrent_cas_writers_keep_the_chain(backend: Backend) {
+    let app = Arc::new(spawn_app(backend).await);
+    put(&app, "counter", json!({"type": "counter", "data": {"n": 0}}), None).await;
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let mut won = 0;
+                for _ in 0..25 {
+                    loop {
+                        let r = app.http.get(app.url("/v1/tree/counter")).send().await.unwrap();
+                        let etag = r.headers()["etag"].to_str().unwrap().to_owned();
+                        let n = r.json::<Value>().await.unwrap()["data"]["n"].as_i64().unwrap();
+                        let body = json!({"type": "counter", "data": {"n": n + 1, "by": w}});
+                        match put(&app, "counter", body, Some(("if-match", &etag))).await.0 {
+                            200 => break,
+                            409 => continue,
+                            other => panic!("unexpected {other}"),
+                        }
+                    }
+                    won += 1;
+                }
+                won
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for w in writers {
+        total += w.await.unwrap();
+    }
+    assert_eq!(total, 100);
+    let value: Value = app.http.get(app.url("/v1/tree/counter")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(value["data"]["n"], 100, "no lost update");
+    let mut replay = app.stream("?since=0&targets=tree:counter", None).await;
+    let mut previous: Option<Value> = None;
+    for _ in 0..101 {
+        let e: Value = serde_json::from_str(&replay.next().await.data).unwrap();
+        assert_eq!(e["payload"].get("previous_hash").cloned(), previous, "the chain is unbroken");
+        previous = Some(e["payload"]["hash"].clone());
+    }
+}
