@@ -67,12 +67,12 @@ struct FilterJson {
     targets: Option<Vec<String>>,
     #[serde(default)]
     payload: Option<Value>,
-    /// Cursor fields belong to the request, not the match; accepted here so a
-    /// client can send one object.
-    #[serde(default)]
-    since: Option<Value>,
-    #[serde(default)]
-    consumer_id: Option<Value>,
+    /// Cursor fields belong to the request, not the match; accepted (and
+    /// ignored here) so a client can send one object.
+    #[serde(default, rename = "since")]
+    _since: Option<serde::de::IgnoredAny>,
+    #[serde(default, rename = "consumer_id")]
+    _consumer_id: Option<serde::de::IgnoredAny>,
 }
 
 /// The filter fields a request may carry in its query string.
@@ -156,13 +156,12 @@ impl Filter {
                 agents: None,
                 targets: None,
                 payload: None,
-                since: None,
-                consumer_id: None,
+                _since: None,
+                _consumer_id: None,
             },
             Value::Object(_) => serde_json::from_value(value).map_err(|e| FilterError(format!("filter: {e}")))?,
             _ => return Err(FilterError("filter must be a JSON object or a list of type patterns".into())),
         };
-        let _ = (&parsed.since, &parsed.consumer_id);
         let filter = Self::from_parts(
             parsed.types.as_deref().unwrap_or_default(),
             parsed.agents.as_deref().unwrap_or_default(),
@@ -294,6 +293,12 @@ mod tests {
         let a = Filter::from_json(r#"["a.*"]"#, FilterLimits::default()).unwrap();
         let b = Filter::from_query(&FilterQuery { types: Some("a.*".into()), ..Default::default() }, FilterLimits::default()).unwrap();
         assert_eq!(a.types(), b.types());
+    }
+
+    #[test]
+    fn cursor_fields_ride_along() {
+        let f = Filter::from_json(r#"{"types":["a.*"],"since":5,"consumer_id":"c-1"}"#, FilterLimits::default()).unwrap();
+        assert_eq!(f.types().len(), 1);
     }
 
     #[test]
