@@ -44,16 +44,30 @@ pub struct BrokerSettings {
     pub read_batch: usize,
 }
 
-/// One event frame, shared by every client that receives it. Cloning copies
-/// two integers and bumps a reference count: no allocation per client.
+/// One event frame, shared by every client that receives it. Cloning bumps
+/// one reference count (no allocation per client), and a queue slot is one
+/// pointer: a client's queue is allocated in blocks of slots, so a small slot
+/// keeps idle connections cheap.
 #[derive(Debug, Clone)]
-pub struct Frame {
+pub struct Frame(Arc<FrameData>);
+
+/// What a [`Frame`] shares.
+#[derive(Debug)]
+pub struct FrameData {
     /// The event id.
     pub id: EventId,
     /// The encoded frame (SSE `id:` + `data:` lines).
     pub bytes: Bytes,
     /// When it was committed (Unix ms), for publish-to-send latency.
     pub recorded_ms: i64,
+}
+
+impl std::ops::Deref for Frame {
+    type Target = FrameData;
+
+    fn deref(&self) -> &FrameData {
+        &self.0
+    }
 }
 
 /// Why a subscription stopped receiving.
@@ -344,8 +358,9 @@ impl Broker {
                         continue;
                     }
                     // Built once per event, and only if someone wants it.
-                    let frame =
-                        frame.get_or_insert_with(|| Frame { id: event.id, bytes: event.sse_frame(), recorded_ms: event.recorded_ms });
+                    let frame = frame.get_or_insert_with(|| {
+                        Frame(Arc::new(FrameData { id: event.id, bytes: event.sse_frame(), recorded_ms: event.recorded_ms }))
+                    });
                     match slot.tx.try_send(frame.clone()) {
                         Ok(()) => {
                             let state = &slot.state;
