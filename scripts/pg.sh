@@ -70,7 +70,11 @@ pg_cluster() {
     echo "max_connections = 400"
     for o in "$@"; do echo "$o"; done
   } >>"$dir/postgresql.conf"
-  "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$dir" -l "$dir.log" -w start >/dev/null
+  if ! "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$dir" -l "$dir.log" -w start >/dev/null; then
+    echo "scripts: PostgreSQL did not start on port $port; its log:" >&2
+    tail -n 20 "$dir.log" >&2
+    exit 1
+  fi
 }
 
 start_pg() {
