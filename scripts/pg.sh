@@ -58,27 +58,35 @@ cleanup() {
 trap cleanup EXIT
 
 # pg_cluster DIR PORT [settings...]: initdb with every setting written into
-# postgresql.conf (so a plain "pg_ctl start" restarts it the same way), start.
+# postgresql.conf (so a plain "pg_ctl start" restarts it the same way), then
+# start it. If it cannot start (the port was taken meanwhile, say), it tries
+# again on other ports. Sets CLUSTER_PORT to the port it listens on.
 pg_cluster() {
-  local dir=$1 port=$2 o
+  local dir=$1 port=$2 o attempt
   shift 2
   "${RUNAS[@]}" "$PGBIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >/dev/null
   {
-    echo "port = $port"
     echo "listen_addresses = '127.0.0.1'"
     echo "unix_socket_directories = '$TMP'"
     echo "max_connections = 400"
     for o in "$@"; do echo "$o"; done
   } >>"$dir/postgresql.conf"
-  if ! "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$dir" -l "$dir.log" -w start >/dev/null; then
-    echo "scripts: PostgreSQL did not start on port $port; its log:" >&2
+  for attempt in 1 2 3; do
+    echo "port = $port" >>"$dir/postgresql.conf"   # the last setting wins
+    if "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$dir" -l "$dir.log" -w start >/dev/null; then
+      CLUSTER_PORT=$port
+      return 0
+    fi
+    echo "scripts: PostgreSQL did not start on port $port (attempt $attempt); its log:" >&2
     tail -n 20 "$dir.log" >&2
-    exit 1
-  fi
+    port=$(free_port)
+  done
+  exit 1
 }
 
 start_pg() {
   pg_cluster "$TMP/data" "$PORT" "$@"
+  PORT=$CLUSTER_PORT
   PG_URL="postgres://postgres@127.0.0.1:$PORT/postgres"
   PG_CTL="${RUNAS[*]} $PGBIN/pg_ctl -D $TMP/data -l $TMP/data.log -w"
 }
@@ -88,6 +96,7 @@ start_pg_named() {
   shift
   port=$(free_port)
   pg_cluster "$TMP/$name" "$port" "$@"
+  port=$CLUSTER_PORT
   printf -v "PG_URL_$name" '%s' "postgres://postgres@127.0.0.1:$port/postgres"
   printf -v "PG_CTL_$name" '%s' "${RUNAS[*]} $PGBIN/pg_ctl -D $TMP/$name -l $TMP/$name.log -w"
 }
