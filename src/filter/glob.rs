@@ -28,6 +28,8 @@ pub struct Glob {
     segs: Box<[Seg]>,
     /// No wildcard: matching is a string comparison.
     literal: bool,
+    /// `.` for event types, `/` for tree paths.
+    sep: char,
 }
 
 impl fmt::Debug for Glob {
@@ -61,19 +63,31 @@ pub enum GlobError {
 impl Glob {
     /// Compiles a pattern.
     pub fn new(pattern: &str) -> Result<Self, GlobError> {
+        Self::compile(pattern, '.', crate::event::MAX_NAME_LEN, is_valid_segment)
+    }
+
+    /// Compiles a tree-path pattern: the same `*` / `**` segment rules over
+    /// `/`, literal segments of `[A-Za-z0-9._~:-]` (capability resources,
+    /// subscription patterns).
+    pub fn new_path(pattern: &str) -> Result<Self, GlobError> {
+        let valid = |s: &str| s != "." && s != ".." && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~:-".contains(&b));
+        Self::compile(pattern, '/', crate::tree::MAX_PATH_LEN, valid)
+    }
+
+    fn compile(pattern: &str, sep: char, max_len: usize, valid: impl Fn(&str) -> bool) -> Result<Self, GlobError> {
         if pattern.is_empty() {
             return Err(GlobError::Empty);
         }
-        if pattern.len() > crate::event::MAX_NAME_LEN {
-            return Err(GlobError::TooLong(crate::event::MAX_NAME_LEN));
+        if pattern.len() > max_len {
+            return Err(GlobError::TooLong(max_len));
         }
         let mut segs = Vec::new();
-        for segment in pattern.split('.') {
+        for segment in pattern.split(sep) {
             let seg = match segment {
                 "" => return Err(GlobError::EmptySegment(pattern.to_owned())),
                 "*" => Seg::One,
                 "**" => Seg::OneOrMore,
-                s if is_valid_segment(s) => Seg::Lit(s.into()),
+                s if valid(s) => Seg::Lit(s.into()),
                 s => return Err(GlobError::BadSegment { pattern: pattern.to_owned(), segment: s.to_owned() }),
             };
             // `**.**` means the same as `*.**`; keep the pattern as written,
@@ -81,7 +95,7 @@ impl Glob {
             segs.push(seg);
         }
         let literal = segs.iter().all(|s| matches!(s, Seg::Lit(_)));
-        Ok(Self { source: pattern.into(), segs: segs.into(), literal })
+        Ok(Self { source: pattern.into(), segs: segs.into(), literal, sep })
     }
 
     /// The pattern as written.
@@ -101,7 +115,7 @@ impl Glob {
         if lits == 0 {
             return None;
         }
-        let end = self.source.split('.').take(lits).map(str::len).sum::<usize>() + lits - 1;
+        let end = self.source.split(self.sep).take(lits).map(str::len).sum::<usize>() + lits - 1;
         Some(&self.source[..end])
     }
 
@@ -116,14 +130,14 @@ impl Glob {
         // fall back to a Vec).
         let mut stack: [&str; 64] = [""; 64];
         let heap: Vec<&str>;
-        let n = name.split('.').count();
+        let n = name.split(self.sep).count();
         let segments: &[&str] = if n <= stack.len() {
-            for (slot, s) in stack.iter_mut().zip(name.split('.')) {
+            for (slot, s) in stack.iter_mut().zip(name.split(self.sep)) {
                 *slot = s;
             }
             &stack[..n]
         } else {
-            heap = name.split('.').collect();
+            heap = name.split(self.sep).collect();
             &heap
         };
         match_segments(&self.segs, segments)
@@ -205,6 +219,19 @@ mod tests {
         assert!(matches!(Glob::new("a.b*"), Err(GlobError::BadSegment { .. })));
         assert!(matches!(Glob::new("a.***"), Err(GlobError::BadSegment { .. })));
         assert!(matches!(Glob::new("a/b"), Err(GlobError::BadSegment { .. })));
+    }
+
+    #[test]
+    fn path_patterns() {
+        let p = |pat: &str, path: &str| Glob::new_path(pat).unwrap().matches(path);
+        assert!(p("sensors/**", "sensors/a/b"));
+        assert!(!p("sensors/**", "sensors"));
+        assert!(p("sensors/*/temp", "sensors/Kitchen-1/temp"));
+        assert!(!p("sensors/*/temp", "sensors/a/b/temp"));
+        assert!(p("system/inbox/file-watcher", "system/inbox/file-watcher"));
+        assert!(Glob::new_path("a//b").is_err());
+        assert!(Glob::new_path("a/../b").is_err());
+        assert!(Glob::new_path("a.b/c").is_ok(), "dots are ordinary characters in paths");
     }
 
     #[test]

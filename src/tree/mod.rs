@@ -6,6 +6,8 @@
 //! hold the same entity agree on its hash whatever key order or number
 //! spelling they received. Writes are compare-and-swap on that hash.
 
+pub mod capability;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
