@@ -13,7 +13,8 @@ use crate::auth::{AuthMode, Verifier};
 use crate::broker::{Broker, BrokerSettings};
 use crate::config::AuthSetting;
 use crate::config::Settings;
-use crate::http::{AppState, router};
+use crate::http::{AppState, Parts, router};
+use crate::identity::ServerIdentity;
 use crate::registry::Registry;
 use crate::server::{ServeOptions, serve};
 use crate::store::EventLog;
@@ -114,7 +115,18 @@ impl Application {
         let options = ServeOptions { header_timeout: settings.header_timeout, shutdown_timeout: settings.shutdown_timeout };
         let retention = (settings.retention, settings.retention_interval);
         let consumer_ttl = settings.consumer_ttl;
-        let state = AppState::new(auth, settings, store.clone(), broker.clone(), registry, metrics, shutdown.clone());
+        let server = Arc::new(ServerIdentity::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);
+        tracing::info!(identity = server.hash(), "server identity");
+        let state = AppState::new(Parts {
+            auth,
+            settings,
+            store: store.clone(),
+            broker: broker.clone(),
+            registry,
+            metrics,
+            shutdown: shutdown.clone(),
+            server,
+        });
         Ok(Self { listener, addr, router: router(state), broker, store, options, retention, consumer_ttl, shutdown })
     }
 

@@ -212,6 +212,10 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_JWT_ISSUER")]
     pub jwt_issuer: Option<String>,
 
+    /// The server's Ed25519 identity key (PKCS#8 PEM); default: generated into the data directory.
+    #[arg(long, env = "TIDINGS_SERVER_KEY_FILE")]
+    pub server_key_file: Option<PathBuf>,
+
     /// Most concurrent streams in total (beyond: 503 with Retry-After).
     #[arg(long, env = "TIDINGS_MAX_STREAMS", default_value_t = 50_000)]
     pub max_streams: usize,

@@ -37,6 +37,7 @@ pub mod config;
 pub mod event;
 pub mod filter;
 pub mod http;
+pub mod identity;
 pub mod metrics;
 pub mod registry;
 pub mod server;

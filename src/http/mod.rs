@@ -4,6 +4,7 @@
 mod caller;
 pub mod error;
 mod events;
+mod identity;
 mod limits;
 mod openapi;
 mod ops;
@@ -46,22 +47,37 @@ struct Inner {
     registry: Arc<Registry>,
     metrics: PrometheusHandle,
     shutdown: CancellationToken,
+    server: Arc<crate::identity::ServerIdentity>,
     started: Instant,
     /// The OpenAPI document, set once the router is assembled.
     openapi: std::sync::OnceLock<serde_json::Value>,
 }
 
+/// What the HTTP layer is built from (the composition root fills it).
+#[derive(Debug)]
+pub struct Parts {
+    /// How callers are authenticated.
+    pub auth: AuthMode,
+    /// Settings.
+    pub settings: Settings,
+    /// The store.
+    pub store: Arc<dyn EventLog>,
+    /// The broker.
+    pub broker: Broker,
+    /// The event-type registry.
+    pub registry: Arc<Registry>,
+    /// Renders `/metrics`.
+    pub metrics: PrometheusHandle,
+    /// Cancelled on shutdown.
+    pub shutdown: CancellationToken,
+    /// The server's identity.
+    pub server: Arc<crate::identity::ServerIdentity>,
+}
+
 impl AppState {
     /// Bundles the handles.
-    pub fn new(
-        auth: AuthMode,
-        settings: Settings,
-        store: Arc<dyn EventLog>,
-        broker: Broker,
-        registry: Arc<Registry>,
-        metrics: PrometheusHandle,
-        shutdown: CancellationToken,
-    ) -> Self {
+    pub fn new(parts: Parts) -> Self {
+        let Parts { auth, settings, store, broker, registry, metrics, shutdown, server } = parts;
         let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
         let inner = Inner {
             auth,
@@ -73,6 +89,7 @@ impl AppState {
             registry,
             metrics,
             shutdown,
+            server,
             started: Instant::now(),
             openapi: std::sync::OnceLock::new(),
         };
@@ -175,6 +192,8 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(ops::health_deep))
         .routes(routes!(ops::metrics))
         .routes(routes!(openapi::document))
+        .routes(routes!(identity::get))
+        .routes(routes!(identity::mint))
         .routes(routes!(tree::root))
         .routes(routes!(tree::get, tree::put, tree::delete))
         .split_for_parts();

@@ -61,6 +61,7 @@ pub(crate) fn test_settings() -> Settings {
     let mut s = Settings::from_env();
     s.listen = "127.0.0.1:0".parse().unwrap();
     s.database_url = None;
+    s.data_dir = std::env::temp_dir().join(format!("tidings-test-{}", rand::random::<u64>()));
     s.registry = concat!(env!("CARGO_MANIFEST_DIR"), "/registry").into();
     s.registry_mode = tidings::registry::RegistryMode::Warn;
     s.shutdown_timeout = Duration::from_secs(3);
@@ -85,20 +86,17 @@ pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
 
 pub(crate) async fn spawn_app_with(backend: Backend, configure: impl FnOnce(&mut Settings)) -> TestApp {
     let mut settings = test_settings();
-    let mut dir = None;
+    // A fresh data directory for each server: the embedded store lives there,
+    // and the server key on both stores.
+    let dir = tempfile::tempdir().unwrap();
+    settings.data_dir = dir.path().to_path_buf();
     let mut db = None;
-    match backend {
-        Backend::Postgres => {
-            let (url, name) = fresh_database().await;
-            settings.database_url = Some(url.clone());
-            db = Some((url, name));
-        }
-        Backend::Embedded => {
-            let d = tempfile::tempdir().unwrap();
-            settings.data_dir = d.path().to_path_buf();
-            dir = Some(d);
-        }
+    if backend == Backend::Postgres {
+        let (url, name) = fresh_database().await;
+        settings.database_url = Some(url.clone());
+        db = Some((url, name));
     }
+    let dir = Some(dir);
     configure(&mut settings);
     start(settings, dir, db).await
 }

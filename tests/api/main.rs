@@ -9,6 +9,7 @@ mod cli;
 mod delivery;
 mod durability;
 mod filters;
+mod identity;
 mod metrics;
 mod openapi;
 mod ordering;

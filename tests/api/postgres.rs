@@ -39,7 +39,8 @@ async fn two_servers_one_database_survive_listen_loss() {
     let a = spawn_app(Backend::Postgres).await;
     let (url, name) = (a.db_url.clone().unwrap(), a.db_name.clone().unwrap());
     // B is the real binary in its own process.
-    let b = crate::helpers::spawn_process(&[("DATABASE_URL", url)]).await;
+    let b_dir = tempfile::tempdir().unwrap();
+    let b = crate::helpers::spawn_process(&[("DATABASE_URL", url), ("TIDINGS_DATA_DIR", b_dir.path().display().to_string())]).await;
     let mut clients = Vec::new();
     for _ in 0..10 {
         let reader = tidings::client::connect(&a.http, &format!("{}/v1/stream?types=comment.posted", b.base), None).await.unwrap();
