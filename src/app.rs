@@ -29,6 +29,7 @@ pub struct Application {
     router: axum::Router,
     broker: Broker,
     store: Arc<dyn EventLog>,
+    subscriptions: Arc<crate::subscription::Subscriptions>,
     options: ServeOptions,
     retention: (crate::config::Retention, std::time::Duration),
     consumer_ttl: std::time::Duration,
@@ -117,6 +118,8 @@ impl Application {
         let consumer_ttl = settings.consumer_ttl;
         let server = Arc::new(ServerIdentity::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);
         tracing::info!(identity = server.hash(), "server identity");
+        let subscriptions =
+            Arc::new(crate::subscription::Subscriptions::new(store.clone(), server.clone(), settings.max_subscribers_per_prefix));
         let state = AppState::new(Parts {
             auth,
             settings,
@@ -126,8 +129,9 @@ impl Application {
             metrics,
             shutdown: shutdown.clone(),
             server,
+            subscriptions: subscriptions.clone(),
         });
-        Ok(Self { listener, addr, router: router(state), broker, store, options, retention, consumer_ttl, shutdown })
+        Ok(Self { listener, addr, router: router(state), broker, store, subscriptions, options, retention, consumer_ttl, shutdown })
     }
 
     /// The bound address (the port is real even when `:0` was asked for).
@@ -156,10 +160,12 @@ impl Application {
         let expiry_task = tokio::spawn(crate::store::run_consumer_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
         let probe_task =
             tokio::spawn(crate::store::run_health_probe(self.store.clone(), std::time::Duration::from_secs(5), background.clone()));
+        let engine = crate::subscription::engine::Engine::new(self.store.clone(), self.subscriptions.clone(), self.broker.follow());
+        let engine_task = tokio::spawn(engine.run(background.clone()));
         tracing::info!(addr = %self.addr, "tidings is serving");
         serve(self.listener, self.router, self.options, self.shutdown).await;
         background.cancel();
-        let _ = tokio::join!(listener_task, broker_task, retention_task, expiry_task, probe_task);
+        let _ = tokio::join!(listener_task, broker_task, retention_task, expiry_task, probe_task, engine_task);
         tracing::info!("tidings stopped");
         Ok(())
     }

@@ -216,6 +216,10 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_SERVER_KEY_FILE")]
     pub server_key_file: Option<PathBuf>,
 
+    /// Tree subscriptions per pattern before a subscribe is redirected (`303`); `0` means no limit.
+    #[arg(long, env = "TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", default_value_t = 0)]
+    pub max_subscribers_per_prefix: u64,
+
     /// Most concurrent streams in total (beyond: 503 with Retry-After).
     #[arg(long, env = "TIDINGS_MAX_STREAMS", default_value_t = 50_000)]
     pub max_streams: usize,

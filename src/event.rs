@@ -36,6 +36,8 @@ pub mod names {
     pub const TREE_UPDATED: &str = "tree.updated";
     /// An entity was deleted from the tree.
     pub const TREE_DELETED: &str = "tree.deleted";
+    /// A path subscription's notification, addressed (`ref`) to its inbox.
+    pub const SUBSCRIPTION_NOTIFICATION: &str = "subscription.notification";
 }
 
 /// Longest accepted event name, in bytes.

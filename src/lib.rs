@@ -25,7 +25,10 @@
 //! - [`metrics`]: the Prometheus catalog; [`config`]: settings;
 //! - [`app`]: the composition root; [`client`]: an SSE client for the CLI,
 //!   the bench tool and the tests; [`bench`]: the load generator;
-//!   [`cli`]: `tail`, `publish`, `registry check`; [`auth`]: tokens and grants.
+//!   [`cli`]: `tail`, `publish`, `registry check`; [`auth`]: tokens and grants;
+//! - [`tree`]: paths, entities, hashes, capabilities (pure); [`identity`]:
+//!   the server's key; [`subscription`]: path subscriptions, the EXECUTE
+//!   dispatch and the notification engine.
 
 pub mod app;
 pub mod auth;
@@ -42,4 +45,5 @@ pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod store;
+pub mod subscription;
 pub mod tree;

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{Event, EventId};
@@ -177,6 +177,8 @@ struct Shared {
     epoch: Instant,
     lag_ms: AtomicU64,
     position: AtomicI64,
+    /// The position, for tasks that follow the log (the subscription engine).
+    advanced: watch::Sender<EventId>,
     stopped: CancellationToken,
 }
 
@@ -198,6 +200,7 @@ impl Broker {
             epoch: Instant::now(),
             lag_ms: AtomicU64::new(0),
             position: AtomicI64::new(head),
+            advanced: watch::Sender::new(head),
             stopped: CancellationToken::new(),
         };
         Self { shared: Arc::new(shared) }
@@ -221,6 +224,11 @@ impl Broker {
     /// Every event up to this id has been fanned out.
     pub fn position(&self) -> EventId {
         self.shared.position.load(Ordering::Acquire)
+    }
+
+    /// Follows [`Broker::position`]: changes whenever new events were fanned out.
+    pub fn follow(&self) -> watch::Receiver<EventId> {
+        self.shared.advanced.subscribe()
     }
 
     /// Connected clients.
@@ -395,6 +403,7 @@ impl Broker {
         }
         clients.position = last;
         self.shared.position.store(last, Ordering::Release);
+        self.shared.advanced.send_replace(last);
     }
 
     /// Evicts clients that have events waiting and took none in time.

@@ -144,6 +144,32 @@ impl Glob {
     }
 }
 
+impl Glob {
+    /// Whether every name `other` matches is matched by `self` too: a grant
+    /// over resources covers a subscription pattern. Sound but not complete
+    /// (when in doubt it answers `false`, which refuses): `*` covers a literal
+    /// or `*`, `**` covers any run of one or more segments, a literal only
+    /// itself.
+    pub fn covers(&self, other: &Glob) -> bool {
+        let (g, p) = (&self.segs, &other.segs);
+        // dp[j]: the first i segments of `self` cover the first j of `other`.
+        let mut dp = vec![false; p.len() + 1];
+        dp[0] = true;
+        for seg in g.iter() {
+            let mut next = vec![false; p.len() + 1];
+            for j in 1..=p.len() {
+                next[j] = match seg {
+                    Seg::Lit(a) => matches!(&p[j - 1], Seg::Lit(b) if a == b) && dp[j - 1],
+                    Seg::One => !matches!(p[j - 1], Seg::OneOrMore) && dp[j - 1],
+                    Seg::OneOrMore => dp[j - 1] || next[j - 1],
+                };
+            }
+            dp = next;
+        }
+        dp[p.len()]
+    }
+}
+
 /// `reach[j]`: the first `i` pattern segments can consume exactly the first
 /// `j` name segments. One row at a time, so memory is O(name).
 fn match_segments(pattern: &[Seg], name: &[&str]) -> bool {
@@ -219,6 +245,22 @@ mod tests {
         assert!(matches!(Glob::new("a.b*"), Err(GlobError::BadSegment { .. })));
         assert!(matches!(Glob::new("a.***"), Err(GlobError::BadSegment { .. })));
         assert!(matches!(Glob::new("a/b"), Err(GlobError::BadSegment { .. })));
+    }
+
+    #[test]
+    fn covering() {
+        let c = |g: &str, p: &str| Glob::new_path(g).unwrap().covers(&Glob::new_path(p).unwrap());
+        assert!(c("local/**", "local/files/*"));
+        assert!(c("local/**", "local/**"));
+        assert!(c("local/*", "local/a"));
+        assert!(c("local/*", "local/*"));
+        assert!(c("**", "a/b/**"));
+        assert!(c("a/b", "a/b"));
+        assert!(!c("local/*", "local/**"), "one segment does not cover many");
+        assert!(!c("local/a", "local/*"));
+        assert!(!c("local/**", "local"), "** needs at least one segment");
+        assert!(!c("local/*/x", "local/**"));
+        assert!(!c("a/b", "a/c"));
     }
 
     #[test]

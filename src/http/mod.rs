@@ -4,6 +4,7 @@
 mod caller;
 pub mod error;
 mod events;
+mod execute;
 mod identity;
 mod limits;
 mod openapi;
@@ -48,6 +49,7 @@ struct Inner {
     metrics: PrometheusHandle,
     shutdown: CancellationToken,
     server: Arc<crate::identity::ServerIdentity>,
+    subscriptions: Arc<crate::subscription::Subscriptions>,
     started: Instant,
     /// The OpenAPI document, set once the router is assembled.
     openapi: std::sync::OnceLock<serde_json::Value>,
@@ -72,12 +74,14 @@ pub struct Parts {
     pub shutdown: CancellationToken,
     /// The server's identity.
     pub server: Arc<crate::identity::ServerIdentity>,
+    /// The `system/subscription` handler.
+    pub subscriptions: Arc<crate::subscription::Subscriptions>,
 }
 
 impl AppState {
     /// Bundles the handles.
     pub fn new(parts: Parts) -> Self {
-        let Parts { auth, settings, store, broker, registry, metrics, shutdown, server } = parts;
+        let Parts { auth, settings, store, broker, registry, metrics, shutdown, server, subscriptions } = parts;
         let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
         let inner = Inner {
             auth,
@@ -90,6 +94,7 @@ impl AppState {
             metrics,
             shutdown,
             server,
+            subscriptions,
             started: Instant::now(),
             openapi: std::sync::OnceLock::new(),
         };
@@ -194,6 +199,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(openapi::document))
         .routes(routes!(identity::get))
         .routes(routes!(identity::mint))
+        .routes(routes!(execute::execute))
         .routes(routes!(tree::root))
         .routes(routes!(tree::get, tree::put, tree::delete))
         .split_for_parts();

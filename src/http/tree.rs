@@ -20,9 +20,9 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
-use crate::event::{Agent, EventBody, Visibility, names};
-use crate::store::{ChangeKind, Condition, NewRecord, TreeOutcome, TreeWrite};
-use crate::tree::{Entity, event_ref, validate_path};
+use crate::event::{Agent, names};
+use crate::store::{ChangeKind, Condition, TreeOutcome, TreeWrite};
+use crate::tree::{Entity, change_event, change_type, generate_id, validate_chain_id, validate_path};
 
 /// Most entries one listing scans.
 const LIST_SCAN: usize = 10_000;
@@ -53,11 +53,20 @@ fn condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
     }
 }
 
-fn change_type(kind: ChangeKind) -> &'static str {
-    match kind {
-        ChangeKind::Created => names::TREE_CREATED,
-        ChangeKind::Updated => names::TREE_UPDATED,
-        ChangeKind::Deleted => names::TREE_DELETED,
+fn agent(caller: &crate::auth::Identity) -> Agent {
+    Agent { id: caller.sub.clone(), kind: None }
+}
+
+/// The causal chain a write belongs to: `X-Chain-Id`, else a fresh one.
+/// Notifications the write triggers, and their chain-error markers, carry it.
+pub(crate) fn chain_id(headers: &HeaderMap) -> Result<String, ApiError> {
+    match headers.get("x-chain-id") {
+        None => Ok(generate_id()),
+        Some(v) => {
+            let id = v.to_str().map_err(|_| ApiError::bad_request("invalid_chain_id", "X-Chain-Id is not readable text"))?;
+            validate_chain_id(id).map_err(|e| ApiError::bad_request("invalid_chain_id", e.0))?;
+            Ok(id.to_owned())
+        }
     }
 }
 
@@ -141,31 +150,6 @@ async fn list(app: &AppState, dir: &str) -> Result<Response, ApiError> {
     Ok(Json(json!({ "path": dir, "children": list, "truncated": below.len() == LIST_SCAN })).into_response())
 }
 
-/// The change event a write appends, built from what the write found.
-fn change_event(path: &str, caller: &crate::auth::Identity, hash: Option<String>) -> crate::store::ChangeEvent {
-    let (path, agent) = (path.to_owned(), Agent { id: caller.sub.clone(), kind: None });
-    Box::new(move |kind, previous: Option<&str>| {
-        let mut payload = json!({ "uri": path });
-        if let Some(h) = &hash {
-            payload["hash"] = json!(h);
-        }
-        if let Some(p) = previous {
-            payload["previous_hash"] = json!(p);
-        }
-        let body = EventBody {
-            event_type: change_type(kind).to_owned(),
-            reference: Some(event_ref(&path)),
-            agent: Some(agent),
-            session_id: None,
-            occurred_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-            payload,
-            links: vec![],
-            visibility: Visibility::Public,
-        };
-        NewRecord { event_type: body.event_type.clone(), body: body.to_json() }
-    })
-}
-
 fn answer(app: &AppState, path: &str, outcome: TreeOutcome, hash: Option<&str>) -> Result<Response, ApiError> {
     match outcome {
         TreeOutcome::Done { kind, previous_hash, event_id } => {
@@ -231,7 +215,7 @@ pub(crate) async fn put(
         path: path.clone(),
         entity: Some((canonical, hash.clone())),
         condition,
-        event: change_event(&path, &caller, Some(hash.clone())),
+        event: change_event(&path, agent(&caller), Some(hash.clone()), chain_id(&headers)?),
     };
     let outcome = app.store().tree_write(write).await?;
     answer(&app, &path, outcome, Some(&hash))
@@ -262,7 +246,8 @@ pub(crate) async fn delete(
     validate_path(&path).map_err(invalid_path)?;
     require(caller.may_publish(names::TREE_DELETED), "write")?;
     let condition = condition(&headers)?;
-    let write = TreeWrite { path: path.clone(), entity: None, condition, event: change_event(&path, &caller, None) };
+    let write =
+        TreeWrite { path: path.clone(), entity: None, condition, event: change_event(&path, agent(&caller), None, chain_id(&headers)?) };
     let outcome = app.store().tree_write(write).await?;
     answer(&app, &path, outcome, None)
 }

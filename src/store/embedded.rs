@@ -18,6 +18,7 @@
 //! connection behind a mutex (SQLite serialises writers anyway), readers from
 //! a small pool of read-only connections that WAL lets run beside the writer.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -29,8 +30,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, EventLog, ListenerState, NewRecord, Opened, Record, StoreError, StoreKind, TreeEntry,
-    TreeOutcome, TreeWrite,
+    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, EngineCommit, EngineEffect, EventLog, ListenerState, NewRecord, Opened, Record,
+    StoreError, StoreKind, TreeEntry, TreeOutcome, TreeWrite,
 };
 use crate::event::EventId;
 
@@ -39,6 +40,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (2, "consumers", include_str!("../../migrations/embedded/0002_consumers.sql")),
     (3, "consumer_owner", include_str!("../../migrations/embedded/0003_consumer_owner.sql")),
     (4, "tree", include_str!("../../migrations/embedded/0004_tree.sql")),
+    (5, "subscriptions", include_str!("../../migrations/embedded/0005_subscriptions.sql")),
 ];
 
 /// Read connections kept open.
@@ -110,6 +112,12 @@ impl EmbeddedStore {
                 _lock: lock_file,
             }),
         })
+    }
+
+    fn wake(&self) {
+        if let Some(wake) = lock(&self.inner.wake).as_ref() {
+            wake.notify_one();
+        }
     }
 
     /// The data directory.
@@ -219,6 +227,42 @@ fn append_in(tx: &rusqlite::Transaction<'_>, batch: &[NewRecord]) -> rusqlite::R
     Ok((base + 1..=last).collect())
 }
 
+fn content_put_in(tx: &rusqlite::Transaction<'_>, hash: &str, body: &str, now: i64) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO tidings_content (hash, body, stored_ms) VALUES (?1, ?2, ?3)
+         ON CONFLICT (hash) DO UPDATE SET stored_ms = excluded.stored_ms",
+        params![hash, body, now],
+    )?;
+    Ok(())
+}
+
+/// A tree write inside `tx` (the writer connection serialises writers): the
+/// change event appended, and the entity kept in the content store too.
+fn tree_write_in(tx: &rusqlite::Transaction<'_>, write: TreeWrite) -> rusqlite::Result<TreeOutcome> {
+    let current: Option<String> = tx.query_row("SELECT hash FROM tree_entities WHERE path = ?1", [&write.path], |r| r.get(0)).optional()?;
+    let kind = match write.decide(current.as_deref()) {
+        Ok(kind) => kind,
+        Err(outcome) => return Ok(outcome),
+    };
+    let record = (write.event)(kind, current.as_deref());
+    let event_id = append_in(tx, std::slice::from_ref(&record))?[0];
+    match (&write.entity, kind) {
+        (Some((entity, hash)), _) => {
+            tx.execute(
+                "INSERT INTO tree_entities (path, entity, hash, changed_event) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (path) DO UPDATE SET entity = excluded.entity, hash = excluded.hash, changed_event = excluded.changed_event",
+                params![write.path, entity, hash, event_id],
+            )?;
+            content_put_in(tx, hash, entity, chrono::Utc::now().timestamp_millis())?;
+        }
+        (None, ChangeKind::Deleted) => {
+            tx.execute("DELETE FROM tree_entities WHERE path = ?1", [&write.path])?;
+        }
+        (None, _) => {}
+    }
+    Ok(TreeOutcome::Done { kind, previous_hash: current, event_id })
+}
+
 fn sqlite_error(e: rusqlite::Error) -> StoreError {
     match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked | rusqlite::ErrorCode::DiskFull) => {
@@ -297,9 +341,12 @@ impl EventLog for EmbeddedStore {
         let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
         self.write(move |conn| {
             let cut: i64 = conn.query_row(
-                "SELECT max(
+                // Never past the subscription engine's cursor: a change it
+                // has not turned into notifications yet is kept.
+                "SELECT min(max(
                     coalesce((SELECT max(id) FROM events WHERE recorded_at < ?1), 0),
-                    coalesce((SELECT last_id FROM tidings_head) - ?2, 0))",
+                    coalesce((SELECT last_id FROM tidings_head) - ?2, 0)),
+                    (SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'))",
                 params![recorded_before_ms, keep],
                 |r| r.get(0),
             )?;
@@ -456,38 +503,123 @@ impl EventLog for EmbeddedStore {
         let outcome = self
             .write(move |conn| {
                 let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                let current: Option<String> =
-                    tx.query_row("SELECT hash FROM tree_entities WHERE path = ?1", [&write.path], |r| r.get(0)).optional()?;
-                let kind = match write.decide(current.as_deref()) {
-                    Ok(kind) => kind,
-                    Err(outcome) => return Ok(outcome),
-                };
-                let record = (write.event)(kind, current.as_deref());
-                let event_id = append_in(&tx, std::slice::from_ref(&record))?[0];
-                match (&write.entity, kind) {
-                    (Some((entity, hash)), _) => {
-                        tx.execute(
-                            "INSERT INTO tree_entities (path, entity, hash, changed_event) VALUES (?1, ?2, ?3, ?4)
-                             ON CONFLICT (path) DO UPDATE SET entity = excluded.entity, hash = excluded.hash, changed_event = excluded.changed_event",
-                            params![write.path, entity, hash, event_id],
-                        )?;
-                    }
-                    (None, ChangeKind::Deleted) => {
-                        tx.execute("DELETE FROM tree_entities WHERE path = ?1", [&write.path])?;
-                    }
-                    (None, _) => {}
+                let outcome = tree_write_in(&tx, write)?;
+                if matches!(outcome, TreeOutcome::Done { .. }) {
+                    tx.commit()?;
                 }
-                tx.commit()?;
-                Ok(TreeOutcome::Done { kind, previous_hash: current, event_id })
+                Ok(outcome)
             })
             .await?;
-        if matches!(outcome, TreeOutcome::Done { .. })
-            && let Some(wake) = lock(&self.inner.wake).as_ref()
-        {
-            wake.notify_one();
+        if matches!(outcome, TreeOutcome::Done { .. }) {
+            self.wake();
         }
         Ok(outcome)
     }
+
+    async fn content_put(&self, entities: Vec<(String, String)>) -> Result<(), StoreError> {
+        self.write(move |conn| {
+            let tx = conn.transaction()?;
+            let now = chrono::Utc::now().timestamp_millis();
+            for (hash, body) in &entities {
+                content_put_in(&tx, hash, body, now)?;
+            }
+            tx.commit()
+        })
+        .await
+    }
+
+    async fn content_get(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        let hash = hash.to_owned();
+        self.read(move |conn| conn.query_row("SELECT body FROM tidings_content WHERE hash = ?1", [&hash], |r| r.get(0)).optional()).await
+    }
+
+    async fn tree_entries_below(&self, prefix: &str, limit: usize) -> Result<Vec<TreeEntry>, StoreError> {
+        let (from, to) = (format!("{prefix}/"), format!("{prefix}0"));
+        self.read(move |conn| {
+            let mut stmt =
+                conn.prepare_cached("SELECT path, entity, hash FROM tree_entities WHERE path > ?1 AND path < ?2 ORDER BY path LIMIT ?3")?;
+            let rows =
+                stmt.query_map(params![from, to, limit as i64], |r| Ok(TreeEntry { path: r.get(0)?, entity: r.get(1)?, hash: r.get(2)? }))?;
+            rows.collect()
+        })
+        .await
+    }
+
+    async fn engine_state(&self) -> Result<(EventId, HashMap<String, i64>), StoreError> {
+        self.read(|conn| {
+            let cursor: i64 = conn.query_row("SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'", [], |r| r.get(0))?;
+            let mut stmt = conn.prepare_cached("SELECT subscription_id, delivered FROM tidings_subscription_counts")?;
+            let counts = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<HashMap<_, _>>>()?;
+            Ok((cursor, counts))
+        })
+        .await
+    }
+
+    async fn engine_changes(&self, after: EventId, types: &[&str], limit: usize) -> Result<(Vec<Record>, EventId), StoreError> {
+        let types = serde_json::to_string(types).expect("strings serialise");
+        self.read(move |conn| {
+            let tx = conn.unchecked_transaction()?;
+            let head: i64 = tx.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
+            let mut stmt = tx.prepare_cached(
+                "SELECT id, body, recorded_at FROM events
+                 WHERE id > ?1 AND id <= ?2 AND event_type IN (SELECT value FROM json_each(?3)) ORDER BY id LIMIT ?4",
+            )?;
+            let records = stmt
+                .query_map(params![after, head, types, limit as i64], |r| {
+                    Ok(Record { id: r.get(0)?, body: r.get(1)?, recorded_ms: r.get(2)? })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let reached = if records.len() == limit { records.last().map_or(head, |r| r.id) } else { head };
+            Ok((records, reached.max(after)))
+        })
+        .await
+    }
+
+    async fn engine_commit(&self, commit: EngineCommit) -> Result<bool, StoreError> {
+        let committed = self
+            .write(move |conn| {
+                let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let moved = tx.execute(
+                    "UPDATE tidings_engine SET cursor = ?2 WHERE name = 'subscriptions' AND cursor = ?1",
+                    params![commit.from, commit.to],
+                )?;
+                if moved != 1 {
+                    return Ok(false);
+                }
+                for effect in commit.effects {
+                    match effect {
+                        EngineEffect::Append(record) => {
+                            append_in(&tx, std::slice::from_ref(&record))?;
+                        }
+                        EngineEffect::Tree(write) => {
+                            tree_write_in(&tx, write)?;
+                        }
+                    }
+                }
+                for (id, count) in commit.counts {
+                    match count {
+                        Some(n) => tx.execute(
+                            "INSERT INTO tidings_subscription_counts (subscription_id, delivered) VALUES (?1, ?2)
+                             ON CONFLICT (subscription_id) DO UPDATE SET delivered = excluded.delivered",
+                            params![id, n],
+                        )?,
+                        None => tx.execute("DELETE FROM tidings_subscription_counts WHERE subscription_id = ?1", [&id])?,
+                    };
+                }
+                tx.commit()?;
+                Ok(true)
+            })
+            .await?;
+        self.wake();
+        Ok(committed)
+    }
+
+    async fn engine_lead(&self) -> Result<bool, StoreError> {
+        // The data directory's lock already makes this the only process.
+        Ok(true)
+    }
+
+    async fn engine_resign(&self) {}
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.read(|conn| conn.query_row("SELECT 1", [], |_| Ok(()))).await

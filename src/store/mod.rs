@@ -167,6 +167,31 @@ impl std::fmt::Debug for TreeWrite {
     }
 }
 
+/// One effect of a subscription-engine step, applied in its commit.
+#[derive(Debug)]
+pub enum EngineEffect {
+    /// Append a record (a notification).
+    Append(NewRecord),
+    /// A tree write (a chain-error marker, or deleting a terminated
+    /// subscription). A write whose precondition does not hold is skipped.
+    Tree(TreeWrite),
+}
+
+/// One step of the subscription engine: everything it produced for the tree
+/// changes in `(from, to]`, committed together with its cursor, so a crash
+/// neither loses nor repeats a notification.
+#[derive(Debug)]
+pub struct EngineCommit {
+    /// The cursor this step started from; the commit fails if it moved.
+    pub from: EventId,
+    /// The cursor after this step.
+    pub to: EventId,
+    /// Notifications, markers and terminations, in order.
+    pub effects: Vec<EngineEffect>,
+    /// Delivered counts per subscription to store (`None` forgets one).
+    pub counts: Vec<(String, Option<i64>)>,
+}
+
 /// What a tree write found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TreeOutcome {
@@ -315,6 +340,34 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// Applies a write and appends its change event in one transaction;
     /// writes to one path are serialised, so their events are in commit order.
     async fn tree_write(&self, write: TreeWrite) -> Result<TreeOutcome, StoreError>;
+
+    /// Stores content-addressed entities (hash, canonical JSON); idempotent.
+    async fn content_put(&self, entities: Vec<(String, String)>) -> Result<(), StoreError>;
+
+    /// The entity with this hash, as canonical JSON, if stored.
+    async fn content_get(&self, hash: &str) -> Result<Option<String>, StoreError>;
+
+    /// Entries below `prefix` (not `""`), ascending by path, at most `limit`.
+    async fn tree_entries_below(&self, prefix: &str, limit: usize) -> Result<Vec<TreeEntry>, StoreError>;
+
+    /// The subscription engine's cursor and its delivered counts.
+    async fn engine_state(&self) -> Result<(EventId, std::collections::HashMap<String, i64>), StoreError>;
+
+    /// Records of `types` after `after`, at most `limit`, and how far the
+    /// scan reached: the last id returned when `limit` were found, else the
+    /// head read before the scan (every record up to it was considered).
+    async fn engine_changes(&self, after: EventId, types: &[&str], limit: usize) -> Result<(Vec<Record>, EventId), StoreError>;
+
+    /// Commits an engine step; `false` (nothing written) when the cursor is
+    /// no longer at `commit.from` (another engine committed first).
+    async fn engine_commit(&self, commit: EngineCommit) -> Result<bool, StoreError>;
+
+    /// Whether this process may run the subscription engine: exactly one
+    /// process on a database holds it. Called repeatedly; cheap while held.
+    async fn engine_lead(&self) -> Result<bool, StoreError>;
+
+    /// Gives up the engine lead (at shutdown), so another process takes it.
+    async fn engine_resign(&self);
 
     /// Cheap round trip to the database.
     async fn ping(&self) -> Result<(), StoreError>;

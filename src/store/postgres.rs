@@ -13,6 +13,7 @@
 //! (re)connect it wakes the broker, which reads rows after its high-water
 //! mark, so a lost or coalesced NOTIFY loses nothing.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
@@ -26,8 +27,8 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, EventLog, ListenerState, NewRecord, Opened, Record, StoreError, StoreKind, TreeEntry,
-    TreeOutcome, TreeWrite,
+    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, EngineCommit, EngineEffect, EventLog, ListenerState, NewRecord, Opened, Record,
+    StoreError, StoreKind, TreeEntry, TreeOutcome, TreeWrite,
 };
 use crate::event::EventId;
 
@@ -42,6 +43,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (2, "consumers", include_str!("../../migrations/postgres/0002_consumers.sql")),
     (3, "consumer_owner", include_str!("../../migrations/postgres/0003_consumer_owner.sql")),
     (4, "tree", include_str!("../../migrations/postgres/0004_tree.sql")),
+    (5, "subscriptions", include_str!("../../migrations/postgres/0005_subscriptions.sql")),
 ];
 
 /// Pool and timeout settings.
@@ -60,6 +62,8 @@ pub struct PostgresStore {
     pool: Pool,
     config: tokio_postgres::Config,
     listener: Arc<ListenerStatus>,
+    /// The session holding the subscription engine's advisory lock.
+    leader: Arc<tokio::sync::Mutex<Option<deadpool_postgres::Object>>>,
 }
 
 #[derive(Debug, Default)]
@@ -87,7 +91,7 @@ impl PostgresStore {
             .recycle_timeout(Some(options.acquire_timeout))
             .build()
             .context("building the PostgreSQL pool")?;
-        let store = Self { pool, config, listener: Arc::default() };
+        let store = Self { pool, config, listener: Arc::default(), leader: Arc::default() };
         store.migrate().await?;
         Ok(store)
     }
@@ -193,6 +197,42 @@ WITH head AS (
 )
 SELECT base FROM head, LATERAL (SELECT pg_notify('tidings_events', head.last_id::text)) AS notified";
 
+/// A tree write inside `tx`: one writer per path at a time (also when the
+/// path does not exist yet), the change event appended, and the entity kept
+/// in the content store too.
+async fn tree_write_in(tx: &tokio_postgres::Transaction<'_>, write: TreeWrite) -> Result<TreeOutcome, tokio_postgres::Error> {
+    tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7324002))", &[&write.path]).await?;
+    let current: Option<String> = tx.query_opt("SELECT hash FROM tree_entities WHERE path = $1", &[&write.path]).await?.map(|r| r.get(0));
+    let kind = match write.decide(current.as_deref()) {
+        Ok(kind) => kind,
+        Err(outcome) => return Ok(outcome),
+    };
+    let record = (write.event)(kind, current.as_deref());
+    let row = tx.query_one(APPEND_SQL, &[&vec![record.event_type], &vec![record.body]]).await?;
+    let event_id: i64 = row.get::<_, i64>(0) + 1;
+    match (&write.entity, kind) {
+        (Some((entity, hash)), _) => {
+            tx.execute(
+                "INSERT INTO tree_entities (path, entity, hash, changed_event) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (path) DO UPDATE SET entity = EXCLUDED.entity, hash = EXCLUDED.hash, changed_event = EXCLUDED.changed_event",
+                &[&write.path, entity, hash, &event_id],
+            )
+            .await?;
+            tx.execute(
+                "INSERT INTO tidings_content (hash, body, stored_ms) VALUES ($1, $2, $3)
+                 ON CONFLICT (hash) DO UPDATE SET stored_ms = EXCLUDED.stored_ms",
+                &[hash, entity, &chrono::Utc::now().timestamp_millis()],
+            )
+            .await?;
+        }
+        (None, ChangeKind::Deleted) => {
+            tx.execute("DELETE FROM tree_entities WHERE path = $1", &[&write.path]).await?;
+        }
+        (None, _) => {}
+    }
+    Ok(TreeOutcome::Done { kind, previous_hash: current, event_id })
+}
+
 #[async_trait]
 impl EventLog for PostgresStore {
     fn kind(&self) -> StoreKind {
@@ -243,9 +283,12 @@ impl EventLog for PostgresStore {
         let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
         let cut: i64 = client
             .query_one(
-                "SELECT GREATEST(
+                // Never past the subscription engine's cursor: a change it
+                // has not turned into notifications yet is kept.
+                "SELECT LEAST(GREATEST(
                     COALESCE((SELECT max(id) FROM events WHERE recorded_at < to_timestamp($1::bigint / 1000.0)), 0),
-                    COALESCE((SELECT last_id FROM tidings_head) - $2::bigint, 0))",
+                    COALESCE((SELECT last_id FROM tidings_head) - $2::bigint, 0)),
+                    (SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'))",
                 &[&recorded_before_ms, &keep],
             )
             .await
@@ -388,34 +431,133 @@ impl EventLog for PostgresStore {
     async fn tree_write(&self, write: TreeWrite) -> Result<TreeOutcome, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
-        // One writer per path at a time, also when the path does not exist yet.
-        tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7324002))", &[&write.path]).await.map_err(pg_error)?;
-        let current: Option<String> =
-            tx.query_opt("SELECT hash FROM tree_entities WHERE path = $1", &[&write.path]).await.map_err(pg_error)?.map(|r| r.get(0));
-        let kind = match write.decide(current.as_deref()) {
-            Ok(kind) => kind,
-            Err(outcome) => return Ok(outcome),
-        };
-        let record = (write.event)(kind, current.as_deref());
-        let row = tx.query_one(APPEND_SQL, &[&vec![record.event_type], &vec![record.body]]).await.map_err(pg_error)?;
-        let event_id: i64 = row.get::<_, i64>(0) + 1;
-        match (&write.entity, kind) {
-            (Some((entity, hash)), _) => {
-                tx.execute(
-                    "INSERT INTO tree_entities (path, entity, hash, changed_event) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (path) DO UPDATE SET entity = EXCLUDED.entity, hash = EXCLUDED.hash, changed_event = EXCLUDED.changed_event",
-                    &[&write.path, entity, hash, &event_id],
-                )
-                .await
-                .map_err(pg_error)?;
+        let outcome = tree_write_in(&tx, write).await.map_err(pg_error)?;
+        if matches!(outcome, TreeOutcome::Done { .. }) {
+            tx.commit().await.map_err(pg_error)?;
+        }
+        Ok(outcome)
+    }
+
+    async fn content_put(&self, entities: Vec<(String, String)>) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let (hashes, bodies): (Vec<String>, Vec<String>) = entities.into_iter().unzip();
+        client
+            .execute(
+                "INSERT INTO tidings_content (hash, body, stored_ms)
+                 SELECT h, b, $3 FROM unnest($1::text[], $2::text[]) AS t(h, b)
+                 ON CONFLICT (hash) DO UPDATE SET stored_ms = EXCLUDED.stored_ms",
+                &[&hashes, &bodies, &chrono::Utc::now().timestamp_millis()],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(())
+    }
+
+    async fn content_get(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        let row = client.query_opt("SELECT body FROM tidings_content WHERE hash = $1", &[&hash]).await.map_err(pg_error)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn tree_entries_below(&self, prefix: &str, limit: usize) -> Result<Vec<TreeEntry>, StoreError> {
+        let client = self.client().await?;
+        let (from, to) = (format!("{prefix}/"), format!("{prefix}0"));
+        let rows = client
+            .query(
+                "SELECT path, entity, hash FROM tree_entities WHERE path > $1 AND path < $2 ORDER BY path LIMIT $3",
+                &[&from, &to, &(limit as i64)],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(rows.iter().map(|r| TreeEntry { path: r.get(0), entity: r.get(1), hash: r.get(2) }).collect())
+    }
+
+    async fn engine_state(&self) -> Result<(EventId, HashMap<String, i64>), StoreError> {
+        let client = self.client().await?;
+        let cursor: i64 =
+            client.query_one("SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'", &[]).await.map_err(pg_error)?.get(0);
+        let rows = client.query("SELECT subscription_id, delivered FROM tidings_subscription_counts", &[]).await.map_err(pg_error)?;
+        Ok((cursor, rows.iter().map(|r| (r.get(0), r.get(1))).collect()))
+    }
+
+    async fn engine_changes(&self, after: EventId, types: &[&str], limit: usize) -> Result<(Vec<Record>, EventId), StoreError> {
+        let client = self.client().await?;
+        let head: i64 = client.query_one("SELECT last_id FROM tidings_head", &[]).await.map_err(pg_error)?.get(0);
+        let statement = client
+            .prepare_cached(
+                "SELECT id, body, (extract(epoch FROM recorded_at) * 1000)::bigint FROM events
+                 WHERE id > $1 AND id <= $2 AND event_type = ANY($3) ORDER BY id LIMIT $4",
+            )
+            .await
+            .map_err(pg_error)?;
+        let rows = client.query(&statement, &[&after, &head, &types, &(limit as i64)]).await.map_err(pg_error)?;
+        let records: Vec<Record> = rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect();
+        let reached = if records.len() == limit { records.last().map_or(head, |r| r.id) } else { head };
+        Ok((records, reached.max(after)))
+    }
+
+    async fn engine_commit(&self, commit: EngineCommit) -> Result<bool, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        let moved = tx
+            .execute("UPDATE tidings_engine SET cursor = $2 WHERE name = 'subscriptions' AND cursor = $1", &[&commit.from, &commit.to])
+            .await
+            .map_err(pg_error)?;
+        if moved != 1 {
+            return Ok(false);
+        }
+        for effect in commit.effects {
+            match effect {
+                EngineEffect::Append(record) => {
+                    tx.query_one(APPEND_SQL, &[&vec![record.event_type], &vec![record.body]]).await.map_err(pg_error)?;
+                }
+                EngineEffect::Tree(write) => {
+                    tree_write_in(&tx, write).await.map_err(pg_error)?;
+                }
             }
-            (None, ChangeKind::Deleted) => {
-                tx.execute("DELETE FROM tree_entities WHERE path = $1", &[&write.path]).await.map_err(pg_error)?;
+        }
+        for (id, count) in commit.counts {
+            match count {
+                Some(n) => {
+                    tx.execute(
+                        "INSERT INTO tidings_subscription_counts (subscription_id, delivered) VALUES ($1, $2)
+                         ON CONFLICT (subscription_id) DO UPDATE SET delivered = EXCLUDED.delivered",
+                        &[&id, &n],
+                    )
+                    .await
+                }
+                None => tx.execute("DELETE FROM tidings_subscription_counts WHERE subscription_id = $1", &[&id]).await,
             }
-            (None, _) => {}
+            .map_err(pg_error)?;
         }
         tx.commit().await.map_err(pg_error)?;
-        Ok(TreeOutcome::Done { kind, previous_hash: current, event_id })
+        Ok(true)
+    }
+
+    async fn engine_lead(&self) -> Result<bool, StoreError> {
+        let mut held = self.leader.lock().await;
+        if let Some(client) = held.as_ref() {
+            if client.simple_query("SELECT 1").await.is_ok() {
+                return Ok(true);
+            }
+            // The session (and with it the lock) is gone; close it for good.
+            if let Some(client) = held.take() {
+                drop(deadpool_postgres::Object::take(client));
+            }
+        }
+        let client = self.client().await?;
+        let locked: bool = client.query_one("SELECT pg_try_advisory_lock(7324003)", &[]).await.map_err(pg_error)?.get(0);
+        if locked {
+            *held = Some(client);
+        }
+        Ok(locked)
+    }
+
+    async fn engine_resign(&self) {
+        if let Some(client) = self.leader.lock().await.take() {
+            // Closing the session releases its advisory lock.
+            drop(deadpool_postgres::Object::take(client));
+        }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

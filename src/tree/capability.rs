@@ -150,29 +150,18 @@ pub fn resolve_chain(included: &Included, hash: &str, now_ms: u64) -> Result<Vec
             return Err(CapabilityError::ChainTooLong);
         }
         let entity = get(included, &hash, "system/capability/token")?;
-        let data: TokenJson =
-            serde_json::from_value(entity["data"].clone()).map_err(|e| CapabilityError::Malformed(format!("capability {hash}: {e}")))?;
-        if data.expires_at.is_some_and(|t| t <= now_ms) {
+        let (token, (parent, expires_at)) = token_from(&hash, &entity["data"])?;
+        if expires_at.is_some_and(|t| t <= now_ms) {
             return Err(CapabilityError::Expired(hash));
         }
-        verify_signed(included, &hash, &data.granter)?;
+        verify_signed(included, &hash, &token.granter)?;
         if let Some(child) = chain.last()
-            && child.granter != data.grantee
+            && child.granter != token.grantee
         {
             return Err(CapabilityError::BrokenDelegation(child.hash.clone()));
         }
-        let grants = data
-            .grants
-            .into_iter()
-            .map(|g| {
-                let resources = g.resources.iter().map(|r| Glob::new_path(r)).collect::<Result<Vec<_>, _>>();
-                resources
-                    .map(|resources| Grant { handler: g.handler, operations: g.operations, resources })
-                    .map_err(|e| CapabilityError::Malformed(format!("capability {hash}: resource {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        next = data.parent;
-        chain.push(Token { hash, granter: data.granter, grantee: data.grantee, grants });
+        next = parent;
+        chain.push(token);
     }
     Ok(chain)
 }
@@ -191,6 +180,46 @@ impl Token {
 /// Whether every token in `chain` grants the operation (a chain only narrows).
 pub fn chain_grants(chain: &[Token], handler: &str, operation: &str, resource: &str) -> bool {
     !chain.is_empty() && chain.iter().all(|t| t.grants(handler, operation, resource))
+}
+
+/// Whether every token in `chain` grants the operation on every path
+/// `pattern` matches (a subscription pattern, not a single path).
+pub fn chain_covers(chain: &[Token], handler: &str, operation: &str, pattern: &Glob) -> bool {
+    !chain.is_empty()
+        && chain.iter().all(|t| {
+            t.grants.iter().any(|g| {
+                g.handler == handler
+                    && g.operations.iter().any(|o| o == operation || o == "*")
+                    && g.resources.iter().any(|r| r.covers(pattern))
+            })
+        })
+}
+
+/// The token named `hash` as it reads, unverified (to check what it claims
+/// before its chain is resolved).
+pub fn read_token(included: &Included, hash: &str) -> Result<Token, CapabilityError> {
+    let entity = get(included, hash, "system/capability/token")?;
+    token_from(hash, &entity["data"]).map(|(token, _)| token)
+}
+
+/// A token's parent and expiry.
+type Links = (Option<String>, Option<u64>);
+
+/// A token's fields, and its parent and expiry.
+fn token_from(hash: &str, data: &Value) -> Result<(Token, Links), CapabilityError> {
+    let data: TokenJson =
+        serde_json::from_value(data.clone()).map_err(|e| CapabilityError::Malformed(format!("capability {hash}: {e}")))?;
+    let grants = data
+        .grants
+        .into_iter()
+        .map(|g| {
+            let resources = g.resources.iter().map(|r| Glob::new_path(r)).collect::<Result<Vec<_>, _>>();
+            resources
+                .map(|resources| Grant { handler: g.handler, operations: g.operations, resources })
+                .map_err(|e| CapabilityError::Malformed(format!("capability {hash}: resource {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((Token { hash: hash.to_owned(), granter: data.granter, grantee: data.grantee, grants }, (data.parent, data.expires_at)))
 }
 
 /// Whether `identity` appears as a granter anywhere in `chain` (the in-chain

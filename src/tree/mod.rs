@@ -9,6 +9,9 @@
 pub mod capability;
 
 use serde::{Deserialize, Serialize};
+
+use crate::event::{Agent, EventBody, Visibility, names};
+use crate::store::{ChangeEvent, ChangeKind, NewRecord};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -94,6 +97,60 @@ pub fn hash_canonical(canonical: &str) -> String {
 /// The `ref` of a tree change event.
 pub fn event_ref(path: &str) -> String {
     format!("tree:{path}")
+}
+
+/// Longest chain id, in bytes.
+pub const MAX_CHAIN_ID_LEN: usize = 128;
+
+/// Checks a chain id (`X-Chain-Id`): one path segment, at most
+/// [`MAX_CHAIN_ID_LEN`] bytes, since it names a directory of chain-error
+/// markers.
+pub fn validate_chain_id(id: &str) -> Result<(), PathError> {
+    if id.len() > MAX_CHAIN_ID_LEN || id.contains('/') {
+        return Err(PathError(format!("a chain id is one path segment of at most {MAX_CHAIN_ID_LEN} bytes")));
+    }
+    validate_path(id)
+}
+
+/// A fresh random id (32 hex digits): subscription ids, chain ids.
+pub fn generate_id() -> String {
+    hex::encode(rand::random::<[u8; 16]>())
+}
+
+/// The event type of a change.
+pub fn change_type(kind: ChangeKind) -> &'static str {
+    match kind {
+        ChangeKind::Created => names::TREE_CREATED,
+        ChangeKind::Updated => names::TREE_UPDATED,
+        ChangeKind::Deleted => names::TREE_DELETED,
+    }
+}
+
+/// The change event of a write to `path`, built from what the write found:
+/// `{uri, hash?, previous_hash?, chain_id}`, `ref` `tree:<path>`.
+pub fn change_event(path: &str, agent: Agent, hash: Option<String>, chain_id: String) -> ChangeEvent {
+    let path = path.to_owned();
+    Box::new(move |kind, previous: Option<&str>| {
+        let mut payload = serde_json::json!({ "uri": path });
+        if let Some(h) = &hash {
+            payload["hash"] = serde_json::json!(h);
+        }
+        if let Some(p) = previous {
+            payload["previous_hash"] = serde_json::json!(p);
+        }
+        payload["chain_id"] = serde_json::json!(chain_id);
+        let body = EventBody {
+            event_type: change_type(kind).to_owned(),
+            reference: Some(event_ref(&path)),
+            agent: Some(agent),
+            session_id: None,
+            occurred_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            payload,
+            links: vec![],
+            visibility: Visibility::Public,
+        };
+        NewRecord { event_type: body.event_type.clone(), body: body.to_json() }
+    })
 }
 
 #[cfg(test)]

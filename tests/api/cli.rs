@@ -70,7 +70,7 @@ async fn publish_and_tail_resume_across_a_restart() {
 async fn registry_check_validates_a_directory() {
     let ok = tidings().args(["registry", "check", "--registry", concat!(env!("CARGO_MANIFEST_DIR"), "/registry")]).output().await.unwrap();
     assert!(ok.status.success());
-    assert!(String::from_utf8_lossy(&ok.stdout).contains("29 event types, all valid"));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("30 event types, all valid"));
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.b.json"), r#"{"name":"a.b","description":"x","payload_schema":{"type":"nonsense"}}"#).unwrap();
     let bad = tidings().args(["registry", "check", "--registry", dir.path().to_str().unwrap()]).output().await.unwrap();

@@ -150,6 +150,19 @@ impl TestApp {
         start(settings, dir, db).await
     }
 
+    /// Graceful stop, waiting until the server has finished.
+    pub(crate) async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(handle) = self.handle.take() {
+            handle.await.expect("the server task").expect("a clean stop");
+        }
+    }
+
+    /// The server's data directory.
+    pub(crate) fn data_dir(&self) -> std::path::PathBuf {
+        self.settings.data_dir.clone()
+    }
+
     pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }

@@ -18,5 +18,6 @@ mod postgres;
 mod publish;
 mod security;
 mod stream;
+mod subscriptions;
 mod taxonomy;
 mod tree;

@@ -108,6 +108,9 @@ async fn bad_paths_and_entities_store_nothing(backend: Backend) {
     }
     let deep = vec!["s"; 40].join("/");
     assert_eq!(put(&app, &deep, good.clone(), None).await.1["error"], "invalid_path");
+    for chain in ["a/b", "..", "sp ace"] {
+        assert_eq!(put(&app, "ok/path", good.clone(), Some(("x-chain-id", chain))).await.1["error"], "invalid_chain_id", "{chain}");
+    }
     for body in [
         json!({"type": "note"}),
         json!({"data": {}}),
@@ -129,7 +132,7 @@ async fn bad_paths_and_entities_store_nothing(backend: Backend) {
 async fn change_events_chain_hashes(backend: Backend) {
     let app = spawn_app(backend).await;
     let mut live = app.stream("?targets=tree:docs/readme", None).await;
-    let (_, a) = put(&app, "docs/readme", json!({"type": "doc", "data": {"rev": 1}}), None).await;
+    let (_, a) = put(&app, "docs/readme", json!({"type": "doc", "data": {"rev": 1}}), Some(("x-chain-id", "deploy-42"))).await;
     let (_, b) = put(&app, "docs/readme", json!({"type": "doc", "data": {"rev": 2}}), None).await;
     put(&app, "docs/other", json!({"type": "doc", "data": {}}), None).await; // another target
     let (_, c) = delete(&app, "docs/readme", None).await;
@@ -140,6 +143,13 @@ async fn change_events_chain_hashes(backend: Backend) {
     let types: Vec<&str> = events.iter().map(|e| e["event_type"].as_str().unwrap()).collect();
     assert_eq!(types, ["tree.created", "tree.updated", "tree.deleted"]);
     assert!(events.iter().all(|e| e["ref"] == "tree:docs/readme" && e["payload"]["uri"] == "docs/readme"));
+    // The chain id: X-Chain-Id when given, else a fresh one per write.
+    assert_eq!(events[0]["payload"]["chain_id"], "deploy-42");
+    let generated = events[1]["payload"]["chain_id"].as_str().unwrap().to_owned();
+    assert!(generated.len() == 32 && generated != events[2]["payload"]["chain_id"], "{generated}");
+    for e in &mut events {
+        e["payload"].as_object_mut().unwrap().remove("chain_id");
+    }
     assert_eq!(events[0]["payload"], json!({"uri": "docs/readme", "hash": a["hash"]}));
     assert_eq!(events[1]["payload"], json!({"uri": "docs/readme", "hash": b["hash"], "previous_hash": a["hash"]}));
     assert_eq!(events[2]["payload"], json!({"uri": "docs/readme", "previous_hash": b["hash"]}));

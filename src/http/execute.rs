@@ -1,0 +1,65 @@
+//! `POST /v1/execute`: signed EXECUTEs for the `system/subscription`
+//! handler (subscribe, unsubscribe, renewal). The HTTP status is the
+//! handler's status and the body its answer, `{status, result}` or
+//! `{status, error: {code, message}}`; dispatch lives in
+//! [`crate::subscription::execute`].
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use super::caller::Caller;
+use super::error::ApiError;
+use crate::auth::AuthMode;
+use crate::subscription::execute::Call;
+
+/// Runs a signed EXECUTE.
+#[utoipa::path(
+    post,
+    path = "/v1/execute",
+    tag = "tree",
+    params(("X-Chain-Id" = Option<String>, Header, description = "The causal chain this request belongs to (one path segment); generated when absent")),
+    request_body(content = Object, content_type = "application/json", description = "`{execute: {type: \"system/protocol/execute\", data: {uri: \"system/subscription\", operation: \"subscribe\"|\"unsubscribe\", resource: {targets: [pattern]}, params: {type, data}, author, capability?}}, included: {hash: entity}}`: the author's signature over the EXECUTE's hash, its identity, the caller capability chain and the deliver token chain travel in `included`"),
+    responses(
+        (status = 200, description = "`{status: 200, result: {subscription_id, pattern, events, limits, renewed}}` (subscribe) or `{status: 200, result: null}` (unsubscribe)", body = Object),
+        (status = 303, description = "`{status: 303, result: {type: \"system/subscription/redirect\", data: {reason: \"at_capacity\", prefix, alternatives, capacity}}}`", body = Object),
+        (status = 400, description = "`missing_deliver_token`, `invalid_execute`, `invalid_included`, `invalid_params`, `invalid_resource`, `unknown_operation`, `delivery_unsupported`, `invalid_chain_id`, `malformed_body`", body = Object),
+        (status = 401, description = "`unauthorized` (no bearer token when authentication is on), `signature_invalid`", body = Object),
+        (status = 403, description = "`deliver_token_insufficient`, `embedded_cap_unauthorized`, `payload_unauthorized`, `not_subscription_owner`, `capability_required`, `capability_invalid`, `capability_insufficient`", body = Object),
+        (status = 404, description = "`chain_unreachable`, `subscription_not_found`, `handler_not_found`", body = Object),
+        (status = 409, description = "`subscription_changed`", body = Object),
+        (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "`store_unavailable`", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
+pub(crate) async fn execute(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
+    let chain_id = super::tree::chain_id(&headers)?;
+    let call = Call {
+        auth_on: matches!(app.auth(), AuthMode::Jwt(_)),
+        // Only an authenticated admin overrides ownership; with authentication
+        // off the author's signature alone decides.
+        admin: caller.admin && caller.authenticated,
+        chain_id: chain_id.clone(),
+        now_ms: chrono::Utc::now().timestamp_millis().max(0) as u64,
+    };
+    let answer = crate::subscription::execute::execute(&app.inner.subscriptions, &bytes, call).await?;
+    if let Some(code) = answer.code() {
+        tracing::debug!(code, status = answer.status, "execute refused");
+    }
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, Json(answer.body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&chain_id) {
+        response.headers_mut().insert("x-chain-id", v);
+    }
+    Ok(response)
+}

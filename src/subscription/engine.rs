@@ -1,0 +1,578 @@
+//! The subscription engine: follows the log's tree changes in order, matches
+//! each against the subscriptions, enforces limits (§4.6) and deliver-token
+//! expiry (§7.3), and appends one `subscription.notification` per delivery,
+//! addressed (`ref`) to the subscription's inbox. Suppressed notifications
+//! bind chain-error markers (§4.7); terminations delete the entity.
+//!
+//! Exactly once: everything a step produces is committed in one transaction
+//! with the engine's cursor (compare-and-set), so a crash neither loses nor
+//! repeats a notification, and per-subscription order is log (commit) order.
+//! With several processes on one database exactly one engine runs (the
+//! store's [`EventLog::engine_lead`]); the cursor's compare-and-set keeps a
+//! deposed leader from committing twice.
+//!
+//! The index is a cache: at start (and after any failed step) it is rebuilt
+//! from the subscription entities, rewound to the engine's cursor through
+//! the content store, so it holds exactly the subscriptions that existed at
+//! that point of the log. Subscriptions are matched in id order; limit
+//! windows use the changes' commit times, so a replayed backlog decides as
+//! the live engine would have. Delivered counts are stored with the cursor;
+//! the `rate_limit` window is kept in memory (after a restart it starts
+//! empty).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{DIR, MARKER_DIR, Subscription, Subscriptions};
+use crate::event::{Agent, EventBody, EventId, Visibility, names};
+use crate::filter::Glob;
+use crate::store::{Condition, EngineCommit, EngineEffect, EventLog, NewRecord, Record, StoreError, TreeWrite};
+use crate::tree::{Entity, change_event};
+
+/// Tree changes read per step.
+const BATCH: usize = 512;
+/// The cursor is committed at least this often while only scanning (so
+/// retention may prune behind it), and at every step that produced output.
+const IDLE_COMMIT: Duration = Duration::from_secs(1);
+/// How often a process that does not lead tries to take the lead.
+const LEAD_RETRY: Duration = Duration::from_secs(1);
+/// Longest delegation chain walked for a token's expiry.
+const MAX_CHAIN: usize = crate::tree::capability::MAX_CHAIN;
+
+const TREE_TYPES: [&str; 3] = [names::TREE_CREATED, names::TREE_UPDATED, names::TREE_DELETED];
+
+/// Why a step stopped.
+#[derive(Debug, thiserror::Error)]
+enum StepError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("another engine moved the cursor")]
+    Deposed,
+}
+
+/// One tree change as the engine reads it.
+#[derive(Debug, Deserialize)]
+struct Change {
+    uri: String,
+    #[serde(default)]
+    hash: Option<String>,
+    #[serde(default)]
+    previous_hash: Option<String>,
+    #[serde(default)]
+    chain_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChangeRecord {
+    event_type: String,
+    payload: Change,
+}
+
+fn parse(record: &Record) -> Option<(&'static str, Change)> {
+    let r: ChangeRecord = serde_json::from_str(&record.body).ok()?;
+    let kind = match r.event_type.as_str() {
+        names::TREE_CREATED => "created",
+        names::TREE_UPDATED => "updated",
+        names::TREE_DELETED => "deleted",
+        _ => return None,
+    };
+    Some((kind, r.payload))
+}
+
+/// A subscription in the index.
+#[derive(Debug)]
+struct Active {
+    sub: Subscription,
+    hash: String,
+    glob: Glob,
+    /// The earliest expiry in its deliver token's chain.
+    token_expires_at: Option<u64>,
+    delivered: i64,
+    /// Commit times of recent deliveries (the `rate_limit` window).
+    recent: VecDeque<i64>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The cursor as committed.
+    committed: EventId,
+    /// Everything up to here has been considered.
+    scanned: EventId,
+    subs: BTreeMap<String, Active>,
+    last_commit: Instant,
+}
+
+/// What a step did.
+enum Progress {
+    More,
+    Idle,
+}
+
+/// The engine. Runs as one background task per process.
+#[derive(Debug)]
+pub struct Engine {
+    store: Arc<dyn EventLog>,
+    handler: Arc<Subscriptions>,
+    follow: watch::Receiver<EventId>,
+}
+
+impl Engine {
+    /// An engine woken by `follow` (the broker's position).
+    pub fn new(store: Arc<dyn EventLog>, handler: Arc<Subscriptions>, follow: watch::Receiver<EventId>) -> Self {
+        Self { store, handler, follow }
+    }
+
+    /// Runs until `cancel`.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let mut backoff = Duration::from_millis(50);
+        while !cancel.is_cancelled() {
+            match self.store.engine_lead().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(LEAD_RETRY) => continue,
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "subscription engine cannot reach the store; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+            }
+            match self.lead(&cancel).await {
+                Ok(()) => backoff = Duration::from_millis(50),
+                Err(e) => {
+                    tracing::warn!(error = %e, "subscription engine step failed; rebuilding its index");
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        self.store.engine_resign().await;
+    }
+
+    /// Loads the index and steps while this process leads.
+    async fn lead(&mut self, cancel: &CancellationToken) -> Result<(), StepError> {
+        let mut state = self.load().await?;
+        tracing::info!(cursor = state.committed, subscriptions = state.subs.len(), "subscription engine leads");
+        let mut checked_lead = Instant::now();
+        loop {
+            match self.step(&mut state).await? {
+                Progress::More => continue,
+                Progress::Idle => {}
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => {
+                    if state.scanned != state.committed {
+                        self.commit(&mut state, Vec::new(), Vec::new()).await?;
+                    }
+                    return Ok(());
+                }
+                _ = self.follow.changed() => {}
+                _ = tokio::time::sleep(IDLE_COMMIT) => {}
+            }
+            if checked_lead.elapsed() >= LEAD_RETRY {
+                checked_lead = Instant::now();
+                if !self.store.engine_lead().await? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// The index as of the committed cursor: the stored subscriptions,
+    /// rewound through every change to `system/subscription/*` after it.
+    async fn load(&self) -> Result<State, StoreError> {
+        let (cursor, counts) = self.store.engine_state().await?;
+        let mut at: HashMap<String, Option<(String, String)>> = self
+            .store
+            .tree_entries_below(DIR, super::MAX_SUBSCRIPTIONS)
+            .await?
+            .into_iter()
+            .map(|e| (e.path, Some((e.entity, e.hash))))
+            .collect();
+        let mut touched = Vec::new();
+        let mut after = cursor;
+        loop {
+            let (records, reached) = self.store.engine_changes(after, &TREE_TYPES, BATCH).await?;
+            for record in &records {
+                if let Some((_, change)) = parse(record)
+                    && is_subscription_path(&change.uri)
+                {
+                    touched.push((change.uri, change.previous_hash));
+                }
+            }
+            if records.len() < BATCH {
+                break;
+            }
+            after = reached;
+        }
+        for (uri, previous) in touched.into_iter().rev() {
+            let before = match previous {
+                Some(hash) => self.store.content_get(&hash).await?.map(|body| (body, hash)),
+                None => None,
+            };
+            at.insert(uri, before);
+        }
+        let mut subs = BTreeMap::new();
+        for (entity, hash) in at.into_values().flatten() {
+            if let Some(active) = self.activate(&entity, hash, &counts).await? {
+                subs.insert(active.sub.subscription_id.clone(), active);
+            }
+        }
+        Ok(State { committed: cursor, scanned: cursor, subs, last_commit: Instant::now() })
+    }
+
+    async fn activate(&self, entity: &str, hash: String, counts: &HashMap<String, i64>) -> Result<Option<Active>, StoreError> {
+        let Some(sub) = Subscription::from_json(entity) else { return Ok(None) };
+        let Ok(glob) = Glob::new_path(&sub.pattern) else { return Ok(None) };
+        let token_expires_at = self.chain_expiry(&sub.deliver_token).await?;
+        let delivered = counts.get(&sub.subscription_id).copied().unwrap_or(0);
+        Ok(Some(Active { sub, hash, glob, token_expires_at, delivered, recent: VecDeque::new() }))
+    }
+
+    /// The earliest `expires_at` along a stored token's delegation chain.
+    async fn chain_expiry(&self, token: &str) -> Result<Option<u64>, StoreError> {
+        let mut earliest: Option<u64> = None;
+        let mut next = Some(token.to_owned());
+        for _ in 0..MAX_CHAIN {
+            let Some(hash) = next.take() else { break };
+            let Some(body) = self.store.content_get(&hash).await? else { break };
+            let Ok(entity) = serde_json::from_str::<Value>(&body) else { break };
+            if let Some(t) = entity["data"]["expires_at"].as_u64() {
+                earliest = Some(earliest.map_or(t, |e| e.min(t)));
+            }
+            next = entity["data"]["parent"].as_str().map(str::to_owned);
+        }
+        Ok(earliest)
+    }
+
+    async fn step(&self, state: &mut State) -> Result<Progress, StepError> {
+        let (records, reached) = self.store.engine_changes(state.scanned, &TREE_TYPES, BATCH).await?;
+        let mut effects = Vec::new();
+        let mut counts: Vec<(String, Option<i64>)> = Vec::new();
+        let mut terminated = false;
+        for record in &records {
+            let Some((kind, change)) = parse(record) else { continue };
+            if !is_marker_path(&change.uri) {
+                terminated |= self.fire(state, record, kind, &change, &mut effects, &mut counts).await?;
+            }
+            // Register after matching: a subscription hears of changes
+            // committed after its own creation.
+            if is_subscription_path(&change.uri) {
+                let id = &change.uri[DIR.len() + 1..];
+                let known = state.subs.get(id).map(|a| (a.hash.clone(), a.delivered));
+                match (&change.hash, known) {
+                    (Some(hash), Some((current, _))) if *hash == current => {}
+                    (Some(hash), known) => {
+                        let counts_now: HashMap<String, i64> = known.map(|(_, d)| (id.to_owned(), d)).into_iter().collect();
+                        let entity = self.store.content_get(hash).await?;
+                        match entity {
+                            Some(entity) => match self.activate(&entity, hash.clone(), &counts_now).await? {
+                                Some(mut active) if active.sub.subscription_id == id => {
+                                    if let Some(old) = state.subs.remove(id) {
+                                        active.recent = old.recent;
+                                    }
+                                    state.subs.insert(id.to_owned(), active);
+                                }
+                                _ => {
+                                    state.subs.remove(id);
+                                }
+                            },
+                            None => {
+                                state.subs.remove(id);
+                            }
+                        }
+                    }
+                    (None, _) => {
+                        if state.subs.remove(id).is_some() {
+                            counts.push((id.to_owned(), None));
+                        }
+                    }
+                }
+            }
+        }
+        let full = records.len() == BATCH;
+        if effects.is_empty() && counts.is_empty() && state.last_commit.elapsed() < IDLE_COMMIT {
+            state.scanned = reached;
+        } else {
+            state.scanned = reached;
+            self.commit(state, effects, counts).await?;
+        }
+        if terminated && let Err(e) = self.handler.refresh_config().await {
+            tracing::warn!(error = %e, "could not refresh system/config/subscription");
+        }
+        Ok(if full { Progress::More } else { Progress::Idle })
+    }
+
+    async fn commit(&self, state: &mut State, effects: Vec<EngineEffect>, counts: Vec<(String, Option<i64>)>) -> Result<(), StepError> {
+        let notified = effects.iter().filter(|e| matches!(e, EngineEffect::Append(_))).count();
+        let commit = EngineCommit { from: state.committed, to: state.scanned, effects, counts };
+        if !self.store.engine_commit(commit).await? {
+            return Err(StepError::Deposed);
+        }
+        state.committed = state.scanned;
+        state.last_commit = Instant::now();
+        if notified > 0 {
+            metrics::counter!(crate::metrics::EVENTS_PUBLISHED, "type" => names::SUBSCRIPTION_NOTIFICATION).increment(notified as u64);
+        }
+        Ok(())
+    }
+
+    /// Matches one change against every subscription; `true` if one was
+    /// terminated.
+    async fn fire(
+        &self,
+        state: &mut State,
+        record: &Record,
+        kind: &'static str,
+        change: &Change,
+        effects: &mut Vec<EngineEffect>,
+        counts: &mut Vec<(String, Option<i64>)>,
+    ) -> Result<bool, StoreError> {
+        let at = record.recorded_ms;
+        let chain_id = change.chain_id.clone().unwrap_or_else(|| format!("event-{}", record.id));
+        let mut ended = Vec::new();
+        let ids: Vec<String> = state
+            .subs
+            .values()
+            .filter(|a| a.glob.matches(&change.uri) && a.sub.events.iter().any(|e| e == kind) && change.uri != a.sub.path())
+            .map(|a| a.sub.subscription_id.clone())
+            .collect();
+        for id in ids {
+            let Some(active) = state.subs.get_mut(&id) else { continue };
+            let verdict = check(active, at);
+            match verdict {
+                Verdict::Deliver => {
+                    effects.push(EngineEffect::Append(self.notification(active, kind, change, &chain_id).await?));
+                    active.delivered += 1;
+                    active.recent.push_back(at);
+                    counts.push((id.clone(), Some(active.delivered)));
+                }
+                Verdict::Drop(reason) => {
+                    effects.push(self.marker(&active.sub, reason, kind, change, &chain_id, record.id));
+                }
+                Verdict::Terminate(reason) => {
+                    effects.push(self.marker(&active.sub, reason, kind, change, &chain_id, record.id));
+                    let path = active.sub.path();
+                    // A token that expired stays terminated only if the
+                    // subscription was not renewed meanwhile.
+                    let condition =
+                        if reason == "deliver_token_expired" { Condition::IfMatch(active.hash.clone()) } else { Condition::Always };
+                    effects.push(EngineEffect::Tree(TreeWrite {
+                        path: path.clone(),
+                        entity: None,
+                        condition,
+                        event: change_event(&path, self.agent(), None, chain_id.clone()),
+                    }));
+                    counts.push((id.clone(), None));
+                    ended.push(id);
+                }
+            }
+        }
+        let terminated = !ended.is_empty();
+        for id in ended {
+            state.subs.remove(&id);
+        }
+        Ok(terminated)
+    }
+
+    fn agent(&self) -> Agent {
+        Agent { id: self.handler.server().hash().to_owned(), kind: Some("server".into()) }
+    }
+
+    async fn notification(&self, active: &Active, kind: &str, change: &Change, chain_id: &str) -> Result<NewRecord, StoreError> {
+        let mut data = json!({ "subscription_id": active.sub.subscription_id, "event": kind, "uri": change.uri });
+        if let Some(h) = &change.hash {
+            data["hash"] = json!(h);
+        }
+        if let Some(p) = &change.previous_hash {
+            data["previous_hash"] = json!(p);
+        }
+        let mut payload = json!({ "type": "system/subscription/notification", "data": data, "chain_id": chain_id });
+        // include_payload: the changed entity rides along whenever it
+        // resolves; nothing is bundled for a deletion.
+        if active.sub.include_payload
+            && let Some(hash) = &change.hash
+            && let Some(body) = self.store.content_get(hash).await?
+            && let Ok(entity) = serde_json::from_str::<Value>(&body)
+        {
+            payload["included"] = json!({ hash.clone(): entity });
+        }
+        let body = EventBody {
+            event_type: names::SUBSCRIPTION_NOTIFICATION.to_owned(),
+            reference: Some(active.sub.deliver_uri.clone()),
+            agent: Some(self.agent()),
+            session_id: None,
+            occurred_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            payload,
+            links: vec![],
+            visibility: Visibility::Public,
+        };
+        Ok(NewRecord { event_type: body.event_type.clone(), body: body.to_json() })
+    }
+
+    /// A chain-error marker at
+    /// `system/runtime/chain-errors/lost/{chain_id}/{subscription_id}/{reason}/{marker_hash}`;
+    /// binding the same marker again is a no-op.
+    fn marker(&self, sub: &Subscription, reason: &str, kind: &str, change: &Change, chain_id: &str, event_id: EventId) -> EngineEffect {
+        let mut data = json!({
+            "chain_id": chain_id,
+            "subscription_id": sub.subscription_id,
+            "reason": reason,
+            "event": kind,
+            "uri": change.uri,
+            "event_id": event_id,
+        });
+        if let Some(h) = &change.hash {
+            data["hash"] = json!(h);
+        }
+        if let Some(p) = &change.previous_hash {
+            data["previous_hash"] = json!(p);
+        }
+        let (canonical, hash) = Entity { kind: "system/chain-error/lost".into(), data }.canonical();
+        let path = format!("{MARKER_DIR}/{chain_id}/{}/{reason}/{hash}", sub.subscription_id);
+        EngineEffect::Tree(TreeWrite {
+            path: path.clone(),
+            entity: Some((canonical, hash.clone())),
+            condition: Condition::IfAbsent,
+            event: change_event(&path, self.agent(), Some(hash), chain_id.to_owned()),
+        })
+    }
+}
+
+enum Verdict {
+    Deliver,
+    Drop(&'static str),
+    Terminate(&'static str),
+}
+
+/// §7.3 and §4.6, before each delivery, at the change's commit time `at`.
+fn check(active: &mut Active, at: i64) -> Verdict {
+    let at_ms = at.max(0) as u64;
+    if active.token_expires_at.is_some_and(|t| t <= at_ms) {
+        return Verdict::Terminate("deliver_token_expired");
+    }
+    let Some(limits) = &active.sub.limits else { return Verdict::Deliver };
+    if let Some(max) = limits.max_events
+        && active.delivered as u64 >= max
+    {
+        return Verdict::Terminate("max_events_reached");
+    }
+    if let Some(max) = limits.max_duration_ms
+        && at_ms.saturating_sub(active.sub.created_at) >= max
+    {
+        return Verdict::Terminate("max_duration_reached");
+    }
+    if let Some(rate) = limits.rate_limit {
+        // Deliveries in the minute before this change, this one included,
+        // may not exceed the rate.
+        while active.recent.front().is_some_and(|t| *t <= at - 60_000) {
+            active.recent.pop_front();
+        }
+        if active.recent.len() as u64 + 1 > rate {
+            return Verdict::Drop("rate_limited");
+        }
+    }
+    Verdict::Deliver
+}
+
+fn is_subscription_path(uri: &str) -> bool {
+    uri.strip_prefix(DIR).and_then(|r| r.strip_prefix('/')).is_some_and(|id| !id.is_empty() && !id.contains('/'))
+}
+
+fn is_marker_path(uri: &str) -> bool {
+    uri.strip_prefix(MARKER_DIR).is_some_and(|r| r.starts_with('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::subscription::Limits;
+
+    fn active(limits: Option<Limits>, token_expires_at: Option<u64>) -> Active {
+        let sub = Subscription {
+            subscription_id: "s".into(),
+            pattern: "a/*".into(),
+            events: vec!["created".into()],
+            deliver_uri: "system/inbox/x".into(),
+            deliver_operation: "receive".into(),
+            subscriber_identity: "sha256:a".into(),
+            deliver_token: "sha256:t".into(),
+            include_payload: false,
+            created_at: 1_000,
+            limits,
+        };
+        Active {
+            glob: Glob::new_path(&sub.pattern).unwrap(),
+            sub,
+            hash: "h".into(),
+            token_expires_at,
+            delivered: 0,
+            recent: VecDeque::new(),
+        }
+    }
+
+    fn deliver(a: &mut Active, at: i64) -> &'static str {
+        match check(a, at) {
+            Verdict::Deliver => {
+                a.delivered += 1;
+                a.recent.push_back(at);
+                "deliver"
+            }
+            Verdict::Drop(r) | Verdict::Terminate(r) => r,
+        }
+    }
+
+    #[test]
+    fn max_events_terminates_on_the_first_change_after_n() {
+        let mut a = active(Some(Limits { max_events: Some(2), ..Limits::default() }), None);
+        assert_eq!([deliver(&mut a, 2_000), deliver(&mut a, 2_001), deliver(&mut a, 2_002)], ["deliver", "deliver", "max_events_reached"]);
+    }
+
+    #[test]
+    fn max_duration_is_measured_from_creation_at_commit_time() {
+        let mut a = active(Some(Limits { max_duration_ms: Some(500), ..Limits::default() }), None);
+        assert_eq!(deliver(&mut a, 1_499), "deliver");
+        assert_eq!(deliver(&mut a, 1_500), "max_duration_reached");
+    }
+
+    #[test]
+    fn rate_limit_is_a_sliding_minute_and_never_terminates() {
+        let mut a = active(Some(Limits { rate_limit: Some(2), ..Limits::default() }), None);
+        let got: Vec<_> = [0, 10, 20, 59_999, 60_000, 60_011].iter().map(|t| deliver(&mut a, 100_000 + t)).collect();
+        // 60,000 ms after the first delivery its slot is free again; the
+        // second's frees at 60,010.
+        assert_eq!(got, ["deliver", "deliver", "rate_limited", "rate_limited", "deliver", "deliver"]);
+    }
+
+    #[test]
+    fn an_expired_deliver_token_terminates() {
+        let mut a = active(None, Some(5_000));
+        assert_eq!(deliver(&mut a, 4_999), "deliver");
+        assert_eq!(deliver(&mut a, 5_000), "deliver_token_expired");
+    }
+
+    #[test]
+    fn paths() {
+        assert!(is_subscription_path("system/subscription/abc"));
+        assert!(!is_subscription_path("system/subscription/abc/x"));
+        assert!(!is_subscription_path("system/subscriptions/abc"));
+        assert!(is_marker_path("system/runtime/chain-errors/lost/c/s/r/h"));
+        assert!(!is_marker_path("system/runtime/chain-errors/lostx"));
+    }
+}

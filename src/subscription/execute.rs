@@ -1,0 +1,226 @@
+//! Dispatch of `POST /v1/execute`: reads the `system/protocol/execute`
+//! envelope `{"execute": <entity>, "included": {hash: entity}}`, checks that
+//! every included entity is named by its own hash, that the author signed the
+//! EXECUTE, and that the caller capability (rooted at this server, granted to
+//! the author) allows the operation on every resource target; then runs the
+//! `system/subscription` handler.
+//!
+//! The caller capability is required when authentication is on; with
+//! authentication off (a loopback development server) an EXECUTE without one
+//! is accepted, and one that carries a capability is still checked.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{Answer, Caller, EVENTS, HANDLER, Limits, SubscribeRequest, Subscriptions};
+use crate::filter::Glob;
+use crate::store::StoreError;
+use crate::tree::capability::{self, Included};
+use crate::tree::{Entity, validate_path};
+
+/// Most entities one EXECUTE may carry.
+pub const MAX_INCLUDED: usize = 256;
+
+/// How the HTTP layer calls [`execute`].
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// Whether requests are authenticated (then a caller capability is required).
+    pub auth_on: bool,
+    /// The HTTP caller is an admin.
+    pub admin: bool,
+    /// The causal chain (`X-Chain-Id`, else generated).
+    pub chain_id: String,
+    /// Now, Unix ms.
+    pub now_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    execute: Entity,
+    #[serde(default)]
+    included: serde_json::Map<String, Value>,
+}
+
+/// The fields of `system/protocol/execute` dispatch reads; others (request
+/// ids, bounds) are carried and ignored.
+#[derive(Deserialize)]
+struct ExecuteData {
+    uri: String,
+    operation: String,
+    #[serde(default)]
+    resource: Option<Resource>,
+    #[serde(default)]
+    params: Option<Entity>,
+    author: String,
+    #[serde(default)]
+    capability: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Resource {
+    targets: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestData {
+    #[serde(default)]
+    events: Option<Vec<String>>,
+    deliver_to: DeliverTo,
+    #[serde(default)]
+    deliver_token: Option<String>,
+    #[serde(default)]
+    include_payload: Option<bool>,
+    #[serde(default)]
+    limits: Option<Limits>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeliverTo {
+    uri: String,
+    #[serde(default)]
+    operation: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelData {
+    subscription_id: String,
+}
+
+fn bad(code: &str, message: impl Into<String>) -> Answer {
+    Answer::error(400, code, message)
+}
+
+/// Runs one EXECUTE. Refusals are answers; only a store failure is an error.
+pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result<Answer, StoreError> {
+    let envelope: Envelope = match serde_json::from_slice(body) {
+        Ok(e) => e,
+        Err(e) => {
+            return Ok(bad(
+                "invalid_execute",
+                format!("the body must be {{\"execute\": {{type, data}}, \"included\": {{hash: entity}}}}: {e}"),
+            ));
+        }
+    };
+    if envelope.execute.kind != "system/protocol/execute" {
+        return Ok(bad("invalid_execute", "execute must be a system/protocol/execute entity"));
+    }
+    if envelope.included.len() > MAX_INCLUDED {
+        return Ok(bad("invalid_included", format!("at most {MAX_INCLUDED} included entities")));
+    }
+    let mut included = Included::with_capacity(envelope.included.len());
+    for (hash, entity) in envelope.included {
+        match capability::hash_of(&entity) {
+            Ok(h) if h == hash => {
+                included.insert(hash, entity);
+            }
+            Ok(_) => return Ok(bad("invalid_included", format!("included entity {hash} is not named by its hash"))),
+            Err(e) => return Ok(bad("invalid_included", format!("included {hash}: {e}"))),
+        }
+    }
+    let data: ExecuteData = match serde_json::from_value(envelope.execute.data.clone()) {
+        Ok(d) => d,
+        Err(e) => return Ok(bad("invalid_execute", format!("execute data: {e}"))),
+    };
+    // The author signed exactly this EXECUTE.
+    let execute_hash = envelope.execute.canonical().1;
+    if let Err(e) = capability::verify_signed(&included, &execute_hash, &data.author) {
+        return Ok(Answer::error(401, "signature_invalid", format!("the EXECUTE is not signed by its author: {e}")));
+    }
+    if data.uri != HANDLER {
+        return Ok(Answer::error(404, "handler_not_found", format!("no handler at {:?}; tidings serves {HANDLER}", data.uri)));
+    }
+    if data.operation != "subscribe" && data.operation != "unsubscribe" {
+        return Ok(bad("unknown_operation", format!("{HANDLER} has subscribe and unsubscribe, not {:?}", data.operation)));
+    }
+    let targets = data.resource.map(|r| r.targets).unwrap_or_default();
+    let mut patterns = Vec::with_capacity(targets.len());
+    for t in &targets {
+        match Glob::new_path(t) {
+            Ok(g) => patterns.push(g),
+            Err(e) => return Ok(bad("invalid_resource", format!("resource target {t:?}: {e}"))),
+        }
+    }
+    // The caller capability: rooted at this server, granted to the author,
+    // allowing the operation on every target.
+    let chain = match &data.capability {
+        None if call.auth_on => {
+            return Ok(Answer::error(403, "capability_required", "an EXECUTE needs a caller capability when authentication is on"));
+        }
+        None => None,
+        Some(cap) => {
+            let chain = match capability::resolve_chain(&included, cap, call.now_ms) {
+                Ok(chain) => chain,
+                Err(e) => return Ok(Answer::error(403, "capability_invalid", format!("caller capability: {e}"))),
+            };
+            let server = handler.server().hash();
+            if chain.last().is_none_or(|root| root.granter != server) {
+                return Ok(Answer::error(403, "capability_invalid", "the caller capability is not rooted at this server"));
+            }
+            if chain[0].grantee != data.author {
+                return Ok(Answer::error(403, "capability_invalid", "the caller capability is not granted to the EXECUTE's author"));
+            }
+            if let Some(p) = patterns.iter().find(|p| !capability::chain_covers(&chain, HANDLER, &data.operation, p)) {
+                return Ok(Answer::error(
+                    403,
+                    "capability_insufficient",
+                    format!("the caller capability does not grant {} on {}", data.operation, p.as_str()),
+                ));
+            }
+            Some(chain)
+        }
+    };
+    let caller = Caller {
+        author: &data.author,
+        capability: chain.as_deref(),
+        admin: call.admin,
+        included: &included,
+        chain_id: &call.chain_id,
+        now_ms: call.now_ms,
+    };
+    let Some(params) = data.params else { return Ok(bad("invalid_params", "params are required")) };
+    if data.operation == "unsubscribe" {
+        if params.kind != "system/subscription/cancel" {
+            return Ok(bad("invalid_params", "unsubscribe params are a system/subscription/cancel"));
+        }
+        return match serde_json::from_value::<CancelData>(params.data) {
+            Ok(cancel) => handler.unsubscribe(&caller, &cancel.subscription_id).await,
+            Err(e) => Ok(bad("invalid_params", e.to_string())),
+        };
+    }
+    if params.kind != "system/subscription/request" {
+        return Ok(bad("invalid_params", "subscribe params are a system/subscription/request"));
+    }
+    let Some(pattern) = patterns.into_iter().next() else {
+        return Ok(bad("invalid_resource", "subscribe needs resource.targets[0], the pattern to watch"));
+    };
+    let request: RequestData = match serde_json::from_value(params.data) {
+        Ok(r) => r,
+        Err(e) => return Ok(bad("invalid_params", e.to_string())),
+    };
+    let mut events = request.events.unwrap_or_else(|| EVENTS.iter().map(|e| (*e).to_owned()).collect());
+    if events.is_empty() || events.iter().any(|e| !EVENTS.contains(&e.as_str())) {
+        return Ok(bad("invalid_params", "events must be a non-empty subset of created, updated, deleted"));
+    }
+    events.sort_by_key(|e| EVENTS.iter().position(|k| k == e));
+    events.dedup();
+    if request.deliver_to.uri.contains("://") {
+        return Ok(bad("delivery_unsupported", "tidings delivers to inbox paths on this server; remote inboxes are not supported yet"));
+    }
+    if let Err(e) = validate_path(&request.deliver_to.uri) {
+        return Ok(bad("invalid_params", format!("deliver_to.uri: {}", e.0)));
+    }
+    let request = SubscribeRequest {
+        pattern,
+        events,
+        deliver_uri: request.deliver_to.uri,
+        deliver_operation: request.deliver_to.operation.unwrap_or_else(|| "receive".into()),
+        deliver_token: request.deliver_token,
+        include_payload: request.include_payload.unwrap_or(false),
+        limits: request.limits,
+    };
+    handler.subscribe(&caller, request).await
+}

@@ -1,0 +1,407 @@
+//! Path subscriptions (seed 000): the `system/subscription` handler's
+//! subscribe and unsubscribe, the subscription entity at
+//! `system/subscription/{id}` that is their only source of truth, renewal,
+//! capacity (`303` redirects) and `system/config/subscription`.
+//!
+//! [`execute`] checks the signed EXECUTE envelope and the caller capability
+//! before a handler runs; [`engine`] turns tree changes into notifications.
+//! Nothing here keeps subscriptions in memory: the engine's index is a cache
+//! it rebuilds from the entities (and the log) whenever it starts.
+//!
+//! Decisions where the seed leaves room:
+//! - tidings applies no default limits and never tightens requested ones;
+//!   `notification_budget` is stored but has nothing to bound (a local
+//!   delivery is one append).
+//! - Subscribes and unsubscribes are serialised per process, so capacity and
+//!   renewal checks are exact on one server; several processes on one
+//!   database may overshoot a prefix's capacity by at most one subscriber
+//!   per process racing.
+//! - Delivery is to an inbox path on this server (a `subscription.notification`
+//!   event whose `ref` is the inbox); delivery to another server's inbox
+//!   (`entity://...`) is refused with `400 delivery_unsupported` until it
+//!   is built, behind the same [`engine`] interface.
+
+pub mod engine;
+pub mod execute;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::seq::SliceRandom as _;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::event::Agent;
+use crate::filter::Glob;
+use crate::identity::ServerIdentity;
+use crate::store::{Condition, EventLog, StoreError, TreeEntry, TreeWrite};
+use crate::tree::capability::{self, CapabilityError, Included, Token};
+use crate::tree::{Entity, change_event, generate_id, validate_path};
+
+/// The handler a subscribe EXECUTE targets (its `uri`).
+pub const HANDLER: &str = "system/subscription";
+/// Where subscription entities live, and their type.
+pub const DIR: &str = "system/subscription";
+/// Where the capacity advertisement lives.
+pub const CONFIG_PATH: &str = "system/config/subscription";
+/// Where chain-error markers of lost notifications are bound.
+pub const MARKER_DIR: &str = "system/runtime/chain-errors/lost";
+/// The change kinds a subscription may ask for (all, by default).
+pub const EVENTS: [&str; 3] = ["created", "updated", "deleted"];
+/// Most subscriptions one server keeps (the bound of every scan over them).
+pub const MAX_SUBSCRIPTIONS: usize = 100_000;
+/// Most alternatives a redirect lists.
+pub const MAX_ALTERNATIVES: usize = 10;
+
+/// `system/subscription/limits`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Terminate after this many notifications.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_events: Option<u64>,
+    /// Terminate this long after creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_duration_ms: Option<u64>,
+    /// Drop notifications beyond this many per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<u64>,
+    /// Budget per notification dispatch (stored; unused by local delivery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notification_budget: Option<u64>,
+}
+
+/// The `data` of a `system/subscription` entity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Subscription {
+    /// Its id (the last segment of its path).
+    pub subscription_id: String,
+    /// The path pattern watched (`*` one segment, `**` one or more).
+    pub pattern: String,
+    /// Which changes fire it.
+    pub events: Vec<String>,
+    /// The inbox notifications are delivered to.
+    pub deliver_uri: String,
+    /// The inbox operation (`receive`).
+    pub deliver_operation: String,
+    /// Who subscribed (identity hash).
+    pub subscriber_identity: String,
+    /// The capability authorising delivery (token hash).
+    pub deliver_token: String,
+    /// Bundle the changed entity with each notification.
+    #[serde(default)]
+    pub include_payload: bool,
+    /// Creation time, Unix ms.
+    pub created_at: u64,
+    /// Effective limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+}
+
+impl Subscription {
+    /// Its path in the tree.
+    pub fn path(&self) -> String {
+        format!("{DIR}/{}", self.subscription_id)
+    }
+
+    /// As an entity.
+    pub fn entity(&self) -> Entity {
+        Entity { kind: DIR.to_owned(), data: serde_json::to_value(self).expect("a subscription serialises") }
+    }
+
+    /// Reads a stored entity; `None` if it is not a well-formed subscription
+    /// (a direct tree write may put anything there: such entries are ignored).
+    pub fn from_json(canonical: &str) -> Option<Self> {
+        let entity: Entity = serde_json::from_str(canonical).ok()?;
+        if entity.kind != DIR {
+            return None;
+        }
+        let sub: Self = serde_json::from_value(entity.data).ok()?;
+        Glob::new_path(&sub.pattern).ok()?;
+        Some(sub)
+    }
+}
+
+/// A handler's answer: the HTTP status and `{status, result}` or
+/// `{status, error: {code, message}}`, as the seed's pseudocode returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The status.
+    pub status: u16,
+    /// The body.
+    pub body: Value,
+}
+
+impl Answer {
+    /// A success (`200`, or `303` for a redirect).
+    pub fn ok(status: u16, result: Value) -> Self {
+        Self { status, body: json!({ "status": status, "result": result }) }
+    }
+
+    /// A refusal with a stable code.
+    pub fn error(status: u16, code: &str, message: impl Into<String>) -> Self {
+        Self { status, body: json!({ "status": status, "error": { "code": code, "message": message.into() } }) }
+    }
+
+    /// The error code, if this is a refusal.
+    pub fn code(&self) -> Option<&str> {
+        self.body["error"]["code"].as_str()
+    }
+}
+
+/// A checked subscribe request (`system/subscription/request`).
+#[derive(Debug, Clone)]
+pub struct SubscribeRequest {
+    /// `resource.targets[0]`.
+    pub pattern: Glob,
+    /// Change kinds (defaulted, deduplicated).
+    pub events: Vec<String>,
+    /// The inbox path.
+    pub deliver_uri: String,
+    /// The inbox operation.
+    pub deliver_operation: String,
+    /// The deliver token's hash, if given.
+    pub deliver_token: Option<String>,
+    /// Bundle changed entities.
+    pub include_payload: bool,
+    /// Requested limits.
+    pub limits: Option<Limits>,
+}
+
+/// Who calls a handler, as dispatch established it.
+#[derive(Debug, Clone)]
+pub struct Caller<'a> {
+    /// The EXECUTE's author (identity hash), whose signature was verified.
+    pub author: &'a str,
+    /// The verified caller capability chain (leaf first); `None` when none was
+    /// given and authentication is off.
+    pub capability: Option<&'a [Token]>,
+    /// An admin (JWT `admin` claim) may unsubscribe anyone.
+    pub admin: bool,
+    /// Entities carried with the request.
+    pub included: &'a Included,
+    /// The causal chain of the request.
+    pub chain_id: &'a str,
+    /// Now, Unix ms.
+    pub now_ms: u64,
+}
+
+/// The subscription handler.
+#[derive(Debug)]
+pub struct Subscriptions {
+    store: Arc<dyn EventLog>,
+    server: Arc<ServerIdentity>,
+    max_per_prefix: u64,
+    /// Serialises subscribes and unsubscribes in this process: capacity and
+    /// renewal are read-then-write.
+    gate: tokio::sync::Mutex<()>,
+}
+
+impl Subscriptions {
+    /// A handler over `store`, acting as `server`.
+    pub fn new(store: Arc<dyn EventLog>, server: Arc<ServerIdentity>, max_per_prefix: u64) -> Self {
+        Self { store, server, max_per_prefix, gate: tokio::sync::Mutex::new(()) }
+    }
+
+    /// The server identity.
+    pub fn server(&self) -> &ServerIdentity {
+        &self.server
+    }
+
+    fn agent(&self) -> Agent {
+        Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) }
+    }
+
+    /// Every stored subscription with its entry.
+    pub async fn list(&self) -> Result<Vec<(TreeEntry, Subscription)>, StoreError> {
+        let entries = self.store.tree_entries_below(DIR, MAX_SUBSCRIPTIONS).await?;
+        Ok(entries
+            .into_iter()
+            .filter(|e| !e.path[DIR.len() + 1..].contains('/'))
+            .filter_map(|e| Subscription::from_json(&e.entity).map(|s| (e, s)))
+            .collect())
+    }
+
+    /// `subscribe` (§3.1, with renewal per §5.3).
+    pub async fn subscribe(&self, caller: &Caller<'_>, request: SubscribeRequest) -> Result<Answer, StoreError> {
+        // 1. The deliver token must travel with the request.
+        let Some(token_hash) = request.deliver_token.as_deref().filter(|h| caller.included.contains_key(*h)) else {
+            return Ok(Answer::error(400, "missing_deliver_token", "the deliver token is not among the included entities"));
+        };
+        // 2. It must grant this server delivery to the inbox.
+        let leaf = match capability::read_token(caller.included, token_hash) {
+            Ok(t) => t,
+            Err(e) => return Ok(Answer::error(403, "deliver_token_insufficient", e.to_string())),
+        };
+        if leaf.grantee != self.server.hash() || !leaf.grants("system/inbox", &request.deliver_operation, &request.deliver_uri) {
+            return Ok(Answer::error(
+                403,
+                "deliver_token_insufficient",
+                format!("the deliver token does not grant this server {} on {}", request.deliver_operation, request.deliver_uri),
+            ));
+        }
+        // 2a. Its chain must resolve and verify, and the subscriber must be a
+        // granter somewhere in it (in-chain, not chain-root: third-party
+        // delivery roots the chain at the inbox's owner).
+        let chain = match capability::resolve_chain(caller.included, token_hash, caller.now_ms) {
+            Ok(chain) => chain,
+            Err(e @ (CapabilityError::Missing(_) | CapabilityError::ChainTooLong)) => {
+                return Ok(Answer::error(404, "chain_unreachable", format!("the deliver token's authority chain is not resolvable: {e}")));
+            }
+            Err(e) => return Ok(Answer::error(403, "deliver_token_insufficient", e.to_string())),
+        };
+        if !capability::chain_grants(&chain, "system/inbox", &request.deliver_operation, &request.deliver_uri) {
+            return Ok(Answer::error(
+                403,
+                "deliver_token_insufficient",
+                "a token in the deliver token's chain does not grant the delivery",
+            ));
+        }
+        if !capability::in_chain(&chain, caller.author) {
+            return Ok(Answer::error(403, "embedded_cap_unauthorized", "subscriber identity not in deliver_token authority chain"));
+        }
+        // 2b / 6. Keep the chain (and everything else included) so the engine
+        // can resolve the token by hash later.
+        let mut content = Vec::with_capacity(caller.included.len());
+        for (hash, entity) in caller.included {
+            if let Ok(e) = serde_json::from_value::<Entity>(entity.clone()) {
+                content.push((hash.clone(), e.canonical().0));
+            }
+        }
+        let _gate = self.gate.lock().await;
+        let existing = self.list().await?;
+        let pattern = request.pattern.as_str();
+        // Renewal: same subscriber, pattern and inbox; only the token rotates.
+        if let Some((entry, found)) = existing
+            .iter()
+            .find(|(_, s)| s.subscriber_identity == caller.author && s.pattern == pattern && s.deliver_uri == request.deliver_uri)
+        {
+            self.store.content_put(content).await?;
+            let renewed = Subscription { deliver_token: token_hash.to_owned(), ..found.clone() };
+            if self.write(&renewed, Condition::IfMatch(entry.hash.clone()), caller.chain_id).await? {
+                return Ok(Answer::ok(200, result(&renewed, true)));
+            }
+            return Ok(Answer::error(409, "subscription_changed", "the subscription changed during renewal; retry"));
+        }
+        // 3a. Capacity for this prefix.
+        let subscribers: Vec<&Subscription> = existing.iter().map(|(_, s)| s).filter(|s| s.pattern == pattern).collect();
+        if self.max_per_prefix > 0 && subscribers.len() as u64 >= self.max_per_prefix {
+            let mut alternatives: Vec<&str> =
+                subscribers.iter().map(|s| s.subscriber_identity.as_str()).filter(|id| *id != caller.author).collect();
+            alternatives.sort_unstable();
+            alternatives.dedup();
+            alternatives.shuffle(&mut rand::rng());
+            alternatives.truncate(MAX_ALTERNATIVES);
+            return Ok(Answer::ok(
+                303,
+                json!({
+                    "type": "system/subscription/redirect",
+                    "data": { "reason": "at_capacity", "prefix": pattern, "alternatives": alternatives, "capacity": self.max_per_prefix }
+                }),
+            ));
+        }
+        // 3b. Bundling content needs read access, not only subscribe.
+        if request.include_payload
+            && let Some(chain) = caller.capability
+            && !capability::chain_covers(chain, "system/tree", "get", &request.pattern)
+        {
+            return Ok(Answer::error(403, "payload_unauthorized", "include_payload requires tree:get on the subscribed resource"));
+        }
+        // 4–5. Store the entity: the engine registers it when it reaches the
+        // change in the log.
+        self.store.content_put(content).await?;
+        let subscription = Subscription {
+            subscription_id: generate_id(),
+            pattern: pattern.to_owned(),
+            events: request.events,
+            deliver_uri: request.deliver_uri,
+            deliver_operation: request.deliver_operation,
+            subscriber_identity: caller.author.to_owned(),
+            deliver_token: token_hash.to_owned(),
+            include_payload: request.include_payload,
+            created_at: caller.now_ms,
+            limits: request.limits,
+        };
+        self.write(&subscription, Condition::IfAbsent, caller.chain_id).await?;
+        drop(_gate);
+        self.refresh_config().await?;
+        Ok(Answer::ok(200, result(&subscription, false)))
+    }
+
+    /// `unsubscribe` (§3.2).
+    pub async fn unsubscribe(&self, caller: &Caller<'_>, subscription_id: &str) -> Result<Answer, StoreError> {
+        let not_found = || Answer::error(404, "subscription_not_found", format!("no subscription {subscription_id:?}"));
+        if subscription_id.contains('/') || validate_path(subscription_id).is_err() {
+            return Ok(not_found());
+        }
+        let path = format!("{DIR}/{subscription_id}");
+        let _gate = self.gate.lock().await;
+        let Some(entry) = self.store.tree_get(&path).await? else { return Ok(not_found()) };
+        let Some(subscription) = Subscription::from_json(&entry.entity) else { return Ok(not_found()) };
+        if subscription.subscriber_identity != caller.author && !caller.admin {
+            return Ok(Answer::error(403, "not_subscription_owner", "only the subscriber (or an admin) may unsubscribe"));
+        }
+        let write = TreeWrite {
+            path: path.clone(),
+            entity: None,
+            condition: Condition::IfMatch(entry.hash),
+            event: change_event(&path, self.agent(), None, caller.chain_id.to_owned()),
+        };
+        if !matches!(self.store.tree_write(write).await?, crate::store::TreeOutcome::Done { .. }) {
+            return Ok(Answer::error(409, "subscription_changed", "the subscription changed meanwhile; retry"));
+        }
+        drop(_gate);
+        self.refresh_config().await?;
+        Ok(Answer::ok(200, Value::Null))
+    }
+
+    async fn write(&self, subscription: &Subscription, condition: Condition, chain_id: &str) -> Result<bool, StoreError> {
+        let path = subscription.path();
+        let (canonical, hash) = subscription.entity().canonical();
+        let write = TreeWrite {
+            path: path.clone(),
+            entity: Some((canonical, hash.clone())),
+            condition,
+            event: change_event(&path, self.agent(), Some(hash), chain_id.to_owned()),
+        };
+        Ok(matches!(self.store.tree_write(write).await?, crate::store::TreeOutcome::Done { .. }))
+    }
+
+    /// Rewrites `system/config/subscription` (capacity and subscribers per
+    /// prefix) when it changed. Informative: it may lag a moment behind.
+    pub async fn refresh_config(&self) -> Result<(), StoreError> {
+        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        for (_, s) in self.list().await? {
+            *counts.entry(s.pattern).or_default() += 1;
+        }
+        let entity = Entity {
+            kind: "system/config".into(),
+            data: json!({
+                "concern": "subscription",
+                "parameters": { "max_subscribers_per_prefix": self.max_per_prefix, "current_subscriber_prefixes": counts },
+            }),
+        };
+        let (canonical, hash) = entity.canonical();
+        if self.store.tree_get(CONFIG_PATH).await?.is_some_and(|e| e.hash == hash) {
+            return Ok(());
+        }
+        let write = TreeWrite {
+            path: CONFIG_PATH.to_owned(),
+            entity: Some((canonical, hash.clone())),
+            condition: Condition::Always,
+            event: change_event(CONFIG_PATH, self.agent(), Some(hash), generate_id()),
+        };
+        self.store.tree_write(write).await?;
+        Ok(())
+    }
+}
+
+fn result(s: &Subscription, renewed: bool) -> Value {
+    json!({
+        "subscription_id": s.subscription_id,
+        "pattern": s.pattern,
+        "events": s.events,
+        "limits": s.limits.clone().unwrap_or_default(),
+        "renewed": renewed,
+    })
+}

@@ -1,0 +1,710 @@
+//! Path subscriptions over `POST /v1/execute`: every error code from a real
+//! signed request, third-party delivery, ordered notifications with an
+//! unbroken `previous_hash` chain, include_payload, limits with chain-error
+//! markers, renewal, capacity redirects, restart survival and concurrent
+//! writers.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use ed25519_dalek::{Signer as _, SigningKey};
+use serde_json::{Map, Value, json};
+use tidings::tree::capability::hash_of;
+
+use crate::both_stores;
+use crate::helpers::{Backend, Stream, TestApp, spawn_app, spawn_app_with};
+
+both_stores!(
+    every_error_code_from_signed_requests,
+    capability_required_when_auth_is_on,
+    notifications_follow_commit_order_with_payload,
+    max_events_delivers_exactly_n_then_terminates,
+    rate_limit_drops_with_markers,
+    renewal_and_capacity_redirect,
+    subscriptions_survive_a_restart,
+    concurrent_writers_lose_and_repeat_nothing,
+    an_expired_deliver_token_ends_the_subscription,
+);
+
+/// Several servers on one database (sharing the server key, as they must):
+/// exactly one engine runs, every notification is appended once, and when
+/// the leading server stops another takes over. PostgreSQL only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_engine_among_several_servers() {
+    let first = spawn_app(Backend::Postgres).await;
+    let mut settings = crate::helpers::test_settings();
+    let dir = tempfile::tempdir().unwrap();
+    settings.data_dir = dir.path().to_path_buf();
+    settings.database_url = first.db_url.clone();
+    settings.server_key_file = Some(first.data_dir().join("server.key"));
+    let second = crate::helpers::start(settings, Some(dir), None).await;
+    let server = server_hash(&first).await;
+    assert_eq!(server_hash(&second).await, server, "one identity for the deployment");
+    let a = Peer::new();
+    let (_, body) = subscribe(&second, &server, &a, "multi/*", "system/inbox/multi", json!({})).await;
+    let id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    let mut stream = inbox(&first, "system/inbox/multi").await;
+    let mut hashes = Vec::new();
+    for i in 0..20 {
+        let app = if i % 2 == 0 { &first } else { &second };
+        hashes.push(put(app, "multi/x", json!({"i": i}), None).await["hash"].as_str().unwrap().to_owned());
+    }
+    for (i, hash) in hashes.iter().enumerate() {
+        let n = next_notification(&mut stream).await;
+        assert_eq!(
+            (n["data"]["subscription_id"].as_str(), n["data"]["hash"].as_str()),
+            (Some(id.as_str()), Some(hash.as_str())),
+            "write {i}"
+        );
+    }
+    // The first server (whose engine started first and leads) stops; the
+    // second takes over and nothing is repeated.
+    first.stop().await;
+    let mut stream = second.stream("?types=subscription.notification&targets=system/inbox/multi", Some(second.head().await)).await;
+    let last = put(&second, "multi/x", json!({"after": true}), None).await;
+    let n = next_notification(&mut stream).await;
+    assert_eq!(n["data"]["hash"], last["hash"]);
+    assert_eq!(n["data"]["previous_hash"].as_str(), hashes.last().map(String::as_str));
+}
+
+/// A peer: an Ed25519 key and its `system/identity` entity.
+struct Peer {
+    key: SigningKey,
+    entity: Value,
+    hash: String,
+}
+
+impl Peer {
+    fn new() -> Self {
+        let key = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
+        let public = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes());
+        let entity = json!({"type": "system/identity", "data": {"algorithm": "ed25519", "public_key": public}});
+        let hash = hash_of(&entity).unwrap();
+        Peer { key, entity, hash }
+    }
+
+    /// Adds this identity and its signature over `target` to `included`.
+    fn sign_into(&self, target: &str, included: &mut Map<String, Value>) {
+        let sig = base64::engine::general_purpose::STANDARD.encode(self.key.sign(target.as_bytes()).to_bytes());
+        let signature =
+            json!({"type": "system/signature", "data": {"target": target, "signer": self.hash, "algorithm": "ed25519", "signature": sig}});
+        included.insert(hash_of(&signature).unwrap(), signature);
+        included.insert(self.hash.clone(), self.entity.clone());
+    }
+
+    /// A token from this peer to `grantee` (an identity hash), signed, with
+    /// its signature in `included`; returns its hash.
+    fn grant(&self, grantee: &str, grants: Value, parent: Option<&str>, included: &mut Map<String, Value>) -> String {
+        let mut data = json!({"granter": self.hash, "grantee": grantee, "grants": grants});
+        if let Some(p) = parent {
+            data["parent"] = json!(p);
+        }
+        self.sign_token(data, included)
+    }
+
+    /// A token that expires at `expires_at` (Unix ms).
+    fn grant_until(&self, grantee: &str, grants: Value, expires_at: i64, included: &mut Map<String, Value>) -> String {
+        self.sign_token(json!({"granter": self.hash, "grantee": grantee, "grants": grants, "expires_at": expires_at}), included)
+    }
+
+    fn sign_token(&self, data: Value, included: &mut Map<String, Value>) -> String {
+        let token = json!({"type": "system/capability/token", "data": data});
+        let hash = hash_of(&token).unwrap();
+        self.sign_into(&hash, included);
+        included.insert(hash.clone(), token);
+        hash
+    }
+}
+
+fn inbox_grant(inbox: &str) -> Value {
+    json!([{"handler": "system/inbox", "operations": ["receive"], "resources": [inbox]}])
+}
+
+/// The server's identity hash.
+async fn server_hash(app: &TestApp) -> String {
+    let id: Value = app.http.get(app.url("/v1/identity")).send().await.unwrap().json().await.unwrap();
+    id["hash"].as_str().unwrap().to_owned()
+}
+
+/// A server-rooted caller capability for `grantee` (minted through the admin
+/// endpoint, as an operator would), merged into `included`.
+async fn caller_capability(app: &TestApp, grantee: &Peer, grants: Value, included: &mut Map<String, Value>) -> String {
+    let r =
+        app.http.post(app.url("/v1/admin/capabilities")).json(&json!({"grantee": grantee.hash, "grants": grants})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let minted: Value = r.json().await.unwrap();
+    included.extend(minted["included"].as_object().unwrap().clone());
+    minted["hash"].as_str().unwrap().to_owned()
+}
+
+/// A subscribe EXECUTE by `author`.
+struct Subscribe<'a> {
+    author: &'a Peer,
+    pattern: &'a str,
+    params: Value,
+    capability: Option<String>,
+    included: Map<String, Value>,
+}
+
+impl Subscribe<'_> {
+    fn envelope(mut self, operation: &str) -> Value {
+        let (kind, target) = if operation == "subscribe" {
+            ("system/subscription/request", json!({"targets": [self.pattern]}))
+        } else {
+            ("system/subscription/cancel", json!({"targets": []}))
+        };
+        let mut data = json!({
+            "request_id": hex::encode(rand::random::<[u8; 8]>()),
+            "uri": "system/subscription",
+            "operation": operation,
+            "resource": target,
+            "params": {"type": kind, "data": self.params},
+            "author": self.author.hash,
+        });
+        if let Some(c) = &self.capability {
+            data["capability"] = json!(c);
+        }
+        let execute = json!({"type": "system/protocol/execute", "data": data});
+        self.author.sign_into(&hash_of(&execute).unwrap(), &mut self.included);
+        json!({"execute": execute, "included": self.included})
+    }
+}
+
+async fn execute(app: &TestApp, envelope: &Value) -> (u16, Value) {
+    let r = app.http.post(app.url("/v1/execute")).json(envelope).send().await.unwrap();
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["status"], status, "the body carries the handler's status: {body}");
+    (status, body)
+}
+
+fn code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("")
+}
+
+/// Subscribes `author` to `pattern` with delivery to `inbox` (a deliver token
+/// from the author to the server); returns the answer.
+async fn subscribe(app: &TestApp, server: &str, author: &Peer, pattern: &str, inbox: &str, extra: Value) -> (u16, Value) {
+    let mut included = Map::new();
+    // Every call mints a fresh token (a later expiry), as a renewing client would.
+    let token = author.grant_until(
+        server,
+        inbox_grant(inbox),
+        chrono::Utc::now().timestamp_millis() + 3_600_000 + rand::random::<u16>() as i64,
+        &mut included,
+    );
+    let mut params = json!({"deliver_to": {"uri": inbox}, "deliver_token": token});
+    params.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+    execute(app, &Subscribe { author, pattern, params, capability: None, included }.envelope("subscribe")).await
+}
+
+async fn unsubscribe(app: &TestApp, author: &Peer, id: &str) -> (u16, Value) {
+    let params = json!({"subscription_id": id});
+    execute(app, &Subscribe { author, pattern: "", params, capability: None, included: Map::new() }.envelope("unsubscribe")).await
+}
+
+async fn put(app: &TestApp, path: &str, data: Value, chain: Option<&str>) -> Value {
+    let mut r = app.http.put(app.url(&format!("/v1/tree/{path}"))).json(&json!({"type": "note", "data": data}));
+    if let Some(c) = chain {
+        r = r.header("x-chain-id", c);
+    }
+    let r = r.send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    r.json().await.unwrap()
+}
+
+async fn tree_status(app: &TestApp, path: &str) -> u16 {
+    app.http.get(app.url(&format!("/v1/tree/{path}"))).send().await.unwrap().status().as_u16()
+}
+
+async fn children(app: &TestApp, dir: &str) -> Vec<String> {
+    let list: Value = app.http.get(app.url(&format!("/v1/tree/{dir}/"))).send().await.unwrap().json().await.unwrap();
+    list["children"].as_array().map(|c| c.iter().map(|c| c["name"].as_str().unwrap().to_owned()).collect()).unwrap_or_default()
+}
+
+/// The notifications delivered to `inbox`, read as its owner would.
+async fn inbox(app: &TestApp, inbox: &str) -> Stream {
+    app.stream(&format!("?types=subscription.notification&targets={inbox}"), None).await
+}
+
+async fn next_notification(stream: &mut Stream) -> Value {
+    loop {
+        let e = stream.next().await;
+        if e.event.is_none() {
+            let envelope: Value = serde_json::from_str(&e.data).unwrap();
+            return envelope["payload"].clone();
+        }
+    }
+}
+
+async fn every_error_code_from_signed_requests(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let server = server_hash(&app).await;
+    let (a, b, c) = (Peer::new(), Peer::new(), Peer::new());
+    let inbox_a = "system/inbox/a";
+    let subscribe_grant = json!([{"handler": "system/subscription", "operations": ["subscribe", "unsubscribe"], "resources": ["docs/**"]}]);
+    let request = |token: &str, inbox: &str| json!({"deliver_to": {"uri": inbox}, "deliver_token": token});
+
+    // 400 missing_deliver_token: the token is not in `included`.
+    let mut included = Map::new();
+    let token = a.grant(&server, inbox_grant(inbox_a), None, &mut included);
+    included.remove(&token);
+    let (status, body) = execute(
+        &app,
+        &Subscribe { author: &a, pattern: "docs/*", params: request(&token, inbox_a), capability: None, included }.envelope("subscribe"),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (400, "missing_deliver_token"), "{body}");
+
+    // 403 deliver_token_insufficient: the token grants another inbox.
+    let mut included = Map::new();
+    let token = a.grant(&server, inbox_grant("system/inbox/other"), None, &mut included);
+    let (status, body) = execute(
+        &app,
+        &Subscribe { author: &a, pattern: "docs/*", params: request(&token, inbox_a), capability: None, included }.envelope("subscribe"),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (403, "deliver_token_insufficient"), "{body}");
+
+    // 404 chain_unreachable: the token's parent is not included.
+    let mut included = Map::new();
+    let mut elsewhere = Map::new();
+    let root = c.grant(&a.hash, inbox_grant("system/inbox/**"), None, &mut elsewhere);
+    let token = a.grant(&server, inbox_grant(inbox_a), Some(&root), &mut included);
+    let (status, body) = execute(
+        &app,
+        &Subscribe { author: &a, pattern: "docs/*", params: request(&token, inbox_a), capability: None, included }.envelope("subscribe"),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (404, "chain_unreachable"), "{body}");
+
+    // Third-party delivery: rooted at C (who owns the inbox), delegated to
+    // the author A, then to the server. A is in the chain, not its root.
+    let inbox_c = "system/inbox/c-feed";
+    let mut included = Map::new();
+    let root = c.grant(&a.hash, inbox_grant("system/inbox/**"), None, &mut included);
+    let token = a.grant(&server, inbox_grant(inbox_c), Some(&root), &mut included);
+    let (status, body) = execute(
+        &app,
+        &Subscribe { author: &a, pattern: "docs/*", params: request(&token, inbox_c), capability: None, included }.envelope("subscribe"),
+    )
+    .await;
+    assert_eq!(status, 200, "third-party delivery is accepted: {body}");
+    let third_party = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+
+    // 403 embedded_cap_unauthorized: the same kind of token, but without A
+    // anywhere in its chain.
+    let mut included = Map::new();
+    let token = c.grant(&server, inbox_grant(inbox_c), None, &mut included);
+    let (status, body) = execute(
+        &app,
+        &Subscribe { author: &a, pattern: "docs/**", params: request(&token, inbox_c), capability: None, included }.envelope("subscribe"),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (403, "embedded_cap_unauthorized"), "{body}");
+
+    // 403 payload_unauthorized: a caller capability that grants subscribe but
+    // not tree:get; the same with tree:get is accepted.
+    let mut included = Map::new();
+    let cap = caller_capability(&app, &b, subscribe_grant.clone(), &mut included).await;
+    let token = b.grant(&server, inbox_grant("system/inbox/b"), None, &mut included);
+    let mut params = request(&token, "system/inbox/b");
+    params["include_payload"] = json!(true);
+    let (status, body) = execute(
+        &app,
+        &Subscribe { author: &b, pattern: "docs/*", params: params.clone(), capability: Some(cap), included: included.clone() }
+            .envelope("subscribe"),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (403, "payload_unauthorized"), "{body}");
+    let mut grants = subscribe_grant.clone();
+    grants.as_array_mut().unwrap().push(json!({"handler": "system/tree", "operations": ["get"], "resources": ["docs/**"]}));
+    let cap = caller_capability(&app, &b, grants, &mut included).await;
+    let (status, body) = execute(
+        &app,
+        &Subscribe { author: &b, pattern: "docs/*", params, capability: Some(cap.clone()), included: included.clone() }
+            .envelope("subscribe"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // The caller capability only covers docs/**.
+    let (status, body) = execute(
+        &app,
+        &Subscribe { author: &b, pattern: "other/*", params: request(&token, "system/inbox/b"), capability: Some(cap), included }
+            .envelope("subscribe"),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (403, "capability_insufficient"), "{body}");
+
+    // 401 signature_invalid: signed by someone else than its author.
+    let mut included = Map::new();
+    let token = a.grant(&server, inbox_grant(inbox_a), None, &mut included);
+    let mut forged =
+        Subscribe { author: &a, pattern: "docs/*", params: request(&token, inbox_a), capability: None, included }.envelope("subscribe");
+    let execute_hash = hash_of(&forged["execute"]).unwrap();
+    let mut by_b = Map::new();
+    b.sign_into(&execute_hash, &mut by_b);
+    let included = forged["included"].as_object_mut().unwrap();
+    included.retain(|_, e| e["type"] != "system/signature" || e["data"]["target"] != execute_hash);
+    included.extend(by_b);
+    let (status, body) = execute(&app, &forged).await;
+    assert_eq!((status, code(&body)), (401, "signature_invalid"), "{body}");
+
+    // 404 subscription_not_found, 403 not_subscription_owner, then the owner.
+    let (status, body) = unsubscribe(&app, &a, "no-such-subscription").await;
+    assert_eq!((status, code(&body)), (404, "subscription_not_found"), "{body}");
+    let (status, body) = unsubscribe(&app, &b, &third_party).await;
+    assert_eq!((status, code(&body)), (403, "not_subscription_owner"), "{body}");
+    assert_eq!(tree_status(&app, &format!("system/subscription/{third_party}")).await, 200);
+    let (status, body) = unsubscribe(&app, &a, &third_party).await;
+    assert_eq!((status, &body["result"]), (200, &Value::Null), "{body}");
+    assert_eq!(tree_status(&app, &format!("system/subscription/{third_party}")).await, 404, "the entity is gone");
+
+    // Bad input stores nothing and the server keeps serving.
+    let before = children(&app, "system/subscription").await;
+    for bad in [json!("nope"), json!({"execute": {"type": "x", "data": {}}}), json!({"execute": null})] {
+        let (status, body) = execute(&app, &bad).await;
+        assert_eq!((status, code(&body)), (400, "invalid_execute"), "{body}");
+    }
+    let mut included = Map::new();
+    let token = a.grant(&server, inbox_grant(inbox_a), None, &mut included);
+    let mut wrong_name =
+        Subscribe { author: &a, pattern: "docs/*", params: request(&token, inbox_a), capability: None, included }.envelope("subscribe");
+    let entity = wrong_name["included"][&token].clone();
+    wrong_name["included"].as_object_mut().unwrap().insert(format!("sha256:{}", "0".repeat(64)), entity);
+    let (status, body) = execute(&app, &wrong_name).await;
+    assert_eq!((status, code(&body)), (400, "invalid_included"), "{body}");
+    let r = app.http.post(app.url("/v1/execute")).header("content-type", "application/json").body("{").send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(children(&app, "system/subscription").await, before, "refused requests stored nothing");
+    assert_eq!(app.http.get(app.url("/health")).send().await.unwrap().status(), 200);
+}
+
+async fn capability_required_when_auth_is_on(backend: Backend) {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let secret = "subscription-test-secret-of-enough-bytes";
+    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(secret.into())).await;
+    let jwt = |admin: bool| {
+        let claims =
+            json!({"sub": "svc", "exp": chrono::Utc::now().timestamp() + 600, "admin": admin, "publish": ["**"], "subscribe": ["**"]});
+        encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()).unwrap()).unwrap()
+    };
+    let id: Value = app.http.get(app.url("/v1/identity")).send().await.unwrap().json().await.unwrap();
+    let server = id["hash"].as_str().unwrap().to_owned();
+    let a = Peer::new();
+    let mut included = Map::new();
+    let token = a.grant(&server, inbox_grant("system/inbox/a"), None, &mut included);
+    let params = json!({"deliver_to": {"uri": "system/inbox/a"}, "deliver_token": token});
+    let bare = Subscribe { author: &a, pattern: "docs/*", params: params.clone(), capability: None, included: included.clone() }
+        .envelope("subscribe");
+    // No bearer token at all: the HTTP layer refuses first.
+    let r = app.http.post(app.url("/v1/execute")).json(&bare).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    // A bearer token but no caller capability.
+    let r = app.http.post(app.url("/v1/execute")).bearer_auth(jwt(false)).json(&bare).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "capability_required");
+    // A capability minted for someone else is not the author's.
+    let other = Peer::new();
+    let mint = |grantee: &str| json!({"grantee": grantee, "grants": [{"handler": "system/subscription", "operations": ["subscribe"], "resources": ["docs/**"]}]});
+    let mint_for = |grantee: String| {
+        let request = app.http.post(app.url("/v1/admin/capabilities")).bearer_auth(jwt(true)).json(&mint(&grantee));
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let minted = mint_for(other.hash.clone()).await;
+    let mut with_other = included.clone();
+    with_other.extend(minted["included"].as_object().unwrap().clone());
+    let envelope = Subscribe {
+        author: &a,
+        pattern: "docs/*",
+        params: params.clone(),
+        capability: Some(minted["hash"].as_str().unwrap().to_owned()),
+        included: with_other,
+    }
+    .envelope("subscribe");
+    let r = app.http.post(app.url("/v1/execute")).bearer_auth(jwt(false)).json(&envelope).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "capability_invalid");
+    // The author's own capability is accepted.
+    let minted = mint_for(a.hash.clone()).await;
+    included.extend(minted["included"].as_object().unwrap().clone());
+    let envelope =
+        Subscribe { author: &a, pattern: "docs/*", params, capability: Some(minted["hash"].as_str().unwrap().to_owned()), included }
+            .envelope("subscribe");
+    let r = app.http.post(app.url("/v1/execute")).bearer_auth(jwt(false)).json(&envelope).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+async fn notifications_follow_commit_order_with_payload(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let server = server_hash(&app).await;
+    let a = Peer::new();
+    let (status, body) = subscribe(&app, &server, &a, "docs/**", "system/inbox/a", json!({"include_payload": true})).await;
+    assert_eq!(status, 200, "{body}");
+    let id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    assert_eq!(body["result"]["events"], json!(["created", "updated", "deleted"]));
+    let (status, body) = subscribe(&app, &server, &a, "docs/**", "system/inbox/deletions", json!({"events": ["deleted"]})).await;
+    assert_eq!(status, 200, "{body}");
+    // The entity is the source of truth, readable in the tree.
+    let stored: Value = app.http.get(app.url(&format!("/v1/tree/system/subscription/{id}"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!((stored["type"].as_str(), stored["data"]["pattern"].as_str()), (Some("system/subscription"), Some("docs/**")));
+    assert_eq!(stored["data"]["subscriber_identity"], a.hash.as_str());
+
+    let mut stream = inbox(&app, "system/inbox/a").await;
+    let mut deletions = inbox(&app, "system/inbox/deletions").await;
+    let w1 = put(&app, "docs/x", json!({"v": 1}), Some("chain-1")).await;
+    put(&app, "elsewhere/x", json!({"v": 1}), None).await;
+    let w2 = put(&app, "docs/x", json!({"v": 2}), None).await;
+    let w3 = put(&app, "docs/deep/y", json!({"v": 3}), None).await;
+    let r: Value = app.http.delete(app.url("/v1/tree/docs/x")).send().await.unwrap().json().await.unwrap();
+    let expected = [("created", &w1), ("updated", &w2), ("created", &w3), ("deleted", &r)];
+    let mut last_for_x: Option<String> = None;
+    for (i, (event, write)) in expected.into_iter().enumerate() {
+        let n = next_notification(&mut stream).await;
+        if i == 0 {
+            assert_eq!(n["chain_id"], "chain-1", "the write's X-Chain-Id travels with its notifications");
+        }
+        assert_eq!(n["type"], "system/subscription/notification");
+        let data = &n["data"];
+        assert_eq!((data["subscription_id"].as_str(), data["event"].as_str()), (Some(id.as_str()), Some(event)), "{n}");
+        assert_eq!(data["uri"], write["uri"]);
+        assert_eq!(data.get("hash"), write.get("hash").filter(|h| !h.is_null()));
+        assert_eq!(data.get("previous_hash"), write.get("previous_hash").filter(|h| !h.is_null()));
+        if data["uri"] == "docs/x" {
+            assert_eq!(data["previous_hash"].as_str().map(str::to_owned), last_for_x, "the previous_hash chain is unbroken");
+            last_for_x = data["hash"].as_str().map(str::to_owned);
+        }
+        // include_payload: the changed entity rides along, except on delete.
+        match data["hash"].as_str() {
+            Some(h) => assert_eq!(n["included"][h]["type"], "note", "{n}"),
+            None => assert!(n.get("included").is_none()),
+        }
+    }
+    let d = next_notification(&mut deletions).await;
+    assert_eq!((d["data"]["event"].as_str(), d["data"]["uri"].as_str()), (Some("deleted"), Some("docs/x")));
+    assert!(d.get("included").is_none(), "a lean subscription carries hashes only");
+}
+
+/// Writes to `path` and returns the chain id it used.
+async fn write_n(app: &TestApp, path: &str, from: u64, n: u64, chain: &str) {
+    for i in from..from + n {
+        put(app, path, json!({"v": i}), Some(chain)).await;
+    }
+}
+
+async fn max_events_delivers_exactly_n_then_terminates(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let server = server_hash(&app).await;
+    let (a, witness) = (Peer::new(), Peer::new());
+    let (_, body) = subscribe(&app, &server, &a, "feed/*", "system/inbox/shared", json!({"limits": {"max_events": 2}})).await;
+    let id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    assert_eq!(body["result"]["limits"], json!({"max_events": 2}));
+    // An unlimited subscription to the same inbox: its notifications show
+    // where in the log the limited one stopped.
+    let (_, body) = subscribe(&app, &server, &witness, "feed/*", "system/inbox/shared", json!({})).await;
+    let witness_id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    let mut stream = inbox(&app, "system/inbox/shared").await;
+    write_n(&app, "feed/a", 1, 2, "chain-ok").await;
+    write_n(&app, "feed/a", 3, 1, "chain-over").await;
+    write_n(&app, "feed/a", 4, 1, "chain-after").await;
+    let mut limited = 0;
+    let mut witnessed = 0;
+    while witnessed < 4 {
+        let n = next_notification(&mut stream).await;
+        if n["data"]["subscription_id"] == id.as_str() {
+            limited += 1;
+        } else {
+            assert_eq!(n["data"]["subscription_id"], witness_id.as_str());
+            witnessed += 1;
+        }
+    }
+    assert_eq!(limited, 2, "max_events delivers exactly N");
+    assert_eq!(tree_status(&app, &format!("system/subscription/{id}")).await, 404, "the subscription was terminated");
+    let markers = children(&app, &format!("system/runtime/chain-errors/lost/chain-over/{id}/max_events_reached")).await;
+    assert_eq!(markers.len(), 1, "the suppressed change bound one marker");
+    assert!(markers[0].starts_with("sha256:"));
+    let marker: Value = app
+        .http
+        .get(app.url(&format!("/v1/tree/system/runtime/chain-errors/lost/chain-over/{id}/max_events_reached/{}", markers[0])))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((marker["data"]["reason"].as_str(), marker["data"]["uri"].as_str()), (Some("max_events_reached"), Some("feed/a")));
+    assert!(children(&app, "system/runtime/chain-errors/lost/chain-after").await.is_empty(), "a terminated subscription is silent");
+}
+
+async fn rate_limit_drops_with_markers(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let server = server_hash(&app).await;
+    let (a, witness) = (Peer::new(), Peer::new());
+    let (_, body) = subscribe(&app, &server, &a, "ticks/*", "system/inbox/ticks", json!({"limits": {"rate_limit": 2}})).await;
+    let id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    subscribe(&app, &server, &witness, "ticks/*", "system/inbox/ticks", json!({})).await;
+    let mut stream = inbox(&app, "system/inbox/ticks").await;
+    write_n(&app, "ticks/t", 0, 5, "burst").await;
+    let (mut limited, mut witnessed) = (0, 0);
+    while witnessed < 5 {
+        let n = next_notification(&mut stream).await;
+        if n["data"]["subscription_id"] == id.as_str() { limited += 1 } else { witnessed += 1 }
+    }
+    assert_eq!(limited, 2, "2 per minute");
+    let markers = children(&app, &format!("system/runtime/chain-errors/lost/burst/{id}/rate_limited")).await;
+    assert_eq!(markers.len(), 3, "each dropped notification bound a marker: {markers:?}");
+    assert_eq!(tree_status(&app, &format!("system/subscription/{id}")).await, 200, "rate_limit does not terminate");
+}
+
+async fn renewal_and_capacity_redirect(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.max_subscribers_per_prefix = 2).await;
+    let server = server_hash(&app).await;
+    let (a, b, c) = (Peer::new(), Peer::new(), Peer::new());
+    let (_, first) = subscribe(&app, &server, &a, "hot/**", "system/inbox/a", json!({})).await;
+    let id = first["result"]["subscription_id"].as_str().unwrap().to_owned();
+    let (status, second) = subscribe(&app, &server, &b, "hot/**", "system/inbox/b", json!({})).await;
+    assert_eq!(status, 200);
+    let b_id = second["result"]["subscription_id"].as_str().unwrap().to_owned();
+    // At capacity: a redirect listing the current subscribers, never the requester.
+    let (status, body) = subscribe(&app, &server, &c, "hot/**", "system/inbox/c", json!({})).await;
+    assert_eq!(status, 303, "{body}");
+    let redirect = &body["result"];
+    assert_eq!(redirect["type"], "system/subscription/redirect");
+    assert_eq!((redirect["data"]["reason"].as_str(), redirect["data"]["prefix"].as_str()), (Some("at_capacity"), Some("hot/**")));
+    assert_eq!(redirect["data"]["capacity"], 2);
+    let alternatives: HashSet<&str> = redirect["data"]["alternatives"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(alternatives, HashSet::from([a.hash.as_str(), b.hash.as_str()]));
+    // Another prefix has room.
+    assert_eq!(subscribe(&app, &server, &c, "cold/**", "system/inbox/c", json!({})).await.0, 200);
+    // A renewal is not a new subscriber: same id, fresh token.
+    let sub_url = app.url(&format!("/v1/tree/system/subscription/{id}"));
+    let before: Value = app.http.get(&sub_url).send().await.unwrap().json().await.unwrap();
+    let (status, renewed) = subscribe(&app, &server, &a, "hot/**", "system/inbox/a", json!({})).await;
+    assert_eq!(status, 200, "{renewed}");
+    assert_eq!(renewed["result"]["subscription_id"], id.as_str());
+    assert_eq!(renewed["result"]["renewed"], true);
+    let after: Value = app.http.get(&sub_url).send().await.unwrap().json().await.unwrap();
+    assert_ne!(after["data"]["deliver_token"], before["data"]["deliver_token"], "the token rotated");
+    assert_eq!(after["data"]["created_at"], before["data"]["created_at"]);
+    assert_eq!(children(&app, "system/subscription").await.len(), 3, "no duplicate");
+    // The capacity advertisement.
+    let config: Value = app.http.get(app.url("/v1/tree/system/config/subscription")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(config["data"]["concern"], "subscription");
+    assert_eq!(
+        config["data"]["parameters"],
+        json!({"max_subscribers_per_prefix": 2, "current_subscriber_prefixes": {"hot/**": 2, "cold/**": 1}})
+    );
+    // After an unsubscribe there is room again.
+    assert_eq!(unsubscribe(&app, &b, &b_id).await.0, 200);
+    assert_eq!(subscribe(&app, &server, &c, "hot/**", "system/inbox/c", json!({})).await.0, 200);
+}
+
+async fn subscriptions_survive_a_restart(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let server = server_hash(&app).await;
+    let a = Peer::new();
+    let (_, body) = subscribe(&app, &server, &a, "state/*", "system/inbox/r", json!({"limits": {"max_events": 3}})).await;
+    let id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    let mut stream = inbox(&app, "system/inbox/r").await;
+    put(&app, "state/a", json!({"v": 1}), None).await;
+    assert_eq!(next_notification(&mut stream).await["data"]["subscription_id"], id.as_str());
+    drop(stream);
+    let app = app.restart().await;
+    assert_eq!(server_hash(&app).await, server, "the same server identity");
+    let mut stream = app.stream("?types=subscription.notification&targets=system/inbox/r", Some(app.head().await)).await;
+    put(&app, "state/a", json!({"v": 2}), None).await;
+    let n = next_notification(&mut stream).await;
+    assert_eq!((n["data"]["subscription_id"].as_str(), n["data"]["event"].as_str()), (Some(id.as_str()), Some("updated")));
+    // The delivered count survived too: the third delivery is the last.
+    put(&app, "state/a", json!({"v": 3}), None).await;
+    assert_eq!(next_notification(&mut stream).await["data"]["subscription_id"], id.as_str());
+    let mut gone = app.stream(&format!("?types=tree.deleted&targets=tree:system/subscription/{id}"), None).await;
+    put(&app, "state/a", json!({"v": 4}), None).await;
+    let deleted: Value = serde_json::from_str(&gone.next().await.data).unwrap();
+    assert_eq!(deleted["payload"]["uri"], format!("system/subscription/{id}"));
+}
+
+async fn concurrent_writers_lose_and_repeat_nothing(backend: Backend) {
+    let app = Arc::new(spawn_app(backend).await);
+    let server = server_hash(&app).await;
+    let a = Peer::new();
+    let (_, body) = subscribe(&app, &server, &a, "race/x", "system/inbox/race", json!({})).await;
+    let id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    let mut stream = inbox(&app, "system/inbox/race").await;
+    let mut changes = app.stream("?types=tree.*&targets=tree:race/x", None).await;
+    let (writers, per_writer) = (4, 25);
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0;
+            while done < per_writer {
+                let current = app.http.get(app.url("/v1/tree/race/x")).send().await.unwrap();
+                let etag = current.headers().get("etag").map(|v| v.to_str().unwrap().to_owned());
+                let mut r = app.http.put(app.url("/v1/tree/race/x")).json(&json!({"type": "note", "data": {"w": w, "i": done}}));
+                r = match etag {
+                    Some(e) => r.header("if-match", e),
+                    None => r.header("if-none-match", "*"),
+                };
+                match r.send().await.unwrap().status().as_u16() {
+                    200 | 201 => done += 1,
+                    409 => {}
+                    s => panic!("unexpected {s}"),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let total = writers * per_writer;
+    // Commit order, from the change events.
+    let mut committed = Vec::new();
+    while committed.len() < total {
+        let e = changes.next().await;
+        if e.event.is_none() {
+            let v: Value = serde_json::from_str(&e.data).unwrap();
+            committed.push(v["payload"]["hash"].as_str().unwrap().to_owned());
+        }
+    }
+    let mut previous: Option<String> = None;
+    for (i, hash) in committed.iter().enumerate() {
+        let n = next_notification(&mut stream).await;
+        assert_eq!(n["data"]["subscription_id"], id.as_str());
+        assert_eq!(n["data"]["hash"].as_str(), Some(hash.as_str()), "notification {i} follows commit order");
+        assert_eq!(n["data"]["previous_hash"].as_str().map(str::to_owned), previous, "the chain is unbroken at {i}");
+        previous = Some(hash.clone());
+    }
+    // Nothing more: the next notification on this inbox is a fresh write's.
+    let last = put(&app, "race/x", json!({"final": true}), None).await;
+    let n = next_notification(&mut stream).await;
+    assert_eq!(n["data"]["hash"], last["hash"], "no duplicate before the sentinel");
+}
+
+async fn an_expired_deliver_token_ends_the_subscription(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let server = server_hash(&app).await;
+    let a = Peer::new();
+    let expires_at = chrono::Utc::now().timestamp_millis() + 400;
+    let mut included = Map::new();
+    let token = a.grant_until(&server, inbox_grant("system/inbox/e"), expires_at, &mut included);
+    let params = json!({"deliver_to": {"uri": "system/inbox/e"}, "deliver_token": token});
+    let (status, body) =
+        execute(&app, &Subscribe { author: &a, pattern: "exp/*", params, capability: None, included }.envelope("subscribe")).await;
+    assert_eq!(status, 200, "{body}");
+    let id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    let mut stream = inbox(&app, "system/inbox/e").await;
+    put(&app, "exp/a", json!({"v": 1}), None).await;
+    assert_eq!(next_notification(&mut stream).await["data"]["subscription_id"], id.as_str());
+    // Past the token's expiry (the server compares the change's commit time,
+    // on this same clock), the next change ends the subscription instead.
+    let wait = expires_at + 1 - chrono::Utc::now().timestamp_millis();
+    if wait > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(wait as u64)).await;
+    }
+    let mut gone = app.stream(&format!("?types=tree.deleted&targets=tree:system/subscription/{id}"), None).await;
+    put(&app, "exp/a", json!({"v": 2}), Some("late")).await;
+    gone.next().await;
+    assert_eq!(children(&app, &format!("system/runtime/chain-errors/lost/late/{id}/deliver_token_expired")).await.len(), 1);
+}
