@@ -1,11 +1,14 @@
 -- Content-addressed entities (hash -> canonical JSON): every entity a tree
--- write stores, and the capability chains subscriptions keep, so the
--- subscription engine can resolve any hash a change event names even after
--- the path has moved on (include_payload, deliver-token expiry).
+-- write stores, and the capability chains subscriptions keep (pinned), so
+-- the subscription engine can resolve any hash a change event names even
+-- after the path has moved on (include_payload, deliver-token expiry).
+-- Retention drops unpinned entities older than the retained history that
+-- no path holds any more.
 CREATE TABLE IF NOT EXISTS tidings_content (
-    hash      TEXT   PRIMARY KEY,
-    body      TEXT   NOT NULL,
-    stored_ms BIGINT NOT NULL
+    hash      TEXT    PRIMARY KEY,
+    body      TEXT    NOT NULL,
+    stored_ms BIGINT  NOT NULL,
+    pinned    BOOLEAN NOT NULL
 );
 
 -- The subscription engine's cursor: every tree change up to it has been

@@ -227,11 +227,13 @@ fn append_in(tx: &rusqlite::Transaction<'_>, batch: &[NewRecord]) -> rusqlite::R
     Ok((base + 1..=last).collect())
 }
 
-fn content_put_in(tx: &rusqlite::Transaction<'_>, hash: &str, body: &str, now: i64) -> rusqlite::Result<()> {
+/// Stores an entity by hash; a pinned one (a capability chain a subscription
+/// keeps) is never pruned.
+fn content_put_in(tx: &rusqlite::Transaction<'_>, hash: &str, body: &str, now: i64, pinned: bool) -> rusqlite::Result<()> {
     tx.execute(
-        "INSERT INTO tidings_content (hash, body, stored_ms) VALUES (?1, ?2, ?3)
-         ON CONFLICT (hash) DO UPDATE SET stored_ms = excluded.stored_ms",
-        params![hash, body, now],
+        "INSERT INTO tidings_content (hash, body, stored_ms, pinned) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (hash) DO UPDATE SET stored_ms = excluded.stored_ms, pinned = max(pinned, excluded.pinned)",
+        params![hash, body, now, pinned],
     )?;
     Ok(())
 }
@@ -253,7 +255,7 @@ fn tree_write_in(tx: &rusqlite::Transaction<'_>, write: TreeWrite) -> rusqlite::
                  ON CONFLICT (path) DO UPDATE SET entity = excluded.entity, hash = excluded.hash, changed_event = excluded.changed_event",
                 params![write.path, entity, hash, event_id],
             )?;
-            content_put_in(tx, hash, entity, chrono::Utc::now().timestamp_millis())?;
+            content_put_in(tx, hash, entity, chrono::Utc::now().timestamp_millis(), false)?;
         }
         (None, ChangeKind::Deleted) => {
             tx.execute("DELETE FROM tree_entities WHERE path = ?1", [&write.path])?;
@@ -356,9 +358,20 @@ impl EventLog for EmbeddedStore {
                 let n = conn.execute("DELETE FROM events WHERE id <= min(?1, (SELECT min(id) FROM events) + 9999)", [cut])?;
                 deleted += n as u64;
                 if n == 0 {
-                    return Ok(deleted);
+                    break;
                 }
             }
+            if deleted > 0 {
+                // Entities no path holds and no retained change names.
+                conn.execute(
+                    "DELETE FROM tidings_content
+                     WHERE NOT pinned
+                       AND stored_ms < coalesce((SELECT min(recorded_at) FROM events), ?1)
+                       AND NOT EXISTS (SELECT 1 FROM tree_entities t WHERE t.hash = tidings_content.hash)",
+                    [chrono::Utc::now().timestamp_millis()],
+                )?;
+            }
+            Ok(deleted)
         })
         .await
     }
@@ -521,7 +534,7 @@ impl EventLog for EmbeddedStore {
             let tx = conn.transaction()?;
             let now = chrono::Utc::now().timestamp_millis();
             for (hash, body) in &entities {
-                content_put_in(&tx, hash, body, now)?;
+                content_put_in(&tx, hash, body, now, true)?;
             }
             tx.commit()
         })

@@ -219,7 +219,7 @@ async fn tree_write_in(tx: &tokio_postgres::Transaction<'_>, write: TreeWrite) -
             )
             .await?;
             tx.execute(
-                "INSERT INTO tidings_content (hash, body, stored_ms) VALUES ($1, $2, $3)
+                "INSERT INTO tidings_content (hash, body, stored_ms, pinned) VALUES ($1, $2, $3, false)
                  ON CONFLICT (hash) DO UPDATE SET stored_ms = EXCLUDED.stored_ms",
                 &[hash, entity, &chrono::Utc::now().timestamp_millis()],
             )
@@ -303,9 +303,24 @@ impl EventLog for PostgresStore {
                 .map_err(pg_error)?;
             deleted += n;
             if n == 0 {
-                return Ok(deleted);
+                break;
             }
         }
+        if deleted > 0 {
+            // Entities no path holds and no retained change names.
+            client
+                .execute(
+                    "DELETE FROM tidings_content c
+                     WHERE NOT c.pinned
+                       AND c.stored_ms < COALESCE((SELECT (extract(epoch FROM min(recorded_at)) * 1000)::bigint FROM events),
+                                                  (extract(epoch FROM now()) * 1000)::bigint)
+                       AND NOT EXISTS (SELECT 1 FROM tree_entities t WHERE t.hash = c.hash)",
+                    &[],
+                )
+                .await
+                .map_err(pg_error)?;
+        }
+        Ok(deleted)
     }
 
     async fn consumer_open(&self, open: ConsumerOpen<'_>) -> Result<Opened, StoreError> {
@@ -443,9 +458,9 @@ impl EventLog for PostgresStore {
         let (hashes, bodies): (Vec<String>, Vec<String>) = entities.into_iter().unzip();
         client
             .execute(
-                "INSERT INTO tidings_content (hash, body, stored_ms)
-                 SELECT h, b, $3 FROM unnest($1::text[], $2::text[]) AS t(h, b)
-                 ON CONFLICT (hash) DO UPDATE SET stored_ms = EXCLUDED.stored_ms",
+                "INSERT INTO tidings_content (hash, body, stored_ms, pinned)
+                 SELECT h, b, $3, true FROM unnest($1::text[], $2::text[]) AS t(h, b)
+                 ON CONFLICT (hash) DO UPDATE SET stored_ms = EXCLUDED.stored_ms, pinned = true",
                 &[&hashes, &bodies, &chrono::Utc::now().timestamp_millis()],
             )
             .await

@@ -25,6 +25,7 @@ both_stores!(
     subscriptions_survive_a_restart,
     concurrent_writers_lose_and_repeat_nothing,
     an_expired_deliver_token_ends_the_subscription,
+    retention_prunes_entities_no_longer_needed,
 );
 
 /// Several servers on one database (sharing the server key, as they must):
@@ -707,4 +708,40 @@ async fn an_expired_deliver_token_ends_the_subscription(backend: Backend) {
     put(&app, "exp/a", json!({"v": 2}), Some("late")).await;
     gone.next().await;
     assert_eq!(children(&app, &format!("system/runtime/chain-errors/lost/late/{id}/deliver_token_expired")).await.len(), 1);
+}
+
+/// Retention also drops stored entities that no path holds and no retained
+/// change names; the current entities and subscription chains stay.
+async fn retention_prunes_entities_no_longer_needed(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.retention = tidings::config::Retention { max_age: None, max_events: Some(3) };
+        s.retention_interval = std::time::Duration::from_millis(50);
+    })
+    .await;
+    let server = server_hash(&app).await;
+    let a = Peer::new();
+    let mut included = Map::new();
+    let token = a.grant(&server, inbox_grant("system/inbox/p"), None, &mut included);
+    let params = json!({"deliver_to": {"uri": "system/inbox/p"}, "deliver_token": token});
+    let (status, _) =
+        execute(&app, &Subscribe { author: &a, pattern: "kept/*", params, capability: None, included }.envelope("subscribe")).await;
+    assert_eq!(status, 200);
+    let old = put(&app, "pruned/x", json!({"v": 0}), None).await["hash"].as_str().unwrap().to_owned();
+    // Later writes happen on a later millisecond than the first.
+    let t0 = chrono::Utc::now().timestamp_millis();
+    while chrono::Utc::now().timestamp_millis() < t0 + 2 {
+        tokio::task::yield_now().await;
+    }
+    let mut current = String::new();
+    for i in 1..10 {
+        current = put(&app, "pruned/x", json!({"v": i}), None).await["hash"].as_str().unwrap().to_owned();
+    }
+    let mut tries = 0;
+    while app.store.content_get(&old).await.unwrap().is_some() {
+        tries += 1;
+        assert!(tries < 400, "retention dropped the overwritten entity");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(app.store.content_get(&current).await.unwrap().is_some(), "the current entity stays");
+    assert!(app.store.content_get(&token).await.unwrap().is_some(), "a subscription's deliver token stays");
 }
