@@ -74,6 +74,17 @@ fn require(allowed: bool, what: &str) -> Result<(), ApiError> {
     if allowed { Ok(()) } else { Err(ApiError::forbidden("forbidden_tree_access", format!("the caller may not {what} the tree"))) }
 }
 
+/// `system/…` holds what tidings itself keeps (subscriptions, their
+/// configuration, chain-error markers): only admins read or write it
+/// directly (seed 000 §1.1, §7.1). Subscribers go through `/v1/execute`.
+fn require_system(caller: &crate::auth::Identity, path: &str) -> Result<(), ApiError> {
+    let system = path == "system" || path.starts_with("system/");
+    if system && !caller.admin {
+        return Err(ApiError::forbidden("forbidden_tree_access", "only admins read or write system/ directly"));
+    }
+    Ok(())
+}
+
 /// Reads an entity, or lists children when the path ends with `/`.
 #[utoipa::path(
     get,
@@ -91,6 +102,7 @@ fn require(allowed: bool, what: &str) -> Result<(), ApiError> {
 )]
 pub(crate) async fn get(State(app): State<AppState>, Caller(caller): Caller, Path(path): Path<String>) -> Result<Response, ApiError> {
     require(caller.may_subscribe(names::TREE_UPDATED), "read")?;
+    require_system(&caller, &path)?;
     if let Some(dir) = path.strip_suffix('/') {
         return list(&app, dir).await;
     }
@@ -205,6 +217,7 @@ pub(crate) async fn put(
 ) -> Result<Response, ApiError> {
     validate_path(&path).map_err(invalid_path)?;
     require(caller.may_publish(names::TREE_CREATED) && caller.may_publish(names::TREE_UPDATED), "write")?;
+    require_system(&caller, &path)?;
     let condition = condition(&headers)?;
     let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
     let entity: Entity = serde_json::from_slice(&bytes)
@@ -245,6 +258,7 @@ pub(crate) async fn delete(
 ) -> Result<Response, ApiError> {
     validate_path(&path).map_err(invalid_path)?;
     require(caller.may_publish(names::TREE_DELETED), "write")?;
+    require_system(&caller, &path)?;
     let condition = condition(&headers)?;
     let write =
         TreeWrite { path: path.clone(), entity: None, condition, event: change_event(&path, agent(&caller), None, chain_id(&headers)?) };

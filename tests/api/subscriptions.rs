@@ -440,6 +440,14 @@ async fn capability_required_when_auth_is_on(backend: Backend) {
             .envelope("subscribe");
     let r = app.http.post(app.url("/v1/execute")).bearer_auth(jwt(false)).json(&envelope).send().await.unwrap();
     assert_eq!(r.status(), 200);
+    // system/ is tidings' own: only admins read or write it directly.
+    let list = |token: String| app.http.get(app.url("/v1/tree/system/subscription/")).bearer_auth(token).send();
+    assert_eq!(list(jwt(false)).await.unwrap().status(), 403);
+    assert_eq!(list(jwt(true)).await.unwrap().json::<Value>().await.unwrap()["children"].as_array().unwrap().len(), 1);
+    let forged = json!({"type": "system/subscription", "data": {}});
+    let r = app.http.put(app.url("/v1/tree/system/subscription/forged")).bearer_auth(jwt(false)).json(&forged).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "forbidden_tree_access");
 }
 
 async fn notifications_follow_commit_order_with_payload(backend: Backend) {
