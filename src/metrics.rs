@@ -45,6 +45,14 @@ pub const LISTENER_UP: &str = "tidings_listener_up";
 /// Replay gaps announced to clients.
 pub const REPLAY_GAPS: &str = "tidings_replay_gaps_total";
 
+/// Path-subscription notifications, by outcome (delivered, or why not).
+pub const SUBSCRIPTION_NOTIFICATIONS: &str = "tidings_subscription_notifications_total";
+/// Subscriptions the leading engine matches changes against.
+pub const SUBSCRIPTIONS: &str = "tidings_subscriptions";
+/// Outcomes of a matching change: the label values of `outcome`.
+pub const NOTIFICATION_OUTCOMES: &[&str] =
+    &["delivered", "rate_limited", "max_events_reached", "max_duration_reached", "deliver_token_expired"];
+
 /// Transports that deliver events.
 pub const TRANSPORTS: &[&str] = &["sse", "poll"];
 /// Why the server ends a client.
@@ -102,6 +110,8 @@ fn describe() {
     describe_gauge!(DATABASE_UP, Unit::Count, "1 while the store answers, 0 while it does not.");
     describe_gauge!(LISTENER_UP, Unit::Count, "1 while the LISTEN connection (or the embedded wake-up) is up.");
     describe_histogram!(CONSUMER_LAG, Unit::Count, "Durable consumers' events behind the head, sampled by each expiry sweep.");
+    describe_counter!(SUBSCRIPTION_NOTIFICATIONS, Unit::Count, "Tree changes matched by a path subscription, by outcome.");
+    describe_gauge!(SUBSCRIPTIONS, Unit::Count, "Path subscriptions in the leading engine's index (0 on other processes).");
 
     for transport in TRANSPORTS {
         counter!(EVENTS_DELIVERED, "transport" => *transport).increment(0);
@@ -119,6 +129,10 @@ fn describe() {
     counter!(POLL_REQUESTS).increment(0);
     gauge!(DATABASE_UP).set(1.0);
     gauge!(LISTENER_UP).set(0.0);
+    for outcome in NOTIFICATION_OUTCOMES {
+        counter!(SUBSCRIPTION_NOTIFICATIONS, "outcome" => *outcome).increment(0);
+    }
+    gauge!(SUBSCRIPTIONS).set(0.0);
     counter!(EVENTS_PUBLISHED, "type" => "unregistered").increment(0);
     counter!(HTTP_REQUESTS, "route" => "/metrics", "status" => "200").increment(0);
     // Registering a histogram renders it with empty buckets; no fake sample.

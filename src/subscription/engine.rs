@@ -168,6 +168,7 @@ impl Engine {
     /// Loads the index and steps while this process leads.
     async fn lead(&mut self, cancel: &CancellationToken) -> Result<(), StepError> {
         let mut state = self.load().await?;
+        let _reset = ResetGauge;
         tracing::info!(cursor = state.committed, subscriptions = state.subs.len(), "subscription engine leads");
         let mut checked_lead = Instant::now();
         loop {
@@ -306,6 +307,7 @@ impl Engine {
                 }
             }
         }
+        metrics::gauge!(crate::metrics::SUBSCRIPTIONS).set(state.subs.len() as f64);
         let full = records.len() == BATCH;
         if effects.is_empty() && counts.is_empty() && state.last_commit.elapsed() < IDLE_COMMIT {
             state.scanned = reached;
@@ -356,6 +358,11 @@ impl Engine {
         for id in ids {
             let Some(active) = state.subs.get_mut(&id) else { continue };
             let verdict = check(active, at);
+            let outcome = match verdict {
+                Verdict::Deliver => "delivered",
+                Verdict::Drop(reason) | Verdict::Terminate(reason) => reason,
+            };
+            metrics::counter!(crate::metrics::SUBSCRIPTION_NOTIFICATIONS, "outcome" => outcome).increment(1);
             match verdict {
                 Verdict::Deliver => {
                     effects.push(EngineEffect::Append(self.notification(active, kind, change, &chain_id).await?));
@@ -452,6 +459,15 @@ impl Engine {
             condition: Condition::IfAbsent,
             event: change_event(&path, self.agent(), Some(hash), chain_id.to_owned()),
         })
+    }
+}
+
+/// Zeroes the subscriptions gauge when this process stops leading.
+struct ResetGauge;
+
+impl Drop for ResetGauge {
+    fn drop(&mut self) {
+        metrics::gauge!(crate::metrics::SUBSCRIPTIONS).set(0.0);
     }
 }
 

@@ -24,6 +24,8 @@ const CATALOG: &[&str] = &[
     "tidings_registry_violations_total",
     "tidings_database_up",
     "tidings_listener_up",
+    "tidings_subscription_notifications_total",
+    "tidings_subscriptions",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
