@@ -1,5 +1,6 @@
 //! The HTTP/1.1 server loop: accepts connections, serves each on its own
-//! task with hyper, and owns their lifecycle.
+//! task (with hyper, or for event streams on the [`direct`] path), and owns
+//! their lifecycle.
 //!
 //! Why not `axum::serve`: tidings must be able to close *one* connection by
 //! force (a slow SSE client whose socket no longer drains) and to bound a
@@ -22,6 +23,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
+
+mod direct;
 
 /// A handle on the connection a request arrived on.
 #[derive(Debug, Clone)]
@@ -85,12 +88,24 @@ pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions,
 }
 
 async fn serve_connection(
-    stream: tokio::net::TcpStream,
+    mut stream: tokio::net::TcpStream,
     connection: Connection,
     router: Router,
     header_timeout: Duration,
     shutdown: CancellationToken,
 ) {
+    let first = tokio::select! {
+        first = tokio::time::timeout(header_timeout, direct::sniff(&mut stream)) => first.unwrap_or(direct::First::Gone),
+        _ = connection.kill.cancelled() => return,
+    };
+    match first {
+        direct::First::Gone => {}
+        direct::First::Stream(request) => direct::serve(stream, *request, connection, router).await,
+        direct::First::Other(read) => serve_hyper(direct::Rewind::new(read, stream), connection, router, header_timeout, shutdown).await,
+    }
+}
+
+async fn serve_hyper(io: direct::Rewind, connection: Connection, router: Router, header_timeout: Duration, shutdown: CancellationToken) {
     let kill = connection.kill.clone();
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         request.extensions_mut().insert(connection.clone());
@@ -99,7 +114,7 @@ async fn serve_connection(
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let conn = builder.serve_connection(TokioIo::new(io), service);
     let mut conn = pin!(conn);
     let mut draining = false;
     loop {

@@ -1,0 +1,272 @@
+//! The direct path for event streams: a connection whose first request is
+//! `GET /v1/stream` is answered without hyper's connection machinery.
+//!
+//! Why: a stream is one long response, and hyper keeps an 8 KiB read buffer
+//! and an 8 KiB write buffer per connection for as long as it lives, which
+//! is most of what an idle stream costs. Here the request head is read into
+//! a small buffer that is freed once parsed, the request goes through the
+//! same router (middleware, auth, handlers), and the response is written
+//! with chunked encoding straight from the body's frames (each frame is one
+//! vectored write of the chunk size, the shared frame bytes and the CRLF:
+//! no copy, no per-connection buffer). After the stream ends the connection
+//! is closed; clients reconnect anyway.
+//!
+//! Every other first request (and HTTP/1.0, and anything that does not
+//! parse) is handed to hyper with the bytes read so far put back in front
+//! ([`Rewind`]).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderName, HeaderValue, Method, Request, Response, Version};
+use bytes::{Buf as _, Bytes};
+use http_body_util::BodyExt as _;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+use super::Connection;
+
+/// Longest request head read here; longer ones go to hyper (which refuses
+/// them properly).
+const MAX_HEAD: usize = 16 * 1024;
+/// Most headers parsed.
+const MAX_HEADERS: usize = 64;
+/// The request line that takes the direct path.
+const STREAM_PREFIX: &[u8] = b"GET /v1/stream";
+
+/// What sniffing the first request found.
+pub(super) enum First {
+    /// A stream request, already parsed.
+    Stream(Box<Request<Body>>),
+    /// Anything else: hand the connection to hyper with these bytes first.
+    Other(Bytes),
+    /// The client went away (or sent nothing in time).
+    Gone,
+}
+
+/// Reads the start of the first request.
+pub(super) async fn sniff(stream: &mut TcpStream) -> First {
+    let mut head = Vec::with_capacity(1024);
+    loop {
+        let mut chunk = [0u8; 1024];
+        let n = match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return First::Gone,
+            Ok(n) => n,
+        };
+        head.extend_from_slice(&chunk[..n]);
+        let prefix = head.len().min(STREAM_PREFIX.len());
+        if head[..prefix] != STREAM_PREFIX[..prefix] {
+            return First::Other(head.into());
+        }
+        if head.len() > STREAM_PREFIX.len() && !matches!(head[STREAM_PREFIX.len()], b' ' | b'?') {
+            return First::Other(head.into());
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(&head) {
+            Ok(httparse::Status::Complete(len)) if request.version == Some(1) && len == head.len() => {
+                return match build(&request) {
+                    Some(r) => First::Stream(Box::new(r)),
+                    None => First::Other(head.into()),
+                };
+            }
+            // HTTP/1.0, a pipelined request behind it, or anything odd:
+            // hyper knows what to do.
+            Ok(httparse::Status::Complete(_)) | Err(_) => return First::Other(head.into()),
+            Ok(httparse::Status::Partial) if head.len() >= MAX_HEAD => return First::Other(head.into()),
+            Ok(httparse::Status::Partial) => {}
+        }
+    }
+}
+
+fn build(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
+    let mut request = Request::builder().method(Method::GET).uri(parsed.path?).version(Version::HTTP_11).body(Body::empty()).ok()?;
+    let headers = request.headers_mut();
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).ok()?;
+        headers.append(name, HeaderValue::from_bytes(h.value).ok()?);
+    }
+    // A stream request carries no body; one that announces a body is not
+    // what this path serves.
+    if headers.contains_key(axum::http::header::CONTENT_LENGTH) || headers.contains_key(axum::http::header::TRANSFER_ENCODING) {
+        return None;
+    }
+    Some(request)
+}
+
+/// Serves one stream request on `stream`, then closes it.
+pub(super) async fn serve(mut stream: TcpStream, mut request: Request<Body>, connection: Connection, router: Router) {
+    let kill = connection.kill_token();
+    request.extensions_mut().insert(connection);
+    let response = match router.oneshot(request).await {
+        Ok(r) => r,
+        Err(e) => match e {},
+    };
+    let _ = tokio::select! {
+        r = write_response(&mut stream, response, &kill) => r,
+        _ = kill.cancelled() => Ok(()),
+    };
+}
+
+async fn write_response(stream: &mut TcpStream, response: Response<Body>, kill: &CancellationToken) -> io::Result<()> {
+    let (parts, body) = response.into_parts();
+    let exact = http_body::Body::size_hint(&body).exact();
+    let mut head = Vec::with_capacity(256);
+    head.extend_from_slice(b"HTTP/1.1 ");
+    head.extend_from_slice(parts.status.as_str().as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
+    head.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"date: ");
+    head.extend_from_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
+    head.extend_from_slice(b"\r\n");
+    match exact {
+        Some(len) => head.extend_from_slice(format!("content-length: {len}\r\nconnection: close\r\n\r\n").as_bytes()),
+        None => head.extend_from_slice(b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"),
+    }
+    stream.write_all(&head).await?;
+    drop(head);
+    let (mut reader, mut writer) = stream.split();
+    let mut body = std::pin::pin!(body);
+    let mut scratch = [0u8; 64];
+    loop {
+        tokio::select! {
+            frame = body.frame() => {
+                let data = match frame {
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(data) => data,
+                        Err(_) => continue, // trailers: none are sent
+                    },
+                    Some(Err(_)) => return Ok(()),
+                    None => break,
+                };
+                if data.is_empty() {
+                    continue;
+                }
+                tokio::select! {
+                    r = write_frame(&mut writer, data, exact.is_none()) => r?,
+                    _ = kill.cancelled() => return Ok(()),
+                }
+            }
+            // The client closed its side (or sent something after its
+            // request, which a stream ignores).
+            read = reader.read(&mut scratch) => match read {
+                Ok(0) | Err(_) => return Ok(()),
+                Ok(_) => {}
+            },
+        }
+    }
+    if exact.is_none() {
+        writer.write_all(b"0\r\n\r\n").await?;
+    }
+    writer.shutdown().await
+}
+
+/// One frame: with chunked encoding, `<hex size>\r\n<data>\r\n` in one
+/// vectored write.
+async fn write_frame(writer: &mut tokio::net::tcp::WriteHalf<'_>, data: Bytes, chunked: bool) -> io::Result<()> {
+    if !chunked {
+        let mut data = data;
+        return writer.write_all_buf(&mut data).await;
+    }
+    let mut size = [0u8; 18];
+    let len = hex_size(data.len(), &mut size);
+    let mut buf = bytes::Buf::chain(bytes::Buf::chain(&size[..len], data), &b"\r\n"[..]);
+    while buf.has_remaining() {
+        writer.write_buf(&mut buf).await?;
+    }
+    Ok(())
+}
+
+/// Writes `n` in hex followed by CRLF into `out`; returns the length.
+fn hex_size(n: usize, out: &mut [u8; 18]) -> usize {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut v = n;
+    loop {
+        i -= 1;
+        digits[i] = DIGITS[v & 0xf];
+        v >>= 4;
+        if v == 0 {
+            break;
+        }
+    }
+    let len = digits.len() - i;
+    out[..len].copy_from_slice(&digits[i..]);
+    out[len..len + 2].copy_from_slice(b"\r\n");
+    len + 2
+}
+
+/// A connection with bytes already read put back in front, for hyper.
+pub(super) struct Rewind {
+    prefix: Bytes,
+    inner: TcpStream,
+}
+
+impl Rewind {
+    pub(super) fn new(prefix: Bytes, inner: TcpStream) -> Self {
+        Self { prefix, inner }
+    }
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sizes_in_hex() {
+        let mut out = [0u8; 18];
+        for (n, want) in
+            [(0, "0\r\n"), (9, "9\r\n"), (10, "a\r\n"), (255, "ff\r\n"), (4096, "1000\r\n"), (usize::MAX, "ffffffffffffffff\r\n")]
+        {
+            let len = hex_size(n, &mut out);
+            assert_eq!(std::str::from_utf8(&out[..len]).unwrap(), want);
+        }
+    }
+}
