@@ -38,6 +38,12 @@ pub mod names {
     pub const TREE_DELETED: &str = "tree.deleted";
     /// A path subscription's notification, addressed (`ref`) to its inbox.
     pub const SUBSCRIPTION_NOTIFICATION: &str = "subscription.notification";
+
+    /// Types only tidings itself writes: a publish of one is refused, so a
+    /// tree change or a notification in the log is always real (the
+    /// subscription engine trusts them).
+    pub const RESERVED: &[&str] =
+        &[TREE_CREATED, TREE_UPDATED, TREE_DELETED, SUBSCRIPTION_NOTIFICATION, SYSTEM_CLIENT_DROPPED_SLOW, SYSTEM_REPLAY_GAP];
 }
 
 /// Longest accepted event name, in bytes.

@@ -49,7 +49,7 @@ pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> 
         (status = 201, description = "Stored: `{\"event_ids\": [...]}`", body = Object),
         (status = 400, description = "`malformed_json`, `invalid_event`, `malformed_body`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
-        (status = 403, description = "`forbidden_event_type`, `agent_spoofing`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`forbidden_event_type`, `agent_spoofing`, `reserved_event_type`", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "`body_too_large`, `payload_too_large`, `batch_too_large`", body = crate::http::openapi::ErrorBody),
         (status = 422, description = "`invalid_event_name`; in strict mode `unregistered_event_type`, `payload_schema_violation`", body = crate::http::openapi::ErrorBody),
         (status = 429, description = "`rate_limited` (with Retry-After)", body = crate::http::openapi::ErrorBody),
@@ -116,6 +116,12 @@ pub(crate) async fn publish(
             EventError::InvalidField(_) => ApiError::bad_request("invalid_event", at(e.to_string())),
             EventError::PayloadTooLarge { .. } => ApiError::too_large("payload_too_large", at(e.to_string())),
         })?;
+        if crate::event::names::RESERVED.contains(&body.event_type.as_str()) {
+            return Err(ApiError::forbidden(
+                "reserved_event_type",
+                at(format!("{:?} is written by tidings itself (tree writes, subscriptions, stream notices)", body.event_type)),
+            ));
+        }
         if !caller.may_publish(&body.event_type) {
             return Err(ApiError::forbidden("forbidden_event_type", at(format!("the caller may not publish {:?}", body.event_type))));
         }

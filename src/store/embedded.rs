@@ -247,6 +247,10 @@ fn tree_write_in(tx: &rusqlite::Transaction<'_>, write: TreeWrite) -> rusqlite::
         Err(outcome) => return Ok(outcome),
     };
     let record = (write.event)(kind, current.as_deref());
+    if let Some(previous) = &current {
+        // The change event names the replaced entity: keep it as long.
+        tx.execute("UPDATE tidings_content SET stored_ms = ?2 WHERE hash = ?1", params![previous, chrono::Utc::now().timestamp_millis()])?;
+    }
     let event_id = append_in(tx, std::slice::from_ref(&record))?[0];
     match (&write.entity, kind) {
         (Some((entity, hash)), _) => {

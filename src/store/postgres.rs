@@ -208,6 +208,11 @@ async fn tree_write_in(tx: &tokio_postgres::Transaction<'_>, write: TreeWrite) -
         Err(outcome) => return Ok(outcome),
     };
     let record = (write.event)(kind, current.as_deref());
+    if let Some(previous) = &current {
+        // The change event names the replaced entity: keep it as long.
+        tx.execute("UPDATE tidings_content SET stored_ms = (extract(epoch FROM now()) * 1000)::bigint WHERE hash = $1", &[previous])
+            .await?;
+    }
     let row = tx.query_one(APPEND_SQL, &[&vec![record.event_type], &vec![record.body]]).await?;
     let event_id: i64 = row.get::<_, i64>(0) + 1;
     match (&write.entity, kind) {
@@ -219,9 +224,10 @@ async fn tree_write_in(tx: &tokio_postgres::Transaction<'_>, write: TreeWrite) -
             )
             .await?;
             tx.execute(
-                "INSERT INTO tidings_content (hash, body, stored_ms, pinned) VALUES ($1, $2, $3, false)
+                "INSERT INTO tidings_content (hash, body, stored_ms, pinned)
+                 VALUES ($1, $2, (extract(epoch FROM now()) * 1000)::bigint, false)
                  ON CONFLICT (hash) DO UPDATE SET stored_ms = EXCLUDED.stored_ms",
-                &[hash, entity, &chrono::Utc::now().timestamp_millis()],
+                &[hash, entity],
             )
             .await?;
         }
@@ -459,9 +465,9 @@ impl EventLog for PostgresStore {
         client
             .execute(
                 "INSERT INTO tidings_content (hash, body, stored_ms, pinned)
-                 SELECT h, b, $3, true FROM unnest($1::text[], $2::text[]) AS t(h, b)
+                 SELECT h, b, (extract(epoch FROM now()) * 1000)::bigint, true FROM unnest($1::text[], $2::text[]) AS t(h, b)
                  ON CONFLICT (hash) DO UPDATE SET stored_ms = EXCLUDED.stored_ms, pinned = true",
-                &[&hashes, &bodies, &chrono::Utc::now().timestamp_millis()],
+                &[&hashes, &bodies],
             )
             .await
             .map_err(pg_error)?;
@@ -520,6 +526,16 @@ impl EventLog for PostgresStore {
             .map_err(pg_error)?;
         if moved != 1 {
             return Ok(false);
+        }
+        // Path locks first, in order, as every tree write takes them before
+        // the head's row lock: an append here before them could deadlock
+        // with a concurrent write to one of these paths.
+        let mut paths: Vec<&str> =
+            commit.effects.iter().filter_map(|e| if let EngineEffect::Tree(w) = e { Some(w.path.as_str()) } else { None }).collect();
+        paths.sort_unstable();
+        paths.dedup();
+        for path in paths {
+            tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7324002))", &[&path]).await.map_err(pg_error)?;
         }
         for effect in commit.effects {
             match effect {

@@ -108,6 +108,14 @@ struct State {
     last_commit: Instant,
 }
 
+/// What one step produces.
+#[derive(Default)]
+struct Output {
+    effects: Vec<EngineEffect>,
+    counts: Vec<(String, Option<i64>)>,
+    outcomes: BTreeMap<&'static str, u64>,
+}
+
 /// What a step did.
 enum Progress {
     More,
@@ -230,8 +238,14 @@ impl Engine {
             at.insert(uri, before);
         }
         let mut subs = BTreeMap::new();
-        for (entity, hash) in at.into_values().flatten() {
-            if let Some(active) = self.activate(&entity, hash, &counts).await? {
+        for (path, entry) in at {
+            let Some((entity, hash)) = entry else { continue };
+            if !is_subscription_path(&path) {
+                continue;
+            }
+            if let Some(active) = self.activate(&entity, hash, &counts).await?
+                && path == active.sub.path()
+            {
                 subs.insert(active.sub.subscription_id.clone(), active);
             }
         }
@@ -264,13 +278,12 @@ impl Engine {
 
     async fn step(&self, state: &mut State) -> Result<Progress, StepError> {
         let (records, reached) = self.store.engine_changes(state.scanned, &TREE_TYPES, BATCH).await?;
-        let mut effects = Vec::new();
-        let mut counts: Vec<(String, Option<i64>)> = Vec::new();
+        let mut out = Output::default();
         let mut terminated = false;
         for record in &records {
             let Some((kind, change)) = parse(record) else { continue };
             if !is_marker_path(&change.uri) {
-                terminated |= self.fire(state, record, kind, &change, &mut effects, &mut counts).await?;
+                terminated |= self.fire(state, record, kind, &change, &mut out).await?;
             }
             // Register after matching: a subscription hears of changes
             // committed after its own creation.
@@ -300,20 +313,22 @@ impl Engine {
                         }
                     }
                     (None, _) => {
-                        if state.subs.remove(id).is_some() {
-                            counts.push((id.to_owned(), None));
-                        }
+                        state.subs.remove(id);
+                        out.counts.push((id.to_owned(), None));
                     }
                 }
             }
         }
         metrics::gauge!(crate::metrics::SUBSCRIPTIONS).set(state.subs.len() as f64);
         let full = records.len() == BATCH;
-        if effects.is_empty() && counts.is_empty() && state.last_commit.elapsed() < IDLE_COMMIT {
-            state.scanned = reached;
-        } else {
-            state.scanned = reached;
+        state.scanned = reached;
+        let Output { effects, counts, outcomes } = out;
+        if !(effects.is_empty() && counts.is_empty() && state.last_commit.elapsed() < IDLE_COMMIT) {
             self.commit(state, effects, counts).await?;
+        }
+        // Counted once committed (a failed step is redone after a reload).
+        for (outcome, n) in outcomes {
+            metrics::counter!(crate::metrics::SUBSCRIPTION_NOTIFICATIONS, "outcome" => outcome).increment(n);
         }
         if terminated && let Err(e) = self.handler.refresh_config().await {
             tracing::warn!(error = %e, "could not refresh system/config/subscription");
@@ -343,9 +358,9 @@ impl Engine {
         record: &Record,
         kind: &'static str,
         change: &Change,
-        effects: &mut Vec<EngineEffect>,
-        counts: &mut Vec<(String, Option<i64>)>,
+        out: &mut Output,
     ) -> Result<bool, StoreError> {
+        let Output { effects, counts, outcomes } = out;
         let at = record.recorded_ms;
         let chain_id = change.chain_id.clone().unwrap_or_else(|| format!("event-{}", record.id));
         let mut ended = Vec::new();
@@ -362,7 +377,7 @@ impl Engine {
                 Verdict::Deliver => "delivered",
                 Verdict::Drop(reason) | Verdict::Terminate(reason) => reason,
             };
-            metrics::counter!(crate::metrics::SUBSCRIPTION_NOTIFICATIONS, "outcome" => outcome).increment(1);
+            *outcomes.entry(outcome).or_default() += 1;
             match verdict {
                 Verdict::Deliver => {
                     effects.push(EngineEffect::Append(self.notification(active, kind, change, &chain_id).await?));
@@ -386,7 +401,8 @@ impl Engine {
                         condition,
                         event: change_event(&path, self.agent(), None, chain_id.clone()),
                     }));
-                    counts.push((id.clone(), None));
+                    // The count stays until the engine reaches the deletion
+                    // in the log: a reload rewinds to a cursor before it.
                     ended.push(id);
                 }
             }

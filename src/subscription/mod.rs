@@ -260,28 +260,37 @@ impl Subscriptions {
         if !capability::in_chain(&chain, caller.author) {
             return Ok(Answer::error(403, "embedded_cap_unauthorized", "subscriber identity not in deliver_token authority chain"));
         }
-        // 2b / 6. Keep the chain (and everything else included) so the engine
-        // can resolve the token by hash later.
-        let mut content = Vec::with_capacity(caller.included.len());
-        for (hash, entity) in caller.included {
-            if let Ok(e) = serde_json::from_value::<Entity>(entity.clone()) {
-                content.push((hash.clone(), e.canonical().0));
-            }
-        }
+        // 2b. Keep the chain (tokens, their signatures, their granters) so
+        // the engine can resolve the token by hash later; stored once the
+        // subscription is, so a refused request stores nothing.
+        let content = chain_content(&chain, caller.included);
         let _gate = self.gate.lock().await;
         let existing = self.list().await?;
         let pattern = request.pattern.as_str();
-        // Renewal: same subscriber, pattern and inbox; only the token rotates.
-        if let Some((entry, found)) = existing
-            .iter()
-            .find(|(_, s)| s.subscriber_identity == caller.author && s.pattern == pattern && s.deliver_uri == request.deliver_uri)
-        {
-            self.store.content_put(content).await?;
-            let renewed = Subscription { deliver_token: token_hash.to_owned(), ..found.clone() };
-            if self.write(&renewed, Condition::IfMatch(entry.hash.clone()), caller.chain_id).await? {
-                return Ok(Answer::ok(200, result(&renewed, true)));
+        // Renewal: same subscriber, pattern, inbox and operation; only the
+        // token rotates (and it was just checked for that operation).
+        if let Some((entry, found)) = existing.iter().find(|(_, s)| {
+            s.subscriber_identity == caller.author
+                && s.pattern == pattern
+                && s.deliver_uri == request.deliver_uri
+                && s.deliver_operation == request.deliver_operation
+        }) {
+            if let Some(refused) = payload_check(caller, found.include_payload, &request.pattern) {
+                return Ok(refused);
             }
-            return Ok(Answer::error(409, "subscription_changed", "the subscription changed during renewal; retry"));
+            let renewed = Subscription { deliver_token: token_hash.to_owned(), ..found.clone() };
+            if !self.write(&renewed, Condition::IfMatch(entry.hash.clone()), caller.chain_id).await? {
+                return Ok(Answer::error(409, "subscription_changed", "the subscription changed during renewal; retry"));
+            }
+            self.store.content_put(content).await?;
+            return Ok(Answer::ok(200, result(&renewed, true)));
+        }
+        if existing.len() >= MAX_SUBSCRIPTIONS {
+            return Ok(Answer::error(
+                503,
+                "too_many_subscriptions",
+                format!("this server keeps at most {MAX_SUBSCRIPTIONS} subscriptions; unsubscribe some or use another server"),
+            ));
         }
         // 3a. Capacity for this prefix.
         let subscribers: Vec<&Subscription> = existing.iter().map(|(_, s)| s).filter(|s| s.pattern == pattern).collect();
@@ -301,15 +310,11 @@ impl Subscriptions {
             ));
         }
         // 3b. Bundling content needs read access, not only subscribe.
-        if request.include_payload
-            && let Some(chain) = caller.capability
-            && !capability::chain_covers(chain, "system/tree", "get", &request.pattern)
-        {
-            return Ok(Answer::error(403, "payload_unauthorized", "include_payload requires tree:get on the subscribed resource"));
+        if let Some(refused) = payload_check(caller, request.include_payload, &request.pattern) {
+            return Ok(refused);
         }
         // 4–5. Store the entity: the engine registers it when it reaches the
         // change in the log.
-        self.store.content_put(content).await?;
         let subscription = Subscription {
             subscription_id: generate_id(),
             pattern: pattern.to_owned(),
@@ -322,9 +327,10 @@ impl Subscriptions {
             created_at: caller.now_ms,
             limits: request.limits,
         };
+        self.store.content_put(content).await?;
         self.write(&subscription, Condition::IfAbsent, caller.chain_id).await?;
         drop(_gate);
-        self.refresh_config().await?;
+        self.refresh_config_logged().await;
         Ok(Answer::ok(200, result(&subscription, false)))
     }
 
@@ -341,6 +347,11 @@ impl Subscriptions {
         if subscription.subscriber_identity != caller.author && !caller.admin {
             return Ok(Answer::error(403, "not_subscription_owner", "only the subscriber (or an admin) may unsubscribe"));
         }
+        if let Some(chain) = caller.capability
+            && !Glob::new_path(&subscription.pattern).is_ok_and(|p| capability::chain_covers(chain, HANDLER, "unsubscribe", &p))
+        {
+            return Ok(Answer::error(403, "capability_insufficient", "the caller capability does not grant unsubscribe on this pattern"));
+        }
         let write = TreeWrite {
             path: path.clone(),
             entity: None,
@@ -351,7 +362,7 @@ impl Subscriptions {
             return Ok(Answer::error(409, "subscription_changed", "the subscription changed meanwhile; retry"));
         }
         drop(_gate);
-        self.refresh_config().await?;
+        self.refresh_config_logged().await;
         Ok(Answer::ok(200, Value::Null))
     }
 
@@ -365,6 +376,14 @@ impl Subscriptions {
             event: change_event(&path, self.agent(), Some(hash), chain_id.to_owned()),
         };
         Ok(matches!(self.store.tree_write(write).await?, crate::store::TreeOutcome::Done { .. }))
+    }
+
+    /// [`Subscriptions::refresh_config`], logging a failure: the change it
+    /// describes is committed, and the advertisement may lag.
+    pub async fn refresh_config_logged(&self) {
+        if let Err(e) = self.refresh_config().await {
+            tracing::warn!(error = %e, "could not refresh system/config/subscription");
+        }
     }
 
     /// Rewrites `system/config/subscription` (capacity and subscribers per
@@ -394,6 +413,36 @@ impl Subscriptions {
         self.store.tree_write(write).await?;
         Ok(())
     }
+}
+
+/// §3b: bundling changed entities needs `get` on `system/tree` for the
+/// pattern (when a caller capability is in play).
+fn payload_check(caller: &Caller<'_>, include_payload: bool, pattern: &Glob) -> Option<Answer> {
+    let chain = caller.capability?;
+    (include_payload && !capability::chain_covers(chain, "system/tree", "get", pattern))
+        .then(|| Answer::error(403, "payload_unauthorized", "include_payload requires tree:get on the subscribed resource"))
+}
+
+/// The entities that make a token chain verifiable again later: each token,
+/// its granter's signatures over it, and the granter's identity.
+fn chain_content(chain: &[Token], included: &Included) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut add = |hash: &str, entity: &Value| {
+        if let Ok(e) = serde_json::from_value::<Entity>(entity.clone()) {
+            out.push((hash.to_owned(), e.canonical().0));
+        }
+    };
+    for token in chain {
+        for (hash, entity) in included {
+            let signs_it = entity["type"] == "system/signature" && entity["data"]["target"] == token.hash.as_str();
+            if *hash == token.hash || *hash == token.granter || signs_it {
+                add(hash, entity);
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn result(s: &Subscription, renewed: bool) -> Value {

@@ -27,6 +27,8 @@ both_stores!(
     an_expired_deliver_token_ends_the_subscription,
     retention_prunes_entities_no_longer_needed,
     notifications_survive_sigkill_exactly_once,
+    changes_and_notifications_cannot_be_forged,
+    redirects_list_at_most_ten_shuffled_alternatives,
 );
 
 /// Several servers on one database (sharing the server key, as they must):
@@ -63,11 +65,14 @@ async fn one_engine_among_several_servers() {
     // The first server (whose engine started first and leads) stops; the
     // second takes over and nothing is repeated.
     first.stop().await;
-    let mut stream = second.stream("?types=subscription.notification&targets=system/inbox/multi", Some(second.head().await)).await;
     let last = put(&second, "multi/x", json!({"after": true}), None).await;
-    let n = next_notification(&mut stream).await;
-    assert_eq!(n["data"]["hash"], last["hash"]);
-    assert_eq!(n["data"]["previous_hash"].as_str(), hashes.last().map(String::as_str));
+    hashes.push(last["hash"].as_str().unwrap().to_owned());
+    // The whole inbox from the start: every change once, in commit order.
+    let mut stream = second.stream("?types=subscription.notification&targets=system/inbox/multi&since=0", None).await;
+    for (i, hash) in hashes.iter().enumerate() {
+        let n = next_notification(&mut stream).await;
+        assert_eq!(n["data"]["hash"].as_str(), Some(hash.as_str()), "notification {i}");
+    }
 }
 
 /// A peer: an Ed25519 key and its `system/identity` entity.
@@ -298,6 +303,7 @@ async fn every_error_code_from_signed_requests(backend: Backend) {
     .await;
     assert_eq!(status, 200, "third-party delivery is accepted: {body}");
     let third_party = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    assert!(app.store.content_get(&root).await.unwrap().is_some(), "the accepted chain is kept for later checks");
 
     // 403 embedded_cap_unauthorized: the same kind of token, but without A
     // anywhere in its chain.
@@ -309,6 +315,7 @@ async fn every_error_code_from_signed_requests(backend: Backend) {
     )
     .await;
     assert_eq!((status, code(&body)), (403, "embedded_cap_unauthorized"), "{body}");
+    assert_eq!(app.store.content_get(&token).await.unwrap(), None, "a refused subscribe stores nothing");
 
     // 403 payload_unauthorized: a caller capability that grants subscribe but
     // not tree:get; the same with tree:get is accepted.
@@ -500,7 +507,7 @@ async fn notifications_follow_commit_order_with_payload(backend: Backend) {
     assert!(d.get("included").is_none(), "a lean subscription carries hashes only");
 }
 
-/// Writes to `path` and returns the chain id it used.
+/// Writes `n` versions to `path` under one chain id.
 async fn write_n(app: &TestApp, path: &str, from: u64, n: u64, chain: &str) {
     for i in from..from + n {
         put(app, path, json!({"v": i}), Some(chain)).await;
@@ -521,10 +528,12 @@ async fn max_events_delivers_exactly_n_then_terminates(backend: Backend) {
     let mut stream = inbox(&app, "system/inbox/shared").await;
     write_n(&app, "feed/a", 1, 2, "chain-ok").await;
     write_n(&app, "feed/a", 3, 1, "chain-over").await;
-    write_n(&app, "feed/a", 4, 1, "chain-after").await;
+    write_n(&app, "feed/a", 4, 2, "chain-after").await;
+    // Within one change subscriptions fire in id order, so read up to the
+    // witness's notification of a change after the one that terminated.
     let mut limited = 0;
     let mut witnessed = 0;
-    while witnessed < 4 {
+    while witnessed < 5 {
         let n = next_notification(&mut stream).await;
         if n["data"]["subscription_id"] == id.as_str() {
             limited += 1;
@@ -700,7 +709,7 @@ async fn an_expired_deliver_token_ends_the_subscription(backend: Backend) {
     let app = spawn_app(backend).await;
     let server = server_hash(&app).await;
     let a = Peer::new();
-    let expires_at = chrono::Utc::now().timestamp_millis() + 400;
+    let expires_at = chrono::Utc::now().timestamp_millis() + 3_000;
     let mut included = Map::new();
     let token = a.grant_until(&server, inbox_grant("system/inbox/e"), expires_at, &mut included);
     let params = json!({"deliver_to": {"uri": "system/inbox/e"}, "deliver_token": token});
@@ -835,4 +844,41 @@ async fn notifications_survive_sigkill_exactly_once(backend: Backend) {
     // sentinel's notification (the engine works in log order): exact
     // equality up to it means nothing was lost and nothing repeated.
     assert_eq!(notified, committed, "one notification per committed change, in commit order");
+}
+
+/// Tree changes and notifications are written by tidings only: publishing
+/// one is refused, so the engine never acts on a forged change.
+async fn changes_and_notifications_cannot_be_forged(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let head = app.head().await;
+    for forged in ["tree.created", "tree.updated", "tree.deleted", "subscription.notification", "system.replay_gap"] {
+        let body = json!({"event_type": forged, "ref": "system/inbox/x", "payload": {"uri": "system/subscription/evil", "hash": format!("sha256:{}", "a".repeat(64))}});
+        let (status, answer) = app.post_events(&body).await;
+        assert_eq!((status, answer["error"].as_str()), (403, Some("reserved_event_type")), "{forged}: {answer}");
+    }
+    assert_eq!(app.head().await, head, "nothing was appended");
+}
+
+async fn redirects_list_at_most_ten_shuffled_alternatives(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.max_subscribers_per_prefix = 12).await;
+    let server = server_hash(&app).await;
+    let peers: Vec<Peer> = (0..12).map(|_| Peer::new()).collect();
+    for (i, p) in peers.iter().enumerate() {
+        assert_eq!(subscribe(&app, &server, p, "wide/**", &format!("system/inbox/w{i}"), json!({})).await.0, 200);
+    }
+    let everyone: HashSet<&str> = peers.iter().map(|p| p.hash.as_str()).collect();
+    // A subscriber already on the prefix (through another inbox) is never
+    // offered itself.
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (status, body) = subscribe(&app, &server, &peers[0], "wide/**", "system/inbox/another", json!({})).await;
+        assert_eq!(status, 303, "{body}");
+        let alternatives: Vec<String> =
+            body["result"]["data"]["alternatives"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+        assert_eq!(alternatives.len(), 10);
+        assert!(alternatives.iter().all(|a| everyone.contains(a.as_str()) && *a != peers[0].hash), "{alternatives:?}");
+        assert_eq!(alternatives.iter().collect::<HashSet<_>>().len(), 10, "no repeats");
+        seen.push(alternatives);
+    }
+    assert!(seen.windows(2).any(|w| w[0] != w[1]), "the order is randomised");
 }
