@@ -13,7 +13,8 @@ both_stores!(
     seam_under_concurrent_publishers,
     envelope_negotiation,
     since_and_filters,
-    heartbeat_and_live_page
+    heartbeat_and_live_page,
+    streams_over_raw_sockets
 );
 
 async fn three_events_then_resume_from_the_first(backend: Backend) {
@@ -167,4 +168,52 @@ async fn heartbeat_and_live_page(backend: Backend) {
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
     let html = r.text().await.unwrap();
     assert!(html.contains("new EventSource(\"/v1/stream?\""));
+}
+
+/// Streams are written by tidings itself (chunked frames); HTTP/1.0 and
+/// other first requests go to hyper; a client that closes its socket is
+/// unregistered without waiting for a write to fail.
+async fn streams_over_raw_sockets(backend: Backend) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = spawn_app(backend).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let read_until = |mut socket: tokio::net::TcpStream, needle: String| async move {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains(&needle) {
+            let n = tokio::time::timeout(std::time::Duration::from_secs(10), socket.read(&mut buf)).await.unwrap().unwrap();
+            assert!(n > 0, "closed before {needle:?}: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        (socket, String::from_utf8_lossy(&got).into_owned())
+    };
+    // HTTP/1.1: chunked, the head, then the first frame as a chunk.
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    socket.write_all(b"GET /v1/stream?types=comment.posted HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+    let (socket, head) = read_until(socket, "retry:".into()).await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(head.contains("transfer-encoding: chunked\r\n") && head.contains("content-type: text/event-stream"), "{head}");
+    assert!(head.contains("x-request-id: "), "the router's middleware ran: {head}");
+    let id = app.publish("comment.posted", json!({"n": 1})).await;
+    let (socket, body) = read_until(socket, format!("id: {id}\n")).await;
+    assert!(body.contains("\r\n") && body.contains("data: {"), "{body}");
+    // Closing the socket ends the stream on the server at once.
+    assert_eq!(app.clients().await, 1);
+    drop(socket);
+    let mut tries = 0;
+    while app.clients().await != 0 {
+        tries += 1;
+        assert!(tries < 200, "the closed stream was unregistered");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // HTTP/1.0 goes to hyper, which answers in HTTP/1.0.
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    socket.write_all(b"GET /v1/stream HTTP/1.0\r\n\r\n").await.unwrap();
+    let (_, head) = read_until(socket, "retry:".into()).await;
+    assert!(head.starts_with("HTTP/1.0 200 OK\r\n"), "{head}");
+    // A path that only starts like a stream is an ordinary request.
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    socket.write_all(b"GET /v1/streams HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await.unwrap();
+    let (_, head) = read_until(socket, "\r\n\r\n".into()).await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
 }
