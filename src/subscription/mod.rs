@@ -16,6 +16,15 @@
 //!   renewal checks are exact on one server; several processes on one
 //!   database may overshoot a prefix's capacity by at most one subscriber
 //!   per process racing.
+//! - A signed EXECUTE is not single-use: replaying an old subscribe creates
+//!   the subscription again (its deliver token's `expires_at` bounds that).
+//! - Local inboxes have no owner identity yet, so any chain that grants
+//!   this server `receive` on an inbox path may deliver there; who may *read*
+//!   an inbox is decided by the `subscribe` grant for
+//!   `subscription.notification`, like any other event type.
+//! - `rate_limit` allows at most that many deliveries in any minute
+//!   (counting the candidate), one fewer than a literal reading of §4.6's
+//!   `recent_delivery_rate > rate_limit` would.
 //! - Delivery is to an inbox path on this server (a `subscription.notification`
 //!   event whose `ref` is the inbox); delivery to another server's inbox
 //!   (`entity://...`) is refused with `400 delivery_unsupported` until it
