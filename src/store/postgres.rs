@@ -197,11 +197,14 @@ WITH head AS (
 )
 SELECT base FROM head, LATERAL (SELECT pg_notify('tidings_events', head.last_id::text)) AS notified";
 
+/// One writer per tree path at a time (held to the end of the transaction).
+const PATH_LOCK_SQL: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 7324002))";
+
 /// A tree write inside `tx`: one writer per path at a time (also when the
 /// path does not exist yet), the change event appended, and the entity kept
 /// in the content store too.
 async fn tree_write_in(tx: &tokio_postgres::Transaction<'_>, write: TreeWrite) -> Result<TreeOutcome, tokio_postgres::Error> {
-    tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7324002))", &[&write.path]).await?;
+    tx.execute(PATH_LOCK_SQL, &[&write.path]).await?;
     let current: Option<String> = tx.query_opt("SELECT hash FROM tree_entities WHERE path = $1", &[&write.path]).await?.map(|r| r.get(0));
     let kind = match write.decide(current.as_deref()) {
         Ok(kind) => kind,
@@ -535,7 +538,7 @@ impl EventLog for PostgresStore {
         paths.sort_unstable();
         paths.dedup();
         for path in paths {
-            tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7324002))", &[&path]).await.map_err(pg_error)?;
+            tx.execute(PATH_LOCK_SQL, &[&path]).await.map_err(pg_error)?;
         }
         for effect in commit.effects {
             match effect {

@@ -29,8 +29,8 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{DIR, MARKER_DIR, Subscription, Subscriptions};
-use crate::event::{Agent, EventBody, EventId, Visibility, names};
+use super::{DIR, MARKER_DIR, Subscription, Subscriptions, subscription_id_of};
+use crate::event::{EventBody, EventId, Visibility, names};
 use crate::filter::Glob;
 use crate::store::{Condition, EngineCommit, EngineEffect, EventLog, NewRecord, Record, StoreError, TreeWrite};
 use crate::tree::{Entity, change_event};
@@ -220,7 +220,7 @@ impl Engine {
             let (records, reached) = self.store.engine_changes(after, &TREE_TYPES, BATCH).await?;
             for record in &records {
                 if let Some((_, change)) = parse(record)
-                    && is_subscription_path(&change.uri)
+                    && subscription_id_of(&change.uri).is_some()
                 {
                     touched.push((change.uri, change.previous_hash));
                 }
@@ -240,11 +240,10 @@ impl Engine {
         let mut subs = BTreeMap::new();
         for (path, entry) in at {
             let Some((entity, hash)) = entry else { continue };
-            if !is_subscription_path(&path) {
-                continue;
-            }
-            if let Some(active) = self.activate(&entity, hash, &counts).await?
-                && path == active.sub.path()
+            let Some(id) = subscription_id_of(&path) else { continue };
+            let delivered = counts.get(id).copied().unwrap_or(0);
+            if let Some(active) = self.activate(&entity, hash, delivered).await?
+                && active.sub.subscription_id == id
             {
                 subs.insert(active.sub.subscription_id.clone(), active);
             }
@@ -252,11 +251,10 @@ impl Engine {
         Ok(State { committed: cursor, scanned: cursor, subs, last_commit: Instant::now() })
     }
 
-    async fn activate(&self, entity: &str, hash: String, counts: &HashMap<String, i64>) -> Result<Option<Active>, StoreError> {
+    async fn activate(&self, entity: &str, hash: String, delivered: i64) -> Result<Option<Active>, StoreError> {
         let Some(sub) = Subscription::from_json(entity) else { return Ok(None) };
         let Ok(glob) = Glob::new_path(&sub.pattern) else { return Ok(None) };
         let token_expires_at = self.chain_expiry(&sub.deliver_token).await?;
-        let delivered = counts.get(&sub.subscription_id).copied().unwrap_or(0);
         Ok(Some(Active { sub, hash, glob, token_expires_at, delivered, recent: VecDeque::new() }))
     }
 
@@ -287,36 +285,8 @@ impl Engine {
             }
             // Register after matching: a subscription hears of changes
             // committed after its own creation.
-            if is_subscription_path(&change.uri) {
-                let id = &change.uri[DIR.len() + 1..];
-                let known = state.subs.get(id).map(|a| (a.hash.clone(), a.delivered));
-                match (&change.hash, known) {
-                    (Some(hash), Some((current, _))) if *hash == current => {}
-                    (Some(hash), known) => {
-                        let counts_now: HashMap<String, i64> = known.map(|(_, d)| (id.to_owned(), d)).into_iter().collect();
-                        let entity = self.store.content_get(hash).await?;
-                        match entity {
-                            Some(entity) => match self.activate(&entity, hash.clone(), &counts_now).await? {
-                                Some(mut active) if active.sub.subscription_id == id => {
-                                    if let Some(old) = state.subs.remove(id) {
-                                        active.recent = old.recent;
-                                    }
-                                    state.subs.insert(id.to_owned(), active);
-                                }
-                                _ => {
-                                    state.subs.remove(id);
-                                }
-                            },
-                            None => {
-                                state.subs.remove(id);
-                            }
-                        }
-                    }
-                    (None, _) => {
-                        state.subs.remove(id);
-                        out.counts.push((id.to_owned(), None));
-                    }
-                }
+            if let Some(id) = subscription_id_of(&change.uri) {
+                self.register(state, id, &change, &mut out).await?;
             }
         }
         metrics::gauge!(crate::metrics::SUBSCRIPTIONS).set(state.subs.len() as f64);
@@ -334,6 +304,30 @@ impl Engine {
             tracing::warn!(error = %e, "could not refresh system/config/subscription");
         }
         Ok(if full { Progress::More } else { Progress::Idle })
+    }
+
+    /// Follows a change to `system/subscription/{id}` in the index.
+    async fn register(&self, state: &mut State, id: &str, change: &Change, out: &mut Output) -> Result<(), StoreError> {
+        let Some(hash) = &change.hash else {
+            state.subs.remove(id);
+            out.counts.push((id.to_owned(), None));
+            return Ok(());
+        };
+        if state.subs.get(id).is_some_and(|a| a.hash == *hash) {
+            return Ok(());
+        }
+        let old = state.subs.remove(id);
+        let delivered = old.as_ref().map_or(0, |a| a.delivered);
+        let Some(entity) = self.store.content_get(hash).await? else { return Ok(()) };
+        if let Some(mut active) = self.activate(&entity, hash.clone(), delivered).await?
+            && active.sub.subscription_id == id
+        {
+            if let Some(old) = old {
+                active.recent = old.recent;
+            }
+            state.subs.insert(id.to_owned(), active);
+        }
+        Ok(())
     }
 
     async fn commit(&self, state: &mut State, effects: Vec<EngineEffect>, counts: Vec<(String, Option<i64>)>) -> Result<(), StepError> {
@@ -399,7 +393,7 @@ impl Engine {
                         path: path.clone(),
                         entity: None,
                         condition,
-                        event: change_event(&path, self.agent(), None, chain_id.clone()),
+                        event: change_event(&path, self.handler.agent(), None, chain_id.clone()),
                     }));
                     // The count stays until the engine reaches the deletion
                     // in the log: a reload rewinds to a cursor before it.
@@ -412,10 +406,6 @@ impl Engine {
             state.subs.remove(&id);
         }
         Ok(terminated)
-    }
-
-    fn agent(&self) -> Agent {
-        Agent { id: self.handler.server().hash().to_owned(), kind: Some("server".into()) }
     }
 
     async fn notification(&self, active: &Active, kind: &str, change: &Change, chain_id: &str) -> Result<NewRecord, StoreError> {
@@ -439,7 +429,7 @@ impl Engine {
         let body = EventBody {
             event_type: names::SUBSCRIPTION_NOTIFICATION.to_owned(),
             reference: Some(active.sub.deliver_uri.clone()),
-            agent: Some(self.agent()),
+            agent: Some(self.handler.agent()),
             session_id: None,
             occurred_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
             payload,
@@ -473,7 +463,7 @@ impl Engine {
             path: path.clone(),
             entity: Some((canonical, hash.clone())),
             condition: Condition::IfAbsent,
-            event: change_event(&path, self.agent(), Some(hash), chain_id.to_owned()),
+            event: change_event(&path, self.handler.agent(), Some(hash), chain_id.to_owned()),
         })
     }
 }
@@ -521,10 +511,6 @@ fn check(active: &mut Active, at: i64) -> Verdict {
         }
     }
     Verdict::Deliver
-}
-
-fn is_subscription_path(uri: &str) -> bool {
-    uri.strip_prefix(DIR).and_then(|r| r.strip_prefix('/')).is_some_and(|id| !id.is_empty() && !id.contains('/'))
 }
 
 fn is_marker_path(uri: &str) -> bool {
@@ -601,9 +587,9 @@ mod tests {
 
     #[test]
     fn paths() {
-        assert!(is_subscription_path("system/subscription/abc"));
-        assert!(!is_subscription_path("system/subscription/abc/x"));
-        assert!(!is_subscription_path("system/subscriptions/abc"));
+        assert_eq!(subscription_id_of("system/subscription/abc"), Some("abc"));
+        assert_eq!(subscription_id_of("system/subscription/abc/x"), None);
+        assert_eq!(subscription_id_of("system/subscriptions/abc"), None);
         assert!(is_marker_path("system/runtime/chain-errors/lost/c/s/r/h"));
         assert!(!is_marker_path("system/runtime/chain-errors/lostx"));
     }

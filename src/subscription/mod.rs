@@ -62,6 +62,12 @@ pub const MAX_SUBSCRIPTIONS: usize = 100_000;
 /// Most alternatives a redirect lists.
 pub const MAX_ALTERNATIVES: usize = 10;
 
+/// The id in a subscription entity's path (`system/subscription/{id}`, one
+/// segment), or `None` for any other path.
+fn subscription_id_of(path: &str) -> Option<&str> {
+    path.strip_prefix(DIR)?.strip_prefix('/').filter(|id| !id.is_empty() && !id.contains('/'))
+}
+
 /// `system/subscription/limits`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -226,7 +232,7 @@ impl Subscriptions {
         let entries = self.store.tree_entries_below(DIR, MAX_SUBSCRIPTIONS).await?;
         Ok(entries
             .into_iter()
-            .filter(|e| !e.path[DIR.len() + 1..].contains('/'))
+            .filter(|e| subscription_id_of(&e.path).is_some())
             .filter_map(|e| Subscription::from_json(&e.entity).map(|s| (e, s)))
             .collect())
     }
