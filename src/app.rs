@@ -13,11 +13,12 @@ use crate::auth::{AuthMode, Verifier};
 use crate::broker::{Broker, BrokerSettings};
 use crate::config::AuthSetting;
 use crate::config::Settings;
-use crate::http::{AppState, Parts, router};
+use crate::http::{AppState, router};
 use crate::identity::ServerIdentity;
 use crate::registry::Registry;
 use crate::server::{ServeOptions, serve};
-use crate::store::EventLog;
+use crate::service::{Core, CoreParts};
+use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::postgres::{PostgresOptions, PostgresStore};
 
@@ -28,7 +29,7 @@ pub struct Application {
     addr: SocketAddr,
     router: axum::Router,
     broker: Broker,
-    store: Arc<dyn EventLog>,
+    store: Arc<dyn Store>,
     subscriptions: Arc<crate::subscription::Subscriptions>,
     options: ServeOptions,
     retention: (crate::config::Retention, std::time::Duration),
@@ -38,7 +39,7 @@ pub struct Application {
 
 /// Opens the store the settings name: PostgreSQL with `DATABASE_URL`, the
 /// embedded store in the data directory otherwise.
-pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn EventLog>> {
+pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
     match &settings.database_url {
         Some(_) => tracing::info!(store = "postgres", "tidings stores events in PostgreSQL (DATABASE_URL)"),
         None => {
@@ -120,17 +121,16 @@ impl Application {
         tracing::info!(identity = server.hash(), "server identity");
         let subscriptions =
             Arc::new(crate::subscription::Subscriptions::new(store.clone(), server.clone(), settings.max_subscribers_per_prefix));
-        let state = AppState::new(Parts {
-            auth,
+        let core = Core::new(CoreParts {
             settings,
             store: store.clone(),
             broker: broker.clone(),
             registry,
-            metrics,
-            shutdown: shutdown.clone(),
             server,
             subscriptions: subscriptions.clone(),
+            shutdown: shutdown.clone(),
         });
+        let state = AppState::new(core, auth, metrics);
         Ok(Self { listener, addr, router: router(state), broker, store, subscriptions, options, retention, consumer_ttl, shutdown })
     }
 
@@ -140,7 +140,7 @@ impl Application {
     }
 
     /// The store this server appends to.
-    pub fn store(&self) -> Arc<dyn EventLog> {
+    pub fn store(&self) -> Arc<dyn Store> {
         self.store.clone()
     }
 

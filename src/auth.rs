@@ -18,7 +18,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
 use crate::event::Visibility;
-use crate::filter::Glob;
+use crate::filter::Filter;
+use crate::glob::Glob;
 
 /// A verified caller.
 #[derive(Debug, Clone)]
@@ -53,6 +54,14 @@ impl Identity {
     /// Whether the caller may receive `event_type`.
     pub fn may_subscribe(&self, event_type: &str) -> bool {
         self.subscribe.iter().any(|g| g.matches(event_type))
+    }
+
+    /// `filter` intersected with what this caller may receive: its
+    /// `subscribe` grants (unless it is an admin or holds `**`) and its
+    /// visibility.
+    pub fn restrict(&self, filter: Filter) -> Filter {
+        let everything = self.admin || self.subscribe.iter().any(|g| g.as_str() == "**");
+        filter.restrict((!everything).then(|| self.subscribe.clone()), self.visibility)
     }
 }
 

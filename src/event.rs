@@ -1,5 +1,4 @@
-//! The event vocabulary: names, visibility, the versioned envelope, and the
-//! SSE frame an event becomes. Pure: no I/O, no clock except the publish
+//! The event vocabulary: names, visibility and the versioned envelope. Pure: no I/O, no clock except the publish
 //! default for `occurred_at`.
 //!
 //! An event is stored as its envelope *body*: the envelope JSON without the
@@ -271,11 +270,6 @@ impl Event {
         let body: EventBody = serde_json::from_str(body_json)?;
         Ok(Self { id, body, envelope: encode_envelope(id, body_json), recorded_ms })
     }
-
-    /// The SSE frame for this event: `id:` then `data:` with the envelope.
-    pub fn sse_frame(&self) -> Bytes {
-        sse_frame(Some(self.id), None, &self.envelope)
-    }
 }
 
 /// The envelope JSON for a stored body: `envelope_version` and `event_id`
@@ -289,25 +283,6 @@ pub fn encode_envelope(id: EventId, body_json: &str) -> Bytes {
         out.put_u8(b',');
     }
     out.put_slice(rest.as_bytes());
-    out.freeze()
-}
-
-/// One SSE frame. `data` must not contain a newline: compact JSON never does.
-pub fn sse_frame(id: Option<EventId>, event: Option<&str>, data: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(data.len() + 40);
-    if let Some(event) = event {
-        out.put_slice(b"event: ");
-        out.put_slice(event.as_bytes());
-        out.put_u8(b'\n');
-    }
-    if let Some(id) = id {
-        out.put_slice(b"id: ");
-        out.put_slice(id.to_string().as_bytes());
-        out.put_u8(b'\n');
-    }
-    out.put_slice(b"data: ");
-    out.put_slice(data);
-    out.put_slice(b"\n\n");
     out.freeze()
 }
 
@@ -328,7 +303,7 @@ pub fn negotiate_envelope(accept: Option<&str>) -> Result<Option<u32>, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -342,9 +317,9 @@ mod tests {
         assert!(!is_valid_event_name(&format!("a.{}", "b".repeat(300))));
     }
 
-    #[test]
-    fn envelope_splices_server_fields_in_front() {
-        let body = EventBody {
+    /// A plain event body for unit tests.
+    pub(crate) fn sample_body() -> EventBody {
+        EventBody {
             event_type: "comment.posted".into(),
             reference: Some("paper:p-1".into()),
             agent: None,
@@ -353,7 +328,12 @@ mod tests {
             payload: serde_json::json!({"x": 1}),
             links: vec![],
             visibility: Visibility::Public,
-        };
+        }
+    }
+
+    #[test]
+    fn envelope_splices_server_fields_in_front() {
+        let body = sample_body();
         let event = Event::from_stored(42, &body.to_json(), 0).unwrap();
         let v: Value = serde_json::from_slice(&event.envelope).unwrap();
         assert_eq!(v["envelope_version"], 1);
@@ -361,9 +341,8 @@ mod tests {
         assert_eq!(v["event_type"], "comment.posted");
         assert_eq!(v["ref"], "paper:p-1");
         assert_eq!(v["visibility"], "public");
-        let frame = event.sse_frame();
-        assert!(frame.starts_with(b"id: 42\ndata: {\"envelope_version\":1,\"event_id\":42,\"event_type\""));
-        assert!(frame.ends_with(b"}\n\n"));
+        assert!(event.envelope.starts_with(b"{\"envelope_version\":1,\"event_id\":42,\"event_type\""));
+        assert!(event.envelope.ends_with(b"}"));
     }
 
     #[test]

@@ -48,6 +48,10 @@ pub struct BrokerSettings {
 /// one reference count (no allocation per client), and a queue slot is one
 /// pointer: a client's queue is allocated in blocks of slots, so a small slot
 /// keeps idle connections cheap.
+///
+/// A frame holds the envelope JSON, not any wire format: each transport
+/// writes its own framing around the same shared bytes (SSE `id:`/`data:`
+/// lines, a JSON-RPC notification), so the broker serves every transport.
 #[derive(Debug, Clone)]
 pub struct Frame(Arc<FrameData>);
 
@@ -56,10 +60,22 @@ pub struct Frame(Arc<FrameData>);
 pub struct FrameData {
     /// The event id.
     pub id: EventId,
-    /// The encoded frame (SSE `id:` + `data:` lines).
-    pub bytes: Bytes,
+    /// The complete envelope JSON, shared (see [`crate::event::encode_envelope`]).
+    pub envelope: Bytes,
     /// When it was committed (Unix ms), for publish-to-send latency.
     pub recorded_ms: i64,
+}
+
+impl Frame {
+    /// A frame for event `id` with its envelope.
+    pub fn new(id: EventId, envelope: Bytes, recorded_ms: i64) -> Self {
+        Self(Arc::new(FrameData { id, envelope, recorded_ms }))
+    }
+
+    /// The frame of a parsed event (the envelope is shared, not copied).
+    pub fn of(event: &Event) -> Self {
+        Self::new(event.id, event.envelope.clone(), event.recorded_ms)
+    }
 }
 
 impl std::ops::Deref for Frame {
@@ -231,6 +247,11 @@ impl Broker {
         self.shared.advanced.subscribe()
     }
 
+    /// The length of every client's queue.
+    pub fn queue_len(&self) -> usize {
+        self.shared.settings.client_queue
+    }
+
     /// Connected clients.
     pub fn client_count(&self) -> usize {
         self.lock().map.len()
@@ -366,9 +387,7 @@ impl Broker {
                         continue;
                     }
                     // Built once per event, and only if someone wants it.
-                    let frame = frame.get_or_insert_with(|| {
-                        Frame(Arc::new(FrameData { id: event.id, bytes: event.sse_frame(), recorded_ms: event.recorded_ms }))
-                    });
+                    let frame = frame.get_or_insert_with(|| Frame::of(event));
                     match slot.tx.try_send(frame.clone()) {
                         Ok(()) => {
                             let state = &slot.state;
@@ -479,6 +498,11 @@ impl Subscription {
     /// A frame already queued, without waiting (for coalescing writes).
     pub fn try_recv(&mut self) -> Option<Frame> {
         self.rx.try_recv().ok()
+    }
+
+    /// Whether no frame is queued.
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
     }
 
     /// Why the queue ended.

@@ -6,7 +6,6 @@
 //! Fields are AND-combined, values within a field OR-combined, and an empty
 //! or absent field means "any".
 
-pub mod glob;
 pub mod payload;
 
 use std::collections::HashSet;
@@ -14,7 +13,7 @@ use std::collections::HashSet;
 use serde::Deserialize;
 use serde_json::Value;
 
-pub use glob::{Glob, GlobError};
+use crate::glob::Glob;
 pub use payload::{PayloadRule, RuleLimits};
 
 use crate::event::EventBody;
@@ -107,14 +106,13 @@ impl Filter {
         Self::default()
     }
 
-    /// Intersects this filter with what `caller` may receive: its `subscribe`
-    /// grants (asking for `**` with a grant of `hypothesis.*` yields only
-    /// `hypothesis.*`) and its visibility. Every delivery path applies this.
-    pub fn restrict_to(mut self, caller: &crate::auth::Identity) -> Self {
-        if !caller.admin && !caller.subscribe.iter().any(|g| g.as_str() == "**") {
-            self.grants = Some(caller.subscribe.clone());
-        }
-        self.max_visibility = caller.visibility;
+    /// Intersects this filter with what a caller may receive: its `subscribe`
+    /// grants (`None`: every type; asking for `**` with a grant of
+    /// `hypothesis.*` yields only `hypothesis.*`) and its visibility. Every
+    /// delivery path applies this, through `auth::Identity::restrict`.
+    pub fn restrict(mut self, grants: Option<Vec<Glob>>, max_visibility: crate::event::Visibility) -> Self {
+        self.grants = grants;
+        self.max_visibility = max_visibility;
         self
     }
 

@@ -10,18 +10,10 @@ use axum::http::request::Parts;
 use super::AppState;
 use super::error::ApiError;
 use crate::auth::{AuthMode, Identity, find_token};
-use crate::store::Actor;
 
 /// The verified caller.
 #[derive(Debug, Clone)]
 pub(crate) struct Caller(pub(crate) Identity);
-
-impl Caller {
-    /// The caller as the store's notion of who acts on a consumer.
-    pub(crate) fn actor(&self) -> Actor<'_> {
-        Actor { sub: &self.0.sub, admin: self.0.admin }
-    }
-}
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
@@ -32,8 +24,8 @@ impl FromRequestParts<AppState> for Caller {
             AuthMode::Jwt(verifier) => {
                 let header_str = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
                 let token = find_token(header_str(header::AUTHORIZATION), header_str(header::COOKIE), parts.uri.query())
-                    .ok_or_else(|| ApiError::unauthorized(crate::auth::AuthError::Missing.to_string()))?;
-                verifier.verify(&token).map(Caller).map_err(|e| ApiError::unauthorized(e.to_string()))
+                    .ok_or(crate::auth::AuthError::Missing)?;
+                Ok(Caller(verifier.verify(&token)?))
             }
         }
     }

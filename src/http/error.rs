@@ -1,13 +1,16 @@
-//! API errors: one enum, mapped once to a status and a JSON body
-//! `{"error": <stable code>, "message": <human text>, ...}`. Internal details
-//! (database errors, panics) are logged, never sent to the client.
+//! API errors: every typed refusal of the service layer ([`Refusal`]) is
+//! mapped here, once, to a status and a JSON body `{"error": <stable code>,
+//! "message": <human text>, ...}`; the few refusals of HTTP's own wire
+//! format (a body that cannot be read, an unknown route) are built here too.
+//! Internal details (database errors, panics) are logged, never sent to the
+//! client.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::store::StoreError;
+use crate::service::error::{Kind, Refusal};
 
 /// An error answer.
 #[derive(Debug)]
@@ -31,61 +34,48 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
 
-    /// `422` with `code`.
-    pub fn unprocessable(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)
-    }
-
     /// `413` with `code`.
     pub fn too_large(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message)
-    }
-
-    /// `401`, with `WWW-Authenticate: Bearer`.
-    pub fn unauthorized(message: impl Into<String>) -> Self {
-        let mut err = Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
-        err.bearer_challenge = true;
-        err
     }
 
     /// `403` with `code`.
     pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, code, message)
     }
+}
 
-    /// Asks the client to come back after `secs`.
-    pub fn retry_after(mut self, secs: u64) -> Self {
-        self.retry_after = Some(secs);
-        self
-    }
-
-    /// Adds fields to the JSON body.
-    pub fn with_extra(mut self, extra: Value) -> Self {
-        self.extra = Some(extra);
-        self
-    }
-
-    /// The stable code.
-    pub fn code(&self) -> &'static str {
-        self.code
+/// The status of each kind of refusal: the one place HTTP statuses are chosen.
+fn status(kind: Kind) -> StatusCode {
+    match kind {
+        Kind::Invalid => StatusCode::BAD_REQUEST,
+        Kind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Kind::Forbidden => StatusCode::FORBIDDEN,
+        Kind::NotFound => StatusCode::NOT_FOUND,
+        Kind::NotAcceptable => StatusCode::NOT_ACCEPTABLE,
+        Kind::Conflict => StatusCode::CONFLICT,
+        Kind::Gone => StatusCode::GONE,
+        Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Kind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+        Kind::TooMany => StatusCode::TOO_MANY_REQUESTS,
+        Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Unavailable(detail) => {
-                tracing::warn!(error = %detail, "store unavailable");
-                let mut err =
-                    Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "the event store is unavailable; retry later");
-                err.retry_after = Some(1);
-                err
-            }
-            StoreError::Other(e) => {
-                tracing::error!(error = ?e, "store error");
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
-            }
+impl<E: Refusal> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        let kind = e.kind();
+        match kind {
+            Kind::Unavailable if e.code() == "store_unavailable" => tracing::warn!(error = %e, "store unavailable"),
+            Kind::Internal => tracing::error!(error = ?e, "internal error"),
+            _ => {}
         }
+        let mut err = Self::new(status(kind), e.code(), e.message());
+        err.retry_after = e.retry_after();
+        err.extra = e.details();
+        err.bearer_challenge = kind == Kind::Unauthenticated;
+        err
     }
 }
 

@@ -52,7 +52,7 @@ pub(crate) async fn execute(
         chain_id: chain_id.clone(),
         now_ms: chrono::Utc::now().timestamp_millis().max(0) as u64,
     };
-    let answer = crate::subscription::execute::execute(&app.inner.subscriptions, &bytes, call).await?;
+    let answer = crate::subscription::execute::execute(app.core().subscriptions(), &bytes, call).await?;
     if let Some(code) = answer.code() {
         tracing::debug!(code, status = answer.status, "execute refused");
     }

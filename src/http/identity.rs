@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
-use crate::filter::Glob;
+use crate::glob::Glob;
 use crate::tree::capability::hash_of;
 
 /// The server's identity.
@@ -23,7 +23,7 @@ use crate::tree::capability::hash_of;
     responses((status = 200, description = "`{hash, identity: {type: \"system/identity\", data: {algorithm, public_key}}}`", body = Object))
 )]
 pub(crate) async fn get(State(app): State<AppState>) -> Json<Value> {
-    let server = &app.inner.server;
+    let server = app.core().server();
     Json(json!({ "hash": server.hash(), "identity": server.entity() }))
 }
 
@@ -87,7 +87,7 @@ pub(crate) async fn mint(
             Glob::new_path(r).map_err(|e| ApiError::bad_request("invalid_capability", format!("resource {r:?}: {e}")))?;
         }
     }
-    let server = &app.inner.server;
+    let server = app.core().server();
     let grants: Vec<Value> =
         request.grants.iter().map(|g| json!({"handler": g.handler, "operations": g.operations, "resources": g.resources})).collect();
     let mut data = json!({ "granter": server.hash(), "grantee": request.grantee, "grants": grants });

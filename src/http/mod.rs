@@ -1,12 +1,13 @@
 //! The HTTP layer: the router, the shared application state handed to
-//! handlers, and one file per transport. Only this module knows axum.
+//! handlers, and one file per transport. Only this module (and the
+//! connection loop in `server`) knows axum; handlers read the request,
+//! call the service layer ([`crate::service`]) and write its answer.
 
 mod caller;
 pub mod error;
 mod events;
 mod execute;
 mod identity;
-mod limits;
 mod openapi;
 mod ops;
 mod poll;
@@ -21,14 +22,13 @@ use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AuthMode, Identity};
 use crate::broker::Broker;
 use crate::config::Settings;
-use crate::filter::FilterLimits;
 use crate::registry::Registry;
-use crate::store::EventLog;
+use crate::service::Core;
+use crate::store::Store;
 use error::ApiError;
 
 /// What every handler may use. Cloning is shallow.
@@ -39,66 +39,25 @@ pub struct AppState {
 
 #[derive(Debug)]
 struct Inner {
+    core: Core,
     auth: AuthMode,
     local: Identity,
-    limits: Arc<limits::Limits>,
-    settings: Settings,
-    store: Arc<dyn EventLog>,
-    broker: Broker,
-    registry: Arc<Registry>,
     metrics: PrometheusHandle,
-    shutdown: CancellationToken,
-    server: Arc<crate::identity::ServerIdentity>,
-    subscriptions: Arc<crate::subscription::Subscriptions>,
     started: Instant,
     /// The OpenAPI document, set once the router is assembled.
     openapi: std::sync::OnceLock<serde_json::Value>,
 }
 
-/// What the HTTP layer is built from (the composition root fills it).
-#[derive(Debug)]
-pub struct Parts {
-    /// How callers are authenticated.
-    pub auth: AuthMode,
-    /// Settings.
-    pub settings: Settings,
-    /// The store.
-    pub store: Arc<dyn EventLog>,
-    /// The broker.
-    pub broker: Broker,
-    /// The event-type registry.
-    pub registry: Arc<Registry>,
-    /// Renders `/metrics`.
-    pub metrics: PrometheusHandle,
-    /// Cancelled on shutdown.
-    pub shutdown: CancellationToken,
-    /// The server's identity.
-    pub server: Arc<crate::identity::ServerIdentity>,
-    /// The `system/subscription` handler.
-    pub subscriptions: Arc<crate::subscription::Subscriptions>,
-}
-
 impl AppState {
-    /// Bundles the handles.
-    pub fn new(parts: Parts) -> Self {
-        let Parts { auth, settings, store, broker, registry, metrics, shutdown, server, subscriptions } = parts;
-        let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
-        let inner = Inner {
-            auth,
-            local: Identity::local(),
-            limits,
-            settings,
-            store,
-            broker,
-            registry,
-            metrics,
-            shutdown,
-            server,
-            subscriptions,
-            started: Instant::now(),
-            openapi: std::sync::OnceLock::new(),
-        };
+    /// The HTTP layer over `core`: how callers are authenticated, and what
+    /// renders `/metrics`.
+    pub fn new(core: Core, auth: AuthMode, metrics: PrometheusHandle) -> Self {
+        let inner = Inner { core, auth, local: Identity::local(), metrics, started: Instant::now(), openapi: std::sync::OnceLock::new() };
         Self { inner: Arc::new(inner) }
+    }
+
+    fn core(&self) -> &Core {
+        &self.inner.core
     }
 
     fn auth(&self) -> &AuthMode {
@@ -109,41 +68,20 @@ impl AppState {
         &self.inner.local
     }
 
-    fn limits(&self) -> &Arc<limits::Limits> {
-        &self.inner.limits
-    }
-
     fn settings(&self) -> &Settings {
-        &self.inner.settings
+        self.inner.core.settings()
     }
 
-    fn store(&self) -> &Arc<dyn EventLog> {
-        &self.inner.store
+    fn store(&self) -> &Arc<dyn Store> {
+        self.inner.core.store()
     }
 
     fn broker(&self) -> &Broker {
-        &self.inner.broker
+        self.inner.core.broker()
     }
 
     fn registry(&self) -> &Registry {
-        &self.inner.registry
-    }
-
-    fn shutdown_token(&self) -> CancellationToken {
-        self.inner.shutdown.clone()
-    }
-
-    fn consumer_ttl_ms(&self) -> i64 {
-        self.inner.settings.consumer_ttl.as_millis().min(i64::MAX as u128) as i64
-    }
-
-    fn filter_limits(&self) -> FilterLimits {
-        let s = &self.inner.settings;
-        FilterLimits {
-            max_bytes: s.max_filter_bytes,
-            max_list: s.max_filter_list,
-            rule: crate::filter::RuleLimits { max_depth: s.max_rule_depth, max_nodes: s.max_rule_nodes },
-        }
+        self.inner.core.registry()
     }
 }
 
@@ -183,7 +121,7 @@ pub fn router(state: AppState) -> Router {
     use utoipa::OpenApi as _;
     use utoipa_axum::router::OpenApiRouter;
     use utoipa_axum::routes;
-    let cors = cors(&state.inner.settings.cors_origins).ok().flatten();
+    let cors = cors(&state.settings().cors_origins).ok().flatten();
     let (router, api) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(ops::live_page))
         .routes(routes!(events::publish))

@@ -1,20 +1,8 @@
-//! `GET|POST /v1/poll` and the durable consumers behind it (SPEC-065 §2.6):
-//! for agents that cannot hold a stream open (cron jobs, serverless
-//! functions, scripts).
-//!
-//! A poll reads the log after its resume point with the same filter code as
-//! SSE, returns up to `limit` envelopes with `next_since` (the id to pass
-//! next) and `has_more`, and with `wait_ms` holds the request open until a
-//! matching event exists. Waiting registers with the broker *before* the
-//! scan (register, then read), so an event committed in between wakes it.
-//!
-//! A `consumer_id` makes the cursor durable: it is stored with the filter,
-//! and only confirmations move it (`POST /v1/consumers/{id}/ack`, or the
-//! next poll's `since`), as a monotonic max clamped to the head, so two
-//! pollers sharing one id are safe and no future event is skipped.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! `GET|POST /v1/poll`, `POST /v1/consumers/{id}/ack`, `GET /v1/consumers`
+//! and `DELETE /v1/consumers/{id}`: long-poll and the durable consumers
+//! over HTTP. What a poll does is [`crate::service::poll`]; this file reads
+//! the query or JSON form and writes the answer, spliced from the stored
+//! envelopes (no re-serialisation).
 
 use axum::Json;
 use axum::body::Body;
@@ -27,12 +15,10 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
-use super::sse::{check_envelope, parse_cursor};
-use crate::broker::SubscribeOptions;
-use crate::event::{Event, EventId};
+use crate::event::EventId;
 use crate::filter::{Filter, FilterQuery};
-use crate::metrics as m;
-use crate::store::{Acked, ConsumerOpen, Opened};
+use crate::service::error::{InvalidField, check_envelope, parse_cursor};
+use crate::service::poll::{self as service, PollPage, PollRequest, check_consumer_id};
 
 /// Query form of a poll.
 #[derive(Debug, Deserialize)]
@@ -64,67 +50,14 @@ pub(crate) struct PollBody {
     accept_envelope: Option<String>,
 }
 
-/// A validated poll.
-struct PollRequest {
-    /// The filter as JSON text (what a consumer stores), if one was given.
-    filter_json: Option<String>,
-    since: Option<EventId>,
-    consumer_id: Option<String>,
-    limit: usize,
-    wait: Duration,
-}
-
-const MAX_CONSUMER_ID: usize = 128;
-
-fn check_consumer_id(id: &str) -> Result<(), ApiError> {
-    let ok = !id.is_empty() && id.len() <= MAX_CONSUMER_ID && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(
-            "invalid_consumer_id",
-            format!("consumer_id must be 1 to {MAX_CONSUMER_ID} characters of [A-Za-z0-9._:-]"),
-        ))
-    }
-}
-
 /// A non-negative integer from a query string or a JSON number.
-fn uint(value: Option<&Value>, text: Option<&str>, code: &'static str, what: &str) -> Result<Option<u64>, ApiError> {
-    let bad = || ApiError::bad_request(code, format!("{what} must be a non-negative integer"));
+fn uint(value: Option<&Value>, text: Option<&str>, code: &'static str, what: &str) -> Result<Option<u64>, InvalidField> {
+    let bad = || InvalidField::new(code, format!("{what} must be a non-negative integer"));
     match (value, text) {
         (Some(Value::Null), _) | (None, None) => Ok(None),
         (Some(v), _) => v.as_u64().map(Some).ok_or_else(bad),
         (None, Some(t)) => t.trim().parse::<u64>().map(Some).map_err(|_| bad()),
     }
-}
-
-impl PollRequest {
-    fn build(
-        app: &AppState,
-        filter_json: Option<String>,
-        since: Option<u64>,
-        consumer_id: Option<String>,
-        limit: Option<u64>,
-        wait_ms: Option<u64>,
-    ) -> Result<Self, ApiError> {
-        if let Some(id) = &consumer_id {
-            check_consumer_id(id)?;
-        }
-        let settings = app.settings();
-        let limit = match limit {
-            Some(0) => return Err(ApiError::bad_request("invalid_limit", "limit must be at least 1")),
-            Some(n) => (n as usize).min(settings.poll_max_limit),
-            None => 100.min(settings.poll_max_limit),
-        };
-        let wait = Duration::from_millis(wait_ms.unwrap_or(0)).min(settings.poll_max_wait);
-        let since =
-            since.map(|s| EventId::try_from(s).map_err(|_| ApiError::bad_request("invalid_since", "since is too large"))).transpose()?;
-        Ok(Self { filter_json, since, consumer_id, limit, wait })
-    }
-}
-
-fn filter_error(e: crate::filter::FilterError) -> ApiError {
-    ApiError::bad_request("invalid_filter", e.0)
 }
 
 /// The query form's filter as the JSON a consumer stores.
@@ -164,15 +97,23 @@ fn query_filter_json(q: &FilterQuery) -> Option<String> {
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
-pub(crate) async fn poll_get(State(app): State<AppState>, caller: Caller, Query(q): Query<PollQuery>) -> Result<Response, ApiError> {
+pub(crate) async fn poll_get(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    Query(q): Query<PollQuery>,
+) -> Result<Response, ApiError> {
     check_envelope(q.accept_envelope.as_deref())?;
     // Validate the filter in whichever form it came; store its JSON form.
-    Filter::from_query(&q.filter, app.filter_limits()).map_err(filter_error)?;
+    Filter::from_query(&q.filter, app.core().filter_limits())?;
     let since = q.since.as_deref().map(|s| parse_cursor(s, "invalid_since", "since")).transpose()?.map(|s| s as u64);
-    let limit = uint(None, q.limit.as_deref(), "invalid_limit", "limit")?;
-    let wait = uint(None, q.wait_ms.as_deref(), "invalid_wait_ms", "wait_ms")?;
-    let request = PollRequest::build(&app, query_filter_json(&q.filter), since, q.consumer_id, limit, wait)?;
-    poll(app, caller, request).await
+    let request = PollRequest {
+        filter_json: query_filter_json(&q.filter),
+        since,
+        consumer_id: q.consumer_id,
+        limit: uint(None, q.limit.as_deref(), "invalid_limit", "limit")?,
+        wait_ms: uint(None, q.wait_ms.as_deref(), "invalid_wait_ms", "wait_ms")?,
+    };
+    Ok(answer(service::poll(app.core(), &caller, request).await?))
 }
 
 /// `POST /v1/poll`.
@@ -193,104 +134,28 @@ pub(crate) async fn poll_get(State(app): State<AppState>, caller: Caller, Query(
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
-pub(crate) async fn poll_post(State(app): State<AppState>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub(crate) async fn poll_post(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
     let body: PollBody =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request("invalid_poll", format!("the poll body is not valid: {e}")))?;
     check_envelope(body.accept_envelope.as_deref())?;
-    let filter_json = body.filter.filter(|f| !f.is_null()).map(|f| f.to_string());
-    let since = uint(body.since.as_ref(), None, "invalid_since", "since")?;
-    let limit = uint(body.limit.as_ref(), None, "invalid_limit", "limit")?;
-    let wait = uint(body.wait_ms.as_ref(), None, "invalid_wait_ms", "wait_ms")?;
-    let request = PollRequest::build(&app, filter_json, since, body.consumer_id, limit, wait)?;
-    poll(app, caller, request).await
-}
-
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
-fn expired() -> ApiError {
-    ApiError::new(
-        StatusCode::GONE,
-        "cursor_expired",
-        "this consumer was collected after a silence longer than the consumer TTL; poll again with an explicit since to start afresh",
-    )
-}
-
-fn not_owner(id: &str) -> ApiError {
-    ApiError::forbidden("not_consumer_owner", format!("consumer {id:?} belongs to another identity"))
-}
-
-async fn poll(app: AppState, caller: Caller, request: PollRequest) -> Result<Response, ApiError> {
-    metrics::counter!(m::POLL_REQUESTS).increment(1);
-    let limits = app.filter_limits();
-    // Validate a given filter before anything is stored.
-    if let Some(json) = &request.filter_json {
-        Filter::from_json(json, limits).map_err(filter_error)?;
-    }
-    let (filter_json, after) = match &request.consumer_id {
-        None => (
-            request.filter_json.clone(),
-            match request.since {
-                Some(since) => since,
-                None => app.store().head().await?,
-            },
-        ),
-        Some(id) => {
-            let opened = app
-                .store()
-                .consumer_open(ConsumerOpen {
-                    id,
-                    filter_json: request.filter_json.as_deref().map(Some),
-                    since: request.since,
-                    expire_before_ms: now_ms() - app.consumer_ttl_ms(),
-                    now_ms: now_ms(),
-                    actor: caller.actor(),
-                })
-                .await?;
-            match opened {
-                Opened::Expired => return Err(expired()),
-                Opened::Forbidden => return Err(not_owner(id)),
-                // `since` (already confirmed) wins; otherwise resume after the cursor.
-                Opened::Ready(consumer) => (consumer.filter_json, request.since.unwrap_or(consumer.cursor)),
-            }
-        }
+    let request = PollRequest {
+        filter_json: body.filter.filter(|f| !f.is_null()).map(|f| f.to_string()),
+        since: uint(body.since.as_ref(), None, "invalid_since", "since")?,
+        consumer_id: body.consumer_id,
+        limit: uint(body.limit.as_ref(), None, "invalid_limit", "limit")?,
+        wait_ms: uint(body.wait_ms.as_ref(), None, "invalid_wait_ms", "wait_ms")?,
     };
-    // Whatever was asked for, the caller receives only what its grants and
-    // visibility allow.
-    let filter = Arc::new(
-        match &filter_json {
-            Some(json) => Filter::from_json(json, limits).map_err(filter_error)?,
-            None => Filter::any(),
-        }
-        .restrict_to(&caller.0),
-    );
+    Ok(answer(service::poll(app.core(), &caller, request).await?))
+}
 
-    // Register before the first read, so nothing committed in between is missed.
-    let mut subscription = (!request.wait.is_zero())
-        .then(|| app.broker().subscribe(filter.clone(), SubscribeOptions { kill: None, transport: "poll", catching_up: true }));
-    let deadline = tokio::time::Instant::now() + request.wait;
-    let shutdown = app.shutdown_token();
-    let mut page = scan(&app, &filter, after, request.limit).await?;
-    while page.events.is_empty() {
-        let Some(sub) = subscription.as_mut() else { break };
-        let woke = tokio::select! {
-            frame = sub.recv() => frame.is_some(),
-            _ = tokio::time::sleep_until(deadline) => break,
-            _ = shutdown.cancelled() => break,
-        };
-        if !woke {
-            // Detached (behind, or shutting down): register again.
-            subscription =
-                Some(app.broker().subscribe(filter.clone(), SubscribeOptions { kill: None, transport: "poll", catching_up: true }));
-        }
-        page = scan(&app, &filter, page.next_since, request.limit).await?;
-    }
-    drop(subscription);
-    metrics::counter!(m::EVENTS_DELIVERED, "transport" => "poll").increment(page.events.len() as u64);
-
-    // The answer is spliced from the stored envelopes: no re-serialisation.
+/// The answer, spliced from the stored envelopes: no re-serialisation.
+fn answer(page: PollPage) -> Response {
     let mut out = Vec::with_capacity(64 + page.events.iter().map(|e| e.envelope.len() + 1).sum::<usize>());
     out.extend_from_slice(b"{\"events\":[");
     for (i, event) in page.events.iter().enumerate() {
@@ -300,54 +165,7 @@ async fn poll(app: AppState, caller: Caller, request: PollRequest) -> Result<Res
         out.extend_from_slice(&event.envelope);
     }
     out.extend_from_slice(format!("],\"next_since\":{},\"has_more\":{}}}", page.next_since, page.has_more).as_bytes());
-    Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
-}
-
-struct Page {
-    events: Vec<Event>,
-    next_since: EventId,
-    has_more: bool,
-}
-
-/// Reads matching events after `after`: up to `limit`, then looks on for one
-/// more match to answer `has_more`. One request scans at most
-/// `TIDINGS_POLL_MAX_SCAN` rows; stopping there answers `has_more: true`
-/// with the scan position, so a sparse filter never makes one request
-/// unbounded.
-async fn scan(app: &AppState, filter: &Filter, after: EventId, limit: usize) -> Result<Page, ApiError> {
-    let store = app.store();
-    let batch = app.settings().read_batch as usize;
-    let max_scan = app.settings().poll_max_scan;
-    let (mut position, mut events, mut scanned) = (after, Vec::new(), 0usize);
-    loop {
-        let rows = store.read_after(position, batch).await?;
-        if rows.is_empty() {
-            break;
-        }
-        for row in rows {
-            let event = match Event::from_stored(row.id, &row.body, row.recorded_ms) {
-                Ok(event) => event,
-                Err(e) => {
-                    tracing::error!(id = row.id, error = %e, "skipping an unreadable event row");
-                    position = row.id;
-                    continue;
-                }
-            };
-            if filter.matches(&event.body) {
-                if events.len() == limit {
-                    return Ok(Page { next_since: events.last().map_or(position, |e: &Event| e.id), events, has_more: true });
-                }
-                events.push(event);
-            }
-            position = row.id;
-            scanned += 1;
-        }
-        if scanned >= max_scan {
-            let next_since = events.last().map_or(position, |e| e.id);
-            return Ok(Page { events, next_since, has_more: true });
-        }
-    }
-    Ok(Page { next_since: events.last().map_or(position, |e| e.id), events, has_more: false })
+    ([(header::CONTENT_TYPE, "application/json")], out).into_response()
 }
 
 /// `POST /v1/consumers/{id}/ack` body.
@@ -376,7 +194,7 @@ pub(crate) struct AckBody {
 )]
 pub(crate) async fn ack(
     State(app): State<AppState>,
-    caller: Caller,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -386,19 +204,9 @@ pub(crate) async fn ack(
     let body: AckBody = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request("invalid_cursor", format!("the body must be {{\"cursor\": N}}: {e}")))?;
     let cursor = uint(Some(&body.cursor), None, "invalid_cursor", "cursor")?.unwrap_or(0);
-    let cursor = EventId::try_from(cursor).map_err(|_| ApiError::bad_request("invalid_cursor", "cursor is too large"))?;
-    match app.store().consumer_ack(&id, cursor, now_ms(), now_ms() - app.consumer_ttl_ms(), caller.actor()).await? {
-        Acked::Cursor(cursor) => Ok(Json(json!({ "consumer_id": id, "cursor": cursor }))),
-        other => Err(refusal(&id, other)),
-    }
-}
-
-fn refusal(id: &str, outcome: Acked) -> ApiError {
-    match outcome {
-        Acked::Expired => expired(),
-        Acked::Forbidden => not_owner(id),
-        Acked::NotFound | Acked::Cursor(_) => ApiError::new(StatusCode::NOT_FOUND, "consumer_not_found", format!("no consumer {id:?}")),
-    }
+    let cursor = EventId::try_from(cursor).map_err(|_| InvalidField::new("invalid_cursor", "cursor is too large"))?;
+    let cursor = service::ack(app.core(), &caller, &id, cursor).await?;
+    Ok(Json(json!({ "consumer_id": id, "cursor": cursor })))
 }
 
 /// Lists the caller's durable consumers (every one for an admin) with their
@@ -413,9 +221,8 @@ fn refusal(id: &str, outcome: Acked) -> ApiError {
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
-pub(crate) async fn list(State(app): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
-    let head = app.store().head().await?;
-    let consumers = app.store().consumer_list(caller.actor()).await?;
+pub(crate) async fn list(State(app): State<AppState>, Caller(caller): Caller) -> Result<Json<Value>, ApiError> {
+    let (head, consumers) = service::list(app.core(), &caller).await?;
     let ms = |ms: i64| chrono::DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
     let list: Vec<Value> = consumers
         .into_iter()
@@ -450,10 +257,7 @@ pub(crate) async fn list(State(app): State<AppState>, caller: Caller) -> Result<
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
-pub(crate) async fn delete(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    check_consumer_id(&id)?;
-    match app.store().consumer_delete(&id, caller.actor()).await? {
-        Acked::Cursor(_) => Ok(StatusCode::NO_CONTENT),
-        other => Err(refusal(&id, other)),
-    }
+pub(crate) async fn delete(State(app): State<AppState>, Caller(caller): Caller, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    service::delete(app.core(), &caller, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

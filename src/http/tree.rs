@@ -1,14 +1,7 @@
-//! `GET|PUT|DELETE /v1/tree/{path}`: the entity tree over HTTP. Writes are
-//! compare-and-swap on the entity hash (`If-Match`, `If-None-Match: *`) and
-//! append a `tree.created` / `tree.updated` / `tree.deleted` event in the
-//! same transaction, so tree changes travel the same log, broker, replay and
-//! filters as every other event (`targets=tree:<path>`).
-//!
-//! Who may: writing a path needs the `publish` grant for the change event's
-//! type (`tree.*`), reading needs the `subscribe` grant: the tree is as
-//! visible as the events that describe it.
-
-use std::collections::BTreeMap;
+//! `GET|PUT|DELETE /v1/tree/{path}`: the entity tree over HTTP. What a
+//! tree operation decides (grants, `system/`, CAS, the change event) is
+//! [`crate::service::tree`]; this file reads `If-Match` / `If-None-Match`
+//! and `X-Chain-Id`, and writes entities with their hash as `ETag`.
 
 use axum::Json;
 use axum::body::Body;
@@ -20,16 +13,9 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
-use crate::event::{Agent, names};
-use crate::store::{ChangeKind, Condition, TreeOutcome, TreeWrite};
-use crate::tree::{Entity, change_event, change_type, generate_id, validate_chain_id, validate_path};
-
-/// Most entries one listing scans.
-const LIST_SCAN: usize = 10_000;
-
-fn invalid_path(e: crate::tree::PathError) -> ApiError {
-    ApiError::bad_request("invalid_path", e.0)
-}
+use crate::service::tree::{self as service, Listing, Written};
+use crate::store::{ChangeKind, Condition};
+use crate::tree::{generate_id, validate_chain_id};
 
 fn etag(hash: &str) -> HeaderValue {
     HeaderValue::from_str(&format!("\"{hash}\"")).expect("hashes are header-safe")
@@ -53,10 +39,6 @@ fn condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
     }
 }
 
-fn agent(caller: &crate::auth::Identity) -> Agent {
-    Agent { id: caller.sub.clone(), kind: None }
-}
-
 /// The causal chain a write belongs to: `X-Chain-Id`, else a fresh one.
 /// Notifications the write triggers, and their chain-error markers, carry it.
 pub(crate) fn chain_id(headers: &HeaderMap) -> Result<String, ApiError> {
@@ -68,21 +50,6 @@ pub(crate) fn chain_id(headers: &HeaderMap) -> Result<String, ApiError> {
             Ok(id.to_owned())
         }
     }
-}
-
-fn require(allowed: bool, what: &str) -> Result<(), ApiError> {
-    if allowed { Ok(()) } else { Err(ApiError::forbidden("forbidden_tree_access", format!("the caller may not {what} the tree"))) }
-}
-
-/// `system/…` holds what tidings itself keeps (subscriptions, their
-/// configuration, chain-error markers): only admins read or write it
-/// directly (seed 000 §1.1, §7.1). Subscribers go through `/v1/execute`.
-fn require_system(caller: &crate::auth::Identity, path: &str) -> Result<(), ApiError> {
-    let system = path == "system" || path.starts_with("system/");
-    if system && !caller.admin {
-        return Err(ApiError::forbidden("forbidden_tree_access", "only admins read or write system/ directly"));
-    }
-    Ok(())
 }
 
 /// Reads an entity, or lists children when the path ends with `/`.
@@ -101,17 +68,10 @@ fn require_system(caller: &crate::auth::Identity, path: &str) -> Result<(), ApiE
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
 pub(crate) async fn get(State(app): State<AppState>, Caller(caller): Caller, Path(path): Path<String>) -> Result<Response, ApiError> {
-    require(caller.may_subscribe(names::TREE_UPDATED), "read")?;
-    require_system(&caller, &path)?;
     if let Some(dir) = path.strip_suffix('/') {
-        return list(&app, dir).await;
+        return Ok(listing(service::list(app.core(), &caller, dir).await?));
     }
-    validate_path(&path).map_err(invalid_path)?;
-    let entry = app
-        .store()
-        .tree_get(&path)
-        .await?
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "entity_not_found", format!("nothing at {path:?}")))?;
+    let entry = service::get(app.core(), &caller, &path).await?;
     let mut response = ([(header::CONTENT_TYPE, "application/json")], entry.entity).into_response();
     response.headers_mut().insert(header::ETAG, etag(&entry.hash));
     Ok(response)
@@ -130,59 +90,26 @@ pub(crate) async fn get(State(app): State<AppState>, Caller(caller): Caller, Pat
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
 pub(crate) async fn root(State(app): State<AppState>, Caller(caller): Caller) -> Result<Response, ApiError> {
-    require(caller.may_subscribe(names::TREE_UPDATED), "read")?;
-    list(&app, "").await
+    Ok(listing(service::list(app.core(), &caller, "").await?))
 }
 
-async fn list(app: &AppState, dir: &str) -> Result<Response, ApiError> {
-    if !dir.is_empty() {
-        validate_path(dir).map_err(invalid_path)?;
-    }
-    let below = app.store().tree_below(dir, LIST_SCAN).await?;
-    // name -> (is an entity, has children)
-    let mut children: BTreeMap<String, (bool, bool)> = BTreeMap::new();
-    let skip = if dir.is_empty() { 0 } else { dir.len() + 1 };
-    for path in &below {
-        let rest = &path[skip..];
-        let (name, deeper) = match rest.split_once('/') {
-            Some((name, _)) => (name, true),
-            None => (rest, false),
-        };
-        let entry = children.entry(name.to_owned()).or_default();
-        entry.0 |= !deeper;
-        entry.1 |= deeper;
-    }
-    let list: Vec<Value> = children
+fn listing(listing: Listing) -> Response {
+    let children: Vec<Value> = listing
+        .children
         .into_iter()
-        .map(|(name, (entity, has_children))| {
-            let path = if dir.is_empty() { name.clone() } else { format!("{dir}/{name}") };
-            json!({ "name": name, "path": path, "entity": entity, "has_children": has_children })
-        })
+        .map(|c| json!({ "name": c.name, "path": c.path, "entity": c.entity, "has_children": c.has_children }))
         .collect();
-    Ok(Json(json!({ "path": dir, "children": list, "truncated": below.len() == LIST_SCAN })).into_response())
+    Json(json!({ "path": listing.path, "children": children, "truncated": listing.truncated })).into_response()
 }
 
-fn answer(app: &AppState, path: &str, outcome: TreeOutcome, hash: Option<&str>) -> Result<Response, ApiError> {
-    match outcome {
-        TreeOutcome::Done { kind, previous_hash, event_id } => {
-            app.broker().wake();
-            metrics::counter!(crate::metrics::EVENTS_PUBLISHED, "type" => change_type(kind)).increment(1);
-            let status = if kind == ChangeKind::Created { StatusCode::CREATED } else { StatusCode::OK };
-            let body = json!({ "uri": path, "hash": hash, "previous_hash": previous_hash, "event_id": event_id });
-            let mut response = (status, Json(body)).into_response();
-            if let Some(h) = hash {
-                response.headers_mut().insert(header::ETAG, etag(h));
-            }
-            Ok(response)
-        }
-        TreeOutcome::Mismatch { current } => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "hash_mismatch",
-            format!("the entity at {path:?} is not the one the precondition names"),
-        )
-        .with_extra(json!({ "current_hash": current }))),
-        TreeOutcome::Missing => Err(ApiError::new(StatusCode::NOT_FOUND, "entity_not_found", format!("nothing at {path:?}"))),
+fn written(written: Written) -> Response {
+    let status = if written.kind == ChangeKind::Created { StatusCode::CREATED } else { StatusCode::OK };
+    let body = json!({ "uri": written.uri, "hash": written.hash, "previous_hash": written.previous_hash, "event_id": written.event_id });
+    let mut response = (status, Json(body)).into_response();
+    if let Some(h) = &written.hash {
+        response.headers_mut().insert(header::ETAG, etag(h));
     }
+    response
 }
 
 /// Creates or replaces the entity at a path.
@@ -215,23 +142,10 @@ pub(crate) async fn put(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    validate_path(&path).map_err(invalid_path)?;
-    require(caller.may_publish(names::TREE_CREATED) && caller.may_publish(names::TREE_UPDATED), "write")?;
-    require_system(&caller, &path)?;
+    service::check_write(&caller, &path, false)?;
     let condition = condition(&headers)?;
     let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
-    let entity: Entity = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request("invalid_entity", format!("the body must be {{\"type\", \"data\"}}: {e}")))?;
-    entity.check().map_err(|e| ApiError::bad_request("invalid_entity", e.0))?;
-    let (canonical, hash) = entity.canonical();
-    let write = TreeWrite {
-        path: path.clone(),
-        entity: Some((canonical, hash.clone())),
-        condition,
-        event: change_event(&path, agent(&caller), Some(hash.clone()), chain_id(&headers)?),
-    };
-    let outcome = app.store().tree_write(write).await?;
-    answer(&app, &path, outcome, Some(&hash))
+    Ok(written(service::put(app.core(), &caller, &path, condition, &bytes, chain_id(&headers)?).await?))
 }
 
 /// Deletes the entity at a path.
@@ -256,12 +170,7 @@ pub(crate) async fn delete(
     Path(path): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    validate_path(&path).map_err(invalid_path)?;
-    require(caller.may_publish(names::TREE_DELETED), "write")?;
-    require_system(&caller, &path)?;
+    service::check_write(&caller, &path, true)?;
     let condition = condition(&headers)?;
-    let write =
-        TreeWrite { path: path.clone(), entity: None, condition, event: change_event(&path, agent(&caller), None, chain_id(&headers)?) };
-    let outcome = app.store().tree_write(write).await?;
-    answer(&app, &path, outcome, None)
+    Ok(written(service::delete(app.core(), &caller, &path, condition, chain_id(&headers)?).await?))
 }

@@ -1,8 +1,11 @@
 //! Storage: the event log the broker and the transports stand on.
 //!
-//! [`EventLog`] is what the rest of tidings needs from a store: append with
-//! gap-free ids that become visible in commit order, read after an id, the
-//! head, and a wake-up whenever something was committed. Records are opaque
+//! A store is four concerns, one trait each, and [`Store`] is all of them:
+//! [`EventLog`] (append with gap-free ids that become visible in commit
+//! order, read after an id, the head, and a wake-up whenever something was
+//! committed), [`ConsumerStore`], [`TreeStore`] and [`EngineStore`]. Each
+//! backend keeps one file per concern; `tests/api/store.rs` is the
+//! conformance suite every backend passes. Records are opaque
 //! to the store (a type name for indexing, and a JSON body): no SPEC-065
 //! vocabulary lives here, so tree changes and notifications share the log.
 //!
@@ -21,7 +24,8 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::event::EventId;
+use crate::event::{EventBody, EventId};
+pub use crate::tree::{ChangeEvent, ChangeKind};
 
 /// One record to append.
 #[derive(Debug, Clone)]
@@ -30,6 +34,13 @@ pub struct NewRecord {
     pub event_type: String,
     /// The JSON body.
     pub body: String,
+}
+
+impl NewRecord {
+    /// The record of an event body.
+    pub fn event(body: &EventBody) -> Self {
+        Self { event_type: body.event_type.clone(), body: body.to_json() }
+    }
 }
 
 /// One stored record.
@@ -131,22 +142,6 @@ pub enum Condition {
     /// Only if nothing is there (`If-None-Match: *`).
     IfAbsent,
 }
-
-/// What a write did to a path, for the change event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeKind {
-    /// Nothing was there.
-    Created,
-    /// An entity was replaced.
-    Updated,
-    /// The entity was removed.
-    Deleted,
-}
-
-/// Builds the change event of a tree write from what the write found: the
-/// store calls it inside the write's transaction, so the event and the
-/// change commit together. The store knows nothing of event names.
-pub type ChangeEvent = Box<dyn FnOnce(ChangeKind, Option<&str>) -> NewRecord + Send>;
 
 /// A tree write: a put (`entity` is the canonical JSON and its hash) or a
 /// delete (`entity` is `None`).
@@ -274,7 +269,8 @@ pub enum StoreError {
     Other(#[from] anyhow::Error),
 }
 
-/// The event log.
+/// The event log: append with gap-free, commit-ordered ids, read after an
+/// id, the head and the floor, retention, and the wake-ups after commits.
 #[async_trait]
 pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// Which store this is.
@@ -302,6 +298,23 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// Returns how many events were deleted.
     async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError>;
 
+    /// Cheap round trip to the database.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Starts whatever wakes `wake` after each commit (the LISTEN task for
+    /// PostgreSQL; nothing for the embedded store, which wakes in-process)
+    /// and runs until `cancel`. Also wakes once after every (re)connect, so a
+    /// lost notification is never a lost event.
+    fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()>;
+
+    /// Listener state and reconnect count.
+    fn listener(&self) -> (ListenerState, u64);
+}
+
+/// Durable consumers: a stored filter and a cursor that only confirmations
+/// move (a monotonic max, clamped to the head).
+#[async_trait]
+pub trait ConsumerStore: Send + Sync + std::fmt::Debug + 'static {
     /// Opens a durable consumer for a poll, in one transaction: collects it
     /// first if it has been silent too long; creates it when absent (its
     /// cursor at `since`, else at the head: a new consumer starts with what is
@@ -330,7 +343,12 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// Collects consumers silent since before `before_ms`, remembering their
     /// ids; returns how many.
     async fn consumer_expire(&self, before_ms: i64) -> Result<u64, StoreError>;
+}
 
+/// The entity tree (compare-and-swap writes that append their change event
+/// in the same transaction) and the content-addressed store.
+#[async_trait]
+pub trait TreeStore: Send + Sync + std::fmt::Debug + 'static {
     /// The entity at `path`.
     async fn tree_get(&self, path: &str) -> Result<Option<TreeEntry>, StoreError>;
 
@@ -349,7 +367,12 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
 
     /// Entries below `prefix` (not `""`), ascending by path, at most `limit`.
     async fn tree_entries_below(&self, prefix: &str, limit: usize) -> Result<Vec<TreeEntry>, StoreError>;
+}
 
+/// The subscription engine's state: its cursor and delivered counts, the
+/// tree changes it follows, its compare-and-set commits, and who leads.
+#[async_trait]
+pub trait EngineStore: Send + Sync + std::fmt::Debug + 'static {
     /// The subscription engine's cursor and its delivered counts.
     async fn engine_state(&self) -> Result<(EventId, std::collections::HashMap<String, i64>), StoreError>;
 
@@ -368,25 +391,19 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
 
     /// Gives up the engine lead (at shutdown), so another process takes it.
     async fn engine_resign(&self);
-
-    /// Cheap round trip to the database.
-    async fn ping(&self) -> Result<(), StoreError>;
-
-    /// Starts whatever wakes `wake` after each commit (the LISTEN task for
-    /// PostgreSQL; nothing for the embedded store, which wakes in-process)
-    /// and runs until `cancel`. Also wakes once after every (re)connect, so a
-    /// lost notification is never a lost event.
-    fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()>;
-
-    /// Listener state and reconnect count.
-    fn listener(&self) -> (ListenerState, u64);
 }
+
+/// A whole store: every concern. The composition root opens one; each part
+/// of tidings takes the concern it needs (the broker only the [`EventLog`]).
+pub trait Store: EventLog + ConsumerStore + TreeStore + EngineStore {}
+
+impl<T: EventLog + ConsumerStore + TreeStore + EngineStore> Store for T {}
 
 /// Prunes history by `retention` every `every` until `cancel` (the
 /// background half of `TIDINGS_RETENTION`). Failures are logged and retried
 /// at the next tick: retention is housekeeping, never a reason to stop.
 pub async fn run_retention(
-    store: Arc<dyn EventLog>,
+    store: Arc<dyn Store>,
     retention: crate::config::Retention,
     every: std::time::Duration,
     cancel: CancellationToken,
@@ -412,7 +429,7 @@ pub async fn run_retention(
 /// Collects durable consumers silent for longer than `ttl`, checking about
 /// four times per TTL (at most once a minute), and samples every remaining
 /// consumer's lag into `tidings_consumer_lag_events`.
-pub async fn run_consumer_expiry(store: Arc<dyn EventLog>, ttl: std::time::Duration, cancel: CancellationToken) {
+pub async fn run_consumer_expiry(store: Arc<dyn Store>, ttl: std::time::Duration, cancel: CancellationToken) {
     let every = (ttl / 4).clamp(std::time::Duration::from_millis(20), std::time::Duration::from_secs(60));
     let mut tick = tokio::time::interval(every);
     loop {
@@ -436,7 +453,7 @@ pub async fn run_consumer_expiry(store: Arc<dyn EventLog>, ttl: std::time::Durat
 
 /// Probes the store every `every` and publishes `tidings_database_up` and
 /// `tidings_listener_up`, so alerts see an outage without a request failing.
-pub async fn run_health_probe(store: Arc<dyn EventLog>, every: std::time::Duration, cancel: CancellationToken) {
+pub async fn run_health_probe(store: Arc<dyn Store>, every: std::time::Duration, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(every);
     loop {
         tokio::select! {

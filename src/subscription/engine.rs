@@ -8,7 +8,7 @@
 //! with the engine's cursor (compare-and-set), so a crash neither loses nor
 //! repeats a notification, and per-subscription order is log (commit) order.
 //! With several processes on one database exactly one engine runs (the
-//! store's [`EventLog::engine_lead`]); the cursor's compare-and-set keeps a
+//! store's [`EngineStore::engine_lead`](crate::store::EngineStore::engine_lead)); the cursor's compare-and-set keeps a
 //! deposed leader from committing twice.
 //!
 //! The index is a cache: at start (and after any failed step) it is rebuilt
@@ -31,8 +31,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{DIR, MARKER_DIR, Subscription, Subscriptions, subscription_id_of};
 use crate::event::{EventBody, EventId, Visibility, names};
-use crate::filter::Glob;
-use crate::store::{Condition, EngineCommit, EngineEffect, EventLog, NewRecord, Record, StoreError, TreeWrite};
+use crate::glob::Glob;
+use crate::store::{Condition, EngineCommit, EngineEffect, NewRecord, Record, Store, StoreError, TreeWrite};
 use crate::tree::{Entity, change_event};
 
 /// Tree changes read per step.
@@ -125,14 +125,14 @@ enum Progress {
 /// The engine. Runs as one background task per process.
 #[derive(Debug)]
 pub struct Engine {
-    store: Arc<dyn EventLog>,
+    store: Arc<dyn Store>,
     handler: Arc<Subscriptions>,
     follow: watch::Receiver<EventId>,
 }
 
 impl Engine {
     /// An engine woken by `follow` (the broker's position).
-    pub fn new(store: Arc<dyn EventLog>, handler: Arc<Subscriptions>, follow: watch::Receiver<EventId>) -> Self {
+    pub fn new(store: Arc<dyn Store>, handler: Arc<Subscriptions>, follow: watch::Receiver<EventId>) -> Self {
         Self { store, handler, follow }
     }
 
@@ -436,7 +436,7 @@ impl Engine {
             links: vec![],
             visibility: Visibility::Public,
         };
-        Ok(NewRecord { event_type: body.event_type.clone(), body: body.to_json() })
+        Ok(NewRecord::event(&body))
     }
 
     /// A chain-error marker at

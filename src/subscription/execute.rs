@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{Answer, Caller, EVENTS, HANDLER, Limits, SubscribeRequest, Subscriptions};
-use crate::filter::Glob;
+use crate::glob::Glob;
 use crate::store::StoreError;
 use crate::tree::capability::{self, Included};
 use crate::tree::{Entity, validate_path};

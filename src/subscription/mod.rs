@@ -41,9 +41,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::event::Agent;
-use crate::filter::Glob;
+use crate::glob::Glob;
 use crate::identity::ServerIdentity;
-use crate::store::{Condition, EventLog, StoreError, TreeEntry, TreeWrite};
+use crate::store::{Condition, Store, StoreError, TreeEntry, TreeWrite};
 use crate::tree::capability::{self, CapabilityError, Included, Token};
 use crate::tree::{Entity, change_event, generate_id, validate_path};
 
@@ -204,7 +204,7 @@ pub struct Caller<'a> {
 /// The subscription handler.
 #[derive(Debug)]
 pub struct Subscriptions {
-    store: Arc<dyn EventLog>,
+    store: Arc<dyn Store>,
     server: Arc<ServerIdentity>,
     max_per_prefix: u64,
     /// Serialises subscribes and unsubscribes in this process: capacity and
@@ -214,7 +214,7 @@ pub struct Subscriptions {
 
 impl Subscriptions {
     /// A handler over `store`, acting as `server`.
-    pub fn new(store: Arc<dyn EventLog>, server: Arc<ServerIdentity>, max_per_prefix: u64) -> Self {
+    pub fn new(store: Arc<dyn Store>, server: Arc<ServerIdentity>, max_per_prefix: u64) -> Self {
         Self { store, server, max_per_prefix, gate: tokio::sync::Mutex::new(()) }
     }
 

@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::Entity;
-use crate::filter::Glob;
+use crate::glob::Glob;
 
 /// Entities carried with a request, by hash.
 pub type Included = HashMap<String, Value>;

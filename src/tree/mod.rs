@@ -11,7 +11,6 @@ pub mod capability;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{Agent, EventBody, Visibility, names};
-use crate::store::{ChangeEvent, ChangeKind, NewRecord};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -117,6 +116,22 @@ pub fn generate_id() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
 
+/// What a write did to a path, for the change event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Nothing was there.
+    Created,
+    /// An entity was replaced.
+    Updated,
+    /// The entity was removed.
+    Deleted,
+}
+
+/// Builds the change event of a tree write from what the write found: the
+/// store calls it inside the write's transaction, so the event and the
+/// change commit together. The store knows nothing of event names.
+pub type ChangeEvent = Box<dyn FnOnce(ChangeKind, Option<&str>) -> EventBody + Send>;
+
 /// The event type of a change.
 pub fn change_type(kind: ChangeKind) -> &'static str {
     match kind {
@@ -139,7 +154,7 @@ pub fn change_event(path: &str, agent: Agent, hash: Option<String>, chain_id: St
             payload["previous_hash"] = serde_json::json!(p);
         }
         payload["chain_id"] = serde_json::json!(chain_id);
-        let body = EventBody {
+        EventBody {
             event_type: change_type(kind).to_owned(),
             reference: Some(event_ref(&path)),
             agent: Some(agent),
@@ -148,8 +163,7 @@ pub fn change_event(path: &str, agent: Agent, hash: Option<String>, chain_id: St
             payload,
             links: vec![],
             visibility: Visibility::Public,
-        };
-        NewRecord { event_type: body.event_type.clone(), body: body.to_json() }
+        }
     })
 }
 

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tidings::app::Application;
 use tidings::client::{SseEvent, SseReader};
 use tidings::config::Settings;
-use tidings::store::EventLog;
+use tidings::store::Store;
 use tokio_util::sync::CancellationToken;
 
 /// Which store a test runs on.
@@ -72,7 +72,7 @@ pub(crate) struct TestApp {
     settings: Settings,
     pub(crate) base: String,
     pub(crate) http: reqwest::Client,
-    pub(crate) store: Arc<dyn EventLog>,
+    pub(crate) store: Arc<dyn Store>,
     pub(crate) shutdown: CancellationToken,
     pub(crate) db_name: Option<String>,
     pub(crate) db_url: Option<String>,

@@ -17,6 +17,7 @@ mod poll;
 mod postgres;
 mod publish;
 mod security;
+mod store;
 mod stream;
 mod subscriptions;
 mod taxonomy;

@@ -25,17 +25,22 @@ async fn every_route_and_error_code_is_documented() {
     // has no plain `.route(`, so nothing can be served without being documented.
     let http_mod = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/http/mod.rs")).unwrap();
     assert!(!http_mod.contains(".route("), "routes are added with routes!(...) only");
-    // Every error code the HTTP layer can answer appears in the document.
+    // Every error code the HTTP layer can answer appears in the document:
+    // those HTTP builds itself, and every code of the service layer's typed
+    // refusals (the arms of their `code()`, and the field refusals).
     let text = doc.to_string();
-    let code = regex::Regex::new(r#"(?:bad_request|unprocessable|too_large|forbidden)\(\s*"([a-z_]+)"|StatusCode::[A-Z_]+,\s*"([a-z_]+)""#)
-        .unwrap();
+    let code = regex::Regex::new(
+        r#"(?:bad_request|unprocessable|too_large|forbidden|InvalidField::new|parse_cursor\([^,]+,)\(?\s*"([a-z_]+)"|StatusCode::[A-Z_]+,\s*"([a-z_]+)"|=> "([a-z_]+)",?\n"#,
+    )
+    .unwrap();
     let mut codes = Vec::new();
-    for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/http")).unwrap() {
+    let dirs = [concat!(env!("CARGO_MANIFEST_DIR"), "/src/http"), concat!(env!("CARGO_MANIFEST_DIR"), "/src/service")];
+    for entry in dirs.iter().flat_map(|d| std::fs::read_dir(d).unwrap()) {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "rs") {
             let source = std::fs::read_to_string(&path).unwrap();
             for c in code.captures_iter(&source) {
-                codes.push(c.get(1).or(c.get(2)).unwrap().as_str().to_owned());
+                codes.push(c.get(1).or(c.get(2)).or(c.get(3)).unwrap().as_str().to_owned());
             }
         }
     }

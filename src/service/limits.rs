@@ -1,4 +1,4 @@
-//! Abuse limits owned by the HTTP layer: concurrent streams in total and per
+//! Abuse limits, for every transport: concurrent streams in total and per
 //! identity, and the publish rate per identity. Each is a setting; a stream
 //! holds a [`StreamPermit`] for its whole life and gives it back on drop.
 
@@ -7,12 +7,55 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::error::ApiError;
+use super::error::{Kind, Refusal};
 use crate::auth::Identity;
+
+/// A limit that refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    /// The server holds its maximum of streams.
+    #[error("this server holds its maximum of {0} streams; retry later")]
+    TooManyStreams(usize),
+    /// The identity holds its maximum of streams.
+    #[error("this identity holds its maximum of {0} streams")]
+    TooManyStreamsForIdentity(usize),
+    /// The identity's publish budget is spent.
+    #[error("this identity may publish {rate} events per second")]
+    RateLimited {
+        /// The configured rate.
+        rate: u32,
+        /// Seconds until enough budget is back.
+        retry_after: u64,
+    },
+}
+
+impl Refusal for LimitError {
+    fn code(&self) -> &'static str {
+        match self {
+            Self::TooManyStreams(_) => "too_many_streams",
+            Self::TooManyStreamsForIdentity(_) => "too_many_streams_for_identity",
+            Self::RateLimited { .. } => "rate_limited",
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self {
+            Self::TooManyStreams(_) => Kind::Unavailable,
+            Self::TooManyStreamsForIdentity(_) | Self::RateLimited { .. } => Kind::TooMany,
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        Some(match self {
+            Self::TooManyStreams(_) | Self::TooManyStreamsForIdentity(_) => 5,
+            Self::RateLimited { retry_after, .. } => *retry_after,
+        })
+    }
+}
 
 /// The limits and their current use.
 #[derive(Debug)]
-pub(crate) struct Limits {
+pub struct Limits {
     max_streams: usize,
     max_streams_per_identity: usize,
     publish_rate: u32,
@@ -30,7 +73,7 @@ struct Bucket {
 
 /// One stream's place in the limits.
 #[derive(Debug)]
-pub(crate) struct StreamPermit {
+pub struct StreamPermit {
     limits: Arc<Limits>,
     identity: Option<String>,
 }
@@ -51,7 +94,8 @@ impl Drop for StreamPermit {
 }
 
 impl Limits {
-    pub(crate) fn new(max_streams: usize, max_streams_per_identity: usize, publish_rate: u32) -> Self {
+    /// Limits with these settings (`0` for `publish_rate`: no limit).
+    pub fn new(max_streams: usize, max_streams_per_identity: usize, publish_rate: u32) -> Self {
         Self {
             max_streams,
             max_streams_per_identity,
@@ -64,15 +108,10 @@ impl Limits {
 
     /// A permit for one more stream: `503` past the total, `429` past the
     /// caller's share (per-identity counting applies when auth is on).
-    pub(crate) fn acquire_stream(self: &Arc<Self>, caller: &Identity) -> Result<StreamPermit, ApiError> {
+    pub fn acquire_stream(self: &Arc<Self>, caller: &Identity) -> Result<StreamPermit, LimitError> {
         if self.streams.fetch_add(1, Ordering::AcqRel) >= self.max_streams {
             self.streams.fetch_sub(1, Ordering::AcqRel);
-            return Err(ApiError::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "too_many_streams",
-                format!("this server holds its maximum of {} streams; retry later", self.max_streams),
-            )
-            .retry_after(5));
+            return Err(LimitError::TooManyStreams(self.max_streams));
         }
         let mut permit = StreamPermit { limits: self.clone(), identity: None };
         if caller.authenticated {
@@ -80,12 +119,7 @@ impl Limits {
             let n = map.entry(caller.sub.clone()).or_default();
             if *n >= self.max_streams_per_identity {
                 drop(map);
-                return Err(ApiError::new(
-                    axum::http::StatusCode::TOO_MANY_REQUESTS,
-                    "too_many_streams_for_identity",
-                    format!("this identity holds its maximum of {} streams", self.max_streams_per_identity),
-                )
-                .retry_after(5));
+                return Err(LimitError::TooManyStreamsForIdentity(self.max_streams_per_identity));
             }
             *n += 1;
             permit.identity = Some(caller.sub.clone());
@@ -95,7 +129,7 @@ impl Limits {
 
     /// Takes `events` from the caller's publish budget (a token bucket of one
     /// second's worth); `429 rate_limited` with `Retry-After` when empty.
-    pub(crate) fn take_publish(&self, caller: &Identity, events: usize) -> Result<(), ApiError> {
+    pub fn take_publish(&self, caller: &Identity, events: usize) -> Result<(), LimitError> {
         if self.publish_rate == 0 {
             return Ok(());
         }
@@ -112,12 +146,7 @@ impl Limits {
             Ok(())
         } else {
             let wait = ((need - bucket.tokens) / rate).ceil().max(1.0) as u64;
-            Err(ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                format!("this identity may publish {} events per second", self.publish_rate),
-            )
-            .retry_after(wait))
+            Err(LimitError::RateLimited { rate: self.publish_rate, retry_after: wait })
         }
     }
 }

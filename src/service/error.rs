@@ -1,0 +1,221 @@
+//! What a refusal is, independent of any transport. Every service returns a
+//! typed error (`thiserror`) whose variants are the stable error codes; each
+//! implements [`Refusal`], which says the code, the [`Kind`] of refusal, and
+//! what a client may do next (retry after, extra fields). A transport maps
+//! [`Kind`] to its own vocabulary in one place: `http::error` to a status
+//! and a JSON body; a JSON-RPC transport to an error code.
+
+use serde_json::{Value, json};
+
+use crate::auth::AuthError;
+use crate::filter::FilterError;
+use crate::store::StoreError;
+
+/// The kind of a refusal: what went wrong, from the client's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The request is malformed or a value is out of range (`400`).
+    Invalid,
+    /// No valid credentials (`401`).
+    Unauthenticated,
+    /// The caller may not do this (`403`).
+    Forbidden,
+    /// Nothing by that name (`404`).
+    NotFound,
+    /// None of the representations the client accepts (`406`).
+    NotAcceptable,
+    /// The state changed under the request (`409`).
+    Conflict,
+    /// It existed and is gone for good (`410`).
+    Gone,
+    /// Over a size limit (`413`).
+    TooLarge,
+    /// Well-formed but refused by the rules (`422`).
+    Unprocessable,
+    /// Over a per-identity budget; retry later (`429`).
+    TooMany,
+    /// The server cannot serve it now; retry later (`503`).
+    Unavailable,
+    /// A bug or corruption: logged, never detailed to the client (`500`).
+    Internal,
+}
+
+/// A typed refusal, as every transport needs to see it.
+pub trait Refusal: std::error::Error {
+    /// The stable error code.
+    fn code(&self) -> &'static str;
+
+    /// What kind of refusal this is.
+    fn kind(&self) -> Kind;
+
+    /// The refusal this one wraps (a store or limit failure inside a
+    /// service's error), whose message, retry and details it passes on.
+    fn wrapped(&self) -> Option<&dyn Refusal> {
+        None
+    }
+
+    /// The human message sent to the client (by default the error's text).
+    fn message(&self) -> String {
+        self.wrapped().map_or_else(|| self.to_string(), |c| c.message())
+    }
+
+    /// Seconds after which a retry may succeed.
+    fn retry_after(&self) -> Option<u64> {
+        self.wrapped().and_then(|c| c.retry_after())
+    }
+
+    /// Extra fields for the error body (an object).
+    fn details(&self) -> Option<Value> {
+        self.wrapped().and_then(|c| c.details())
+    }
+}
+
+impl Refusal for StoreError {
+    fn code(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "store_unavailable",
+            StoreError::Other(_) => "internal",
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self {
+            StoreError::Unavailable(_) => Kind::Unavailable,
+            StoreError::Other(_) => Kind::Internal,
+        }
+    }
+
+    fn message(&self) -> String {
+        // The database's own words stay in the log.
+        match self {
+            StoreError::Unavailable(_) => "the event store is unavailable; retry later".to_owned(),
+            StoreError::Other(_) => "internal error".to_owned(),
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        matches!(self, StoreError::Unavailable(_)).then_some(1)
+    }
+}
+
+impl Refusal for AuthError {
+    fn code(&self) -> &'static str {
+        "unauthorized"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Unauthenticated
+    }
+}
+
+impl Refusal for FilterError {
+    fn code(&self) -> &'static str {
+        "invalid_filter"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Invalid
+    }
+}
+
+/// A refusal of a request's shape, found while reading it: the code names
+/// the field (`invalid_since`, `invalid_limit`, ...). Shared by every
+/// transport that takes the same fields.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidField {
+    /// The stable code.
+    pub code: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl InvalidField {
+    /// A refusal with `code`.
+    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+}
+
+impl Refusal for InvalidField {
+    fn code(&self) -> &'static str {
+        self.code
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Invalid
+    }
+}
+
+/// The envelope versions a client accepts include none this server writes.
+#[derive(Debug, thiserror::Error)]
+#[error("none of the requested envelope versions is supported; this server writes {:?}", crate::event::SUPPORTED_ENVELOPE_VERSIONS)]
+pub struct EnvelopeUnsupported;
+
+impl Refusal for EnvelopeUnsupported {
+    fn code(&self) -> &'static str {
+        "envelope_version_unsupported"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::NotAcceptable
+    }
+
+    fn details(&self) -> Option<Value> {
+        Some(json!({ "supported": crate::event::SUPPORTED_ENVELOPE_VERSIONS }))
+    }
+}
+
+/// Why a request's envelope negotiation or resume point is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// A field is malformed.
+    #[error(transparent)]
+    Invalid(#[from] InvalidField),
+    /// No common envelope version.
+    #[error(transparent)]
+    Envelope(#[from] EnvelopeUnsupported),
+}
+
+impl Refusal for RequestError {
+    fn code(&self) -> &'static str {
+        match self {
+            Self::Invalid(e) => e.code(),
+            Self::Envelope(e) => e.code(),
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self {
+            Self::Invalid(e) => e.kind(),
+            Self::Envelope(e) => e.kind(),
+        }
+    }
+
+    fn wrapped(&self) -> Option<&dyn Refusal> {
+        Some(match self {
+            Self::Invalid(e) => e,
+            Self::Envelope(e) => e,
+        })
+    }
+}
+
+/// Checks `accept_envelope` (`1,2`): `406 envelope_version_unsupported` when
+/// the client knows none of the versions this server writes.
+pub fn check_envelope(accept: Option<&str>) -> Result<(), RequestError> {
+    match crate::event::negotiate_envelope(accept) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(EnvelopeUnsupported.into()),
+        Err(message) => Err(InvalidField::new("invalid_accept_envelope", message).into()),
+    }
+}
+
+/// Parses a resume point: a non-negative integer event id.
+pub fn parse_cursor(value: &str, code: &'static str, what: &str) -> Result<crate::event::EventId, InvalidField> {
+    value
+        .trim()
+        .parse::<crate::event::EventId>()
+        .ok()
+        .filter(|v| *v >= 0)
+        .ok_or_else(|| InvalidField::new(code, format!("{what} must be a non-negative integer event id")))
+}

@@ -1,0 +1,139 @@
+//! The service layer: every use-case of tidings once, with no transport in
+//! it. SSE, long-poll and (next) WebSocket and peer delivery are thin
+//! translations of what these services return; none of them decides policy
+//! or reads the log on its own.
+//!
+//! - [`publish`]: grants, agent attribution, reserved types, the registry,
+//!   renames, the append and the broker wake-up;
+//! - [`session`]: one subscriber's delivery: register, read the head, replay
+//!   up to the live seam, then live, with the gap notices, the replay cap,
+//!   the lagged-to-catch-up loop and the slow-client drop;
+//! - [`poll`]: long-poll as a bounded session, and the durable consumers
+//!   (open, ack, list, delete);
+//! - [`tree`]: compare-and-swap writes, reads and listings of the entity tree;
+//! - [`limits`]: stream and publish budgets;
+//! - [`error`]: what a refusal is ([`error::Refusal`]), so each transport maps
+//!   every typed error to its wire form in one place.
+//!
+//! Nothing here names an axum, hyper or `http` type; nothing below this layer
+//! (broker, store, filter, tree vocabulary) imports it.
+
+pub mod error;
+pub mod limits;
+pub mod poll;
+pub mod publish;
+pub mod session;
+pub mod tree;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+use crate::config::Settings;
+use crate::filter::FilterLimits;
+use crate::identity::ServerIdentity;
+use crate::registry::Registry;
+use crate::store::Store;
+use crate::subscription::Subscriptions;
+
+/// The handles every service works with. Cloning is shallow.
+#[derive(Debug, Clone)]
+pub struct Core {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    settings: Settings,
+    store: Arc<dyn Store>,
+    broker: Broker,
+    registry: Arc<Registry>,
+    limits: Arc<limits::Limits>,
+    server: Arc<ServerIdentity>,
+    subscriptions: Arc<Subscriptions>,
+    shutdown: CancellationToken,
+}
+
+/// What the core is built from (the composition root fills it).
+#[derive(Debug)]
+pub struct CoreParts {
+    /// Settings.
+    pub settings: Settings,
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// The broker.
+    pub broker: Broker,
+    /// The event-type registry.
+    pub registry: Arc<Registry>,
+    /// The server's identity.
+    pub server: Arc<ServerIdentity>,
+    /// The `system/subscription` handler.
+    pub subscriptions: Arc<Subscriptions>,
+    /// Cancelled on shutdown: sessions end on it.
+    pub shutdown: CancellationToken,
+}
+
+impl Core {
+    /// Bundles the handles.
+    pub fn new(parts: CoreParts) -> Self {
+        let CoreParts { settings, store, broker, registry, server, subscriptions, shutdown } = parts;
+        let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
+        Self { inner: Arc::new(Inner { settings, store, broker, registry, limits, server, subscriptions, shutdown }) }
+    }
+
+    /// Settings.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The broker.
+    pub fn broker(&self) -> &Broker {
+        &self.inner.broker
+    }
+
+    /// The event-type registry.
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// Stream and publish budgets.
+    pub fn limits(&self) -> &Arc<limits::Limits> {
+        &self.inner.limits
+    }
+
+    /// The server's identity.
+    pub fn server(&self) -> &Arc<ServerIdentity> {
+        &self.inner.server
+    }
+
+    /// The `system/subscription` handler.
+    pub fn subscriptions(&self) -> &Arc<Subscriptions> {
+        &self.inner.subscriptions
+    }
+
+    /// Cancelled when the server shuts down.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
+    /// The filter limits from the settings.
+    pub fn filter_limits(&self) -> FilterLimits {
+        let s = &self.inner.settings;
+        FilterLimits {
+            max_bytes: s.max_filter_bytes,
+            max_list: s.max_filter_list,
+            rule: crate::filter::RuleLimits { max_depth: s.max_rule_depth, max_nodes: s.max_rule_nodes },
+        }
+    }
+
+    /// The consumer TTL in milliseconds.
+    pub fn consumer_ttl_ms(&self) -> i64 {
+        self.inner.settings.consumer_ttl.as_millis().min(i64::MAX as u128) as i64
+    }
+}

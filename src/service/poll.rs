@@ -1,0 +1,265 @@
+//! Long-poll and the durable consumers behind it (SPEC-065 §2.6), for
+//! agents that cannot hold a stream open (cron jobs, serverless functions,
+//! scripts).
+//!
+//! A poll is a bounded [`Session`]: it reads the log after its resume point
+//! through the same filter code as every stream, answers up to `limit`
+//! events with `next_since` (the id to pass next) and `has_more`, and with
+//! `wait_ms` goes on live until a matching event arrives. The session
+//! registers with the broker *before* it reads, so an event committed in
+//! between wakes it. One request scans at most `TIDINGS_POLL_MAX_SCAN` rows
+//! of history; stopping there answers `has_more: true` with the scan
+//! position, so a sparse filter never makes one request unbounded.
+//!
+//! A `consumer_id` makes the cursor durable: it is stored with the filter,
+//! and only confirmations move it ([`ack`], or the next poll's `since`), as
+//! a monotonic max clamped to the head, so two pollers sharing one id are
+//! safe and no future event is skipped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Core;
+use super::error::{InvalidField, Kind, Refusal};
+use super::session::{End, Item, Session, Start};
+use crate::auth::Identity;
+use crate::broker::Frame;
+use crate::event::EventId;
+use crate::filter::{Filter, FilterError};
+use crate::metrics as m;
+use crate::store::{Acked, Actor, Consumer, ConsumerOpen, Opened, StoreError};
+
+/// Why a poll or a consumer operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PollError {
+    /// A field is malformed (`invalid_since`, `invalid_limit`, `invalid_consumer_id`, ...).
+    #[error(transparent)]
+    Invalid(#[from] InvalidField),
+    /// `invalid_filter`.
+    #[error(transparent)]
+    Filter(#[from] FilterError),
+    /// `cursor_expired`: the consumer was collected after a long silence.
+    #[error("this consumer was collected after a silence longer than the consumer TTL; poll again with an explicit since to start afresh")]
+    Expired,
+    /// `not_consumer_owner`.
+    #[error("consumer {0:?} belongs to another identity")]
+    NotOwner(String),
+    /// `consumer_not_found`.
+    #[error("no consumer {0:?}")]
+    NotFound(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Refusal for PollError {
+    fn code(&self) -> &'static str {
+        match self {
+            Self::Invalid(e) => e.code(),
+            Self::Filter(e) => e.code(),
+            Self::Expired => "cursor_expired",
+            Self::NotOwner(_) => "not_consumer_owner",
+            Self::NotFound(_) => "consumer_not_found",
+            Self::Store(e) => e.code(),
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self {
+            Self::Invalid(_) | Self::Filter(_) => Kind::Invalid,
+            Self::Expired => Kind::Gone,
+            Self::NotOwner(_) => Kind::Forbidden,
+            Self::NotFound(_) => Kind::NotFound,
+            Self::Store(e) => e.kind(),
+        }
+    }
+
+    fn wrapped(&self) -> Option<&dyn Refusal> {
+        match self {
+            Self::Store(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A poll as a transport read it (numbers already parsed).
+#[derive(Debug, Default)]
+pub struct PollRequest {
+    /// The filter as JSON text (what a consumer stores), if one was given.
+    pub filter_json: Option<String>,
+    /// Resume after this id (and, with a consumer, confirm it).
+    pub since: Option<u64>,
+    /// The durable consumer.
+    pub consumer_id: Option<String>,
+    /// Most events to answer (default 100, at most `TIDINGS_POLL_MAX_LIMIT`).
+    pub limit: Option<u64>,
+    /// How long to wait for a first match (at most `TIDINGS_POLL_MAX_WAIT`).
+    pub wait_ms: Option<u64>,
+}
+
+/// A poll's answer.
+#[derive(Debug)]
+pub struct PollPage {
+    /// The matching events, ascending.
+    pub events: Vec<Frame>,
+    /// The id to pass as `since` next.
+    pub next_since: EventId,
+    /// Whether more matching events may follow right away.
+    pub has_more: bool,
+}
+
+const MAX_CONSUMER_ID: usize = 128;
+
+/// Checks a consumer id: 1 to 128 characters of `[A-Za-z0-9._:-]`.
+pub fn check_consumer_id(id: &str) -> Result<(), InvalidField> {
+    let ok = !id.is_empty() && id.len() <= MAX_CONSUMER_ID && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidField::new("invalid_consumer_id", format!("consumer_id must be 1 to {MAX_CONSUMER_ID} characters of [A-Za-z0-9._:-]")))
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn actor(caller: &Identity) -> Actor<'_> {
+    Actor { sub: &caller.sub, admin: caller.admin }
+}
+
+/// Answers one poll for `caller`.
+pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Result<PollPage, PollError> {
+    if let Some(id) = &request.consumer_id {
+        check_consumer_id(id)?;
+    }
+    let settings = core.settings();
+    let limit = match request.limit {
+        Some(0) => return Err(InvalidField::new("invalid_limit", "limit must be at least 1").into()),
+        Some(n) => (n as usize).min(settings.poll_max_limit),
+        None => 100.min(settings.poll_max_limit),
+    };
+    let wait = Duration::from_millis(request.wait_ms.unwrap_or(0)).min(settings.poll_max_wait);
+    let since =
+        request.since.map(|s| EventId::try_from(s).map_err(|_| InvalidField::new("invalid_since", "since is too large"))).transpose()?;
+    metrics::counter!(m::POLL_REQUESTS).increment(1);
+    let limits = core.filter_limits();
+    // Validate a given filter before anything is stored.
+    if let Some(json) = &request.filter_json {
+        Filter::from_json(json, limits)?;
+    }
+    let (filter_json, after) = match &request.consumer_id {
+        None => (
+            request.filter_json.clone(),
+            match since {
+                Some(since) => since,
+                None => core.store().head().await?,
+            },
+        ),
+        Some(id) => {
+            let opened = core
+                .store()
+                .consumer_open(ConsumerOpen {
+                    id,
+                    filter_json: request.filter_json.as_deref().map(Some),
+                    since,
+                    expire_before_ms: now_ms() - core.consumer_ttl_ms(),
+                    now_ms: now_ms(),
+                    actor: actor(caller),
+                })
+                .await?;
+            match opened {
+                Opened::Expired => return Err(PollError::Expired),
+                Opened::Forbidden => return Err(PollError::NotOwner(id.clone())),
+                // `since` (already confirmed) wins; otherwise resume after the cursor.
+                Opened::Ready(consumer) => (consumer.filter_json, since.unwrap_or(consumer.cursor)),
+            }
+        }
+    };
+    // Whatever was asked for, the caller receives only what its grants and
+    // visibility allow.
+    let filter = match &filter_json {
+        Some(json) => Filter::from_json(json, limits)?,
+        None => Filter::any(),
+    };
+    let filter = Arc::new(caller.restrict(filter));
+
+    let mut options = core.session_options("poll");
+    options.live = !wait.is_zero();
+    options.heartbeat = None;
+    options.scan_budget = Some(settings.poll_max_scan);
+    let mut session = Session::open(core, filter, Start::After(after), options).await?;
+    let deadline = tokio::time::Instant::now() + wait;
+    let (mut events, mut has_more, mut caught_up) = (Vec::new(), false, false);
+    loop {
+        let item = tokio::select! {
+            item = session.next() => item,
+            // Only waiting for a first match is bounded by wait_ms; history
+            // is read to the end of the page regardless.
+            _ = tokio::time::sleep_until(deadline), if events.is_empty() && caught_up => break,
+        };
+        match item {
+            Item::Events { frames, .. } => {
+                events.extend(frames);
+                if events.len() > limit {
+                    // One match beyond the limit proves there is more.
+                    events.truncate(limit);
+                    has_more = true;
+                    break;
+                }
+                if caught_up {
+                    // A live match: answer at once.
+                    break;
+                }
+            }
+            Item::CaughtUp => {
+                caught_up = true;
+                if !events.is_empty() {
+                    break;
+                }
+            }
+            Item::ScanLimit => {
+                has_more = true;
+                break;
+            }
+            Item::Gap(_) | Item::Heartbeat => {}
+            Item::Dropped(_) | Item::End(End::Over | End::Shutdown | End::Failed) => break,
+        }
+    }
+    metrics::counter!(m::EVENTS_DELIVERED, "transport" => "poll").increment(events.len() as u64);
+    let next_since = events.last().map_or_else(|| session.cursor(), |e| e.id);
+    Ok(PollPage { events, next_since, has_more })
+}
+
+/// Confirms everything up to `cursor` on consumer `id`; answers the cursor
+/// after the ack.
+pub async fn ack(core: &Core, caller: &Identity, id: &str, cursor: EventId) -> Result<EventId, PollError> {
+    check_consumer_id(id)?;
+    match core.store().consumer_ack(id, cursor, now_ms(), now_ms() - core.consumer_ttl_ms(), actor(caller)).await? {
+        Acked::Cursor(cursor) => Ok(cursor),
+        other => Err(refusal(id, other)),
+    }
+}
+
+/// Deletes consumer `id`.
+pub async fn delete(core: &Core, caller: &Identity, id: &str) -> Result<(), PollError> {
+    check_consumer_id(id)?;
+    match core.store().consumer_delete(id, actor(caller)).await? {
+        Acked::Cursor(_) => Ok(()),
+        other => Err(refusal(id, other)),
+    }
+}
+
+/// The head and every consumer `caller` may see (all of them for an admin).
+pub async fn list(core: &Core, caller: &Identity) -> Result<(EventId, Vec<Consumer>), PollError> {
+    let head = core.store().head().await?;
+    Ok((head, core.store().consumer_list(actor(caller)).await?))
+}
+
+fn refusal(id: &str, outcome: Acked) -> PollError {
+    match outcome {
+        Acked::Expired => PollError::Expired,
+        Acked::Forbidden => PollError::NotOwner(id.to_owned()),
+        Acked::NotFound | Acked::Cursor(_) => PollError::NotFound(id.to_owned()),
+    }
+}

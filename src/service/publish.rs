@@ -1,0 +1,199 @@
+//! Publishing: one event or `{"events":[...]}`, validated in full before
+//! anything is stored, appended in one all-or-nothing batch. Everything a
+//! publish decides lives here: the batch shape and size, agent attribution
+//! (a publisher is its agent), reserved types, publish grants, the registry
+//! (strict or warn, and renames that fire aliases), the publish budget, the
+//! append and the broker wake-up.
+
+use serde_json::Value;
+
+use super::Core;
+use super::error::{Kind, Refusal};
+use super::limits::LimitError;
+use crate::auth::Identity;
+use crate::event::{EventError, EventId, PublishRequest};
+use crate::metrics as m;
+use crate::registry::{Problem, RegistryMode};
+use crate::store::{NewRecord, StoreError};
+
+/// Why a publish stored nothing. Each variant is one stable error code.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// `malformed_json`: the body is not JSON.
+    #[error("the body is not valid JSON: {0}")]
+    MalformedJson(String),
+    /// `invalid_event`: the body or an event has the wrong shape.
+    #[error("{0}")]
+    InvalidEvent(String),
+    /// `batch_too_large`.
+    #[error("a batch holds at most {max} events, got {got}")]
+    BatchTooLarge {
+        /// The limit.
+        max: usize,
+        /// The batch's length.
+        got: usize,
+    },
+    /// `invalid_event_name`: the type breaks the naming grammar.
+    #[error("{0}")]
+    InvalidEventName(String),
+    /// `payload_too_large`.
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// `agent_spoofing`: the event claims another agent.
+    #[error("{0}")]
+    AgentSpoofing(String),
+    /// `reserved_event_type`: a type only tidings writes.
+    #[error("{0}")]
+    ReservedEventType(String),
+    /// `forbidden_event_type`: no publish grant for the type.
+    #[error("{0}")]
+    ForbiddenEventType(String),
+    /// `unregistered_event_type` (strict registry).
+    #[error("{0}")]
+    UnregisteredEventType(String),
+    /// `payload_schema_violation` (strict registry).
+    #[error("{0}")]
+    PayloadSchemaViolation(String),
+    /// `rate_limited`: the identity's publish budget is spent.
+    #[error(transparent)]
+    Limited(#[from] LimitError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Refusal for PublishError {
+    fn code(&self) -> &'static str {
+        match self {
+            Self::MalformedJson(_) => "malformed_json",
+            Self::InvalidEvent(_) => "invalid_event",
+            Self::BatchTooLarge { .. } => "batch_too_large",
+            Self::InvalidEventName(_) => "invalid_event_name",
+            Self::PayloadTooLarge(_) => "payload_too_large",
+            Self::AgentSpoofing(_) => "agent_spoofing",
+            Self::ReservedEventType(_) => "reserved_event_type",
+            Self::ForbiddenEventType(_) => "forbidden_event_type",
+            Self::UnregisteredEventType(_) => "unregistered_event_type",
+            Self::PayloadSchemaViolation(_) => "payload_schema_violation",
+            Self::Limited(e) => e.code(),
+            Self::Store(e) => e.code(),
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self {
+            Self::MalformedJson(_) | Self::InvalidEvent(_) => Kind::Invalid,
+            Self::BatchTooLarge { .. } | Self::PayloadTooLarge(_) => Kind::TooLarge,
+            Self::InvalidEventName(_) | Self::UnregisteredEventType(_) | Self::PayloadSchemaViolation(_) => Kind::Unprocessable,
+            Self::AgentSpoofing(_) | Self::ReservedEventType(_) | Self::ForbiddenEventType(_) => Kind::Forbidden,
+            Self::Limited(e) => e.kind(),
+            Self::Store(e) => e.kind(),
+        }
+    }
+
+    fn wrapped(&self) -> Option<&dyn Refusal> {
+        match self {
+            Self::Limited(e) => Some(e),
+            Self::Store(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Publishes the JSON `body` (one event, or `{"events": [...]}`) as
+/// `caller`; returns the id of each published event, in order (aliases a
+/// rename fires get ids too, but are not listed).
+pub async fn publish(core: &Core, caller: &Identity, body: &[u8]) -> Result<Vec<EventId>, PublishError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| PublishError::MalformedJson(e.to_string()))?;
+    let (items, batch) = match value {
+        Value::Object(mut map) if map.contains_key("events") && !map.contains_key("event_type") => {
+            if map.len() != 1 {
+                return Err(PublishError::InvalidEvent("a batch is {\"events\": [...]} with no other fields".into()));
+            }
+            match map.remove("events") {
+                Some(Value::Array(items)) => (items, true),
+                _ => return Err(PublishError::InvalidEvent("events must be a list of events".into())),
+            }
+        }
+        single @ Value::Object(_) => (vec![single], false),
+        _ => return Err(PublishError::InvalidEvent("the body must be an event object or {\"events\": [...]}".into())),
+    };
+    if items.is_empty() {
+        return Err(PublishError::InvalidEvent("events must not be empty".into()));
+    }
+    let max_batch = core.settings().max_batch;
+    if items.len() > max_batch {
+        return Err(PublishError::BatchTooLarge { max: max_batch, got: items.len() });
+    }
+
+    core.limits().take_publish(caller, items.len())?;
+    let registry = core.registry();
+    let now = chrono::Utc::now();
+    let mut records = Vec::with_capacity(items.len());
+    // Index in `records` of each published event (aliases follow it).
+    let mut primary = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let at = |msg: String| if batch { format!("events[{i}]: {msg}") } else { msg };
+        let mut request: PublishRequest = serde_json::from_value(item).map_err(|e| PublishError::InvalidEvent(at(e.to_string())))?;
+        // A publisher is its agent: it cannot claim another agent's id
+        // (agent filters mean nothing if agents can be forged), and events
+        // without an agent are attributed to it.
+        match &request.agent {
+            Some(agent) if agent.id != caller.sub && !caller.admin => {
+                return Err(PublishError::AgentSpoofing(at(format!(
+                    "agent.id {:?} is not the caller's identity; only admins may publish for another agent",
+                    agent.id
+                ))));
+            }
+            None if caller.authenticated => request.agent = Some(crate::event::Agent { id: caller.sub.clone(), kind: None }),
+            _ => {}
+        }
+        let body = request.into_body(core.settings().max_payload, now).map_err(|e| match e {
+            EventError::InvalidName(_) => PublishError::InvalidEventName(at(e.to_string())),
+            EventError::InvalidField(_) => PublishError::InvalidEvent(at(e.to_string())),
+            EventError::PayloadTooLarge { .. } => PublishError::PayloadTooLarge(at(e.to_string())),
+        })?;
+        if crate::event::names::RESERVED.contains(&body.event_type.as_str()) {
+            return Err(PublishError::ReservedEventType(at(format!(
+                "{:?} is written by tidings itself (tree writes, subscriptions, stream notices)",
+                body.event_type
+            ))));
+        }
+        if !caller.may_publish(&body.event_type) {
+            return Err(PublishError::ForbiddenEventType(at(format!("the caller may not publish {:?}", body.event_type))));
+        }
+        let check = registry.check(&body.event_type, &body.payload);
+        if let Some(problem) = &check.problem {
+            let (refusal, kind): (fn(String) -> PublishError, _) = match problem {
+                Problem::Unregistered => (PublishError::UnregisteredEventType, "unregistered_type"),
+                Problem::SchemaViolation(_) => (PublishError::PayloadSchemaViolation, "schema_violation"),
+            };
+            let message = match problem {
+                Problem::Unregistered => format!("event type {:?} is not in the registry", body.event_type),
+                Problem::SchemaViolation(detail) => format!("payload does not match the schema of {:?}: {detail}", body.event_type),
+            };
+            let refused = refusal(at(message));
+            if registry.mode() == RegistryMode::Strict {
+                return Err(refused);
+            }
+            tracing::warn!(event_type = %body.event_type, problem = refused.code(), "accepting an event the registry does not vouch for (warn mode)");
+            metrics::counter!(m::REGISTRY_VIOLATIONS, "kind" => kind).increment(1);
+        }
+        primary.push(records.len());
+        for name in check.fire {
+            let mut copy = body.clone();
+            copy.event_type = name;
+            records.push(NewRecord::event(&copy));
+        }
+    }
+
+    let labels: Vec<String> =
+        records.iter().map(|r| if registry.contains(&r.event_type) { r.event_type.clone() } else { "unregistered".to_owned() }).collect();
+    let ids = core.store().append(records).await?;
+    for label in labels {
+        metrics::counter!(m::EVENTS_PUBLISHED, "type" => label).increment(1);
+    }
+    // Wake the local broker at once instead of waiting for the NOTIFY round trip.
+    core.broker().wake();
+    Ok(primary.into_iter().map(|i| ids[i]).collect())
+}

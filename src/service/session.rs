@@ -1,0 +1,449 @@
+//! One subscriber's delivery, for every transport: register the live
+//! subscription, read the head, replay history from the store up to the
+//! position the broker reported at registration, then take live frames —
+//! nothing missed, nothing repeated at the seam (the mercure order).
+//!
+//! A [`Session`] yields typed [`Item`]s; a transport only writes them in its
+//! wire format (SSE frames, a poll answer, JSON-RPC notifications). What a
+//! session owns, so no transport writes it again:
+//! - the resume check: a resume point the log cannot serve gap-free (pruned,
+//!   beyond the head, or further back than `TIDINGS_MAX_REPLAY`) is
+//!   announced as an [`Item::Gap`], never papered over; so is history pruned
+//!   while the session replays;
+//! - the lagged→catch-up loop: a session whose queue overflowed while it was
+//!   behind registers again and catches up from the store (KurrentDB's
+//!   drop-to-catch-up);
+//! - the slow-client drop ([`Item::Dropped`]) and the heartbeat tick;
+//! - the gap metric. Deliveries are counted by the transport once written
+//!   ([`record_delivery`]): a poll answers only part of what it read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Core;
+use super::limits::StreamPermit;
+use crate::broker::{Broker, Detached, Frame, SubscribeOptions, Subscription};
+use crate::event::{Event, EventId};
+use crate::filter::Filter;
+use crate::metrics as m;
+use crate::store::{EventLog, StoreError};
+
+/// Where a session starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// With what is published from now on.
+    Now,
+    /// A client's resume point (`Last-Event-ID`, `since`): after this id,
+    /// checked against retained history and the replay cap.
+    Resume(EventId),
+    /// Plainly after this id, with no gap check or cap (a poll's cursor:
+    /// a poll's scan is bounded per request instead).
+    After(EventId),
+}
+
+/// How a session behaves; [`Core::session_options`] fills the defaults from
+/// the settings.
+#[derive(Debug)]
+pub struct SessionOptions {
+    /// The `transport` label of the metrics.
+    pub transport: &'static str,
+    /// Whether the session registers with the broker and goes on live after
+    /// history; `false` serves history up to the head read at open, then ends.
+    pub live: bool,
+    /// Cancelled (after the eviction grace) when the broker evicts the
+    /// client and its connection has not finished by then.
+    pub kill: Option<CancellationToken>,
+    /// A tick this often while live and idle; `None`: no ticks.
+    pub heartbeat: Option<Duration>,
+    /// Most bytes of envelopes coalesced into one live [`Item::Events`].
+    pub coalesce_bytes: usize,
+    /// Rows read from the store per replay page.
+    pub read_batch: usize,
+    /// How far back one resume may replay (`Start::Resume`).
+    pub max_replay: u64,
+    /// Rows one session may scan in history before [`Item::ScanLimit`]
+    /// (`None`: unbounded).
+    pub scan_budget: Option<usize>,
+    /// The stream's place in the stream limits, held for the session's life.
+    pub permit: Option<StreamPermit>,
+}
+
+/// A resume point that the log cannot serve without a gap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap {
+    /// What the client asked to resume after.
+    pub requested: EventId,
+    /// The oldest id it can still receive.
+    pub available_from: EventId,
+    /// The head when this was found.
+    pub head: EventId,
+}
+
+/// A slow client's drop: the session ends after it; the client resumes
+/// from `last_event_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    /// `queue_full` or `no_progress`.
+    pub reason: &'static str,
+    /// The last id delivered.
+    pub last_event_id: Option<EventId>,
+    /// The queue length.
+    pub queue: usize,
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The server is shutting down: the client should come back later.
+    Shutdown,
+    /// The store failed while replaying: the client resumes once it is back.
+    Failed,
+    /// Nothing more to deliver (dropped, or a history-only session done).
+    Over,
+}
+
+/// What a session delivers next.
+#[derive(Debug)]
+pub enum Item {
+    /// Matching events, ascending, each delivered once.
+    Events {
+        /// The frames.
+        frames: Vec<Frame>,
+        /// Read from history (`true`) or taken live.
+        replayed: bool,
+    },
+    /// History the client asked for is gone (or its resume point is beyond
+    /// the head); delivery goes on from `available_from`.
+    Gap(Gap),
+    /// Replay reached the live seam (or, history-only, the head).
+    CaughtUp,
+    /// The history scan budget is spent (history-only sessions).
+    ScanLimit,
+    /// Live and idle for a heartbeat interval.
+    Heartbeat,
+    /// Dropped as a slow client; the session ends.
+    Dropped(Dropped),
+    /// The end; every later call answers the same.
+    End(End),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Replay,
+    Live,
+    Done(End),
+}
+
+/// One subscriber's delivery state.
+#[derive(Debug)]
+pub struct Session {
+    broker: Broker,
+    subscription: Option<Subscription>,
+    filter: Arc<Filter>,
+    /// Every event up to here was delivered or filtered out.
+    cursor: EventId,
+    /// The last id delivered (what the client's Last-Event-ID is).
+    last_sent: Option<EventId>,
+    /// Replay runs up to here; live frames cover everything above.
+    target: EventId,
+    phase: Phase,
+    gap: Option<Gap>,
+    /// Events read with a gap, delivered right after it.
+    pending: Option<Vec<Frame>>,
+    scanned: usize,
+    shutdown: CancellationToken,
+    options: SessionOptions,
+}
+
+impl Core {
+    /// Session options from the settings, for `transport`.
+    pub fn session_options(&self, transport: &'static str) -> SessionOptions {
+        let s = self.settings();
+        SessionOptions {
+            transport,
+            live: true,
+            kill: None,
+            heartbeat: Some(s.heartbeat),
+            coalesce_bytes: COALESCE_BYTES,
+            read_batch: s.read_batch as usize,
+            max_replay: s.max_replay,
+            scan_budget: None,
+            permit: None,
+        }
+    }
+}
+
+/// Largest coalesced live delivery, in bytes of envelopes: one write of a
+/// stream. A constant, not a setting: it only trades syscalls for latency
+/// of the last frame in a burst, and 64 KiB is what a socket buffer takes.
+pub const COALESCE_BYTES: usize = 64 * 1024;
+
+impl Session {
+    /// Opens a session for `filter` (already intersected with what the
+    /// caller may receive). A live session is registered before the head is
+    /// read, so nothing committed in between is missed.
+    pub async fn open(core: &Core, filter: Arc<Filter>, start: Start, options: SessionOptions) -> Result<Self, StoreError> {
+        let broker = core.broker().clone();
+        let store = core.store();
+        let subscription = options.live.then(|| broker.subscribe(filter.clone(), subscribe_options(&options, start != Start::Now)));
+        let position = match &subscription {
+            Some(s) => s.position(),
+            None => store.head().await?,
+        };
+        let mut gap = None;
+        let cursor = match start {
+            Start::Now => position,
+            Start::After(after) => after,
+            Start::Resume(requested) => {
+                let head = store.head().await?;
+                // The oldest point one resume may replay from: retained
+                // history, and at most max_replay events back (mercure's
+                // maxHistoryScan: a reconnect cannot force an unbounded scan).
+                let cap = head.saturating_sub(i64::try_from(options.max_replay).unwrap_or(i64::MAX));
+                let floor = store.floor().await?.max(cap);
+                if requested > head || requested < floor {
+                    metrics::counter!(m::REPLAY_GAPS).increment(1);
+                    gap = Some(Gap { requested, available_from: floor + 1, head });
+                    if requested > head { head.max(position) } else { floor }
+                } else {
+                    requested
+                }
+            }
+        };
+        let last_sent = match start {
+            Start::Resume(id) | Start::After(id) => Some(id),
+            Start::Now => None,
+        };
+        Ok(Self {
+            broker,
+            subscription,
+            filter,
+            cursor,
+            last_sent,
+            target: position,
+            phase: Phase::Replay,
+            gap,
+            pending: None,
+            scanned: 0,
+            shutdown: core.shutdown_token(),
+            options,
+        })
+    }
+
+    /// The gap found at open, if any (a transport may announce it before
+    /// anything else; otherwise it is the first item).
+    pub fn take_gap(&mut self) -> Option<Gap> {
+        self.gap.take()
+    }
+
+    /// Every event up to here was delivered or filtered out. A live session
+    /// with nothing queued is settled up to the broker's position.
+    pub fn cursor(&self) -> EventId {
+        if let (Phase::Live, Some(sub)) = (self.phase, &self.subscription) {
+            // Read the position before looking at the queue: every frame up
+            // to it was queued before the broker published it.
+            let position = self.broker.position();
+            if sub.is_empty() {
+                return self.cursor.max(position);
+            }
+        }
+        self.cursor
+    }
+
+    /// The last id delivered.
+    pub fn last_sent(&self) -> Option<EventId> {
+        self.last_sent
+    }
+
+    fn store(&self) -> &Arc<dyn EventLog> {
+        self.broker.store()
+    }
+
+    /// The next item.
+    pub async fn next(&mut self) -> Item {
+        if let Some(gap) = self.gap.take() {
+            return Item::Gap(gap);
+        }
+        if let Some(frames) = self.pending.take() {
+            return Item::Events { frames, replayed: true };
+        }
+        loop {
+            match self.phase {
+                Phase::Done(end) => return Item::End(end),
+                Phase::Replay => {
+                    if let Some(item) = self.replay_page().await {
+                        return item;
+                    }
+                }
+                Phase::Live => {
+                    if let Some(item) = self.live().await {
+                        return item;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One page of history; `None` when the page delivered nothing.
+    async fn replay_page(&mut self) -> Option<Item> {
+        if self.cursor >= self.target {
+            match &self.subscription {
+                Some(sub) => {
+                    sub.set_live();
+                    self.phase = Phase::Live;
+                }
+                None => self.phase = Phase::Done(End::Over),
+            }
+            return Some(Item::CaughtUp);
+        }
+        if self.options.scan_budget.is_some_and(|budget| self.scanned >= budget) {
+            return Some(Item::ScanLimit);
+        }
+        let limit = self.options.read_batch.min((self.target - self.cursor) as usize);
+        let page = tokio::select! {
+            _ = self.shutdown.cancelled() => return Some(self.end(End::Shutdown)),
+            page = self.store().read_after(self.cursor, limit) => page,
+        };
+        let rows = match page {
+            Ok(rows) => rows,
+            Err(e) => {
+                // The client resumes from its last id once the store is back.
+                tracing::warn!(error = %e, "replay failed; ending the session");
+                return Some(self.end(End::Failed));
+            }
+        };
+        let Some(first) = rows.first() else {
+            // Everything up to `target` is committed, so this only happens
+            // if history was pruned meanwhile.
+            self.cursor = self.target;
+            return None;
+        };
+        if first.id > self.cursor + 1 {
+            // Retention pruned history while this client was replaying: say
+            // so instead of skipping silently.
+            metrics::counter!(m::REPLAY_GAPS).increment(1);
+            self.gap = Some(Gap { requested: self.cursor, available_from: first.id, head: self.target });
+        }
+        self.scanned += rows.len();
+        let mut frames = Vec::new();
+        let target = self.target;
+        for row in rows.into_iter().take_while(|r| r.id <= target) {
+            self.cursor = row.id;
+            match Event::from_stored(row.id, &row.body, row.recorded_ms) {
+                Ok(event) if self.filter.matches(&event.body) => frames.push(Frame::of(&event)),
+                Ok(_) => {}
+                Err(e) => tracing::error!(id = row.id, error = %e, "skipping an unreadable event row"),
+            }
+        }
+        if let Some(sub) = &self.subscription {
+            sub.progress();
+        }
+        if let Some(last) = frames.last() {
+            self.last_sent = Some(last.id);
+        }
+        match (self.gap.take(), frames.is_empty()) {
+            (Some(gap), true) => Some(Item::Gap(gap)),
+            (Some(gap), false) => {
+                // The gap first, the page next.
+                self.pending = Some(frames);
+                Some(Item::Gap(gap))
+            }
+            (None, true) => None,
+            (None, false) => Some(Item::Events { frames, replayed: true }),
+        }
+    }
+
+    /// Live frames; `None` when nothing is to be delivered yet.
+    async fn live(&mut self) -> Option<Item> {
+        let sub = self.subscription.as_mut().expect("a live phase has a subscription");
+        let heartbeat = self.options.heartbeat;
+        let frame = tokio::select! {
+            biased;
+            _ = self.shutdown.cancelled() => return Some(self.end(End::Shutdown)),
+            frame = sub.recv() => frame,
+            _ = sleep_or_never(heartbeat) => return Some(Item::Heartbeat),
+        };
+        let Some(first) = frame else {
+            return match sub.detached() {
+                Detached::Lagged => {
+                    // Behind while replaying: register again and catch up
+                    // from the store.
+                    self.resubscribe();
+                    None
+                }
+                reason @ (Detached::QueueFull | Detached::NoProgress) => {
+                    self.phase = Phase::Done(End::Over);
+                    Some(Item::Dropped(Dropped { reason: reason.label(), last_event_id: self.last_sent, queue: self.queue_len() }))
+                }
+                Detached::Closed => Some(self.end(End::Shutdown)),
+            };
+        };
+        let mut frames = Vec::new();
+        let mut bytes = 0;
+        let mut next = Some(first);
+        while let Some(frame) = next {
+            if frame.id > self.cursor {
+                self.cursor = frame.id;
+                bytes += frame.envelope.len();
+                frames.push(frame);
+            }
+            next = if bytes < self.options.coalesce_bytes { sub.try_recv() } else { None };
+        }
+        let last = frames.last()?;
+        self.last_sent = Some(last.id);
+        Some(Item::Events { frames, replayed: false })
+    }
+
+    fn queue_len(&self) -> usize {
+        self.broker.queue_len()
+    }
+
+    fn resubscribe(&mut self) {
+        // Register anew before the old registration goes; its queue is
+        // drained already.
+        let fresh = self.broker.subscribe(self.filter.clone(), subscribe_options(&self.options, true));
+        self.target = fresh.position();
+        self.subscription = Some(fresh);
+        self.phase = Phase::Replay;
+    }
+
+    fn end(&mut self, end: End) -> Item {
+        self.phase = Phase::Done(end);
+        Item::End(end)
+    }
+
+    /// Marks the client's connection as finished (it wrote its last byte),
+    /// so no forced close follows an eviction.
+    pub fn finish(&self) {
+        if let Some(sub) = &self.subscription {
+            sub.finish();
+        }
+    }
+}
+
+fn subscribe_options(options: &SessionOptions, catching_up: bool) -> SubscribeOptions {
+    SubscribeOptions { kill: options.kill.clone(), transport: options.transport, catching_up }
+}
+
+async fn sleep_or_never(every: Option<Duration>) {
+    match every {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Counts `frames` as delivered on `transport` once written: replayed ones
+/// as replayed, live ones with their publish-to-send latency, sampled once
+/// per write (a histogram sample per frame would cost more than the frame).
+pub fn record_delivery(transport: &'static str, frames: &[Frame], replayed: bool) {
+    let Some(first) = frames.first() else { return };
+    metrics::counter!(m::EVENTS_DELIVERED, "transport" => transport).increment(frames.len() as u64);
+    if replayed {
+        metrics::counter!(m::REPLAYED_EVENTS).increment(frames.len() as u64);
+    } else {
+        let latency = (chrono::Utc::now().timestamp_millis() - first.recorded_ms).max(0) as f64 / 1000.0;
+        metrics::histogram!(m::DELIVERY_LATENCY).record(latency);
+    }
+}

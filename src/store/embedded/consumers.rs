@@ -1,0 +1,168 @@
+//! Durable consumers in SQLite: open, ack (monotonic, clamped to the head),
+//! list, delete and expiry, each in one write transaction.
+
+use super::*;
+
+const COLLECT_SQL: &str = "
+INSERT INTO consumer_expired (consumer_id, expired_ms)
+SELECT consumer_id, ?3 FROM consumer_subscriptions WHERE consumer_id = ?1 AND last_activity_ms < ?2
+ON CONFLICT (consumer_id) DO UPDATE SET expired_ms = excluded.expired_ms";
+const COLLECT_DELETE_SQL: &str = "DELETE FROM consumer_subscriptions WHERE consumer_id = ?1 AND last_activity_ms < ?2";
+
+const CONSUMER_UPDATE_SQL: &str = "
+UPDATE consumer_subscriptions SET
+    filter_json = CASE WHEN ?2 THEN ?3 ELSE filter_json END,
+    cursor = max(cursor, min(coalesce(?4, cursor), (SELECT last_id FROM tidings_head))),
+    last_activity_ms = ?5
+WHERE consumer_id = ?1 AND (owner = ?6 OR ?7)
+RETURNING consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner";
+
+fn consumer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Consumer> {
+    Ok(Consumer {
+        id: r.get(0)?,
+        filter_json: r.get(1)?,
+        cursor: r.get(2)?,
+        created_ms: r.get(3)?,
+        last_activity_ms: r.get(4)?,
+        owner: r.get(5)?,
+    })
+}
+
+/// Collects `id` if it has been silent since before `before_ms`.
+fn collect(conn: &Connection, id: &str, before_ms: i64, now_ms: i64) -> rusqlite::Result<()> {
+    conn.execute(COLLECT_SQL, params![id, before_ms, now_ms])?;
+    conn.execute(COLLECT_DELETE_SQL, params![id, before_ms])?;
+    Ok(())
+}
+
+fn is_expired(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
+    conn.query_row("SELECT EXISTS (SELECT 1 FROM consumer_expired WHERE consumer_id = ?1)", [id], |r| r.get(0))
+}
+
+/// Why an owner-checked statement touched no consumer.
+fn why_not(conn: &Connection, id: &str) -> rusqlite::Result<Acked> {
+    let exists: bool = conn.query_row("SELECT EXISTS (SELECT 1 FROM consumer_subscriptions WHERE consumer_id = ?1)", [id], |r| r.get(0))?;
+    Ok(if exists {
+        Acked::Forbidden
+    } else if is_expired(conn, id)? {
+        Acked::Expired
+    } else {
+        Acked::NotFound
+    })
+}
+
+#[async_trait]
+impl ConsumerStore for EmbeddedStore {
+    async fn consumer_open(&self, open: ConsumerOpen<'_>) -> Result<Opened, StoreError> {
+        let (id, since, now, before) = (open.id.to_owned(), open.since, open.now_ms, open.expire_before_ms);
+        let (owner, admin) = (open.actor.sub.to_owned(), open.actor.admin);
+        let replace = open.filter_json.is_some();
+        let filter = open.filter_json.flatten().map(str::to_owned);
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            collect(&tx, &id, before, now)?;
+            let update = |tx: &rusqlite::Transaction<'_>| {
+                tx.query_row(CONSUMER_UPDATE_SQL, params![id, replace, filter, since, now, owner, admin], consumer_row).optional()
+            };
+            let mut row = update(&tx)?;
+            if row.is_none() {
+                if is_expired(&tx, &id)? && since.is_none() {
+                    tx.commit()?;
+                    return Ok(Opened::Expired);
+                }
+                let created = tx.execute(
+                    "INSERT OR IGNORE INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner)
+                     SELECT ?1, ?2, min(coalesce(?3, last_id), last_id), ?4, ?4, ?5 FROM tidings_head",
+                    params![id, filter, since, now, owner],
+                )?;
+                if created == 1 {
+                    tx.execute("DELETE FROM consumer_expired WHERE consumer_id = ?1", [&id])?;
+                }
+                row = update(&tx)?;
+            }
+            tx.commit()?;
+            // Still none: the consumer exists and belongs to someone else.
+            Ok(row.map_or(Opened::Forbidden, Opened::Ready))
+        })
+        .await
+    }
+
+    async fn consumer_ack(
+        &self,
+        id: &str,
+        cursor: EventId,
+        now_ms: i64,
+        expire_before_ms: i64,
+        actor: Actor<'_>,
+    ) -> Result<Acked, StoreError> {
+        let id = id.to_owned();
+        let (owner, admin) = (actor.sub.to_owned(), actor.admin);
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            collect(&tx, &id, expire_before_ms, now_ms)?;
+            let row: Option<i64> = tx
+                .query_row(
+                    "UPDATE consumer_subscriptions
+                     SET cursor = max(cursor, min(?2, (SELECT last_id FROM tidings_head))), last_activity_ms = ?3
+                     WHERE consumer_id = ?1 AND (owner = ?4 OR ?5) RETURNING cursor",
+                    params![id, cursor, now_ms, owner, admin],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let acked = match row {
+                Some(c) => Acked::Cursor(c),
+                None => why_not(&tx, &id)?,
+            };
+            tx.commit()?;
+            Ok(acked)
+        })
+        .await
+    }
+
+    async fn consumer_list(&self, actor: Actor<'_>) -> Result<Vec<Consumer>, StoreError> {
+        let (owner, admin) = (actor.sub.to_owned(), actor.admin);
+        self.read(move |conn| {
+            let mut stmt = conn.prepare(
+                "SELECT consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner FROM consumer_subscriptions
+                 WHERE owner = ?1 OR ?2 ORDER BY consumer_id",
+            )?;
+            let rows = stmt.query_map(params![owner, admin], consumer_row)?;
+            rows.collect()
+        })
+        .await
+    }
+
+    async fn consumer_delete(&self, id: &str, actor: Actor<'_>) -> Result<Acked, StoreError> {
+        let (id, owner, admin) = (id.to_owned(), actor.sub.to_owned(), actor.admin);
+        self.write(move |conn| {
+            let cursor: Option<i64> = conn
+                .query_row(
+                    "DELETE FROM consumer_subscriptions WHERE consumer_id = ?1 AND (owner = ?2 OR ?3) RETURNING cursor",
+                    params![id, owner, admin],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match cursor {
+                Some(c) => Ok(Acked::Cursor(c)),
+                None => why_not(conn, &id),
+            }
+        })
+        .await
+    }
+
+    async fn consumer_expire(&self, before_ms: i64) -> Result<u64, StoreError> {
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            tx.execute(
+                "INSERT INTO consumer_expired (consumer_id, expired_ms)
+                 SELECT consumer_id, ?2 FROM consumer_subscriptions WHERE last_activity_ms < ?1
+                 ON CONFLICT (consumer_id) DO UPDATE SET expired_ms = excluded.expired_ms",
+                params![before_ms, chrono::Utc::now().timestamp_millis()],
+            )?;
+            let n = tx.execute("DELETE FROM consumer_subscriptions WHERE last_activity_ms < ?1", [before_ms])?;
+            tx.commit()?;
+            Ok(n as u64)
+        })
+        .await
+    }
+}

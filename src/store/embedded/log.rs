@@ -1,0 +1,103 @@
+//! The event log in SQLite: appends with ids allocated inside the write
+//! transaction (one writer), reads by id on the reader pool, the head, the
+//! floor and retention.
+
+use super::*;
+
+#[async_trait]
+impl EventLog for EmbeddedStore {
+    fn kind(&self) -> StoreKind {
+        StoreKind::Embedded
+    }
+
+    async fn append(&self, batch: Vec<NewRecord>) -> Result<Vec<EventId>, StoreError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = self
+            .write(move |conn| {
+                let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let ids = append_in(&tx, &batch)?;
+                tx.commit()?;
+                Ok(ids)
+            })
+            .await?;
+        if let Some(wake) = lock(&self.inner.wake).as_ref() {
+            wake.notify_one();
+        }
+        Ok(ids)
+    }
+
+    async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached("SELECT id, body, recorded_at FROM events WHERE id > ?1 ORDER BY id LIMIT ?2")?;
+            let rows =
+                stmt.query_map(params![after, limit as i64], |r| Ok(Record { id: r.get(0)?, body: r.get(1)?, recorded_ms: r.get(2)? }))?;
+            rows.collect()
+        })
+        .await
+    }
+
+    async fn head(&self) -> Result<EventId, StoreError> {
+        self.read(|conn| conn.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))).await
+    }
+
+    async fn floor(&self) -> Result<EventId, StoreError> {
+        self.read(|conn| {
+            conn.query_row("SELECT coalesce((SELECT min(id) - 1 FROM events), (SELECT last_id FROM tidings_head))", [], |r| r.get(0))
+        })
+        .await
+    }
+
+    async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError> {
+        let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
+        self.write(move |conn| {
+            let cut: i64 = conn.query_row(
+                // Never past the subscription engine's cursor: a change it
+                // has not turned into notifications yet is kept.
+                "SELECT min(max(
+                    coalesce((SELECT max(id) FROM events WHERE recorded_at < ?1), 0),
+                    coalesce((SELECT last_id FROM tidings_head) - ?2, 0)),
+                    (SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'))",
+                params![recorded_before_ms, keep],
+                |r| r.get(0),
+            )?;
+            let mut deleted = 0;
+            loop {
+                // In slices, so appends are not held up for long.
+                let n = conn.execute("DELETE FROM events WHERE id <= min(?1, (SELECT min(id) FROM events) + 9999)", [cut])?;
+                deleted += n as u64;
+                if n == 0 {
+                    break;
+                }
+            }
+            if deleted > 0 {
+                // Entities no path holds and no retained change names.
+                conn.execute(
+                    "DELETE FROM tidings_content
+                     WHERE NOT pinned
+                       AND stored_ms < coalesce((SELECT min(recorded_at) FROM events), ?1)
+                       AND NOT EXISTS (SELECT 1 FROM tree_entities t WHERE t.hash = tidings_content.hash)",
+                    [chrono::Utc::now().timestamp_millis()],
+                )?;
+            }
+            Ok(deleted)
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.read(|conn| conn.query_row("SELECT 1", [], |_| Ok(()))).await
+    }
+
+    fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
+        // Appends wake the broker in-process; nothing to run.
+        *lock(&self.inner.wake) = Some(wake.clone());
+        wake.notify_one();
+        tokio::spawn(async move { cancel.cancelled().await })
+    }
+
+    fn listener(&self) -> (ListenerState, u64) {
+        (ListenerState::Listening, 0)
+    }
+}

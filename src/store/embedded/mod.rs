@@ -1,0 +1,228 @@
+//! The embedded single-node store: the event log in a SQLite file inside
+//! the data directory, so tidings runs on a machine with nothing installed.
+//!
+//! Why SQLite (through `rusqlite`, bundled): a single file with a write-ahead
+//! log, crash-safe transactions, and one writer at a time, which is exactly
+//! what gap-free, commit-ordered ids need: the id is allocated inside the
+//! write transaction. The alternatives (sled, redb, fjall) would make us write
+//! the ordering, the range reads and the migrations ourselves.
+//!
+//! Durability: `synchronous=FULL` in WAL mode, so an append answered `201`
+//! has reached the disk and survives `kill -9` (and power loss).
+//!
+//! One process owns a data directory: an exclusive lock on `LOCK` is taken at
+//! open and held for the life of the store; a second server on the same
+//! directory refuses to start.
+//!
+//! SQLite calls block, so they run on tokio's blocking pool: the writer
+//! connection behind a mutex (SQLite serialises writers anyway), readers from
+//! a small pool of read-only connections that WAL lets run beside the writer.
+//!
+//! One file per concern: `log`, `consumers`, `tree` (the tree and the
+//! content store), `engine` (the subscription engine's state).
+
+mod consumers;
+mod engine;
+mod log;
+mod tree;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use rusqlite::{Connection, OpenFlags, OptionalExtension as _, params};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, ListenerState,
+    NewRecord, Opened, Record, StoreError, StoreKind, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
+};
+use crate::event::EventId;
+
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "event_log", include_str!("../../../migrations/embedded/0001_event_log.sql")),
+    (2, "consumers", include_str!("../../../migrations/embedded/0002_consumers.sql")),
+    (3, "consumer_owner", include_str!("../../../migrations/embedded/0003_consumer_owner.sql")),
+    (4, "tree", include_str!("../../../migrations/embedded/0004_tree.sql")),
+    (5, "subscriptions", include_str!("../../../migrations/embedded/0005_subscriptions.sql")),
+];
+
+/// Read connections kept open.
+const READERS: usize = 4;
+
+/// The embedded store. Cloning is shallow.
+#[derive(Debug, Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    writer: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
+    wake: Mutex<Option<Arc<Notify>>>,
+    /// Held for the life of the store: the directory's exclusive lock.
+    _lock: File,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // SQLite rolls back an unfinished transaction itself; a panic elsewhere
+    // cannot leave the connection half-used, so poisoning is ignored.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if needed) the store in `dir`, taking its lock.
+    pub async fn open(dir: &Path) -> anyhow::Result<Self> {
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Self::open_blocking(&dir)).await?
+    }
+
+    fn open_blocking(dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating the data directory {}", dir.display()))?;
+        let lock_path = dir.join("LOCK");
+        let lock_file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .with_context(|| format!("opening {}", lock_path.display()))?;
+        match lock_file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+                "the data directory {} is in use by another tidings process; stop it, or give this one its own TIDINGS_DATA_DIR (several processes sharing data need DATABASE_URL and PostgreSQL)",
+                dir.display()
+            ),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e).with_context(|| format!("locking {}", lock_path.display())),
+        }
+        let db = dir.join("events.sqlite3");
+        let writer = Connection::open(&db).with_context(|| format!("opening {}", db.display()))?;
+        writer.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;")?;
+        migrate(&writer)?;
+        let readers = (0..READERS)
+            .map(|_| {
+                let c = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+                c.execute_batch("PRAGMA busy_timeout=5000;")?;
+                Ok(c)
+            })
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                writer: Mutex::new(writer),
+                readers: Mutex::new(readers),
+                wake: Mutex::new(None),
+                _lock: lock_file,
+            }),
+        })
+    }
+
+    fn wake(&self) {
+        if let Some(wake) = lock(&self.inner.wake).as_ref() {
+            wake.notify_one();
+        }
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Runs `f` with a read connection on the blocking pool.
+    async fn read<T: Send + 'static>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = lock(&inner.readers).pop();
+            let conn = match conn {
+                Some(c) => c,
+                None => Connection::open_with_flags(
+                    inner.dir.join("events.sqlite3"),
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?,
+            };
+            let result = f(&conn);
+            let mut readers = lock(&inner.readers);
+            if readers.len() < READERS {
+                readers.push(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Other(e.into()))?
+        .map_err(sqlite_error)
+    }
+}
+
+impl EmbeddedStore {
+    /// Runs `f` with the writer connection on the blocking pool.
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&mut lock(&inner.writer)))
+            .await
+            .map_err(|e| StoreError::Other(e.into()))?
+            .map_err(sqlite_error)
+    }
+}
+
+/// Appends `batch` inside `tx`: ids continue from the head, allocated under
+/// the write transaction (SQLite has one writer), so they are gap-free and
+/// commit-ordered.
+fn append_in(tx: &rusqlite::Transaction<'_>, batch: &[NewRecord]) -> rusqlite::Result<Vec<EventId>> {
+    let base: i64 = tx.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut insert = tx.prepare_cached("INSERT INTO events (id, event_type, body, recorded_at) VALUES (?1, ?2, ?3, ?4)")?;
+    for (i, record) in batch.iter().enumerate() {
+        insert.execute(params![base + 1 + i as i64, record.event_type, record.body, now])?;
+    }
+    let last = base + batch.len() as i64;
+    tx.execute("UPDATE tidings_head SET last_id = ?1 WHERE singleton = 1", [last])?;
+    Ok((base + 1..=last).collect())
+}
+
+/// Stores an entity by hash; a pinned one (a capability chain a subscription
+/// keeps) is never pruned.
+fn content_put_in(tx: &rusqlite::Transaction<'_>, hash: &str, body: &str, now: i64, pinned: bool) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO tidings_content (hash, body, stored_ms, pinned) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (hash) DO UPDATE SET stored_ms = excluded.stored_ms, pinned = max(pinned, excluded.pinned)",
+        params![hash, body, now, pinned],
+    )?;
+    Ok(())
+}
+
+fn sqlite_error(e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked | rusqlite::ErrorCode::DiskFull) => {
+            StoreError::Unavailable(e.to_string())
+        }
+        _ => StoreError::Other(e.into()),
+    }
+}
+
+fn migrate(conn: &Connection) -> anyhow::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS tidings_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+    )?;
+    for (version, name, sql) in MIGRATIONS {
+        let done: bool = conn.query_row("SELECT EXISTS (SELECT 1 FROM tidings_migrations WHERE version = ?1)", [version], |r| r.get(0))?;
+        if !done {
+            tracing::info!(version, name, "applying migration");
+            let tx = conn.unchecked_transaction()?;
+            tx.execute_batch(sql).with_context(|| format!("migration {version} {name}"))?;
+            tx.execute(
+                "INSERT INTO tidings_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+                params![version, name, chrono::Utc::now().timestamp_millis()],
+            )?;
+            tx.commit()?;
+        }
+    }
+    Ok(())
+}

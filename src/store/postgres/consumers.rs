@@ -1,0 +1,147 @@
+//! Durable consumers on PostgreSQL: open, ack (monotonic, clamped to the
+//! head), list, delete and expiry, each one statement or one transaction.
+
+use super::*;
+
+const COLLECT_SQL: &str = "
+WITH gone AS (
+    DELETE FROM consumer_subscriptions WHERE consumer_id = $1 AND last_activity_ms < $2 RETURNING consumer_id
+)
+INSERT INTO consumer_expired (consumer_id, expired_ms) SELECT consumer_id, $3 FROM gone
+ON CONFLICT (consumer_id) DO UPDATE SET expired_ms = EXCLUDED.expired_ms";
+
+const CONSUMER_UPDATE_SQL: &str = "
+UPDATE consumer_subscriptions SET
+    filter_json = CASE WHEN $2 THEN $3 ELSE filter_json END,
+    cursor = GREATEST(cursor, LEAST(COALESCE($4, cursor), (SELECT last_id FROM tidings_head))),
+    last_activity_ms = $5
+WHERE consumer_id = $1 AND (owner = $6 OR $7)
+RETURNING consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner";
+
+fn consumer_row(r: &tokio_postgres::Row) -> Consumer {
+    Consumer { id: r.get(0), filter_json: r.get(1), cursor: r.get(2), created_ms: r.get(3), last_activity_ms: r.get(4), owner: r.get(5) }
+}
+
+impl PostgresStore {
+    /// Why an owner-checked statement touched no consumer.
+    async fn why_not(&self, client: &deadpool_postgres::Object, id: &str) -> Result<Acked, StoreError> {
+        let row = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM consumer_subscriptions WHERE consumer_id = $1),
+                        EXISTS (SELECT 1 FROM consumer_expired WHERE consumer_id = $1)",
+                &[&id],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(match (row.get(0), row.get(1)) {
+            (true, _) => Acked::Forbidden,
+            (false, true) => Acked::Expired,
+            (false, false) => Acked::NotFound,
+        })
+    }
+}
+
+#[async_trait]
+impl ConsumerStore for PostgresStore {
+    async fn consumer_open(&self, open: ConsumerOpen<'_>) -> Result<Opened, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        tx.execute(COLLECT_SQL, &[&open.id, &open.expire_before_ms, &open.now_ms]).await.map_err(pg_error)?;
+        let replace = open.filter_json.is_some();
+        let filter = open.filter_json.flatten();
+        let (owner, admin) = (open.actor.sub, open.actor.admin);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+            [&open.id, &replace, &filter, &open.since, &open.now_ms, &owner, &admin];
+        let mut row = tx.query_opt(CONSUMER_UPDATE_SQL, &params).await.map_err(pg_error)?;
+        if row.is_none() {
+            let expired =
+                tx.query_opt("SELECT 1 FROM consumer_expired WHERE consumer_id = $1", &[&open.id]).await.map_err(pg_error)?.is_some();
+            if expired && open.since.is_none() {
+                tx.commit().await.map_err(pg_error)?;
+                return Ok(Opened::Expired);
+            }
+            let created = tx
+                .execute(
+                    "INSERT INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner)
+                     SELECT $1, $2, LEAST(COALESCE($3, last_id), last_id), $4, $4, $5 FROM tidings_head
+                     ON CONFLICT (consumer_id) DO NOTHING",
+                    &[&open.id, &filter, &open.since, &open.now_ms, &owner],
+                )
+                .await
+                .map_err(pg_error)?;
+            if created == 1 {
+                tx.execute("DELETE FROM consumer_expired WHERE consumer_id = $1", &[&open.id]).await.map_err(pg_error)?;
+            }
+            row = tx.query_opt(CONSUMER_UPDATE_SQL, &params).await.map_err(pg_error)?;
+        }
+        tx.commit().await.map_err(pg_error)?;
+        // Still none: the consumer exists and belongs to someone else.
+        Ok(row.map_or(Opened::Forbidden, |row| Opened::Ready(consumer_row(&row))))
+    }
+
+    async fn consumer_ack(
+        &self,
+        id: &str,
+        cursor: EventId,
+        now_ms: i64,
+        expire_before_ms: i64,
+        actor: Actor<'_>,
+    ) -> Result<Acked, StoreError> {
+        let client = self.client().await?;
+        client.execute(COLLECT_SQL, &[&id, &expire_before_ms, &now_ms]).await.map_err(pg_error)?;
+        let row = client
+            .query_opt(
+                "UPDATE consumer_subscriptions
+                 SET cursor = GREATEST(cursor, LEAST($2, (SELECT last_id FROM tidings_head))), last_activity_ms = $3
+                 WHERE consumer_id = $1 AND (owner = $4 OR $5) RETURNING cursor",
+                &[&id, &cursor, &now_ms, &actor.sub, &actor.admin],
+            )
+            .await
+            .map_err(pg_error)?;
+        match row {
+            Some(row) => Ok(Acked::Cursor(row.get(0))),
+            None => self.why_not(&client, id).await,
+        }
+    }
+
+    async fn consumer_list(&self, actor: Actor<'_>) -> Result<Vec<Consumer>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner FROM consumer_subscriptions
+                 WHERE owner = $1 OR $2 ORDER BY consumer_id",
+                &[&actor.sub, &actor.admin],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(rows.iter().map(consumer_row).collect())
+    }
+
+    async fn consumer_delete(&self, id: &str, actor: Actor<'_>) -> Result<Acked, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "DELETE FROM consumer_subscriptions WHERE consumer_id = $1 AND (owner = $2 OR $3) RETURNING cursor",
+                &[&id, &actor.sub, &actor.admin],
+            )
+            .await
+            .map_err(pg_error)?;
+        match row {
+            Some(row) => Ok(Acked::Cursor(row.get(0))),
+            None => self.why_not(&client, id).await,
+        }
+    }
+
+    async fn consumer_expire(&self, before_ms: i64) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "WITH gone AS (DELETE FROM consumer_subscriptions WHERE last_activity_ms < $1 RETURNING consumer_id)
+                 INSERT INTO consumer_expired (consumer_id, expired_ms) SELECT consumer_id, $2 FROM gone
+                 ON CONFLICT (consumer_id) DO UPDATE SET expired_ms = EXCLUDED.expired_ms",
+                &[&before_ms, &chrono::Utc::now().timestamp_millis()],
+            )
+            .await
+            .map_err(pg_error)
+    }
+}

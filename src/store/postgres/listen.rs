@@ -1,0 +1,118 @@
+//! The one LISTEN connection per process (`application_name=tidings-listener`).
+//! It owns its connection and only wakes the broker; a notification is a
+//! hint, and every (re)connect wakes it too, so a lost NOTIFY loses nothing.
+
+use super::*;
+
+/// How often the LISTEN connection is probed, so a silently cut network is
+/// noticed even when no notification is due.
+const LISTENER_PROBE: Duration = Duration::from_secs(5);
+/// Reconnect backoff bounds.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+pub(super) async fn listen_loop(
+    mut config: tokio_postgres::Config,
+    status: Arc<ListenerStatus>,
+    wake: Arc<Notify>,
+    cancel: CancellationToken,
+) {
+    config.application_name("tidings-listener");
+    let mut backoff = BACKOFF_MIN;
+    let mut first = true;
+    loop {
+        let result = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = listen_once(&config, &status, &wake, &cancel, &mut backoff) => r,
+        };
+        if cancel.is_cancelled() {
+            return;
+        }
+        status.state.store(2, Ordering::Relaxed);
+        if !first || result.is_err() {
+            status.reconnects.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(crate::metrics::LISTENER_RECONNECTS).increment(1);
+        }
+        first = false;
+        match result {
+            Ok(()) => tracing::warn!("LISTEN connection closed; reconnecting"),
+            Err(e) => tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "LISTEN connection lost; reconnecting"),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(jitter(backoff)) => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+fn jitter(d: Duration) -> Duration {
+    d.mul_f64(rand::random_range(0.5..1.0))
+}
+
+async fn listen_once(
+    config: &tokio_postgres::Config,
+    status: &ListenerStatus,
+    wake: &Notify,
+    cancel: &CancellationToken,
+    backoff: &mut Duration,
+) -> anyhow::Result<()> {
+    let (client, mut connection) = config.connect(NoTls).await.context("connecting the LISTEN session")?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    // The connection future must be polled for the client to make progress;
+    // it also yields the notifications.
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(_)) => {
+                    if tx.send(()).is_err() {
+                        break;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    });
+    let guard = DriverGuard(driver);
+    let listen = format!("LISTEN {CHANNEL}");
+    client.batch_execute(&listen).await.context("LISTEN")?;
+    status.state.store(1, Ordering::Relaxed);
+    *backoff = BACKOFF_MIN;
+    tracing::info!("LISTEN connection established");
+    // Anything committed while we were not listening is read now.
+    wake.notify_one();
+    let mut probe = tokio::time::interval(LISTENER_PROBE);
+    probe.tick().await;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            n = rx.recv() => match n {
+                Some(()) => wake.notify_one(),
+                None => break,
+            },
+            _ = probe.tick() => {
+                // The probe re-issues LISTEN (a no-op on a channel already
+                // listened to), so pg_stat_activity keeps showing what this
+                // session is for.
+                tokio::time::timeout(LISTENER_PROBE, client.batch_execute(&listen))
+                    .await
+                    .context("LISTEN probe timed out")?
+                    .context("LISTEN probe")?;
+            }
+        }
+    }
+    drop(guard);
+    anyhow::bail!("LISTEN connection ended")
+}
+
+/// Aborts the connection driver when the listener gives up on it.
+struct DriverGuard(tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>);
+
+impl Drop for DriverGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

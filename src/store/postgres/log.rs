@@ -1,0 +1,118 @@
+//! The event log on PostgreSQL: appends (one statement: the head row bumped
+//! under its lock, the batch inserted, one NOTIFY), reads by id, the head,
+//! the floor and retention.
+
+use super::listen::listen_loop;
+use super::*;
+
+#[async_trait]
+impl EventLog for PostgresStore {
+    fn kind(&self) -> StoreKind {
+        StoreKind::Postgres
+    }
+
+    async fn append(&self, batch: Vec<NewRecord>) -> Result<Vec<EventId>, StoreError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (types, bodies): (Vec<String>, Vec<String>) = batch.into_iter().map(|r| (r.event_type, r.body)).unzip();
+        let client = self.client().await?;
+        let statement = client.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
+        let row = client.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?;
+        let base: i64 = row.get(0);
+        Ok((1..=types.len() as i64).map(|i| base + i).collect())
+    }
+
+    async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT id, body, (extract(epoch FROM recorded_at) * 1000)::bigint FROM events WHERE id > $1 ORDER BY id LIMIT $2",
+            )
+            .await
+            .map_err(pg_error)?;
+        let rows = client.query(&statement, &[&after, &(limit as i64)]).await.map_err(pg_error)?;
+        Ok(rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect())
+    }
+
+    async fn head(&self) -> Result<EventId, StoreError> {
+        let client = self.client().await?;
+        let row = client.query_one("SELECT last_id FROM tidings_head", &[]).await.map_err(pg_error)?;
+        Ok(row.get(0))
+    }
+
+    async fn floor(&self) -> Result<EventId, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT coalesce((SELECT min(id) - 1 FROM events), (SELECT last_id FROM tidings_head))", &[])
+            .await
+            .map_err(pg_error)?;
+        Ok(row.get(0))
+    }
+
+    async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
+        let cut: i64 = client
+            .query_one(
+                // Never past the subscription engine's cursor: a change it
+                // has not turned into notifications yet is kept.
+                "SELECT LEAST(GREATEST(
+                    COALESCE((SELECT max(id) FROM events WHERE recorded_at < to_timestamp($1::bigint / 1000.0)), 0),
+                    COALESCE((SELECT last_id FROM tidings_head) - $2::bigint, 0)),
+                    (SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'))",
+                &[&recorded_before_ms, &keep],
+            )
+            .await
+            .map_err(pg_error)?
+            .get(0);
+        // In slices, so one prune never holds a long transaction.
+        let mut deleted = 0;
+        loop {
+            let n = client
+                .execute("DELETE FROM events WHERE id <= LEAST($1::bigint, (SELECT min(id) FROM events) + 9999)", &[&cut])
+                .await
+                .map_err(pg_error)?;
+            deleted += n;
+            if n == 0 {
+                break;
+            }
+        }
+        if deleted > 0 {
+            // Entities no path holds and no retained change names.
+            client
+                .execute(
+                    "DELETE FROM tidings_content c
+                     WHERE NOT c.pinned
+                       AND c.stored_ms < COALESCE((SELECT (extract(epoch FROM min(recorded_at)) * 1000)::bigint FROM events),
+                                                  (extract(epoch FROM now()) * 1000)::bigint)
+                       AND NOT EXISTS (SELECT 1 FROM tree_entities t WHERE t.hash = c.hash)",
+                    &[],
+                )
+                .await
+                .map_err(pg_error)?;
+        }
+        Ok(deleted)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client.simple_query("SELECT 1").await.map_err(pg_error)?;
+        Ok(())
+    }
+
+    fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let config = self.config.clone();
+        let status = self.listener.clone();
+        tokio::spawn(listen_loop(config, status, wake, cancel))
+    }
+
+    fn listener(&self) -> (ListenerState, u64) {
+        let state = match self.listener.state.load(Ordering::Relaxed) {
+            1 => ListenerState::Listening,
+            2 => ListenerState::Reconnecting,
+            _ => ListenerState::Starting,
+        };
+        (state, self.listener.reconnects.load(Ordering::Relaxed))
+    }
+}

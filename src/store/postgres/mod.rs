@@ -1,0 +1,133 @@
+//! The PostgreSQL event log: a connection pool for reads and appends, and the
+//! one LISTEN connection per process that wakes the broker.
+//!
+//! An append is one statement (one implicit transaction, one round trip): it
+//! bumps `tidings_head.last_id` under that row's lock, inserts the batch with
+//! ids from the old value, and queues one `NOTIFY tidings_events` carrying
+//! only the new head. Concurrent appenders wait on the row lock, so ids are
+//! handed out in commit order with no gaps, and a rolled-back append leaves
+//! no hole.
+//!
+//! The LISTEN task owns its connection (`application_name=tidings-listener`)
+//! and nothing else touches it. A notification is only a hint: after every
+//! (re)connect it wakes the broker, which reads rows after its high-water
+//! mark, so a lost or coalesced NOTIFY loses nothing.
+//!
+//! One file per concern: `log` (the event log), `consumers`, `tree` (the
+//! tree and the content store), `engine` (the subscription engine's state
+//! and leader lock), `listen` (the LISTEN task), `migrate` (the schema).
+
+mod consumers;
+mod engine;
+mod listen;
+mod log;
+mod migrate;
+mod tree;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use futures_util::StreamExt as _;
+use tokio::sync::{Notify, mpsc};
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, ListenerState,
+    NewRecord, Opened, Record, StoreError, StoreKind, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
+};
+use crate::event::EventId;
+
+/// The NOTIFY channel.
+const CHANNEL: &str = "tidings_events";
+
+/// Pool and timeout settings.
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// Most pooled connections.
+    pub pool_size: usize,
+    /// Longest wait for a pooled connection (and for a new one to connect)
+    /// before a request fails with `503` instead of hanging.
+    pub acquire_timeout: Duration,
+}
+
+/// The PostgreSQL store. Cloning is shallow.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+    config: tokio_postgres::Config,
+    listener: Arc<ListenerStatus>,
+    /// The session holding the subscription engine's advisory lock.
+    leader: Arc<tokio::sync::Mutex<Option<deadpool_postgres::Object>>>,
+}
+
+#[derive(Debug, Default)]
+struct ListenerStatus {
+    state: AtomicU8,
+    reconnects: AtomicU64,
+}
+
+impl PostgresStore {
+    /// Connects (lazily: the pool opens connections on demand) and applies
+    /// pending migrations.
+    pub async fn connect(url: &str, options: PostgresOptions) -> anyhow::Result<Self> {
+        let mut config: tokio_postgres::Config = url.parse().context("DATABASE_URL is not a valid PostgreSQL URL")?;
+        if config.get_application_name().is_none() {
+            config.application_name("tidings");
+        }
+        config.connect_timeout(options.acquire_timeout);
+        config.keepalives(true).keepalives_idle(Duration::from_secs(10));
+        let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(options.acquire_timeout))
+            .create_timeout(Some(options.acquire_timeout))
+            .recycle_timeout(Some(options.acquire_timeout))
+            .build()
+            .context("building the PostgreSQL pool")?;
+        let store = Self { pool, config, listener: Arc::default(), leader: Arc::default() };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(pool_error)
+    }
+}
+
+fn pool_error(e: PoolError) -> StoreError {
+    match e {
+        PoolError::Backend(e) => pg_error(e),
+        other => StoreError::Unavailable(other.to_string()),
+    }
+}
+
+/// Connection-level failures (closed socket, I/O, the server shutting down or
+/// refusing connections) are "unavailable"; the rest are bugs.
+fn pg_error(e: tokio_postgres::Error) -> StoreError {
+    let unavailable = e.is_closed()
+        || e.code().is_some_and(|c| {
+            let code = c.code();
+            code.starts_with("08") || code.starts_with("57P") || code == "53300"
+        })
+        || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
+    if unavailable { StoreError::Unavailable(e.to_string()) } else { StoreError::Other(e.into()) }
+}
+
+const APPEND_SQL: &str = "
+WITH head AS (
+    UPDATE tidings_head SET last_id = last_id + cardinality($1::text[])
+    WHERE singleton
+    RETURNING last_id - cardinality($1::text[]) AS base, last_id
+), inserted AS (
+    INSERT INTO events (id, event_type, body)
+    SELECT head.base + t.ord, t.event_type, t.body
+    FROM head, unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(event_type, body, ord)
+)
+SELECT base FROM head, LATERAL (SELECT pg_notify('tidings_events', head.last_id::text)) AS notified";
