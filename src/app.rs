@@ -61,8 +61,8 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
 pub fn resolve_auth(settings: &Settings) -> anyhow::Result<AuthMode> {
     let verifier = match (&settings.jwt_hs256_secret, &settings.jwt_public_key_file) {
         (Some(_), Some(_)) => anyhow::bail!("set only one of TIDINGS_JWT_HS256_SECRET and TIDINGS_JWT_PUBLIC_KEY_FILE"),
-        (Some(secret), None) => Some(Verifier::hs256(secret.as_bytes()).map_err(anyhow::Error::msg)?),
-        (None, Some(path)) => Some(Verifier::public_key_file(path).map_err(anyhow::Error::msg)?),
+        (Some(secret), None) => Some(Verifier::hs256(secret.as_bytes())?),
+        (None, Some(path)) => Some(Verifier::public_key_file(path)?),
         (None, None) => None,
     }
     .map(|v| v.expect(settings.jwt_audience.as_deref(), settings.jwt_issuer.as_deref()));
@@ -114,7 +114,11 @@ impl Application {
         let shutdown = CancellationToken::new();
         let listener = TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
         let addr = listener.local_addr()?;
-        let options = ServeOptions { header_timeout: settings.header_timeout, shutdown_timeout: settings.shutdown_timeout };
+        let options = ServeOptions {
+            header_timeout: settings.header_timeout,
+            shutdown_timeout: settings.shutdown_timeout,
+            direct: crate::http::streams,
+        };
         let retention = (settings.retention, settings.retention_interval);
         let consumer_ttl = settings.consumer_ttl;
         let server = Arc::new(ServerIdentity::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);

@@ -91,6 +91,28 @@ pub enum AuthError {
     Invalid(String),
 }
 
+/// Why a verification key is unusable (a startup error).
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The HS256 secret is too short to be a secret.
+    #[error("TIDINGS_JWT_HS256_SECRET must be at least 16 bytes")]
+    ShortSecret,
+    /// The HS256 secret was refused.
+    #[error("unusable HS256 secret: {0}")]
+    Secret(jsonwebtoken::errors::Error),
+    /// The PEM is neither an Ed25519 nor an RSA public key.
+    #[error("not an Ed25519 or RSA public key in PEM form: {0}")]
+    NotAPublicKey(jsonwebtoken::errors::Error),
+    /// The key file cannot be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 /// How requests are authenticated.
 #[derive(Clone)]
 pub enum AuthMode {
@@ -124,27 +146,27 @@ impl std::fmt::Debug for Verifier {
 
 impl Verifier {
     /// HS256 with a shared secret.
-    pub fn hs256(secret: &[u8]) -> Result<Self, String> {
+    pub fn hs256(secret: &[u8]) -> Result<Self, KeyError> {
         if secret.len() < 16 {
-            return Err("TIDINGS_JWT_HS256_SECRET must be at least 16 bytes".into());
+            return Err(KeyError::ShortSecret);
         }
-        let key = DecodingKey::from_secret(secret).map_err(|e| format!("unusable HS256 secret: {e}"))?;
+        let key = DecodingKey::from_secret(secret).map_err(KeyError::Secret)?;
         Ok(Self { key, validation: Validation::new(Algorithm::HS256) })
     }
 
     /// A PEM public key: Ed25519 (EdDSA) or RSA (RS256), detected from the key.
-    pub fn public_key_pem(pem: &[u8]) -> Result<Self, String> {
+    pub fn public_key_pem(pem: &[u8]) -> Result<Self, KeyError> {
         if let Ok(key) = DecodingKey::from_ed_pem(pem) {
             return Ok(Self { key, validation: Validation::new(Algorithm::EdDSA) });
         }
         DecodingKey::from_rsa_pem(pem)
             .map(|key| Self { key, validation: Validation::new(Algorithm::RS256) })
-            .map_err(|e| format!("not an Ed25519 or RSA public key in PEM form: {e}"))
+            .map_err(KeyError::NotAPublicKey)
     }
 
     /// Loads a PEM public key file.
-    pub fn public_key_file(path: &Path) -> Result<Self, String> {
-        let pem = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    pub fn public_key_file(path: &Path) -> Result<Self, KeyError> {
+        let pem = std::fs::read(path).map_err(|source| KeyError::Read { path: path.display().to_string(), source })?;
         Self::public_key_pem(&pem)
     }
 

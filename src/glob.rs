@@ -13,6 +13,10 @@ use std::fmt;
 
 use crate::event::is_valid_segment;
 
+/// Longest tree path, and so longest path pattern, in bytes (the tree
+/// vocabulary uses the same bound).
+pub const MAX_PATH_LEN: usize = 1024;
+
 /// One segment of a compiled pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Seg {
@@ -71,7 +75,7 @@ impl Glob {
     /// subscription patterns).
     pub fn new_path(pattern: &str) -> Result<Self, GlobError> {
         let valid = |s: &str| s != "." && s != ".." && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~:-".contains(&b));
-        Self::compile(pattern, '/', crate::tree::MAX_PATH_LEN, valid)
+        Self::compile(pattern, '/', MAX_PATH_LEN, valid)
     }
 
     fn compile(pattern: &str, sep: char, max_len: usize, valid: impl Fn(&str) -> bool) -> Result<Self, GlobError> {

@@ -43,6 +43,7 @@ pub mod glob;
 pub mod http;
 pub mod identity;
 pub mod metrics;
+pub mod refusal;
 pub mod registry;
 pub mod server;
 pub mod service;

@@ -46,7 +46,7 @@ impl ApiError {
 }
 
 /// The status of each kind of refusal: the one place HTTP statuses are chosen.
-fn status(kind: Kind) -> StatusCode {
+pub(crate) fn status(kind: Kind) -> StatusCode {
     match kind {
         Kind::Invalid => StatusCode::BAD_REQUEST,
         Kind::Unauthenticated => StatusCode::UNAUTHORIZED,

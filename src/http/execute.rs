@@ -14,7 +14,10 @@ use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
 use crate::auth::AuthMode;
+use crate::refusal::Refusal;
 use crate::subscription::execute::Call;
+use crate::subscription::{ExecuteError, Executed};
+use serde_json::json;
 
 /// Runs a signed EXECUTE.
 #[utoipa::path(
@@ -52,12 +55,20 @@ pub(crate) async fn execute(
         chain_id: chain_id.clone(),
         now_ms: chrono::Utc::now().timestamp_millis().max(0) as u64,
     };
-    let answer = crate::subscription::execute::execute(app.core().subscriptions(), &bytes, call).await?;
-    if let Some(code) = answer.code() {
-        tracing::debug!(code, status = answer.status, "execute refused");
-    }
-    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = (status, Json(answer.body)).into_response();
+    // The seed's answer body carries the status too: `{status, result}` or
+    // `{status, error: {code, message}}`.
+    let (status, body) = match crate::subscription::execute::execute(app.core().subscriptions(), &bytes, call).await {
+        Ok(Executed::Done(result)) => (StatusCode::OK, json!({ "status": 200, "result": result })),
+        Ok(Executed::Redirect(result)) => (StatusCode::SEE_OTHER, json!({ "status": 303, "result": result })),
+        Err(ExecuteError::Store(e)) => return Err(e.into()),
+        Err(refused) => {
+            let status = super::error::status(refused.kind());
+            tracing::debug!(code = refused.code(), status = status.as_u16(), "execute refused");
+            let error = json!({ "code": refused.code(), "message": refused.message() });
+            (status, json!({ "status": status.as_u16(), "error": error }))
+        }
+    };
+    let mut response = (status, Json(body)).into_response();
     if let Ok(v) = HeaderValue::from_str(&chain_id) {
         response.headers_mut().insert("x-chain-id", v);
     }

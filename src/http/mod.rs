@@ -85,6 +85,13 @@ impl AppState {
     }
 }
 
+/// Whether a `GET` of `path` is an endless stream, which the connection
+/// loop serves on its direct path (see `server`): the routes that write
+/// their body as frames of a session.
+pub fn streams(path: &str) -> bool {
+    path == "/v1/stream"
+}
+
 /// The CORS layer for `TIDINGS_CORS_ORIGINS`: none when empty; `*` allows
 /// any origin without credentials; an explicit list allows credentials
 /// (cookies) for exactly those origins.

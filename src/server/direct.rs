@@ -1,5 +1,6 @@
-//! The direct path for event streams: a connection whose first request is
-//! `GET /v1/stream` is answered without hyper's connection machinery.
+//! The direct path for event streams: a connection whose first request is a
+//! `GET` of a route the HTTP layer marks as a stream ([`ServeOptions::direct`](super::ServeOptions))
+//! is answered without hyper's connection machinery.
 //!
 //! Why: a stream is one long response, and hyper keeps an 8 KiB read buffer
 //! and an 8 KiB write buffer per connection for as long as it lives, which
@@ -36,8 +37,8 @@ use super::Connection;
 const MAX_HEAD: usize = 16 * 1024;
 /// Most headers parsed.
 const MAX_HEADERS: usize = 64;
-/// The request line that takes the direct path.
-const STREAM_PREFIX: &[u8] = b"GET /v1/stream";
+/// Only a `GET` may take the direct path.
+const GET: &[u8] = b"GET ";
 
 /// What sniffing the first request found.
 pub(super) enum First {
@@ -49,8 +50,8 @@ pub(super) enum First {
     Gone,
 }
 
-/// Reads the start of the first request.
-pub(super) async fn sniff(stream: &mut TcpStream) -> First {
+/// Reads the start of the first request; `direct` says which paths stream.
+pub(super) async fn sniff(stream: &mut TcpStream, direct: fn(&str) -> bool) -> First {
     let mut head = Vec::with_capacity(1024);
     loop {
         let mut chunk = [0u8; 1024];
@@ -59,17 +60,18 @@ pub(super) async fn sniff(stream: &mut TcpStream) -> First {
             Ok(n) => n,
         };
         head.extend_from_slice(&chunk[..n]);
-        let prefix = head.len().min(STREAM_PREFIX.len());
-        if head[..prefix] != STREAM_PREFIX[..prefix] {
-            return First::Other(head.into());
-        }
-        if head.len() > STREAM_PREFIX.len() && !matches!(head[STREAM_PREFIX.len()], b' ' | b'?') {
+        let prefix = head.len().min(GET.len());
+        if head[..prefix] != GET[..prefix] {
             return First::Other(head.into());
         }
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut request = httparse::Request::new(&mut headers);
         match request.parse(&head) {
             Ok(httparse::Status::Complete(len)) if request.version == Some(1) && len == head.len() => {
+                let path = request.path.unwrap_or("");
+                if !direct(path.split_once('?').map_or(path, |(p, _)| p)) {
+                    return First::Other(head.into());
+                }
                 return match build(&request) {
                     Some(r) => First::Stream(Box::new(r)),
                     None => First::Other(head.into()),

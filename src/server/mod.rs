@@ -52,6 +52,9 @@ pub struct ServeOptions {
     pub header_timeout: Duration,
     /// Longest a graceful shutdown may take before connections are closed.
     pub shutdown_timeout: Duration,
+    /// Whether a `GET` of this path is a stream that takes the direct path
+    /// (the HTTP layer says which of its routes are).
+    pub direct: fn(&str) -> bool,
 }
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops
@@ -76,7 +79,7 @@ pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions,
         };
         let _ = stream.set_nodelay(true);
         let connection = Connection { kill: force.child_token(), peer };
-        tracker.spawn(serve_connection(stream, connection, router.clone(), options.header_timeout, shutdown.clone()));
+        tracker.spawn(serve_connection(stream, connection, router.clone(), options.clone(), shutdown.clone()));
     }
     drop(listener);
     tracker.close();
@@ -91,11 +94,12 @@ async fn serve_connection(
     mut stream: tokio::net::TcpStream,
     connection: Connection,
     router: Router,
-    header_timeout: Duration,
+    options: ServeOptions,
     shutdown: CancellationToken,
 ) {
+    let header_timeout = options.header_timeout;
     let first = tokio::select! {
-        first = tokio::time::timeout(header_timeout, direct::sniff(&mut stream)) => first.unwrap_or(direct::First::Gone),
+        first = tokio::time::timeout(header_timeout, direct::sniff(&mut stream, options.direct)) => first.unwrap_or(direct::First::Gone),
         _ = connection.kill.cancelled() => return,
     };
     match first {
@@ -114,7 +118,8 @@ async fn serve_hyper(io: direct::Rewind, connection: Connection, router: Router,
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(io), service);
+    // Upgrades (WebSocket) hand the connection to the handler after a 101.
+    let conn = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
     let mut conn = pin!(conn);
     let mut draining = false;
     loop {

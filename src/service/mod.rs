@@ -15,7 +15,7 @@
 //! - [`error`]: what a refusal is ([`error::Refusal`]), so each transport maps
 //!   every typed error to its wire form in one place.
 //!
-//! Nothing here names an axum, hyper or `http` type; nothing below this layer
+//! Nothing here names a type of the HTTP stack; nothing below this layer
 //! (broker, store, filter, tree vocabulary) imports it.
 
 pub mod error;

@@ -12,9 +12,8 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Answer, Caller, EVENTS, HANDLER, Limits, SubscribeRequest, Subscriptions};
+use super::{Caller, EVENTS, ExecuteError, Executed, HANDLER, Limits, SubscribeRequest, Subscriptions};
 use crate::glob::Glob;
-use crate::store::StoreError;
 use crate::tree::capability::{self, Included};
 use crate::tree::{Entity, validate_path};
 
@@ -90,26 +89,21 @@ struct CancelData {
     subscription_id: String,
 }
 
-fn bad(code: &str, message: impl Into<String>) -> Answer {
-    Answer::error(400, code, message)
-}
-
-/// Runs one EXECUTE. Refusals are answers; only a store failure is an error.
-pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result<Answer, StoreError> {
+/// Runs one EXECUTE.
+pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result<Executed, ExecuteError> {
     let envelope: Envelope = match serde_json::from_slice(body) {
         Ok(e) => e,
         Err(e) => {
-            return Ok(bad(
-                "invalid_execute",
-                format!("the body must be {{\"execute\": {{type, data}}, \"included\": {{hash: entity}}}}: {e}"),
-            ));
+            return Err(ExecuteError::InvalidExecute(format!(
+                "the body must be {{\"execute\": {{type, data}}, \"included\": {{hash: entity}}}}: {e}"
+            )));
         }
     };
     if envelope.execute.kind != "system/protocol/execute" {
-        return Ok(bad("invalid_execute", "execute must be a system/protocol/execute entity"));
+        return Err(ExecuteError::InvalidExecute("execute must be a system/protocol/execute entity".into()));
     }
     if envelope.included.len() > MAX_INCLUDED {
-        return Ok(bad("invalid_included", format!("at most {MAX_INCLUDED} included entities")));
+        return Err(ExecuteError::InvalidIncluded(format!("at most {MAX_INCLUDED} included entities")));
     }
     let mut included = Included::with_capacity(envelope.included.len());
     for (hash, entity) in envelope.included {
@@ -117,58 +111,58 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
             Ok(h) if h == hash => {
                 included.insert(hash, entity);
             }
-            Ok(_) => return Ok(bad("invalid_included", format!("included entity {hash} is not named by its hash"))),
-            Err(e) => return Ok(bad("invalid_included", format!("included {hash}: {e}"))),
+            Ok(_) => return Err(ExecuteError::InvalidIncluded(format!("included entity {hash} is not named by its hash"))),
+            Err(e) => return Err(ExecuteError::InvalidIncluded(format!("included {hash}: {e}"))),
         }
     }
     let data: ExecuteData = match serde_json::from_value(envelope.execute.data.clone()) {
         Ok(d) => d,
-        Err(e) => return Ok(bad("invalid_execute", format!("execute data: {e}"))),
+        Err(e) => return Err(ExecuteError::InvalidExecute(format!("execute data: {e}"))),
     };
     // The author signed exactly this EXECUTE.
     let execute_hash = envelope.execute.canonical().1;
     if let Err(e) = capability::verify_signed(&included, &execute_hash, &data.author) {
-        return Ok(Answer::error(401, "signature_invalid", format!("the EXECUTE is not signed by its author: {e}")));
+        return Err(ExecuteError::SignatureInvalid(format!("the EXECUTE is not signed by its author: {e}")));
     }
     if data.uri != HANDLER {
-        return Ok(Answer::error(404, "handler_not_found", format!("no handler at {:?}; tidings serves {HANDLER}", data.uri)));
+        return Err(ExecuteError::HandlerNotFound(format!("no handler at {:?}; tidings serves {HANDLER}", data.uri)));
     }
     if data.operation != "subscribe" && data.operation != "unsubscribe" {
-        return Ok(bad("unknown_operation", format!("{HANDLER} has subscribe and unsubscribe, not {:?}", data.operation)));
+        return Err(ExecuteError::UnknownOperation(format!("{HANDLER} has subscribe and unsubscribe, not {:?}", data.operation)));
     }
     let targets = data.resource.map(|r| r.targets).unwrap_or_default();
     let mut patterns = Vec::with_capacity(targets.len());
     for t in &targets {
         match Glob::new_path(t) {
             Ok(g) => patterns.push(g),
-            Err(e) => return Ok(bad("invalid_resource", format!("resource target {t:?}: {e}"))),
+            Err(e) => return Err(ExecuteError::InvalidResource(format!("resource target {t:?}: {e}"))),
         }
     }
     // The caller capability: rooted at this server, granted to the author,
     // allowing the operation on every target.
     let chain = match &data.capability {
         None if call.auth_on => {
-            return Ok(Answer::error(403, "capability_required", "an EXECUTE needs a caller capability when authentication is on"));
+            return Err(ExecuteError::CapabilityRequired("an EXECUTE needs a caller capability when authentication is on".into()));
         }
         None => None,
         Some(cap) => {
             let chain = match capability::resolve_chain(&included, cap, call.now_ms) {
                 Ok(chain) => chain,
-                Err(e) => return Ok(Answer::error(403, "capability_invalid", format!("caller capability: {e}"))),
+                Err(e) => return Err(ExecuteError::CapabilityInvalid(format!("caller capability: {e}"))),
             };
             let server = handler.server().hash();
             if chain.last().is_none_or(|root| root.granter != server) {
-                return Ok(Answer::error(403, "capability_invalid", "the caller capability is not rooted at this server"));
+                return Err(ExecuteError::CapabilityInvalid("the caller capability is not rooted at this server".into()));
             }
             if chain[0].grantee != data.author {
-                return Ok(Answer::error(403, "capability_invalid", "the caller capability is not granted to the EXECUTE's author"));
+                return Err(ExecuteError::CapabilityInvalid("the caller capability is not granted to the EXECUTE's author".into()));
             }
             if let Some(p) = patterns.iter().find(|p| !capability::chain_covers(&chain, HANDLER, &data.operation, p)) {
-                return Ok(Answer::error(
-                    403,
-                    "capability_insufficient",
-                    format!("the caller capability does not grant {} on {}", data.operation, p.as_str()),
-                ));
+                return Err(ExecuteError::CapabilityInsufficient(format!(
+                    "the caller capability does not grant {} on {}",
+                    data.operation,
+                    p.as_str()
+                )));
             }
             Some(chain)
         }
@@ -181,37 +175,39 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
         chain_id: &call.chain_id,
         now_ms: call.now_ms,
     };
-    let Some(params) = data.params else { return Ok(bad("invalid_params", "params are required")) };
+    let Some(params) = data.params else { return Err(ExecuteError::InvalidParams("params are required".into())) };
     if data.operation == "unsubscribe" {
         if params.kind != "system/subscription/cancel" {
-            return Ok(bad("invalid_params", "unsubscribe params are a system/subscription/cancel"));
+            return Err(ExecuteError::InvalidParams("unsubscribe params are a system/subscription/cancel".into()));
         }
         return match serde_json::from_value::<CancelData>(params.data) {
             Ok(cancel) => handler.unsubscribe(&caller, &cancel.subscription_id).await,
-            Err(e) => Ok(bad("invalid_params", e.to_string())),
+            Err(e) => Err(ExecuteError::InvalidParams(e.to_string())),
         };
     }
     if params.kind != "system/subscription/request" {
-        return Ok(bad("invalid_params", "subscribe params are a system/subscription/request"));
+        return Err(ExecuteError::InvalidParams("subscribe params are a system/subscription/request".into()));
     }
     let Some(pattern) = patterns.into_iter().next() else {
-        return Ok(bad("invalid_resource", "subscribe needs resource.targets[0], the pattern to watch"));
+        return Err(ExecuteError::InvalidResource("subscribe needs resource.targets[0], the pattern to watch".into()));
     };
     let request: RequestData = match serde_json::from_value(params.data) {
         Ok(r) => r,
-        Err(e) => return Ok(bad("invalid_params", e.to_string())),
+        Err(e) => return Err(ExecuteError::InvalidParams(e.to_string())),
     };
     let mut events = request.events.unwrap_or_else(|| EVENTS.iter().map(|e| (*e).to_owned()).collect());
     if events.is_empty() || events.iter().any(|e| !EVENTS.contains(&e.as_str())) {
-        return Ok(bad("invalid_params", "events must be a non-empty subset of created, updated, deleted"));
+        return Err(ExecuteError::InvalidParams("events must be a non-empty subset of created, updated, deleted".into()));
     }
     events.sort_by_key(|e| EVENTS.iter().position(|k| k == e));
     events.dedup();
     if request.deliver_to.uri.contains("://") {
-        return Ok(bad("delivery_unsupported", "tidings delivers to inbox paths on this server; remote inboxes are not supported yet"));
+        return Err(ExecuteError::DeliveryUnsupported(
+            "tidings delivers to inbox paths on this server; remote inboxes are not supported yet".into(),
+        ));
     }
     if let Err(e) = validate_path(&request.deliver_to.uri) {
-        return Ok(bad("invalid_params", format!("deliver_to.uri: {}", e.0)));
+        return Err(ExecuteError::InvalidParams(format!("deliver_to.uri: {}", e.0)));
     }
     let request = SubscribeRequest {
         pattern,

@@ -43,6 +43,7 @@ use serde_json::{Value, json};
 use crate::event::Agent;
 use crate::glob::Glob;
 use crate::identity::ServerIdentity;
+use crate::refusal::{Kind, Refusal};
 use crate::store::{Condition, Store, StoreError, TreeEntry, TreeWrite};
 use crate::tree::capability::{self, CapabilityError, Included, Token};
 use crate::tree::{Entity, change_event, generate_id, validate_path};
@@ -137,30 +138,141 @@ impl Subscription {
     }
 }
 
-/// A handler's answer: the HTTP status and `{status, result}` or
-/// `{status, error: {code, message}}`, as the seed's pseudocode returns.
+/// What a handler did.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
-    /// The status.
-    pub status: u16,
-    /// The body.
-    pub body: Value,
+pub enum Executed {
+    /// The operation's result (`{status: 200, result}`).
+    Done(Value),
+    /// A capacity redirect, a `system/subscription/redirect` (`{status: 303, result}`).
+    Redirect(Value),
 }
 
-impl Answer {
-    /// A success (`200`, or `303` for a redirect).
-    pub fn ok(status: u16, result: Value) -> Self {
-        Self { status, body: json!({ "status": status, "result": result }) }
+/// Why an EXECUTE was refused: one variant per seed error code, with its
+/// message. The seed's `{status, error: {code, message}}` body is written
+/// by the transport from [`Refusal::code`] and [`Refusal::kind`].
+#[derive(Debug, thiserror::Error)]
+pub enum ExecuteError {
+    /// `missing_deliver_token`.
+    #[error("{0}")]
+    MissingDeliverToken(String),
+    /// `deliver_token_insufficient`.
+    #[error("{0}")]
+    DeliverTokenInsufficient(String),
+    /// `chain_unreachable`.
+    #[error("{0}")]
+    ChainUnreachable(String),
+    /// `embedded_cap_unauthorized`.
+    #[error("{0}")]
+    EmbeddedCapUnauthorized(String),
+    /// `subscription_changed`.
+    #[error("{0}")]
+    SubscriptionChanged(String),
+    /// `too_many_subscriptions`.
+    #[error("{0}")]
+    TooManySubscriptions(String),
+    /// `subscription_not_found`.
+    #[error("{0}")]
+    SubscriptionNotFound(String),
+    /// `not_subscription_owner`.
+    #[error("{0}")]
+    NotSubscriptionOwner(String),
+    /// `capability_insufficient`.
+    #[error("{0}")]
+    CapabilityInsufficient(String),
+    /// `payload_unauthorized`.
+    #[error("{0}")]
+    PayloadUnauthorized(String),
+    /// `invalid_execute`.
+    #[error("{0}")]
+    InvalidExecute(String),
+    /// `invalid_included`.
+    #[error("{0}")]
+    InvalidIncluded(String),
+    /// `signature_invalid`.
+    #[error("{0}")]
+    SignatureInvalid(String),
+    /// `handler_not_found`.
+    #[error("{0}")]
+    HandlerNotFound(String),
+    /// `unknown_operation`.
+    #[error("{0}")]
+    UnknownOperation(String),
+    /// `invalid_resource`.
+    #[error("{0}")]
+    InvalidResource(String),
+    /// `capability_required`.
+    #[error("{0}")]
+    CapabilityRequired(String),
+    /// `capability_invalid`.
+    #[error("{0}")]
+    CapabilityInvalid(String),
+    /// `invalid_params`.
+    #[error("{0}")]
+    InvalidParams(String),
+    /// `delivery_unsupported`.
+    #[error("{0}")]
+    DeliveryUnsupported(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Refusal for ExecuteError {
+    fn code(&self) -> &'static str {
+        match self {
+            Self::MissingDeliverToken(_) => "missing_deliver_token",
+            Self::DeliverTokenInsufficient(_) => "deliver_token_insufficient",
+            Self::ChainUnreachable(_) => "chain_unreachable",
+            Self::EmbeddedCapUnauthorized(_) => "embedded_cap_unauthorized",
+            Self::SubscriptionChanged(_) => "subscription_changed",
+            Self::TooManySubscriptions(_) => "too_many_subscriptions",
+            Self::SubscriptionNotFound(_) => "subscription_not_found",
+            Self::NotSubscriptionOwner(_) => "not_subscription_owner",
+            Self::CapabilityInsufficient(_) => "capability_insufficient",
+            Self::PayloadUnauthorized(_) => "payload_unauthorized",
+            Self::InvalidExecute(_) => "invalid_execute",
+            Self::InvalidIncluded(_) => "invalid_included",
+            Self::SignatureInvalid(_) => "signature_invalid",
+            Self::HandlerNotFound(_) => "handler_not_found",
+            Self::UnknownOperation(_) => "unknown_operation",
+            Self::InvalidResource(_) => "invalid_resource",
+            Self::CapabilityRequired(_) => "capability_required",
+            Self::CapabilityInvalid(_) => "capability_invalid",
+            Self::InvalidParams(_) => "invalid_params",
+            Self::DeliveryUnsupported(_) => "delivery_unsupported",
+            Self::Store(_) => "store_unavailable",
+        }
     }
 
-    /// A refusal with a stable code.
-    pub fn error(status: u16, code: &str, message: impl Into<String>) -> Self {
-        Self { status, body: json!({ "status": status, "error": { "code": code, "message": message.into() } }) }
+    fn kind(&self) -> Kind {
+        match self {
+            Self::MissingDeliverToken(_)
+            | Self::InvalidExecute(_)
+            | Self::InvalidIncluded(_)
+            | Self::UnknownOperation(_)
+            | Self::InvalidResource(_)
+            | Self::InvalidParams(_)
+            | Self::DeliveryUnsupported(_) => Kind::Invalid,
+            Self::DeliverTokenInsufficient(_)
+            | Self::EmbeddedCapUnauthorized(_)
+            | Self::NotSubscriptionOwner(_)
+            | Self::CapabilityInsufficient(_)
+            | Self::PayloadUnauthorized(_)
+            | Self::CapabilityRequired(_)
+            | Self::CapabilityInvalid(_) => Kind::Forbidden,
+            Self::ChainUnreachable(_) | Self::SubscriptionNotFound(_) | Self::HandlerNotFound(_) => Kind::NotFound,
+            Self::SubscriptionChanged(_) => Kind::Conflict,
+            Self::TooManySubscriptions(_) => Kind::Unavailable,
+            Self::SignatureInvalid(_) => Kind::Unauthenticated,
+            Self::Store(_) => Kind::Unavailable,
+        }
     }
 
-    /// The error code, if this is a refusal.
-    pub fn code(&self) -> Option<&str> {
-        self.body["error"]["code"].as_str()
+    fn wrapped(&self) -> Option<&dyn Refusal> {
+        match self {
+            Self::Store(e) => Some(e),
+            _ => None,
+        }
     }
 }
 
@@ -238,22 +350,21 @@ impl Subscriptions {
     }
 
     /// `subscribe` (§3.1, with renewal per §5.3).
-    pub async fn subscribe(&self, caller: &Caller<'_>, request: SubscribeRequest) -> Result<Answer, StoreError> {
+    pub async fn subscribe(&self, caller: &Caller<'_>, request: SubscribeRequest) -> Result<Executed, ExecuteError> {
         // 1. The deliver token must travel with the request.
         let Some(token_hash) = request.deliver_token.as_deref().filter(|h| caller.included.contains_key(*h)) else {
-            return Ok(Answer::error(400, "missing_deliver_token", "the deliver token is not among the included entities"));
+            return Err(ExecuteError::MissingDeliverToken("the deliver token is not among the included entities".into()));
         };
         // 2. It must grant this server delivery to the inbox.
         let leaf = match capability::read_token(caller.included, token_hash) {
             Ok(t) => t,
-            Err(e) => return Ok(Answer::error(403, "deliver_token_insufficient", e.to_string())),
+            Err(e) => return Err(ExecuteError::DeliverTokenInsufficient(e.to_string())),
         };
         if leaf.grantee != self.server.hash() || !leaf.grants("system/inbox", &request.deliver_operation, &request.deliver_uri) {
-            return Ok(Answer::error(
-                403,
-                "deliver_token_insufficient",
-                format!("the deliver token does not grant this server {} on {}", request.deliver_operation, request.deliver_uri),
-            ));
+            return Err(ExecuteError::DeliverTokenInsufficient(format!(
+                "the deliver token does not grant this server {} on {}",
+                request.deliver_operation, request.deliver_uri
+            )));
         }
         // 2a. Its chain must resolve and verify, and the subscriber must be a
         // granter somewhere in it (in-chain, not chain-root: third-party
@@ -261,19 +372,15 @@ impl Subscriptions {
         let chain = match capability::resolve_chain(caller.included, token_hash, caller.now_ms) {
             Ok(chain) => chain,
             Err(e @ (CapabilityError::Missing(_) | CapabilityError::ChainTooLong)) => {
-                return Ok(Answer::error(404, "chain_unreachable", format!("the deliver token's authority chain is not resolvable: {e}")));
+                return Err(ExecuteError::ChainUnreachable(format!("the deliver token's authority chain is not resolvable: {e}")));
             }
-            Err(e) => return Ok(Answer::error(403, "deliver_token_insufficient", e.to_string())),
+            Err(e) => return Err(ExecuteError::DeliverTokenInsufficient(e.to_string())),
         };
         if !capability::chain_grants(&chain, "system/inbox", &request.deliver_operation, &request.deliver_uri) {
-            return Ok(Answer::error(
-                403,
-                "deliver_token_insufficient",
-                "a token in the deliver token's chain does not grant the delivery",
-            ));
+            return Err(ExecuteError::DeliverTokenInsufficient("a token in the deliver token's chain does not grant the delivery".into()));
         }
         if !capability::in_chain(&chain, caller.author) {
-            return Ok(Answer::error(403, "embedded_cap_unauthorized", "subscriber identity not in deliver_token authority chain"));
+            return Err(ExecuteError::EmbeddedCapUnauthorized("subscriber identity not in deliver_token authority chain".into()));
         }
         // 2b. Keep the chain (tokens, their signatures, their granters) so
         // the engine can resolve the token by hash later; stored once the
@@ -291,21 +398,19 @@ impl Subscriptions {
                 && s.deliver_operation == request.deliver_operation
         }) {
             if let Some(refused) = payload_check(caller, found.include_payload, &request.pattern) {
-                return Ok(refused);
+                return Err(refused);
             }
             let renewed = Subscription { deliver_token: token_hash.to_owned(), ..found.clone() };
             if !self.write(&renewed, Condition::IfMatch(entry.hash.clone()), caller.chain_id).await? {
-                return Ok(Answer::error(409, "subscription_changed", "the subscription changed during renewal; retry"));
+                return Err(ExecuteError::SubscriptionChanged("the subscription changed during renewal; retry".into()));
             }
             self.store.content_put(content).await?;
-            return Ok(Answer::ok(200, result(&renewed, true)));
+            return Ok(Executed::Done(result(&renewed, true)));
         }
         if existing.len() >= MAX_SUBSCRIPTIONS {
-            return Ok(Answer::error(
-                503,
-                "too_many_subscriptions",
-                format!("this server keeps at most {MAX_SUBSCRIPTIONS} subscriptions; unsubscribe some or use another server"),
-            ));
+            return Err(ExecuteError::TooManySubscriptions(format!(
+                "this server keeps at most {MAX_SUBSCRIPTIONS} subscriptions; unsubscribe some or use another server"
+            )));
         }
         // 3a. Capacity for this prefix.
         let subscribers: Vec<&Subscription> = existing.iter().map(|(_, s)| s).filter(|s| s.pattern == pattern).collect();
@@ -316,17 +421,14 @@ impl Subscriptions {
             alternatives.dedup();
             alternatives.shuffle(&mut rand::rng());
             alternatives.truncate(MAX_ALTERNATIVES);
-            return Ok(Answer::ok(
-                303,
-                json!({
-                    "type": "system/subscription/redirect",
-                    "data": { "reason": "at_capacity", "prefix": pattern, "alternatives": alternatives, "capacity": self.max_per_prefix }
-                }),
-            ));
+            return Ok(Executed::Redirect(json!({
+                "type": "system/subscription/redirect",
+                "data": { "reason": "at_capacity", "prefix": pattern, "alternatives": alternatives, "capacity": self.max_per_prefix }
+            })));
         }
         // 3b. Bundling content needs read access, not only subscribe.
         if let Some(refused) = payload_check(caller, request.include_payload, &request.pattern) {
-            return Ok(refused);
+            return Err(refused);
         }
         // 4–5. Store the entity: the engine registers it when it reaches the
         // change in the log.
@@ -346,26 +448,26 @@ impl Subscriptions {
         self.write(&subscription, Condition::IfAbsent, caller.chain_id).await?;
         drop(_gate);
         self.refresh_config_logged().await;
-        Ok(Answer::ok(200, result(&subscription, false)))
+        Ok(Executed::Done(result(&subscription, false)))
     }
 
     /// `unsubscribe` (§3.2).
-    pub async fn unsubscribe(&self, caller: &Caller<'_>, subscription_id: &str) -> Result<Answer, StoreError> {
-        let not_found = || Answer::error(404, "subscription_not_found", format!("no subscription {subscription_id:?}"));
+    pub async fn unsubscribe(&self, caller: &Caller<'_>, subscription_id: &str) -> Result<Executed, ExecuteError> {
+        let not_found = || ExecuteError::SubscriptionNotFound(format!("no subscription {subscription_id:?}"));
         if subscription_id.contains('/') || validate_path(subscription_id).is_err() {
-            return Ok(not_found());
+            return Err(not_found());
         }
         let path = format!("{DIR}/{subscription_id}");
         let _gate = self.gate.lock().await;
-        let Some(entry) = self.store.tree_get(&path).await? else { return Ok(not_found()) };
-        let Some(subscription) = Subscription::from_json(&entry.entity) else { return Ok(not_found()) };
+        let Some(entry) = self.store.tree_get(&path).await? else { return Err(not_found()) };
+        let Some(subscription) = Subscription::from_json(&entry.entity) else { return Err(not_found()) };
         if subscription.subscriber_identity != caller.author && !caller.admin {
-            return Ok(Answer::error(403, "not_subscription_owner", "only the subscriber (or an admin) may unsubscribe"));
+            return Err(ExecuteError::NotSubscriptionOwner("only the subscriber (or an admin) may unsubscribe".into()));
         }
         if let Some(chain) = caller.capability
             && !Glob::new_path(&subscription.pattern).is_ok_and(|p| capability::chain_covers(chain, HANDLER, "unsubscribe", &p))
         {
-            return Ok(Answer::error(403, "capability_insufficient", "the caller capability does not grant unsubscribe on this pattern"));
+            return Err(ExecuteError::CapabilityInsufficient("the caller capability does not grant unsubscribe on this pattern".into()));
         }
         let write = TreeWrite {
             path: path.clone(),
@@ -374,11 +476,11 @@ impl Subscriptions {
             event: change_event(&path, self.agent(), None, caller.chain_id.to_owned()),
         };
         if !matches!(self.store.tree_write(write).await?, crate::store::TreeOutcome::Done { .. }) {
-            return Ok(Answer::error(409, "subscription_changed", "the subscription changed meanwhile; retry"));
+            return Err(ExecuteError::SubscriptionChanged("the subscription changed meanwhile; retry".into()));
         }
         drop(_gate);
         self.refresh_config_logged().await;
-        Ok(Answer::ok(200, Value::Null))
+        Ok(Executed::Done(Value::Null))
     }
 
     async fn write(&self, subscription: &Subscription, condition: Condition, chain_id: &str) -> Result<bool, StoreError> {
@@ -432,10 +534,10 @@ impl Subscriptions {
 
 /// §3b: bundling changed entities needs `get` on `system/tree` for the
 /// pattern (when a caller capability is in play).
-fn payload_check(caller: &Caller<'_>, include_payload: bool, pattern: &Glob) -> Option<Answer> {
+fn payload_check(caller: &Caller<'_>, include_payload: bool, pattern: &Glob) -> Option<ExecuteError> {
     let chain = caller.capability?;
     (include_payload && !capability::chain_covers(chain, "system/tree", "get", pattern))
-        .then(|| Answer::error(403, "payload_unauthorized", "include_payload requires tree:get on the subscribed resource"))
+        .then(|| ExecuteError::PayloadUnauthorized("include_payload requires tree:get on the subscribed resource".into()))
 }
 
 /// The entities that make a token chain verifiable again later: each token,

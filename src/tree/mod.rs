@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 /// Most segments in a path.
 pub const MAX_DEPTH: usize = 32;
 /// Longest path, in bytes.
-pub const MAX_PATH_LEN: usize = 1024;
+pub const MAX_PATH_LEN: usize = crate::glob::MAX_PATH_LEN;
 /// Longest entity type, in bytes.
 pub const MAX_TYPE_LEN: usize = 256;
 

@@ -10,6 +10,7 @@ mod delivery;
 mod durability;
 mod filters;
 mod identity;
+mod layers;
 mod metrics;
 mod openapi;
 mod ordering;
