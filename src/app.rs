@@ -21,6 +21,7 @@ use crate::service::{Core, CoreParts};
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::postgres::{PostgresOptions, PostgresStore};
+use crate::subscription::engine::EngineSettings;
 
 /// A built, bound server, ready to run.
 #[derive(Debug)]
@@ -34,7 +35,15 @@ pub struct Application {
     options: ServeOptions,
     retention: (crate::config::Retention, std::time::Duration),
     consumer_ttl: std::time::Duration,
+    background: Background,
     shutdown: CancellationToken,
+}
+
+/// The pace of the background tasks.
+#[derive(Debug)]
+struct Background {
+    health_probe: std::time::Duration,
+    engine: EngineSettings,
 }
 
 /// Opens the store the settings name: PostgreSQL with `DATABASE_URL`, the
@@ -121,6 +130,14 @@ impl Application {
         };
         let retention = (settings.retention, settings.retention_interval);
         let consumer_ttl = settings.consumer_ttl;
+        let background = Background {
+            health_probe: settings.health_probe_interval,
+            engine: EngineSettings {
+                batch: settings.engine_batch as usize,
+                idle_commit: settings.engine_idle_commit,
+                lead_retry: settings.engine_lead_retry,
+            },
+        };
         let server = Arc::new(ServerIdentity::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);
         tracing::info!(identity = server.hash(), "server identity");
         let subscriptions =
@@ -135,7 +152,19 @@ impl Application {
             shutdown: shutdown.clone(),
         });
         let state = AppState::new(core, auth, metrics);
-        Ok(Self { listener, addr, router: router(state), broker, store, subscriptions, options, retention, consumer_ttl, shutdown })
+        Ok(Self {
+            listener,
+            addr,
+            router: router(state),
+            broker,
+            store,
+            subscriptions,
+            options,
+            retention,
+            consumer_ttl,
+            background,
+            shutdown,
+        })
     }
 
     /// The bound address (the port is real even when `:0` was asked for).
@@ -162,9 +191,13 @@ impl Application {
         let (retention, every) = self.retention;
         let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), retention, every, background.clone()));
         let expiry_task = tokio::spawn(crate::store::run_consumer_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
-        let probe_task =
-            tokio::spawn(crate::store::run_health_probe(self.store.clone(), std::time::Duration::from_secs(5), background.clone()));
-        let engine = crate::subscription::engine::Engine::new(self.store.clone(), self.subscriptions.clone(), self.broker.follow());
+        let probe_task = tokio::spawn(crate::store::run_health_probe(self.store.clone(), self.background.health_probe, background.clone()));
+        let engine = crate::subscription::engine::Engine::new(
+            self.store.clone(),
+            self.subscriptions.clone(),
+            self.broker.follow(),
+            self.background.engine.clone(),
+        );
         let engine_task = tokio::spawn(engine.run(background.clone()));
         tracing::info!(addr = %self.addr, "tidings is serving");
         serve(self.listener, self.router, self.options, self.shutdown).await;

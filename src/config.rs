@@ -240,6 +240,22 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_CORS_ORIGINS", default_value = "")]
     pub cors_origins: String,
 
+    /// Tree changes the subscription engine reads per step.
+    #[arg(long, env = "TIDINGS_ENGINE_BATCH", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub engine_batch: u32,
+
+    /// The subscription engine commits its cursor at least this often while it only scans.
+    #[arg(long, env = "TIDINGS_ENGINE_IDLE_COMMIT", default_value = "1s", value_parser = duration)]
+    pub engine_idle_commit: Duration,
+
+    /// How often a process that does not run the subscription engine tries to take it over.
+    #[arg(long, env = "TIDINGS_ENGINE_LEAD_RETRY", default_value = "1s", value_parser = duration)]
+    pub engine_lead_retry: Duration,
+
+    /// How often the store and the LISTEN connection are probed for the health gauges.
+    #[arg(long, env = "TIDINGS_HEALTH_PROBE_INTERVAL", default_value = "5s", value_parser = duration)]
+    pub health_probe_interval: Duration,
+
     /// Log format.
     #[arg(long, env = "TIDINGS_LOG_FORMAT", value_enum, default_value = "human")]
     pub log_format: LogFormat,

@@ -3,39 +3,42 @@
 //! live over Server-Sent Events, and resume after any disconnect with nothing
 //! lost and nothing repeated.
 //!
-//! How a request travels:
+//! How a request travels, from the request to the socket:
 //!
 //! ```text
-//! POST /v1/events ─► http::events ─► store::EventLog::append ──(commit, NOTIFY)──┐
-//!                                                                                 ▼
+//! POST /v1/events ─► http::events ─► service::publish ─► store::EventLog::append ──(commit, NOTIFY)──┐
+//!                                                                                                     ▼
 //!          store::postgres LISTEN task / embedded in-process wake-up ─► broker::Broker::run
-//!                                                                                 │ read rows after the high-water mark,
-//!                                                                                 │ build each frame once, match filters,
-//!                                                                                 ▼ try_send into 256-slot queues
-//! GET /v1/stream ─► http::sse: register ─► replay from store ─► live queue ─► coalesced writes ─► server (hyper)
+//!                                                                        │ read rows after the high-water mark,
+//!                                                                        │ parse each event once, match filters,
+//!                                                                        ▼ try_send the shared envelope
+//!                         service::session: register ─► replay from the store ─► live queue ─► typed items
+//!                                                                        │
+//! GET /v1/stream ─► http::sse: items as SSE frames ─► server::direct (chunked, vectored) ─► socket
+//! GET /v1/poll   ─► http::poll ─► service::poll (a bounded session) ─► JSON answer
 //! ```
 //!
-//! Modules, from the vocabulary up:
-//! - [`event`]: names, envelope, frames (pure);
-//! - [`filter`]: the subscription filter and its globs (pure);
-//! - [`registry`]: event types and payload schemas;
-//! - [`store`]: the event log trait, PostgreSQL and embedded implementations;
-//! - [`broker`]: live clients, fan-out, eviction;
-//! - [`http`]: router and transports; [`server`]: the connection loop;
-//! - [`metrics`]: the Prometheus catalog; [`config`]: settings;
-//! - [`app`]: the composition root; [`client`]: an SSE client for the CLI,
-//!   the bench tool and the tests; [`bench`]: the load generator;
-//!   [`cli`]: `tail`, `publish`, `registry check`; [`auth`]: tokens and grants;
-//! - [`tree`]: paths, entities, hashes, capabilities (pure); [`identity`]:
-//!   the server's key; [`subscription`]: path subscriptions, the EXECUTE
-//!   dispatch and the notification engine.
+//! Layers, each importing only those below it (`tests/api/layers.rs` holds
+//! that):
+//! - transports: [`http`] (router, one file per transport, the one error
+//!   mapping) and [`server`] (the connection loop);
+//! - services: [`service`] (publish, subscriber sessions, polls and durable
+//!   consumers, the tree, limits), with no HTTP type in them;
+//! - core: [`broker`] (live clients, fan-out, eviction), [`store`] (four
+//!   traits by concern, PostgreSQL and embedded), [`subscription`] (path
+//!   subscriptions, the EXECUTE dispatch, the notification engine),
+//!   [`auth`] (tokens and grants), [`identity`] (the server's key),
+//!   [`registry`] (event types and payload schemas);
+//! - vocabulary, pure: [`event`] (names, envelope), [`filter`], [`glob`],
+//!   [`tree`] (paths, entities, hashes, capabilities), [`refusal`] (what a
+//!   refusal is);
+//! - edges: [`app`] (the composition root), [`config`], [`metrics`];
+//!   [`tools`] is not the server: the load generator, the CLI and the SSE
+//!   client they share.
 
 pub mod app;
 pub mod auth;
-pub mod bench;
 pub mod broker;
-pub mod cli;
-pub mod client;
 pub mod config;
 pub mod event;
 pub mod filter;
@@ -49,4 +52,5 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod subscription;
+pub mod tools;
 pub mod tree;

@@ -3,9 +3,9 @@
 
 use clap::{Parser, Subcommand};
 use tidings::app::Application;
-use tidings::bench::{BenchArgs, Mode};
-use tidings::cli::{PublishArgs, RegistryCommand, TailArgs};
 use tidings::config::{LogFormat, Settings};
+use tidings::tools::bench::{BenchArgs, Mode};
+use tidings::tools::cli::{PublishArgs, RegistryCommand, TailArgs};
 use tracing_subscriber::EnvFilter;
 
 /// tidings: an event-stream broker.
@@ -67,24 +67,24 @@ async fn main() -> anyhow::Result<()> {
         Command::Bench(args) => {
             init_logs(LogFormat::Human);
             let report = match args.mode {
-                Mode::Deliver => serde_json::to_value(tidings::bench::run(args).await?)?,
-                Mode::Publish => serde_json::to_value(tidings::bench::publish_throughput(&args).await?)?,
-                Mode::Replay => serde_json::to_value(tidings::bench::replay_throughput(&args).await?)?,
-                Mode::Fanout => serde_json::to_value(tidings::bench::fanout_compare(&args)?)?,
-                Mode::ListenLoss => serde_json::to_value(tidings::bench::listen_loss(&args).await?)?,
-                Mode::Storm => serde_json::to_value(tidings::bench::storm(&args).await?)?,
-                Mode::Poll => serde_json::to_value(tidings::bench::poll_bench(&args).await?)?,
-                Mode::Idle => serde_json::to_value(tidings::bench::idle(&args).await?)?,
+                Mode::Deliver => serde_json::to_value(tidings::tools::bench::run(args).await?)?,
+                Mode::Publish => serde_json::to_value(tidings::tools::bench::publish_throughput(&args).await?)?,
+                Mode::Replay => serde_json::to_value(tidings::tools::bench::replay_throughput(&args).await?)?,
+                Mode::Fanout => serde_json::to_value(tidings::tools::bench::fanout_compare(&args)?)?,
+                Mode::ListenLoss => serde_json::to_value(tidings::tools::bench::listen_loss(&args).await?)?,
+                Mode::Storm => serde_json::to_value(tidings::tools::bench::storm(&args).await?)?,
+                Mode::Poll => serde_json::to_value(tidings::tools::bench::poll_bench(&args).await?)?,
+                Mode::Idle => serde_json::to_value(tidings::tools::bench::idle(&args).await?)?,
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }
         Command::Tail(args) => {
             init_logs(LogFormat::Human);
-            tidings::cli::tail(args).await
+            tidings::tools::cli::tail(args).await
         }
-        Command::Publish(args) => tidings::cli::publish(args).await,
-        Command::Registry(RegistryCommand::Check { registry }) => tidings::cli::registry_check(&registry),
+        Command::Publish(args) => tidings::tools::cli::publish(args).await,
+        Command::Registry(RegistryCommand::Check { registry }) => tidings::tools::cli::registry_check(&registry),
     }
 }
 

@@ -30,6 +30,11 @@ use crate::filter::{Filter, MatchInput};
 use crate::metrics as m;
 use crate::store::{EventLog, Record};
 
+/// A failed read of the log is retried from 50 ms, doubling to 2 s: constants,
+/// since they only pace retries against a store that is down.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
 /// Broker settings.
 #[derive(Debug, Clone)]
 pub struct BrokerSettings {
@@ -302,10 +307,12 @@ impl Broker {
 
     /// Runs the fan-out loop until `cancel`.
     pub async fn run(self, cancel: CancellationToken) {
+        // The slow-client sweep runs four times per timeout, so an eviction is
+        // at most a quarter late; derived from the setting, not a setting.
         let sweep_every = (self.shared.settings.slow_client_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         let mut sweep = tokio::time::interval(sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = BACKOFF_MIN;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -318,11 +325,11 @@ impl Broker {
                 let after = self.position();
                 match self.shared.store.read_after(after, self.shared.settings.read_batch).await {
                     Ok(rows) if rows.is_empty() => {
-                        backoff = Duration::from_millis(50);
+                        backoff = BACKOFF_MIN;
                         break;
                     }
                     Ok(rows) => {
-                        backoff = Duration::from_millis(50);
+                        backoff = BACKOFF_MIN;
                         self.fan_out(rows);
                     }
                     Err(e) => {
@@ -331,7 +338,7 @@ impl Broker {
                             _ = cancel.cancelled() => break,
                             _ = tokio::time::sleep(backoff) => {}
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
                 }
                 if cancel.is_cancelled() {

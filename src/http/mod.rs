@@ -30,6 +30,7 @@ use crate::registry::Registry;
 use crate::service::Core;
 use crate::store::Store;
 use error::ApiError;
+pub use sse::sse_frame;
 
 /// What every handler may use. Cloning is shallow.
 #[derive(Debug, Clone)]

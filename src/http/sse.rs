@@ -178,7 +178,7 @@ fn dropped_frame(dropped: Dropped) -> Bytes {
 }
 
 /// One SSE frame. `data` must not contain a newline: compact JSON never does.
-pub(crate) fn sse_frame(id: Option<EventId>, event: Option<&str>, data: &[u8]) -> Bytes {
+pub fn sse_frame(id: Option<EventId>, event: Option<&str>, data: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(data.len() + 40);
     if let Some(event) = event {
         out.put_slice(b"event: ");

@@ -1,5 +1,5 @@
 //! The HTTP/1.1 server loop: accepts connections, serves each on its own
-//! task (with hyper, or for event streams on the [`direct`] path), and owns
+//! task (with hyper, or for event streams on the `direct` path), and owns
 //! their lifecycle.
 //!
 //! Why not `axum::serve`: tidings must be able to close *one* connection by
@@ -70,7 +70,9 @@ pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions,
                 Ok(pair) => pair,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead
-                    // of spinning; the listener itself is still fine.
+                    // of spinning (50 ms: long enough to let descriptors
+                    // free up, short enough not to be noticed); the listener
+                    // itself is still fine.
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;

@@ -19,7 +19,8 @@ use crate::event::{Agent, EventId, names};
 use crate::store::{ChangeKind, Condition, StoreError, TreeEntry, TreeOutcome, TreeWrite};
 use crate::tree::{Entity, PathError, change_event, change_type, validate_path};
 
-/// Most entries one listing scans.
+/// Most entries one listing scans: a bound on one request's work, not a
+/// tuning knob (a listing that hits it says `truncated`).
 const LIST_SCAN: usize = 10_000;
 
 /// Why a tree operation was refused.

@@ -35,13 +35,24 @@ use crate::glob::Glob;
 use crate::store::{Condition, EngineCommit, EngineEffect, NewRecord, Record, Store, StoreError, TreeWrite};
 use crate::tree::{Entity, change_event};
 
-/// Tree changes read per step.
-const BATCH: usize = 512;
-/// The cursor is committed at least this often while only scanning (so
-/// retention may prune behind it), and at every step that produced output.
-const IDLE_COMMIT: Duration = Duration::from_secs(1);
-/// How often a process that does not lead tries to take the lead.
-const LEAD_RETRY: Duration = Duration::from_secs(1);
+/// The engine's pace (settings with documented defaults).
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    /// Tree changes read per step (`TIDINGS_ENGINE_BATCH`).
+    pub batch: usize,
+    /// The cursor is committed at least this often while only scanning (so
+    /// retention may prune behind it), and at every step that produced
+    /// output (`TIDINGS_ENGINE_IDLE_COMMIT`).
+    pub idle_commit: Duration,
+    /// How often a process that does not lead tries to take the lead, which
+    /// bounds a takeover after the leader stops (`TIDINGS_ENGINE_LEAD_RETRY`).
+    pub lead_retry: Duration,
+}
+
+/// Store retries back off from 50 ms to 2 s: constants, since they only
+/// pace reconnecting to a store that is down (as the broker's do).
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Longest delegation chain walked for a token's expiry.
 const MAX_CHAIN: usize = crate::tree::capability::MAX_CHAIN;
 
@@ -128,24 +139,25 @@ pub struct Engine {
     store: Arc<dyn Store>,
     handler: Arc<Subscriptions>,
     follow: watch::Receiver<EventId>,
+    settings: EngineSettings,
 }
 
 impl Engine {
     /// An engine woken by `follow` (the broker's position).
-    pub fn new(store: Arc<dyn Store>, handler: Arc<Subscriptions>, follow: watch::Receiver<EventId>) -> Self {
-        Self { store, handler, follow }
+    pub fn new(store: Arc<dyn Store>, handler: Arc<Subscriptions>, follow: watch::Receiver<EventId>, settings: EngineSettings) -> Self {
+        Self { store, handler, follow, settings }
     }
 
     /// Runs until `cancel`.
     pub async fn run(mut self, cancel: CancellationToken) {
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = BACKOFF_MIN;
         while !cancel.is_cancelled() {
             match self.store.engine_lead().await {
                 Ok(true) => {}
                 Ok(false) => {
                     tokio::select! {
                         _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(LEAD_RETRY) => continue,
+                        _ = tokio::time::sleep(self.settings.lead_retry) => continue,
                     }
                 }
                 Err(e) => {
@@ -154,19 +166,19 @@ impl Engine {
                         _ = cancel.cancelled() => break,
                         _ = tokio::time::sleep(backoff) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
                     continue;
                 }
             }
             match self.lead(&cancel).await {
-                Ok(()) => backoff = Duration::from_millis(50),
+                Ok(()) => backoff = BACKOFF_MIN,
                 Err(e) => {
                     tracing::warn!(error = %e, "subscription engine step failed; rebuilding its index");
                     tokio::select! {
                         _ = cancel.cancelled() => break,
                         _ = tokio::time::sleep(backoff) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
         }
@@ -192,9 +204,9 @@ impl Engine {
                     return Ok(());
                 }
                 _ = self.follow.changed() => {}
-                _ = tokio::time::sleep(IDLE_COMMIT) => {}
+                _ = tokio::time::sleep(self.settings.idle_commit) => {}
             }
-            if checked_lead.elapsed() >= LEAD_RETRY {
+            if checked_lead.elapsed() >= self.settings.lead_retry {
                 checked_lead = Instant::now();
                 if !self.store.engine_lead().await? {
                     return Ok(());
@@ -217,7 +229,7 @@ impl Engine {
         let mut touched = Vec::new();
         let mut after = cursor;
         loop {
-            let (records, reached) = self.store.engine_changes(after, &TREE_TYPES, BATCH).await?;
+            let (records, reached) = self.store.engine_changes(after, &TREE_TYPES, self.settings.batch).await?;
             for record in &records {
                 if let Some((_, change)) = parse(record)
                     && subscription_id_of(&change.uri).is_some()
@@ -225,7 +237,7 @@ impl Engine {
                     touched.push((change.uri, change.previous_hash));
                 }
             }
-            if records.len() < BATCH {
+            if records.len() < self.settings.batch {
                 break;
             }
             after = reached;
@@ -275,7 +287,7 @@ impl Engine {
     }
 
     async fn step(&self, state: &mut State) -> Result<Progress, StepError> {
-        let (records, reached) = self.store.engine_changes(state.scanned, &TREE_TYPES, BATCH).await?;
+        let (records, reached) = self.store.engine_changes(state.scanned, &TREE_TYPES, self.settings.batch).await?;
         let mut out = Output::default();
         let mut terminated = false;
         for record in &records {
@@ -290,10 +302,10 @@ impl Engine {
             }
         }
         metrics::gauge!(crate::metrics::SUBSCRIPTIONS).set(state.subs.len() as f64);
-        let full = records.len() == BATCH;
+        let full = records.len() == self.settings.batch;
         state.scanned = reached;
         let Output { effects, counts, outcomes } = out;
-        if !(effects.is_empty() && counts.is_empty() && state.last_commit.elapsed() < IDLE_COMMIT) {
+        if !(effects.is_empty() && counts.is_empty() && state.last_commit.elapsed() < self.settings.idle_commit) {
             self.commit(state, effects, counts).await?;
         }
         // Counted once committed (a failed step is redone after a reload).

@@ -88,7 +88,7 @@ async fn slow_client_is_dropped_and_resumes(backend: Backend) {
     assert_eq!(fast.ids(2).await, after_drop);
 
     // The slow client reads now: contiguous events, then the notice.
-    let mut reader = tidings::client::SseReader::new(Box::pin(slow.bytes_stream()) as tidings::client::BodyStream);
+    let mut reader = tidings::tools::client::SseReader::new(Box::pin(slow.bytes_stream()) as tidings::tools::client::BodyStream);
     let mut got = Vec::new();
     let notice = loop {
         let e =
@@ -129,7 +129,7 @@ async fn stuck_client_is_dropped_for_no_progress(backend: Backend) {
         }
     }
     assert_eq!(app.clients().await, 0, "the stuck client was dropped");
-    let mut reader = tidings::client::SseReader::new(Box::pin(stuck.bytes_stream()) as tidings::client::BodyStream);
+    let mut reader = tidings::tools::client::SseReader::new(Box::pin(stuck.bytes_stream()) as tidings::tools::client::BodyStream);
     let notice = loop {
         let e = tokio::time::timeout(Duration::from_secs(10), reader.next_event()).await.unwrap().expect("the notice arrives");
         if e.event.is_some() {

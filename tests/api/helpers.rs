@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tidings::app::Application;
-use tidings::client::{SseEvent, SseReader};
 use tidings::config::Settings;
 use tidings::store::Store;
+use tidings::tools::client::{SseEvent, SseReader};
 use tokio_util::sync::CancellationToken;
 
 /// Which store a test runs on.
@@ -191,7 +191,7 @@ impl TestApp {
     /// Opens `/v1/stream` with a query string and optional Last-Event-ID.
     pub(crate) async fn stream(&self, query: &str, last_event_id: Option<i64>) -> Stream {
         let url = self.url(&format!("/v1/stream{query}"));
-        Stream { reader: tidings::client::connect(&self.http, &url, last_event_id).await.expect("opening the stream") }
+        Stream { reader: tidings::tools::client::connect(&self.http, &url, last_event_id).await.expect("opening the stream") }
     }
 
     pub(crate) async fn head(&self) -> i64 {
@@ -228,7 +228,7 @@ impl TestApp {
 }
 
 pub(crate) struct Stream {
-    reader: SseReader<tidings::client::BodyStream>,
+    reader: SseReader<tidings::tools::client::BodyStream>,
 }
 
 impl Stream {

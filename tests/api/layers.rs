@@ -90,6 +90,13 @@ fn nothing_below_the_service_layer_imports_it_or_a_transport() {
         }
     }
     assert!(graph["service"].iter().all(|d| d != "http" && d != "server"), "the service layer imports a transport");
+    // The tools (load generator, CLI, SSE client) are clients of a server,
+    // never part of it.
+    for (module, deps) in &graph {
+        if module != "tools" {
+            assert!(!deps.contains("tools"), "{module} imports the tools tree");
+        }
+    }
 }
 
 #[test]

@@ -816,7 +816,7 @@ async fn notifications_survive_sigkill_exactly_once(backend: Backend) {
     // Every committed change under crash/, in commit order.
     let read = |query: &str| {
         let (http, url) = (http.clone(), format!("{}/v1/stream?since=0&{query}", server.base));
-        async move { tidings::client::connect(&http, &url, None).await }
+        async move { tidings::tools::client::connect(&http, &url, None).await }
     };
     let mut changes = read("types=tree.*").await.unwrap();
     let mut committed = Vec::new();

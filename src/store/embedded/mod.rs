@@ -51,7 +51,10 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (5, "subscriptions", include_str!("../../../migrations/embedded/0005_subscriptions.sql")),
 ];
 
-/// Read connections kept open.
+/// Read connections kept open. A constant: SQLite readers in WAL mode run
+/// beside the writer, and the broker, replays and polls share them; more
+/// readers than a small machine has cores only add page caches (the
+/// PostgreSQL pool, which crosses a network, is `TIDINGS_DB_POOL`).
 const READERS: usize = 4;
 
 /// The embedded store. Cloning is shallow.

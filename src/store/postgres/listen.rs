@@ -5,9 +5,12 @@
 use super::*;
 
 /// How often the LISTEN connection is probed, so a silently cut network is
-/// noticed even when no notification is due.
+/// noticed even when no notification is due. A constant: it bounds how long
+/// a lost LISTEN goes unnoticed, and nothing is lost meanwhile (the broker
+/// also reads after every commit of its own process and on each reconnect).
 const LISTENER_PROBE: Duration = Duration::from_secs(5);
-/// Reconnect backoff bounds.
+/// Reconnect backoff bounds: constants, since they only pace reconnecting to
+/// a database that is down, jittered so processes do not reconnect at once.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 

@@ -81,6 +81,8 @@ impl PostgresStore {
             config.application_name("tidings");
         }
         config.connect_timeout(options.acquire_timeout);
+        // TCP keepalives find a dead database connection in a pool that sits
+        // idle; 10 s is a transport detail, not a tuning knob.
         config.keepalives(true).keepalives_idle(Duration::from_secs(10));
         let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)

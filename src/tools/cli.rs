@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use crate::client::{self, SseEvent};
+use super::client::{self, SseEvent};
 use crate::registry::{Registry, RegistryMode};
 
 /// `tidings tail`.

@@ -15,7 +15,7 @@ use clap::Args;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use crate::client;
+use super::client;
 
 /// Options of `tidings bench`.
 #[derive(Debug, Clone, Args)]
