@@ -19,9 +19,10 @@ find_pg_bin() {
 PGBIN=$(find_pg_bin || true)
 if [ -z "$PGBIN" ]; then
   if [ "$(id -u)" = 0 ]; then
-    echo "scripts/test: installing PostgreSQL (Debian package postgresql)" >&2
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    # The package's own cluster is never started: only throwaway clusters run.
+    # shellcheck source=scripts/apt.sh
+    . "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+    apt_install postgresql
     PGBIN=$(find_pg_bin)
   else
     echo "scripts/test: PostgreSQL server binaries are missing; install the 'postgresql' package (or run as root)" >&2
@@ -38,10 +39,15 @@ if [ "$(id -u)" = 0 ]; then
   RUNAS=(runuser -u tidings-test --)
 fi
 
+# A free loopback port below the kernel's ephemeral range: a port inside it
+# may be held by some client connection's local end (thousands of them after
+# a benchmark), and binding a server there fails.
 free_port() {
-  local port
+  local port low=32768 high=
+  if [ -r /proc/sys/net/ipv4/ip_local_port_range ]; then read -r low high </proc/sys/net/ipv4/ip_local_port_range; fi
+  [ "$low" -gt 11000 ] || low=32768
   for _ in $(seq 1 50); do
-    port=$((20000 + RANDOM % 30000))
+    port=$((10000 + RANDOM % (low - 10000)))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return 0; fi
   done
   return 1

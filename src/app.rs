@@ -70,7 +70,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
 pub fn resolve_auth(settings: &Settings) -> anyhow::Result<AuthMode> {
     let verifier = match (&settings.jwt_hs256_secret, &settings.jwt_public_key_file) {
         (Some(_), Some(_)) => anyhow::bail!("set only one of TIDINGS_JWT_HS256_SECRET and TIDINGS_JWT_PUBLIC_KEY_FILE"),
-        (Some(secret), None) => Some(Verifier::hs256(secret.as_bytes())?),
+        (Some(secret), None) => Some(Verifier::hs256(secret.expose().as_bytes())?),
         (None, Some(path)) => Some(Verifier::public_key_file(path)?),
         (None, None) => None,
     }

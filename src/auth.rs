@@ -254,12 +254,16 @@ pub fn find_token<'a>(
     form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "access_token").map(|(_, v)| v.into_owned().into())
 }
 
-/// Replaces the value of `access_token` in a query string, for logs.
+/// Replaces the value of `access_token` in a query string, for logs. The
+/// name is compared decoded, as [`find_token`] reads it, so every spelling
+/// that authenticates (`access%5Ftoken`, `%61ccess_token`, ...) is redacted.
 pub fn redact_query(query: &str) -> String {
     query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some(("access_token", _)) => "access_token=REDACTED".to_owned(),
+            Some((name, _)) if form_urlencoded::parse(name.as_bytes()).next().is_some_and(|(k, _)| k == "access_token") => {
+                format!("{name}=REDACTED")
+            }
             _ => pair.to_owned(),
         })
         .collect::<Vec<_>>()

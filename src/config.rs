@@ -28,6 +28,41 @@ pub enum LogFormat {
     Json,
 }
 
+/// A secret setting. It travels in the application state, so no `Debug`
+/// print (a log line, a panic message) may show it: it prints as
+/// `Secret(REDACTED)`, and only [`Secret::expose`] reads it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(REDACTED)")
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+fn secret(s: &str) -> Result<Secret, String> {
+    Ok(Secret(s.to_owned()))
+}
+
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 250ms, 30s, 5m, 7d)"))
 }
@@ -188,6 +223,10 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_HEADER_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub header_timeout: Duration,
 
+    /// Longest a client may take to send a request body (beyond: 408 body_timeout, connection closed).
+    #[arg(long, env = "TIDINGS_BODY_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub body_timeout: Duration,
+
     /// Deadline for a graceful shutdown; connections still open then are closed.
     #[arg(long, env = "TIDINGS_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub shutdown_timeout: Duration,
@@ -197,8 +236,8 @@ pub struct Settings {
     pub auth: Option<AuthSetting>,
 
     /// Shared secret for HS256 tokens.
-    #[arg(long, env = "TIDINGS_JWT_HS256_SECRET", hide_env_values = true)]
-    pub jwt_hs256_secret: Option<String>,
+    #[arg(long, env = "TIDINGS_JWT_HS256_SECRET", hide_env_values = true, value_parser = secret)]
+    pub jwt_hs256_secret: Option<Secret>,
 
     /// PEM public key (Ed25519 or RSA) for EdDSA / RS256 tokens.
     #[arg(long, env = "TIDINGS_JWT_PUBLIC_KEY_FILE")]
@@ -261,20 +300,63 @@ pub struct Settings {
     pub log_format: LogFormat,
 }
 
+/// The settings as a command-line parser.
+#[derive(clap::Parser)]
+struct Wrapper {
+    #[command(flatten)]
+    settings: Settings,
+}
+
 impl Settings {
     /// The defaults, with any `TIDINGS_*`/`DATABASE_URL` environment variables applied.
     pub fn from_env() -> Self {
-        #[derive(clap::Parser)]
-        struct Wrapper {
-            #[command(flatten)]
-            settings: Settings,
-        }
         <Wrapper as clap::Parser>::parse_from(["tidings"]).settings
+    }
+
+    /// The documented defaults, whatever the environment holds (tests start
+    /// from these, so a developer's own `TIDINGS_*` variables change nothing).
+    pub fn defaults() -> Self {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let command = Wrapper::command().mut_args(|arg| arg.env(None));
+        let matches = command.get_matches_from(["tidings"]);
+        Wrapper::from_arg_matches(&matches).expect("the defaults parse").settings
     }
 }
 
 #[cfg(test)]
 mod tests {
+    /// Run by `defaults_ignore_the_environment` in a child process whose
+    /// environment sets `TIDINGS_CLIENT_QUEUE`.
+    #[test]
+    #[ignore = "run by defaults_ignore_the_environment"]
+    fn defaults_in_a_child_with_the_environment_set() {
+        assert_eq!(super::Settings::from_env().client_queue, 7, "the environment is applied by from_env");
+        assert_eq!(super::Settings::defaults().client_queue, 256, "and ignored by defaults");
+        assert_eq!(super::Settings::defaults().database_url, None);
+    }
+
+    #[test]
+    fn defaults_ignore_the_environment() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "config::tests::defaults_in_a_child_with_the_environment_set", "--ignored"])
+            .env("TIDINGS_CLIENT_QUEUE", "7")
+            .env("DATABASE_URL", "postgres://nowhere/x")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug() {
+        let mut settings = super::Settings::from_env();
+        settings.jwt_hs256_secret = Some("a-very-secret-hs256-key".into());
+        let printed = format!("{settings:?}");
+        assert!(!printed.contains("a-very-secret-hs256-key"), "{printed}");
+        assert!(printed.contains("Secret(REDACTED)"));
+        assert_eq!(settings.jwt_hs256_secret.as_ref().map(super::Secret::expose), Some("a-very-secret-hs256-key"));
+    }
+
     use super::*;
 
     #[test]

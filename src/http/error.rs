@@ -21,12 +21,13 @@ pub struct ApiError {
     extra: Option<Value>,
     retry_after: Option<u64>,
     bearer_challenge: bool,
+    close: bool,
 }
 
 impl ApiError {
     /// An error with a status, a stable code and a message.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), extra: None, retry_after: None, bearer_challenge: false }
+        Self { status, code, message: message.into(), extra: None, retry_after: None, bearer_challenge: false, close: false }
     }
 
     /// `400` with `code`.
@@ -37,6 +38,13 @@ impl ApiError {
     /// `413` with `code`.
     pub fn too_large(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message)
+    }
+
+    /// Closes the connection after this answer (the request was not read
+    /// to its end).
+    pub fn closing(mut self) -> Self {
+        self.close = true;
+        self
     }
 
     /// `403` with `code`.
@@ -88,6 +96,9 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.close {
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if self.bearer_challenge {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

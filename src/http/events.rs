@@ -11,16 +11,29 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
+use crate::config::Settings;
 
-/// Reads a request body up to `limit` bytes; over it is `413 body_too_large`.
-pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+/// Reads a request body up to `TIDINGS_MAX_BODY` bytes (over it is `413
+/// body_too_large`), all of it within `TIDINGS_BODY_TIMEOUT` (else `408
+/// body_timeout`, and the connection closes): a client that announces more
+/// than it sends, or trickles, holds a task only that long.
+pub(crate) async fn read_body(settings: &Settings, headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+    let limit = settings.max_body;
     let too_large = || ApiError::too_large("body_too_large", format!("request body is over the limit of {limit} bytes"));
     if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
         && len > limit as u64
     {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
+    let read = tokio::time::timeout(settings.body_timeout, axum::body::to_bytes(body, limit)).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!("the request body did not arrive within {}", humantime::format_duration(settings.body_timeout)),
+        )
+        .closing()
+    })?;
+    read.map_err(|e| {
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
         while let Some(s) = source {
             if s.is::<http_body_util::LengthLimitError>() {
@@ -48,6 +61,7 @@ pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> 
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`forbidden_event_type`, `agent_spoofing`, `reserved_event_type`", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "`body_too_large`, `payload_too_large`, `batch_too_large`", body = crate::http::openapi::ErrorBody),
+        (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
         (status = 422, description = "`invalid_event_name`; in strict mode `unregistered_event_type`, `payload_schema_violation`", body = crate::http::openapi::ErrorBody),
         (status = 429, description = "`rate_limited` (with Retry-After)", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "`store_unavailable` (with Retry-After)", body = crate::http::openapi::ErrorBody),
@@ -60,7 +74,7 @@ pub(crate) async fn publish(
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let bytes = read_body(&headers, body, app.settings().max_body).await?;
+    let bytes = read_body(app.settings(), &headers, body).await?;
     let event_ids = crate::service::publish::publish(app.core(), &caller, &bytes).await?;
     Ok((StatusCode::CREATED, Json(json!({ "event_ids": event_ids }))))
 }

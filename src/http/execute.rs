@@ -35,6 +35,7 @@ use serde_json::json;
         (status = 404, description = "`chain_unreachable`, `subscription_not_found`, `handler_not_found`", body = Object),
         (status = 409, description = "`subscription_changed`", body = Object),
         (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
+        (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "`store_unavailable`", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
@@ -45,7 +46,7 @@ pub(crate) async fn execute(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
+    let bytes = super::events::read_body(app.settings(), &headers, body).await?;
     let chain_id = super::tree::chain_id(&headers)?;
     let call = Call {
         auth_on: matches!(app.auth(), AuthMode::Jwt(_)),

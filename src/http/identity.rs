@@ -59,6 +59,8 @@ fn is_hash(s: &str) -> bool {
         (status = 400, description = "`invalid_capability`, `malformed_body`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`admin_only`", body = crate::http::openapi::ErrorBody),
+        (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
@@ -71,7 +73,7 @@ pub(crate) async fn mint(
     if !caller.admin {
         return Err(ApiError::forbidden("admin_only", "minting capabilities needs an admin token"));
     }
-    let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
+    let bytes = super::events::read_body(app.settings(), &headers, body).await?;
     let request: MintRequest = serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request("invalid_capability", e.to_string()))?;
     if !is_hash(&request.grantee) {
         return Err(ApiError::bad_request("invalid_capability", "grantee must be an identity hash (sha256:<64 lowercase hex>)"));

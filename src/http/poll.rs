@@ -88,7 +88,7 @@ fn query_filter_json(q: &FilterQuery) -> Option<String> {
     ),
     responses(
         (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_limit`, `invalid_wait_ms`, `invalid_consumer_id`, `invalid_accept_envelope`", body = crate::http::openapi::ErrorBody),
-        (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool}`", body = Object),
+        (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool, \"gap\"?: {requested, available_from, head}}`: `gap` when the resume point was pruned or is beyond the head", body = Object),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`envelope_version_unsupported`", body = crate::http::openapi::ErrorBody),
@@ -125,7 +125,8 @@ pub(crate) async fn poll_get(
     responses(
         (status = 400, description = "`invalid_poll`, `invalid_filter`, `invalid_since`, `invalid_limit`, `invalid_wait_ms`, `invalid_consumer_id`, `malformed_body`", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
-        (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool}`", body = Object),
+        (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
+        (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool, \"gap\"?: {requested, available_from, head}}`: `gap` when the resume point was pruned or is beyond the head", body = Object),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`envelope_version_unsupported`", body = crate::http::openapi::ErrorBody),
@@ -140,7 +141,7 @@ pub(crate) async fn poll_post(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
+    let bytes = super::events::read_body(app.settings(), &headers, body).await?;
     let body: PollBody =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request("invalid_poll", format!("the poll body is not valid: {e}")))?;
     check_envelope(body.accept_envelope.as_deref())?;
@@ -164,7 +165,12 @@ fn answer(page: PollPage) -> Response {
         }
         out.extend_from_slice(&event.envelope);
     }
-    out.extend_from_slice(format!("],\"next_since\":{},\"has_more\":{}}}", page.next_since, page.has_more).as_bytes());
+    out.extend_from_slice(format!("],\"next_since\":{},\"has_more\":{}", page.next_since, page.has_more).as_bytes());
+    if let Some(gap) = page.gap {
+        let gap = json!({ "requested": gap.requested, "available_from": gap.available_from, "head": gap.head });
+        out.extend_from_slice(format!(",\"gap\":{gap}").as_bytes());
+    }
+    out.push(b'}');
     ([(header::CONTENT_TYPE, "application/json")], out).into_response()
 }
 
@@ -189,6 +195,8 @@ pub(crate) struct AckBody {
         (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
         (status = 404, description = "`consumer_not_found`", body = crate::http::openapi::ErrorBody),
         (status = 410, description = "`cursor_expired`", body = crate::http::openapi::ErrorBody),
+        (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
@@ -200,7 +208,7 @@ pub(crate) async fn ack(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     check_consumer_id(&id)?;
-    let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
+    let bytes = super::events::read_body(app.settings(), &headers, body).await?;
     let body: AckBody = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request("invalid_cursor", format!("the body must be {{\"cursor\": N}}: {e}")))?;
     let cursor = uint(Some(&body.cursor), None, "invalid_cursor", "cursor")?.unwrap_or(0);

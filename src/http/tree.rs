@@ -32,6 +32,9 @@ fn condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
     };
     match (text(header::IF_MATCH).transpose()?, text(header::IF_NONE_MATCH).transpose()?) {
         (Some(_), Some(_)) => Err(ApiError::bad_request("invalid_condition", "give If-Match or If-None-Match, not both")),
+        // RFC 9110: `*` matches any current entity; with none there the
+        // write is refused like any other failed precondition (409).
+        (Some(m), None) if m.trim() == "*" => Ok(Condition::IfPresent),
         (Some(m), None) => Ok(Condition::IfMatch(unquote(m).to_owned())),
         (None, Some("*")) => Ok(Condition::IfAbsent),
         (None, Some(_)) => Err(ApiError::bad_request("invalid_condition", "If-None-Match supports only *")),
@@ -131,6 +134,7 @@ fn written(written: Written) -> Response {
         (status = 403, description = "`forbidden_tree_access`", body = crate::http::openapi::ErrorBody),
         (status = 409, description = "`hash_mismatch` with `current_hash`", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
+        (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "`store_unavailable`", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
@@ -144,7 +148,7 @@ pub(crate) async fn put(
 ) -> Result<Response, ApiError> {
     service::check_write(&caller, &path, false)?;
     let condition = condition(&headers)?;
-    let bytes = super::events::read_body(&headers, body, app.settings().max_body).await?;
+    let bytes = super::events::read_body(app.settings(), &headers, body).await?;
     Ok(written(service::put(app.core(), &caller, &path, condition, &bytes, chain_id(&headers)?).await?))
 }
 

@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderName, HeaderValue, Method, Request, Response, Version};
+use axum::http::{HeaderName, HeaderValue, Method, Request, Response, Version, header};
 use bytes::{Buf as _, Bytes};
 use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
@@ -125,6 +125,10 @@ async fn write_response(stream: &mut TcpStream, response: Response<Body>, kill: 
     head.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
     head.extend_from_slice(b"\r\n");
     for (name, value) in &parts.headers {
+        // The framing headers are this writer's own (written once below).
+        if [header::CONTENT_LENGTH, header::TRANSFER_ENCODING, header::CONNECTION, header::DATE].contains(name) {
+            continue;
+        }
         head.extend_from_slice(name.as_str().as_bytes());
         head.extend_from_slice(b": ");
         head.extend_from_slice(value.as_bytes());

@@ -19,6 +19,14 @@ pub enum LimitError {
     /// The identity holds its maximum of streams.
     #[error("this identity holds its maximum of {0} streams")]
     TooManyStreamsForIdentity(usize),
+    /// A batch larger than the identity's whole budget (its burst).
+    #[error("a batch of {events} events is over this identity's burst of {burst}; publish it in batches of at most {burst}")]
+    OverBurst {
+        /// Events in the batch.
+        events: usize,
+        /// The budget (one second's worth).
+        burst: u32,
+    },
     /// The identity's publish budget is spent.
     #[error("this identity may publish {rate} events per second")]
     RateLimited {
@@ -34,14 +42,14 @@ impl Refusal for LimitError {
         match self {
             Self::TooManyStreams(_) => "too_many_streams",
             Self::TooManyStreamsForIdentity(_) => "too_many_streams_for_identity",
-            Self::RateLimited { .. } => "rate_limited",
+            Self::RateLimited { .. } | Self::OverBurst { .. } => "rate_limited",
         }
     }
 
     fn kind(&self) -> Kind {
         match self {
             Self::TooManyStreams(_) => Kind::Unavailable,
-            Self::TooManyStreamsForIdentity(_) | Self::RateLimited { .. } => Kind::TooMany,
+            Self::TooManyStreamsForIdentity(_) | Self::RateLimited { .. } | Self::OverBurst { .. } => Kind::TooMany,
         }
     }
 
@@ -49,6 +57,8 @@ impl Refusal for LimitError {
         Some(match self {
             Self::TooManyStreams(_) | Self::TooManyStreamsForIdentity(_) => 5,
             Self::RateLimited { retry_after, .. } => *retry_after,
+            // The bucket is full again after a second; the batch must be split.
+            Self::OverBurst { .. } => 1,
         })
     }
 }
@@ -128,7 +138,9 @@ impl Limits {
     }
 
     /// Takes `events` from the caller's publish budget (a token bucket of one
-    /// second's worth); `429 rate_limited` with `Retry-After` when empty.
+    /// second's worth, one token per event); `429 rate_limited` with
+    /// `Retry-After` when it holds too few. Called once a publish is valid,
+    /// so a refused request costs nothing.
     pub fn take_publish(&self, caller: &Identity, events: usize) -> Result<(), LimitError> {
         if self.publish_rate == 0 {
             return Ok(());
@@ -139,8 +151,12 @@ impl Limits {
         let bucket = buckets.entry(caller.sub.clone()).or_insert(Bucket { tokens: rate, at: now });
         bucket.tokens = (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() * rate).min(rate);
         bucket.at = now;
-        // A batch larger than one second's budget passes only on a full bucket.
-        let need = (events as f64).min(rate);
+        // Every event costs one token; a batch larger than the bucket (one
+        // second's worth) could never pass: it is refused whole, to be split.
+        if events as u64 > u64::from(self.publish_rate) {
+            return Err(LimitError::OverBurst { events, burst: self.publish_rate });
+        }
+        let need = events as f64;
         if bucket.tokens >= need {
             bucket.tokens -= need;
             Ok(())

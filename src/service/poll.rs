@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use super::Core;
 use super::error::{InvalidField, Kind, Refusal};
-use super::session::{End, Item, Session, Start};
+use super::session::{End, Gap, Item, Session, Start};
 use crate::auth::Identity;
 use crate::broker::Frame;
 use crate::event::EventId;
@@ -106,6 +106,9 @@ pub struct PollPage {
     pub next_since: EventId,
     /// Whether more matching events may follow right away.
     pub has_more: bool,
+    /// The resume point could not be served gap-free: history before it was
+    /// pruned, or it is beyond the head (then `next_since` is the head).
+    pub gap: Option<Gap>,
 }
 
 const MAX_CONSUMER_ID: usize = 128;
@@ -190,7 +193,7 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     options.scan_budget = Some(settings.poll_max_scan);
     let mut session = Session::open(core, filter, Start::After(after), options).await?;
     let deadline = tokio::time::Instant::now() + wait;
-    let (mut events, mut has_more, mut caught_up) = (Vec::new(), false, false);
+    let (mut events, mut has_more, mut caught_up, mut gap) = (Vec::new(), false, false, None);
     loop {
         let item = tokio::select! {
             item = session.next() => item,
@@ -222,13 +225,15 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
                 has_more = true;
                 break;
             }
-            Item::Gap(_) | Item::Heartbeat => {}
+            // The first gap is the one the client asked about.
+            Item::Gap(found) => gap = gap.or(Some(found)),
+            Item::Heartbeat => {}
             Item::Dropped(_) | Item::End(End::Over | End::Shutdown | End::Failed) => break,
         }
     }
     metrics::counter!(m::EVENTS_DELIVERED, "transport" => "poll").increment(events.len() as u64);
     let next_since = events.last().map_or_else(|| session.cursor(), |e| e.id);
-    Ok(PollPage { events, next_since, has_more })
+    Ok(PollPage { events, next_since, has_more, gap })
 }
 
 /// Confirms everything up to `cursor` on consumer `id`; answers the cursor

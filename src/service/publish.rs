@@ -126,7 +126,7 @@ pub async fn publish(core: &Core, caller: &Identity, body: &[u8]) -> Result<Vec<
         return Err(PublishError::BatchTooLarge { max: max_batch, got: items.len() });
     }
 
-    core.limits().take_publish(caller, items.len())?;
+    let events = items.len();
     let registry = core.registry();
     let now = chrono::Utc::now();
     let mut records = Vec::with_capacity(items.len());
@@ -187,6 +187,8 @@ pub async fn publish(core: &Core, caller: &Identity, body: &[u8]) -> Result<Vec<
         }
     }
 
+    // Only a valid publish spends the budget.
+    core.limits().take_publish(caller, events)?;
     let labels: Vec<String> =
         records.iter().map(|r| if registry.contains(&r.event_type) { r.event_type.clone() } else { "unregistered".to_owned() }).collect();
     let ids = core.store().append(records).await?;

@@ -38,8 +38,9 @@ pub enum Start {
     /// A client's resume point (`Last-Event-ID`, `since`): after this id,
     /// checked against retained history and the replay cap.
     Resume(EventId),
-    /// Plainly after this id, with no gap check or cap (a poll's cursor:
-    /// a poll's scan is bounded per request instead).
+    /// After this id, checked against retained history and the head but
+    /// not capped (a poll's cursor: a poll's scan is bounded per request
+    /// instead).
     After(EventId),
 }
 
@@ -195,13 +196,16 @@ impl Session {
         let mut gap = None;
         let cursor = match start {
             Start::Now => position,
-            Start::After(after) => after,
-            Start::Resume(requested) => {
+            Start::Resume(requested) | Start::After(requested) => {
                 let head = store.head().await?;
                 // The oldest point one resume may replay from: retained
-                // history, and at most max_replay events back (mercure's
-                // maxHistoryScan: a reconnect cannot force an unbounded scan).
-                let cap = head.saturating_sub(i64::try_from(options.max_replay).unwrap_or(i64::MAX));
+                // history, and for a stream at most max_replay events back
+                // (mercure's maxHistoryScan: a reconnect cannot force an
+                // unbounded scan).
+                let cap = match start {
+                    Start::Resume(_) => head.saturating_sub(i64::try_from(options.max_replay).unwrap_or(i64::MAX)),
+                    _ => 0,
+                };
                 let floor = store.floor().await?.max(cap);
                 if requested > head || requested < floor {
                     metrics::counter!(m::REPLAY_GAPS).increment(1);

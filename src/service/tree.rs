@@ -132,8 +132,7 @@ fn require(allowed: bool, what: &str) -> Result<(), TreeError> {
 }
 
 fn require_system(caller: &Identity, path: &str) -> Result<(), TreeError> {
-    let system = path == "system" || path.starts_with("system/");
-    if system && !caller.admin {
+    if crate::tree::is_system(path) && !caller.admin {
         return Err(TreeError::Forbidden("only admins read or write system/ directly".into()));
     }
     Ok(())

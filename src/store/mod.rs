@@ -139,6 +139,8 @@ pub enum Condition {
     Always,
     /// Only if the current entity has this hash (`If-Match`).
     IfMatch(String),
+    /// Only if an entity is there, whatever it is (`If-Match: *`).
+    IfPresent,
     /// Only if nothing is there (`If-None-Match: *`).
     IfAbsent,
 }
@@ -214,7 +216,7 @@ impl TreeWrite {
         let mismatch = || TreeOutcome::Mismatch { current: current.map(str::to_owned) };
         match (&self.condition, current) {
             (Condition::IfMatch(h), Some(c)) if h != c => return Err(mismatch()),
-            (Condition::IfMatch(_), None) | (Condition::IfAbsent, Some(_)) => return Err(mismatch()),
+            (Condition::IfMatch(_) | Condition::IfPresent, None) | (Condition::IfAbsent, Some(_)) => return Err(mismatch()),
             _ => {}
         }
         match (&self.entity, current) {

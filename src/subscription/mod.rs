@@ -389,18 +389,27 @@ impl Subscriptions {
         let _gate = self.gate.lock().await;
         let existing = self.list().await?;
         let pattern = request.pattern.as_str();
-        // Renewal: same subscriber, pattern, inbox and operation; only the
-        // token rotates (and it was just checked for that operation).
+        // Renewal: same subscriber, pattern, inbox and operation. The token
+        // rotates (it was just checked for that operation) and the request's
+        // terms (events, include_payload, limits) replace the stored ones,
+        // checked as for a new subscription; the id, the creation time (so
+        // max_duration_ms) and the delivered count stay.
         if let Some((entry, found)) = existing.iter().find(|(_, s)| {
             s.subscriber_identity == caller.author
                 && s.pattern == pattern
                 && s.deliver_uri == request.deliver_uri
                 && s.deliver_operation == request.deliver_operation
         }) {
-            if let Some(refused) = payload_check(caller, found.include_payload, &request.pattern) {
+            if let Some(refused) = payload_check(caller, request.include_payload, &request.pattern) {
                 return Err(refused);
             }
-            let renewed = Subscription { deliver_token: token_hash.to_owned(), ..found.clone() };
+            let renewed = Subscription {
+                deliver_token: token_hash.to_owned(),
+                events: request.events,
+                include_payload: request.include_payload,
+                limits: request.limits,
+                ..found.clone()
+            };
             if !self.write(&renewed, Condition::IfMatch(entry.hash.clone()), caller.chain_id).await? {
                 return Err(ExecuteError::SubscriptionChanged("the subscription changed during renewal; retry".into()));
             }

@@ -141,6 +141,20 @@ pub fn change_type(kind: ChangeKind) -> &'static str {
     }
 }
 
+/// Whether `path` is in `system/`, which holds what tidings itself keeps
+/// (subscriptions, their configuration, peers, chain-error markers).
+pub fn is_system(path: &str) -> bool {
+    path == "system" || path.starts_with("system/")
+}
+
+/// Who may see the change events of `path`: everyone allowed to subscribe,
+/// except for `system/`, whose changes are admin-visibility events (only a
+/// caller whose tokens grant `visibility: admin` receives them, on live
+/// streams, replay and polls alike), as direct reads of it are admin-only.
+pub fn change_visibility(path: &str) -> Visibility {
+    if is_system(path) { Visibility::Admin } else { Visibility::Public }
+}
+
 /// The change event of a write to `path`, built from what the write found:
 /// `{uri, hash?, previous_hash?, chain_id}`, `ref` `tree:<path>`.
 pub fn change_event(path: &str, agent: Agent, hash: Option<String>, chain_id: String) -> ChangeEvent {
@@ -162,7 +176,7 @@ pub fn change_event(path: &str, agent: Agent, hash: Option<String>, chain_id: St
             occurred_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
             payload,
             links: vec![],
-            visibility: Visibility::Public,
+            visibility: change_visibility(&path),
         }
     })
 }

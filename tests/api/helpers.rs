@@ -56,9 +56,10 @@ pub(crate) async fn fresh_database_on(admin: &str) -> (String, String) {
     (url, name)
 }
 
-/// Settings for a test server: loopback port 0, short timeouts.
+/// Settings for a test server: the defaults (never the ambient `TIDINGS_*`
+/// variables), loopback port 0, short timeouts.
 pub(crate) fn test_settings() -> Settings {
-    let mut s = Settings::from_env();
+    let mut s = Settings::defaults();
     s.listen = "127.0.0.1:0".parse().unwrap();
     s.database_url = None;
     s.data_dir = std::env::temp_dir().join(format!("tidings-test-{}", rand::random::<u64>()));

@@ -17,6 +17,7 @@ mod ordering;
 mod poll;
 mod postgres;
 mod publish;
+mod scripts;
 mod security;
 mod store;
 mod stream;

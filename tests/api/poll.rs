@@ -14,7 +14,8 @@ both_stores!(
     spec_4_8_durable_replay,
     cursor_rules,
     expiry_answers_410,
-    operators_and_bad_input
+    operators_and_bad_input,
+    a_resume_point_the_log_cannot_serve_is_a_gap
 );
 
 async fn get(app: &TestApp, query: &str) -> (u16, Value) {
@@ -236,4 +237,40 @@ async fn operators_and_bad_input(backend: Backend) {
     assert_eq!(app.http.delete(app.url("/v1/consumers/ops-1")).send().await.unwrap().status(), 204);
     let r = app.http.delete(app.url("/v1/consumers/ops-1")).send().await.unwrap();
     assert_eq!(r.status(), 404);
+}
+
+/// A poll gets the signal a stream gets for a resume point the log cannot
+/// serve gap-free: `gap` beyond the head (and `next_since` never passes the
+/// head), and `gap` when history before it was pruned.
+async fn a_resume_point_the_log_cannot_serve_is_a_gap(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.retention = tidings::config::Retention { max_age: None, max_events: Some(5) };
+        s.retention_interval = Duration::from_millis(50);
+    })
+    .await;
+    let first = app.publish("comment.posted", json!({})).await;
+    for wait in ["", "&wait_ms=100"] {
+        let (status, page) = get(&app, &format!("since=1000{wait}")).await;
+        assert_eq!(status, 200);
+        assert_eq!(page["events"], json!([]));
+        assert_eq!(page["next_since"], first, "never beyond the head: {page}");
+        assert_eq!(page["gap"], json!({"requested": 1000, "available_from": 1, "head": first}), "{page}");
+    }
+    let (_, page) = get(&app, "since=0").await;
+    assert_eq!(ids(&page), vec![first]);
+    assert!(page.get("gap").is_none(), "no gap when the log serves it: {page}");
+    // Pruned history: the gap says where delivery resumes.
+    let mut all = vec![first];
+    for _ in 0..9 {
+        all.push(app.publish("comment.posted", json!({})).await);
+    }
+    let mut tries = 0;
+    while app.deep().await.1["history_from"] != all[5] {
+        tries += 1;
+        assert!(tries < 200, "retention pruned to the last 5 events");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (_, page) = get(&app, "since=0&limit=100").await;
+    assert_eq!(page["gap"], json!({"requested": 0, "available_from": all[5], "head": all[9]}), "{page}");
+    assert_eq!(ids(&page), all[5..].to_vec());
 }

@@ -6,7 +6,13 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::helpers::{Backend, spawn_app, spawn_app_with};
 
-both_stores!(single_and_batch, bad_input_stores_nothing, oversized_bodies_and_payloads);
+both_stores!(
+    single_and_batch,
+    bad_input_stores_nothing,
+    oversized_bodies_and_payloads,
+    a_publish_whose_client_left_commits_and_is_counted,
+    bodies_that_never_arrive_time_out
+);
 
 async fn single_and_batch(backend: Backend) {
     let app = spawn_app(backend).await;
@@ -114,4 +120,114 @@ async fn oversized_bodies_and_payloads(backend: Backend) {
     assert_eq!(r.json::<Value>().await.unwrap()["error"], "body_too_large");
     assert_eq!(app.head().await, 0);
     app.publish("comment.posted", json!({})).await;
+}
+
+/// A publish whose client closes its socket before the answer is not cut
+/// off: it commits whole and is counted (events and the 201) when it
+/// commits. The real binary, since metrics are per process.
+async fn a_publish_whose_client_left_commits_and_is_counted(backend: Backend) {
+    use tokio::io::AsyncWriteExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let mut envs = vec![("TIDINGS_DATA_DIR", dir.path().display().to_string())];
+    if backend == Backend::Postgres {
+        envs.push(("DATABASE_URL", crate::helpers::fresh_database().await.0));
+    }
+    let server = crate::helpers::spawn_process(&envs).await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    const BATCH: usize = 3000;
+    const BATCHES: usize = 3;
+    let one = json!({"event_type": "comment.posted", "payload": {"text": "x".repeat(200)}});
+    let body = json!({ "events": vec![one; BATCH] }).to_string();
+    for _ in 0..BATCHES {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head =
+            format!("POST /v1/events HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket.write_all(body.as_bytes()).await.unwrap();
+        // Gone at once (the whole request was sent): no answer is read.
+        drop(socket);
+    }
+    let http = reqwest::Client::new();
+    let total = (BATCH * BATCHES) as f64;
+    let value = |text: &str, prefix: &str| -> f64 {
+        text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    };
+    let mut last = String::new();
+    for _ in 0..400 {
+        let deep: Value = http.get(format!("{}/health/deep", server.base)).send().await.unwrap().json().await.unwrap();
+        let metrics = http.get(format!("{}/metrics", server.base)).send().await.unwrap().text().await.unwrap();
+        let published = value(&metrics, "tidings_events_published_total{type=\"comment.posted\"}");
+        let answered = value(&metrics, "tidings_http_requests_total{route=\"/v1/events\",status=\"201\"}");
+        last = format!("head {} published {published} answered {answered}", deep["head_event_id"]);
+        if deep["head_event_id"] == total as i64 && published == total && answered == BATCHES as f64 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("every publish commits whole and is counted once committed; last seen: {last}");
+}
+
+/// A body announced but never (fully) sent holds its connection only for
+/// `TIDINGS_BODY_TIMEOUT`: a short Content-Length, a chunk larger than its
+/// data, an endless chunk size and a trickle each get `408 body_timeout`
+/// (JSON, connection closed), and nothing is stored.
+async fn bodies_that_never_arrive_time_out(backend: Backend) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = spawn_app_with(backend, |s| s.body_timeout = std::time::Duration::from_millis(300)).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let head = |framing: &str| format!("POST /v1/events HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{framing}\r\n\r\n");
+    let cases = [
+        ("short content-length", head("Content-Length: 100"), "{\"event_type\": \"comment.posted\"".to_owned(), false),
+        ("chunk larger than its data", head("Transfer-Encoding: chunked"), "64\r\n{\"event_type\":".to_owned(), false),
+        ("endless chunk size", head("Transfer-Encoding: chunked"), "ffffffffffffffff\r\n{".to_owned(), false),
+        ("trickle", head("Content-Length: 40"), "{\"event_type\": \"comment.posted\"}".to_owned(), true),
+    ];
+    for (what, head, body, trickle) in cases {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        socket.write_all(head.as_bytes()).await.unwrap();
+        let started = std::time::Instant::now();
+        if trickle {
+            // One byte every 100 ms: never idle for long, never done in time.
+            let (mut reader, mut writer) = socket.split();
+            let mut answer = Vec::new();
+            for b in body.bytes() {
+                if writer.write_all(&[b]).await.is_err() {
+                    break;
+                }
+                if let Ok(Ok(n)) = tokio::time::timeout(std::time::Duration::from_millis(100), reader.read_buf(&mut answer)).await
+                    && n == 0
+                {
+                    break;
+                }
+                if !answer.is_empty() {
+                    break;
+                }
+            }
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), reader.read_to_end(&mut answer)).await;
+            check(what, &answer, started);
+            continue;
+        }
+        socket.write_all(body.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(std::time::Duration::from_secs(5), socket.read_to_end(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no answer and no close within 5 s"))
+            .unwrap();
+        check(what, &answer, started);
+    }
+    assert_eq!(app.head().await, 0, "nothing was stored");
+    // The server keeps serving.
+    assert_eq!(app.post_events(&json!({"event_type": "comment.posted"})).await.0, 201);
+}
+
+fn check(what: &str, answer: &[u8], started: std::time::Instant) {
+    let text = String::from_utf8_lossy(answer);
+    assert!(text.starts_with("HTTP/1.1 408 "), "{what}: {text}");
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    assert_eq!(
+        serde_json::from_str::<Value>(body).ok().and_then(|v| v["error"].as_str().map(str::to_owned)).as_deref(),
+        Some("body_timeout"),
+        "{what}: {text}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(4), "{what}: answered within the deadline's reach");
 }

@@ -16,6 +16,7 @@ both_stores!(
     grant_intersection_and_token_carriers,
     consumers_belong_to_their_creator,
     stream_publish_and_replay_limits,
+    publish_rate_counts_every_event,
     cors_origins
 );
 
@@ -92,10 +93,13 @@ async fn bad_tokens_are_401(backend: Backend) {
         }
     }
     assert_eq!(app.head().await, 0, "nothing was stored");
-    // Health and metrics need no token.
-    for path in ["/health", "/health/deep", "/metrics"] {
+    // Health, metrics, the live page's HTML, the contract and the server's
+    // public identity need no token (the README lists exactly these).
+    for path in ["/health", "/health/deep", "/metrics", "/", "/openapi.json", "/v1/identity"] {
         assert_eq!(app.http.get(app.url(path)).send().await.unwrap().status(), 200, "{path}");
     }
+    let r = app.http.get(app.url("/v1/registry")).send().await.unwrap();
+    assert_eq!(r.status(), 401, "everything else needs one");
 }
 
 async fn grants_and_agent_spoofing(backend: Backend) {
@@ -134,24 +138,41 @@ async fn visibility_matrix_has_no_leaks(backend: Backend) {
     let app = secured(backend).await;
     let levels = ["public", "reviewer_only", "admin"];
     let reader = |level: &str| token(&format!("reader-{level}"), json!({"subscribe": ["**"], "visibility": level}));
+    let types = "types=comment.posted,tree.*";
     let mut live = Vec::new();
     for level in levels {
-        live.push(stream_as(&app, &reader(level), "types=comment.posted").await);
+        live.push(stream_as(&app, &reader(level), types).await);
     }
+    // (id, index of the lowest level that may see it)
     let mut ids = Vec::new();
-    for level in levels {
+    for (i, level) in levels.iter().enumerate() {
         let (status, body) = publish_as(&app, &admin(), json!({"event_type": "comment.posted", "visibility": level})).await;
         assert_eq!(status, 201);
-        ids.push(body["event_ids"][0].as_i64().unwrap());
+        ids.push((body["event_ids"][0].as_i64().unwrap(), i));
+    }
+    // Tree changes: an ordinary path is public; system/ is tidings' own and
+    // its changes are admin-visibility events.
+    for (path, level) in [("notes/a", 0), ("system/secret", 2)] {
+        let r = app
+            .http
+            .put(app.url(&format!("/v1/tree/{path}")))
+            .bearer_auth(admin())
+            .json(&json!({"type": "note", "data": {}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{path}");
+        let body: Value = r.json().await.unwrap();
+        ids.push((body["event_id"].as_i64().unwrap(), level));
     }
     // A public sentinel closes each reader's expected sequence.
     let (_, body) = publish_as(&app, &admin(), json!({"event_type": "comment.posted"})).await;
     let sentinel = body["event_ids"][0].as_i64().unwrap();
     for (r, level) in levels.iter().enumerate() {
-        let mut expected: Vec<i64> = ids[..=r].to_vec();
+        let mut expected: Vec<i64> = ids.iter().filter(|(_, at)| *at <= r).map(|(id, _)| *id).collect();
         expected.push(sentinel);
         assert_eq!(live[r].ids(expected.len()).await, expected, "live, reader {level}");
-        let mut replay = stream_as(&app, &reader(level), "types=comment.posted&since=0").await;
+        let mut replay = stream_as(&app, &reader(level), &format!("{types}&since=0")).await;
         assert_eq!(replay.ids(expected.len()).await, expected, "replay, reader {level}");
         let r = app.http.get(app.url("/v1/poll?since=0&limit=100")).bearer_auth(reader(level)).send().await.unwrap();
         let page: Value = r.json().await.unwrap();
@@ -269,6 +290,34 @@ async fn stream_publish_and_replay_limits(backend: Backend) {
     assert_eq!(s.ids(5).await, ((head - 4)..=head).collect::<Vec<_>>());
 }
 
+/// Every event costs one token of the publish budget, a batch larger than
+/// the burst is refused whole, and refused requests take nothing.
+async fn publish_rate_counts_every_event(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.jwt_hs256_secret = Some(SECRET.into());
+        s.publish_rate = 5;
+    })
+    .await;
+    let alice = token("alice", json!({"publish": ["**"], "subscribe": ["**"]}));
+    let batch = |n: usize| json!({ "events": vec![json!({"event_type": "comment.posted"}); n] });
+    // Invalid publishes are refused before they cost anything.
+    for bad in [json!({"event_type": "Not.valid"}), json!({"events": [{"event_type": "comment.posted"}, {"nope": 1}]}), json!([1])] {
+        let (status, body) = publish_as(&app, &alice, bad).await;
+        assert!(status == 400 || status == 422, "{status} {body}");
+    }
+    // A batch over the burst is refused whole, with Retry-After; nothing is stored.
+    let r = app.http.post(app.url("/v1/events")).bearer_auth(&alice).json(&batch(6)).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "rate_limited");
+    assert_eq!(app.head().await, 0, "a refused batch stores nothing");
+    // The whole budget is still there: the refusals took none of it.
+    assert_eq!(publish_as(&app, &alice, batch(5)).await.0, 201);
+    // And five events spent it: a batch of two right after is refused.
+    assert_eq!(publish_as(&app, &alice, batch(2)).await.0, 429);
+    assert_eq!(app.head().await, 5);
+}
+
 async fn cors_origins(backend: Backend) {
     let app = spawn_app_with(backend, |s| s.cors_origins = "https://app.example".into()).await;
     let preflight = |origin: &'static str| {
@@ -308,6 +357,13 @@ async fn tokens_never_reach_the_logs() {
         let _ = http.get(format!("{}/v1/poll?access_token={t}", server.base)).send().await;
         let _ = http.get(format!("{}/v1/consumers", server.base)).header("cookie", format!("access_token={t}")).send().await;
         let _ = http.get(format!("{}/v1/nope?access_token={t}", server.base)).send().await;
+        // Every spelling of the name that authenticates is redacted too.
+        for name in ["access%5Ftoken", "%61ccess_token", "access_toke%6E", "access%5ftoken"] {
+            let r = http.get(format!("{}/v1/poll?{name}={t}", server.base)).send().await.unwrap();
+            assert_eq!(r.status() == 200, t == &good, "{name} carries the token");
+            let r = http.get(format!("{}/v1/stream?{name}={t}", server.base)).send().await.unwrap();
+            assert_eq!(r.status() == 200, t == &good, "{name} carries the token on a stream");
+        }
     }
     let mut child = server.child;
     child.start_kill().unwrap();

@@ -211,6 +211,21 @@ async fn streams_over_raw_sockets(backend: Backend) {
     socket.write_all(b"GET /v1/stream HTTP/1.0\r\n\r\n").await.unwrap();
     let (_, head) = read_until(socket, "retry:".into()).await;
     assert!(head.starts_with("HTTP/1.0 200 OK\r\n"), "{head}");
+    // Refusals on the direct path carry one Content-Length, a JSON body of
+    // that length, and close the connection.
+    for (query, status) in [("since=x", "400"), ("accept_envelope=9", "406")] {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        socket.write_all(format!("GET /v1/stream?{query} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes()).await.unwrap();
+        let mut all = Vec::new();
+        tokio::time::timeout(std::time::Duration::from_secs(10), socket.read_to_end(&mut all)).await.unwrap().unwrap();
+        let text = String::from_utf8_lossy(&all).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{head}");
+        let lengths: Vec<&str> = head.lines().filter(|l| l.to_ascii_lowercase().starts_with("content-length:")).collect();
+        assert_eq!(lengths.len(), 1, "one Content-Length: {head}");
+        assert_eq!(lengths[0].split(':').nth(1).unwrap().trim().parse::<usize>().unwrap(), body.len(), "{head}");
+        assert!(serde_json::from_str::<Value>(body).unwrap()["error"].is_string(), "{body}");
+    }
     // A path that only starts like a stream is an ordinary request.
     let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
     socket.write_all(b"GET /v1/streams HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await.unwrap();

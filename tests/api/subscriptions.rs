@@ -22,6 +22,7 @@ both_stores!(
     max_events_delivers_exactly_n_then_terminates,
     rate_limit_drops_with_markers,
     renewal_and_capacity_redirect,
+    a_renewal_applies_its_terms,
     subscriptions_survive_a_restart,
     concurrent_writers_lose_and_repeat_nothing,
     an_expired_deliver_token_ends_the_subscription,
@@ -442,9 +443,17 @@ async fn capability_required_when_auth_is_on(backend: Backend) {
     // The author's own capability is accepted.
     let minted = mint_for(a.hash.clone()).await;
     included.extend(minted["included"].as_object().unwrap().clone());
-    let envelope =
-        Subscribe { author: &a, pattern: "docs/*", params, capability: Some(minted["hash"].as_str().unwrap().to_owned()), included }
-            .envelope("subscribe");
+    let cap = minted["hash"].as_str().unwrap().to_owned();
+    // With tokens on a capability is always in play, so bundling payloads
+    // needs tree:get, which this one does not grant.
+    let mut bundled = params.clone();
+    bundled["include_payload"] = json!(true);
+    let envelope = Subscribe { author: &a, pattern: "docs/*", params: bundled, capability: Some(cap.clone()), included: included.clone() }
+        .envelope("subscribe");
+    let r = app.http.post(app.url("/v1/execute")).bearer_auth(jwt(false)).json(&envelope).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "payload_unauthorized");
+    let envelope = Subscribe { author: &a, pattern: "docs/*", params, capability: Some(cap), included }.envelope("subscribe");
     let r = app.http.post(app.url("/v1/execute")).bearer_auth(jwt(false)).json(&envelope).send().await.unwrap();
     assert_eq!(r.status(), 200);
     // system/ is tidings' own: only admins read or write it directly.
@@ -621,6 +630,42 @@ async fn renewal_and_capacity_redirect(backend: Backend) {
     // After an unsubscribe there is room again.
     assert_eq!(unsubscribe(&app, &b, &b_id).await.0, 200);
     assert_eq!(subscribe(&app, &server, &c, "hot/**", "system/inbox/c", json!({})).await.0, 200);
+}
+
+/// A renewal carries the whole request: new events, include_payload and
+/// limits replace the stored ones (checked as for a new subscription), and
+/// the engine delivers by them; the id and creation time stay.
+async fn a_renewal_applies_its_terms(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let server = server_hash(&app).await;
+    let a = Peer::new();
+    let (status, first) = subscribe(&app, &server, &a, "terms/*", "system/inbox/t", json!({"events": ["created"]})).await;
+    assert_eq!(status, 200, "{first}");
+    let id = first["result"]["subscription_id"].as_str().unwrap().to_owned();
+    let sub_url = app.url(&format!("/v1/tree/system/subscription/{id}"));
+    let before: Value = app.http.get(&sub_url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(before["data"]["include_payload"], false);
+    let terms = json!({"events": ["created", "updated"], "include_payload": true, "limits": {"max_events": 5}});
+    let (status, renewed) = subscribe(&app, &server, &a, "terms/*", "system/inbox/t", terms).await;
+    assert_eq!(status, 200, "{renewed}");
+    assert_eq!(renewed["result"]["subscription_id"], id.as_str());
+    assert_eq!(renewed["result"]["renewed"], true);
+    assert_eq!(renewed["result"]["events"], json!(["created", "updated"]));
+    assert_eq!(renewed["result"]["limits"]["max_events"], 5);
+    let stored: Value = app.http.get(&sub_url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(stored["data"]["events"], json!(["created", "updated"]));
+    assert_eq!(stored["data"]["include_payload"], true);
+    assert_eq!(stored["data"]["limits"], json!({"max_events": 5}));
+    assert_eq!(stored["data"]["created_at"], before["data"]["created_at"]);
+    // The engine delivers by the new terms: an update fires, with its payload.
+    let mut stream = inbox(&app, "system/inbox/t").await;
+    put(&app, "terms/x", json!({"v": 1}), None).await;
+    put(&app, "terms/x", json!({"v": 2}), None).await;
+    let created = next_notification(&mut stream).await;
+    assert_eq!(created["data"]["event"], "created", "{created}");
+    let updated = next_notification(&mut stream).await;
+    assert_eq!(updated["data"]["event"], "updated", "{updated}");
+    assert!(updated["included"].as_object().is_some_and(|m| !m.is_empty()), "the payload is bundled: {updated}");
 }
 
 async fn subscriptions_survive_a_restart(backend: Backend) {

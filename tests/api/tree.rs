@@ -8,7 +8,13 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::helpers::{Backend, TestApp, spawn_app};
 
-both_stores!(cas_matrix, bad_paths_and_entities_store_nothing, change_events_chain_hashes, concurrent_cas_writers_keep_the_chain);
+both_stores!(
+    cas_matrix,
+    if_match_star_matches_any_entity,
+    bad_paths_and_entities_store_nothing,
+    change_events_chain_hashes,
+    concurrent_cas_writers_keep_the_chain
+);
 
 async fn put(app: &TestApp, path: &str, body: Value, header: Option<(&str, &str)>) -> (u16, Value) {
     let mut r = app.http.put(app.url(&format!("/v1/tree/{path}"))).json(&body);
@@ -82,6 +88,27 @@ async fn cas_matrix(backend: Backend) {
     );
     let root: Value = app.http.get(app.url("/v1/tree/")).send().await.unwrap().json().await.unwrap();
     assert_eq!(root["children"][0]["name"], "notes");
+}
+
+/// `If-Match: *` (RFC 9110) matches any current entity: it updates or
+/// deletes what is there, and is a `409 hash_mismatch` when nothing is.
+async fn if_match_star_matches_any_entity(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let star = Some(("if-match", "*"));
+    let (status, body) = put(&app, "notes/s", json!({"type": "note", "data": {"v": 1}}), star).await;
+    assert_eq!((status, body["error"].as_str(), &body["current_hash"]), (409, Some("hash_mismatch"), &Value::Null));
+    assert_eq!(app.http.get(app.url("/v1/tree/notes/s")).send().await.unwrap().status(), 404, "nothing was stored");
+    let (status, created) = put(&app, "notes/s", json!({"type": "note", "data": {"v": 1}}), None).await;
+    assert_eq!(status, 201);
+    let (status, updated) = put(&app, "notes/s", json!({"type": "note", "data": {"v": 2}}), star).await;
+    assert_eq!((status, &updated["previous_hash"]), (200, &created["hash"]), "{updated}");
+    let del = || app.http.delete(app.url("/v1/tree/notes/s")).header("if-match", "*").send();
+    let r = del().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["previous_hash"], updated["hash"]);
+    let r = del().await.unwrap();
+    assert_eq!(r.status(), 409, "If-Match: * on nothing");
+    assert_eq!(r.json::<Value>().await.unwrap()["current_hash"], Value::Null);
 }
 
 async fn bad_paths_and_entities_store_nothing(backend: Backend) {

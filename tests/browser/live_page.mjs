@@ -52,15 +52,32 @@ try {
     throw new Error(`after the restart the page shows ${afterRestart}, expected ${[a, b, c]}`);
   }
 
-  // A reload resumes from the last id the page kept: nothing repeated.
+  // Every reload resumes from the last id the page kept: nothing repeated,
+  // however many times, and nothing missed while the page was away.
+  const afterReload = [];
+  for (const step of ["d", "e"]) {
+    await page.reload();
+    await waitOpen(page);
+    const id = await publish({ step });
+    await waitFor(page, id);
+    const now = await shown(page);
+    if (JSON.stringify(now) !== JSON.stringify([id])) {
+      throw new Error(`after reload ${afterReload.length + 1} the page shows ${now}, expected ${[id]}`);
+    }
+    afterReload.push(now);
+  }
+  // The page stops listening, an event is published, then the page comes back.
+  await page.evaluate(() => source.close());
+  const f = await publish({ step: "f" });
   await page.reload();
   await waitOpen(page);
-  const d = await publish({ step: "d" });
-  await waitFor(page, d);
-  const afterReload = await shown(page);
-  if (JSON.stringify(afterReload) !== JSON.stringify([d])) {
-    throw new Error(`after the reload the page shows ${afterReload}, expected ${[d]}`);
+  const g = await publish({ step: "g" });
+  await waitFor(page, g);
+  const third = await shown(page);
+  if (JSON.stringify(third) !== JSON.stringify([f, g])) {
+    throw new Error(`after reload 3 the page shows ${third}, expected ${[f, g]}`);
   }
+  afterReload.push(third);
   if (shot) await page.screenshot({ path: shot, fullPage: true });
   console.log(`OK ${JSON.stringify({ afterRestart, afterReload })}`);
 } finally {
