@@ -185,10 +185,8 @@ async fn observe_requests(request: Request, next: Next) -> Response {
         .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
     let (method, path) = (request.method().clone(), request.uri().path().to_owned());
     let query = request.uri().query().map(crate::auth::redact_query);
-    // The handler runs on its own task, so a client that goes away does not
-    // cancel it half-way: a publish that commits is counted (and answered,
-    // for nobody) like any other, and no store call is cut off mid-flight.
-    let handled = tokio::spawn(async move {
+    let mutates = request.method() != axum::http::Method::GET && request.method() != axum::http::Method::HEAD;
+    let handle = async move {
         let mut response = next.run(request).await.into_response();
         let status = response.status().as_u16();
         tracing::debug!(request_id, %method, path, query, status, elapsed_ms = started.elapsed().as_millis() as u64, "request");
@@ -197,8 +195,15 @@ async fn observe_requests(request: Request, next: Next) -> Response {
         }
         metrics::counter!(crate::metrics::HTTP_REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
         response
-    });
-    match handled.await {
+    };
+    if !mutates {
+        // A read (a stream, a poll) whose client is gone may stop at once.
+        return handle.await;
+    }
+    // A write runs on its own task, so a client that goes away does not
+    // cancel it half-way: a publish that commits is counted (and answered,
+    // for nobody) like any other, and no store call is cut off mid-flight.
+    match tokio::spawn(handle).await {
         Ok(response) => response,
         Err(e) => {
             tracing::error!(error = %e, "a request handler panicked");

@@ -12,7 +12,6 @@
 //! server's shutdown token and the stream closes with a jittered `retry:`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Extension;
 use axum::body::Body;
@@ -83,15 +82,24 @@ pub(crate) async fn stream(
     options.permit = Some(core.limits().acquire_stream(&caller)?);
     options.kill = connection.map(|c| c.0.kill_token());
     let start = resume.map_or(Start::Now, Start::Resume);
-    let mut session = Session::open(core, filter, start, options).await?;
+    let session = Session::open(core, filter, start, options).await?;
 
-    let mut first = BytesMut::from(format!("retry: {}\n\n", app.settings().sse_retry.as_millis()).as_bytes());
-    if let Some(gap) = session.take_gap() {
-        first.extend_from_slice(&gap_frame(gap));
-    }
-    let state = SseState { session, first: Some(first.freeze()), retry: app.settings().sse_retry, done: false };
+    let retry_ms = u32::try_from(app.settings().sse_retry.as_millis()).unwrap_or(u32::MAX);
+    let state = SseState { session, retry_ms, phase: Phase::Start };
+    // The session is awaited right in the stream's step, with no helper
+    // future in between: an idle stream is this one future.
     let body = futures_util::stream::unfold(state, |mut s| async move {
-        s.next_chunk().await.map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), s))
+        loop {
+            if let Some(chunk) = s.first_or_done() {
+                return chunk.map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), s));
+            }
+            let item = s.session.next().await;
+            match s.write(item) {
+                Some(Some(chunk)) => return Some((Ok(chunk), s)),
+                Some(None) => return None,
+                None => {}
+            }
+        }
     });
     let mut response = Response::new(Body::from_stream(body));
     let h = response.headers_mut();
@@ -101,52 +109,70 @@ pub(crate) async fn stream(
     Ok(response)
 }
 
+/// Kept per stream for its whole life, so kept small: an idle stream costs
+/// what its state and its waiting future hold.
 struct SseState {
     session: Session,
-    /// The opening chunk: `retry:` and the resume gap, if any.
-    first: Option<Bytes>,
-    retry: Duration,
-    done: bool,
+    retry_ms: u32,
+    phase: Phase,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Nothing written yet: `retry:` and the resume gap go first.
+    Start,
+    Streaming,
+    Done,
 }
 
 impl SseState {
-    /// The next chunk to write, or `None` to end the stream.
-    async fn next_chunk(&mut self) -> Option<Bytes> {
-        if let Some(first) = self.first.take() {
-            return Some(first);
-        }
-        if self.done {
-            return None;
-        }
-        loop {
-            match self.session.next().await {
-                Item::Events { frames, replayed } => {
-                    record_delivery("sse", &frames, replayed);
-                    return Some(events_chunk(&frames));
+    /// Before the session: the opening chunk (`retry:` and the resume gap),
+    /// or the end once the stream is done (`Some(None)`); `None` to go on.
+    fn first_or_done(&mut self) -> Option<Option<Bytes>> {
+        match self.phase {
+            Phase::Start => {
+                self.phase = Phase::Streaming;
+                let mut first = BytesMut::from(format!("retry: {}\n\n", self.retry_ms).as_bytes());
+                if let Some(gap) = self.session.take_gap() {
+                    first.extend_from_slice(&gap_frame(gap));
                 }
-                Item::Gap(gap) => return Some(gap_frame(gap)),
-                Item::Heartbeat => return Some(Bytes::from_static(b":\n\n")),
-                Item::CaughtUp | Item::ScanLimit => {}
-                Item::Dropped(dropped) => {
-                    self.done = true;
-                    return Some(dropped_frame(dropped));
-                }
-                Item::End(End::Shutdown) => {
-                    self.done = true;
-                    return Some(self.goodbye());
-                }
-                Item::End(End::Failed | End::Over) => {
-                    self.done = true;
-                    return None;
-                }
+                Some(Some(first.freeze()))
             }
+            Phase::Done => Some(None),
+            Phase::Streaming => None,
         }
+    }
+
+    /// An item as SSE: a chunk to write, the end (`Some(None)`), or nothing
+    /// to write (`None`).
+    fn write(&mut self, item: Item) -> Option<Option<Bytes>> {
+        Some(match item {
+            Item::Events { frames, replayed } => {
+                record_delivery("sse", &frames, replayed);
+                Some(events_chunk(&frames))
+            }
+            Item::Gap(gap) => Some(gap_frame(gap)),
+            Item::Heartbeat => Some(Bytes::from_static(b":\n\n")),
+            Item::CaughtUp | Item::ScanLimit => return None,
+            Item::Dropped(dropped) => {
+                self.phase = Phase::Done;
+                Some(dropped_frame(dropped))
+            }
+            Item::End(End::Shutdown) => {
+                self.phase = Phase::Done;
+                Some(self.goodbye())
+            }
+            Item::End(End::Failed | End::Over) => {
+                self.phase = Phase::Done;
+                None
+            }
+        })
     }
 
     /// The last chunk on shutdown: when to come back, jittered over a few
     /// multiples of the normal retry so clients do not return in one storm.
     fn goodbye(&self) -> Bytes {
-        let base = self.retry.as_millis() as u64;
+        let base = u64::from(self.retry_ms);
         let jittered = base + rand::random_range(0..=base.saturating_mul(4).max(1));
         Bytes::from(format!("retry: {jittered}\n\n"))
     }

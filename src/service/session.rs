@@ -58,8 +58,6 @@ pub struct SessionOptions {
     pub kill: Option<CancellationToken>,
     /// A tick this often while live and idle; `None`: no ticks.
     pub heartbeat: Option<Duration>,
-    /// Most bytes of envelopes coalesced into one live [`Item::Events`].
-    pub coalesce_bytes: usize,
     /// Rows read from the store per replay page.
     pub read_batch: usize,
     /// How far back one resume may replay (`Start::Resume`).
@@ -137,25 +135,41 @@ enum Phase {
     Done(End),
 }
 
-/// One subscriber's delivery state.
+/// One subscriber's delivery state. It lives as long as the subscriber,
+/// so it keeps only what delivery needs, compactly: an idle stream costs
+/// this plus its waiting future.
 #[derive(Debug)]
 pub struct Session {
     broker: Broker,
     subscription: Option<Subscription>,
     filter: Arc<Filter>,
+    shutdown: CancellationToken,
+    kill: Option<CancellationToken>,
+    /// The stream's place in the stream limits, held for the session's life.
+    _permit: Option<StreamPermit>,
+    transport: &'static str,
+    heartbeat: Option<Duration>,
     /// Every event up to here was delivered or filtered out.
     cursor: EventId,
     /// The last id delivered (what the client's Last-Event-ID is).
     last_sent: Option<EventId>,
     /// Replay runs up to here; live frames cover everything above.
     target: EventId,
+    /// Rows scanned in history so far, and the budget (0: none).
+    scanned: u64,
+    scan_budget: u64,
+    read_batch: u32,
     phase: Phase,
+    /// A gap to announce, and the events read with it (rare; boxed so an
+    /// idle session does not carry room for them).
+    aside: Option<Box<Aside>>,
+}
+
+#[derive(Debug, Default)]
+struct Aside {
     gap: Option<Gap>,
     /// Events read with a gap, delivered right after it.
     pending: Option<Vec<Frame>>,
-    scanned: usize,
-    shutdown: CancellationToken,
-    options: SessionOptions,
 }
 
 impl Core {
@@ -167,7 +181,6 @@ impl Core {
             live: true,
             kill: None,
             heartbeat: Some(s.heartbeat),
-            coalesce_bytes: COALESCE_BYTES,
             read_batch: s.read_batch as usize,
             max_replay: s.max_replay,
             scan_budget: None,
@@ -188,7 +201,8 @@ impl Session {
     pub async fn open(core: &Core, filter: Arc<Filter>, start: Start, options: SessionOptions) -> Result<Self, StoreError> {
         let broker = core.broker().clone();
         let store = core.store();
-        let subscription = options.live.then(|| broker.subscribe(filter.clone(), subscribe_options(&options, start != Start::Now)));
+        let subscription =
+            options.live.then(|| broker.subscribe(filter.clone(), subscribe(&options.kill, options.transport, start != Start::Now)));
         let position = match &subscription {
             Some(s) => s.position(),
             None => store.head().await?,
@@ -220,26 +234,31 @@ impl Session {
             Start::Resume(id) | Start::After(id) => Some(id),
             Start::Now => None,
         };
+        let SessionOptions { transport, kill, heartbeat, read_batch, scan_budget, permit, .. } = options;
         Ok(Self {
             broker,
             subscription,
             filter,
+            shutdown: core.shutdown_token(),
+            kill,
+            _permit: permit,
+            transport,
+            heartbeat,
             cursor,
             last_sent,
             target: position,
-            phase: Phase::Replay,
-            gap,
-            pending: None,
             scanned: 0,
-            shutdown: core.shutdown_token(),
-            options,
+            scan_budget: scan_budget.map_or(0, |b| b.max(1) as u64),
+            read_batch: u32::try_from(read_batch.max(1)).unwrap_or(u32::MAX),
+            phase: Phase::Replay,
+            aside: gap.map(|gap| Box::new(Aside { gap: Some(gap), pending: None })),
         })
     }
 
     /// The gap found at open, if any (a transport may announce it before
     /// anything else; otherwise it is the first item).
     pub fn take_gap(&mut self) -> Option<Gap> {
-        self.gap.take()
+        self.aside.as_mut()?.gap.take()
     }
 
     /// Every event up to here was delivered or filtered out. A live session
@@ -267,11 +286,15 @@ impl Session {
 
     /// The next item.
     pub async fn next(&mut self) -> Item {
-        if let Some(gap) = self.gap.take() {
-            return Item::Gap(gap);
-        }
-        if let Some(frames) = self.pending.take() {
-            return Item::Events { frames, replayed: true };
+        if let Some(aside) = self.aside.as_mut() {
+            if let Some(gap) = aside.gap.take() {
+                return Item::Gap(gap);
+            }
+            let pending = aside.pending.take();
+            self.aside = None;
+            if let Some(frames) = pending {
+                return Item::Events { frames, replayed: true };
+            }
         }
         loop {
             match self.phase {
@@ -282,7 +305,17 @@ impl Session {
                     }
                 }
                 Phase::Live => {
-                    if let Some(item) = self.live().await {
+                    // Waited on here, not in a helper: an idle session is
+                    // this future, so it carries no extra level of state.
+                    let sub = self.subscription.as_mut().expect("a live phase has a subscription");
+                    let heartbeat = self.heartbeat;
+                    let frame = tokio::select! {
+                        biased;
+                        _ = self.shutdown.cancelled() => return self.end(End::Shutdown),
+                        frame = sub.recv() => frame,
+                        _ = tokio::time::sleep(heartbeat.unwrap_or(Duration::MAX)), if heartbeat.is_some() => return Item::Heartbeat,
+                    };
+                    if let Some(item) = self.live(frame) {
                         return item;
                     }
                 }
@@ -302,10 +335,10 @@ impl Session {
             }
             return Some(Item::CaughtUp);
         }
-        if self.options.scan_budget.is_some_and(|budget| self.scanned >= budget) {
+        if self.scan_budget > 0 && self.scanned >= self.scan_budget {
             return Some(Item::ScanLimit);
         }
-        let limit = self.options.read_batch.min((self.target - self.cursor) as usize);
+        let limit = (self.read_batch as usize).min((self.target - self.cursor) as usize);
         let page = tokio::select! {
             _ = self.shutdown.cancelled() => return Some(self.end(End::Shutdown)),
             page = self.store().read_after(self.cursor, limit) => page,
@@ -324,13 +357,14 @@ impl Session {
             self.cursor = self.target;
             return None;
         };
+        let mut gap = None;
         if first.id > self.cursor + 1 {
             // Retention pruned history while this client was replaying: say
             // so instead of skipping silently.
             metrics::counter!(m::REPLAY_GAPS).increment(1);
-            self.gap = Some(Gap { requested: self.cursor, available_from: first.id, head: self.target });
+            gap = Some(Gap { requested: self.cursor, available_from: first.id, head: self.target });
         }
-        self.scanned += rows.len();
+        self.scanned += rows.len() as u64;
         let mut frames = Vec::new();
         let target = self.target;
         for row in rows.into_iter().take_while(|r| r.id <= target) {
@@ -347,11 +381,11 @@ impl Session {
         if let Some(last) = frames.last() {
             self.last_sent = Some(last.id);
         }
-        match (self.gap.take(), frames.is_empty()) {
+        match (gap, frames.is_empty()) {
             (Some(gap), true) => Some(Item::Gap(gap)),
             (Some(gap), false) => {
                 // The gap first, the page next.
-                self.pending = Some(frames);
+                self.aside = Some(Box::new(Aside { gap: None, pending: Some(frames) }));
                 Some(Item::Gap(gap))
             }
             (None, true) => None,
@@ -359,16 +393,10 @@ impl Session {
         }
     }
 
-    /// Live frames; `None` when nothing is to be delivered yet.
-    async fn live(&mut self) -> Option<Item> {
+    /// What a live frame (or the end of the queue) delivers; `None` when
+    /// nothing is to be delivered yet.
+    fn live(&mut self, frame: Option<Frame>) -> Option<Item> {
         let sub = self.subscription.as_mut().expect("a live phase has a subscription");
-        let heartbeat = self.options.heartbeat;
-        let frame = tokio::select! {
-            biased;
-            _ = self.shutdown.cancelled() => return Some(self.end(End::Shutdown)),
-            frame = sub.recv() => frame,
-            _ = sleep_or_never(heartbeat) => return Some(Item::Heartbeat),
-        };
         let Some(first) = frame else {
             return match sub.detached() {
                 Detached::Lagged => {
@@ -393,7 +421,7 @@ impl Session {
                 bytes += frame.envelope.len();
                 frames.push(frame);
             }
-            next = if bytes < self.options.coalesce_bytes { sub.try_recv() } else { None };
+            next = if bytes < COALESCE_BYTES { sub.try_recv() } else { None };
         }
         let last = frames.last()?;
         self.last_sent = Some(last.id);
@@ -407,7 +435,7 @@ impl Session {
     fn resubscribe(&mut self) {
         // Register anew before the old registration goes; its queue is
         // drained already.
-        let fresh = self.broker.subscribe(self.filter.clone(), subscribe_options(&self.options, true));
+        let fresh = self.broker.subscribe(self.filter.clone(), subscribe(&self.kill, self.transport, true));
         self.target = fresh.position();
         self.subscription = Some(fresh);
         self.phase = Phase::Replay;
@@ -427,15 +455,8 @@ impl Session {
     }
 }
 
-fn subscribe_options(options: &SessionOptions, catching_up: bool) -> SubscribeOptions {
-    SubscribeOptions { kill: options.kill.clone(), transport: options.transport, catching_up }
-}
-
-async fn sleep_or_never(every: Option<Duration>) {
-    match every {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
-    }
+fn subscribe(kill: &Option<CancellationToken>, transport: &'static str, catching_up: bool) -> SubscribeOptions {
+    SubscribeOptions { kill: kill.clone(), transport, catching_up }
 }
 
 /// Counts `frames` as delivered on `transport` once written: replayed ones
@@ -449,5 +470,18 @@ pub fn record_delivery(transport: &'static str, frames: &[Frame], replayed: bool
     } else {
         let latency = (chrono::Utc::now().timestamp_millis() - first.recorded_ms).max(0) as f64 / 1000.0;
         metrics::histogram!(m::DELIVERY_LATENCY).record(latency);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session lives as long as its subscriber: its size is what every
+    /// idle stream carries, so it may not grow unnoticed.
+    #[test]
+    fn a_session_stays_small() {
+        let size = std::mem::size_of::<Session>();
+        assert!(size <= 224, "a session takes {size} bytes");
     }
 }
