@@ -127,6 +127,9 @@ impl Application {
             header_timeout: settings.header_timeout,
             shutdown_timeout: settings.shutdown_timeout,
             direct: crate::http::streams,
+            // The broker's own bound for a stuck live client: dropped after
+            // the slow-client timeout, closed by force after the grace.
+            write_timeout: settings.slow_client_timeout + settings.eviction_grace,
         };
         let retention = (settings.retention, settings.retention_interval);
         let consumer_ttl = settings.consumer_ttl;

@@ -81,6 +81,13 @@ impl Frame {
     pub fn of(event: &Event) -> Self {
         Self::new(event.id, event.envelope.clone(), event.recorded_ms)
     }
+
+    /// The frame of an event that is not needed afterwards: the envelope
+    /// moves in (cloning it would turn its buffer into a shared one, an
+    /// allocation per event on replay).
+    pub fn from_event(event: Event) -> Self {
+        Self::new(event.id, event.envelope, event.recorded_ms)
+    }
 }
 
 impl std::ops::Deref for Frame {

@@ -19,6 +19,7 @@
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -102,7 +103,13 @@ fn build(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
 }
 
 /// Serves one stream request on `stream`, then closes it.
-pub(super) async fn serve(mut stream: TcpStream, mut request: Request<Body>, connection: Connection, router: Router) {
+pub(super) async fn serve(
+    mut stream: TcpStream,
+    mut request: Request<Body>,
+    connection: Connection,
+    router: Router,
+    write_timeout: Duration,
+) {
     let kill = connection.kill_token();
     request.extensions_mut().insert(connection);
     let response = match router.oneshot(request).await {
@@ -110,12 +117,17 @@ pub(super) async fn serve(mut stream: TcpStream, mut request: Request<Body>, con
         Err(e) => match e {},
     };
     let _ = tokio::select! {
-        r = write_response(&mut stream, response, &kill) => r,
+        r = write_response(&mut stream, response, &kill, write_timeout) => r,
         _ = kill.cancelled() => Ok(()),
     };
 }
 
-async fn write_response(stream: &mut TcpStream, response: Response<Body>, kill: &CancellationToken) -> io::Result<()> {
+async fn write_response(
+    stream: &mut TcpStream,
+    response: Response<Body>,
+    kill: &CancellationToken,
+    write_timeout: Duration,
+) -> io::Result<()> {
     let (parts, body) = response.into_parts();
     let exact = http_body::Body::size_hint(&body).exact();
     let mut head = Vec::with_capacity(256);
@@ -161,7 +173,18 @@ async fn write_response(stream: &mut TcpStream, response: Response<Body>, kill: 
                     continue;
                 }
                 tokio::select! {
-                    r = write_frame(&mut writer, data, exact.is_none()) => r?,
+                    r = tokio::time::timeout(write_timeout, write_frame(&mut writer, data, exact.is_none())) => match r {
+                        Ok(r) => r?,
+                        Err(_) => {
+                            // The client took no bytes for the slow-client
+                            // timeout (its socket buffer is full, so no
+                            // notice can reach it): close; it resumes from
+                            // its Last-Event-ID, and its frames are freed.
+                            metrics::counter!(crate::metrics::CLIENTS_DROPPED, "reason" => "no_progress").increment(1);
+                            tracing::debug!(reason = "no_progress", "closing a stream whose client takes no bytes");
+                            return Ok(());
+                        }
+                    },
                     _ = kill.cancelled() => return Ok(()),
                 }
             }

@@ -55,6 +55,11 @@ pub struct ServeOptions {
     /// Whether a `GET` of this path is a stream that takes the direct path
     /// (the HTTP layer says which of its routes are).
     pub direct: fn(&str) -> bool,
+    /// A stream write on the direct path that does not complete within this
+    /// (the slow-client timeout plus the eviction grace) closes the
+    /// connection: a client that takes no bytes holds nothing for longer,
+    /// live or replaying (the broker only sees live queues).
+    pub write_timeout: Duration,
 }
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops
@@ -106,7 +111,7 @@ async fn serve_connection(
     };
     match first {
         direct::First::Gone => {}
-        direct::First::Stream(request) => direct::serve(stream, *request, connection, router).await,
+        direct::First::Stream(request) => direct::serve(stream, *request, connection, router, options.write_timeout).await,
         direct::First::Other(read) => serve_hyper(direct::Rewind::new(read, stream), connection, router, header_timeout, shutdown).await,
     }
 }

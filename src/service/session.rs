@@ -159,6 +159,8 @@ pub struct Session {
     scanned: u64,
     scan_budget: u64,
     read_batch: u32,
+    /// Bytes per stored row on the last page read (sizes the next page).
+    row_bytes: u32,
     phase: Phase,
     /// A gap to announce, and the events read with it (rare; boxed so an
     /// idle session does not carry room for them).
@@ -188,6 +190,15 @@ impl Core {
         }
     }
 }
+
+/// About how many bytes of stored rows one replay page reads: what a
+/// session that stopped reading holds at most (a constant: it trades store
+/// round trips for memory per stuck client; 256 KiB keeps 1,000 such
+/// clients under a few hundred MiB until the slow-client timeout closes
+/// them, while small events still come 1,000 rows a page).
+const REPLAY_PAGE_BYTES: usize = 256 * 1024;
+/// The fewest rows a replay page asks for, however large they are.
+const MIN_PAGE_ROWS: usize = 16;
 
 /// Largest coalesced live delivery, in bytes of envelopes: one write of a
 /// stream. A constant, not a setting: it only trades syscalls for latency
@@ -250,6 +261,9 @@ impl Session {
             scanned: 0,
             scan_budget: scan_budget.map_or(0, |b| b.max(1) as u64),
             read_batch: u32::try_from(read_batch.max(1)).unwrap_or(u32::MAX),
+            // Until a page was read, assume rows of 1 KiB (a first page of
+            // 256 rows; small rows make the next pages read_batch long).
+            row_bytes: 1024,
             phase: Phase::Replay,
             aside: gap.map(|gap| Box::new(Aside { gap: Some(gap), pending: None })),
         })
@@ -338,7 +352,11 @@ impl Session {
         if self.scan_budget > 0 && self.scanned >= self.scan_budget {
             return Some(Item::ScanLimit);
         }
-        let limit = (self.read_batch as usize).min((self.target - self.cursor) as usize);
+        // Pages are bounded in bytes as well as rows: a client that stops
+        // reading holds one page at most, so a page is sized from the rows
+        // seen so far to about REPLAY_PAGE_BYTES.
+        let page_rows = (REPLAY_PAGE_BYTES / self.row_bytes.max(1) as usize).clamp(MIN_PAGE_ROWS, self.read_batch as usize);
+        let limit = page_rows.min((self.target - self.cursor) as usize);
         let page = tokio::select! {
             _ = self.shutdown.cancelled() => return Some(self.end(End::Shutdown)),
             page = self.store().read_after(self.cursor, limit) => page,
@@ -365,12 +383,14 @@ impl Session {
             gap = Some(Gap { requested: self.cursor, available_from: first.id, head: self.target });
         }
         self.scanned += rows.len() as u64;
-        let mut frames = Vec::new();
+        let page_bytes: usize = rows.iter().map(|r| r.body.len()).sum();
+        self.row_bytes = u32::try_from(page_bytes / rows.len()).unwrap_or(u32::MAX).max(1);
+        let mut frames = Vec::with_capacity(rows.len());
         let target = self.target;
         for row in rows.into_iter().take_while(|r| r.id <= target) {
             self.cursor = row.id;
             match Event::from_stored(row.id, &row.body, row.recorded_ms) {
-                Ok(event) if self.filter.matches(&event.body) => frames.push(Frame::of(&event)),
+                Ok(event) if self.filter.matches(&event.body) => frames.push(Frame::from_event(event)),
                 Ok(_) => {}
                 Err(e) => tracing::error!(id = row.id, error = %e, "skipping an unreadable event row"),
             }

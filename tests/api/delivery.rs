@@ -15,7 +15,8 @@ both_stores!(
     slow_client_is_dropped_and_resumes,
     stuck_client_is_dropped_for_no_progress,
     resume_older_than_retained_history_is_a_replay_gap,
-    a_burst_larger_than_the_queue_is_caught_up_not_dropped
+    a_burst_larger_than_the_queue_is_caught_up_not_dropped,
+    replaying_streams_that_never_read_hold_little_and_are_closed
 );
 
 async fn resume_beyond_the_head_is_a_replay_gap(backend: Backend) {
@@ -189,4 +190,79 @@ async fn a_burst_larger_than_the_queue_is_caught_up_not_dropped(backend: Backend
     let next = app.publish("comment.posted", json!({})).await;
     assert_eq!(s.ids(1).await, vec![next]);
     assert_eq!(app.clients().await, 1);
+}
+
+/// Streams that replay a large history to clients that never read hold at
+/// most about one bounded replay page each (not a whole read batch), are
+/// closed once they take no bytes for the slow-client timeout, and live
+/// clients keep receiving meanwhile. The real binary: its peak RSS is read
+/// from /proc.
+async fn replaying_streams_that_never_read_hold_little_and_are_closed(backend: Backend) {
+    use tokio::io::AsyncWriteExt as _;
+    const EVENTS: usize = 20_000;
+    const STUCK: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let mut envs = vec![
+        ("TIDINGS_DATA_DIR", dir.path().display().to_string()),
+        ("TIDINGS_SLOW_CLIENT_TIMEOUT", "1s".to_owned()),
+        ("TIDINGS_EVICTION_GRACE", "1s".to_owned()),
+        ("TIDINGS_MAX_BODY", "4MiB".to_owned()),
+        // Its stderr is a pipe nobody reads here: keep it quiet.
+        ("TIDINGS_LOG", "warn".to_owned()),
+    ];
+    if backend == Backend::Postgres {
+        envs.push(("DATABASE_URL", crate::helpers::fresh_database().await.0));
+    }
+    let server = crate::helpers::spawn_process(&envs).await;
+    let pid = server.child.id().unwrap();
+    let http = reqwest::Client::new();
+    // 20,000 events of about 1 KiB: about 20 MiB of history.
+    let one = json!({"event_type": "comment.posted", "payload": {"text": "x".repeat(1000)}});
+    for _ in 0..EVENTS / 1000 {
+        let r = http.post(format!("{}/v1/events", server.base)).json(&json!({"events": vec![one.clone(); 1000]})).send().await.unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let peak = || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches(" kB").parse::<u64>().unwrap()
+    };
+    let before = peak();
+    // A live client on another type: nothing it receives reaches the stuck
+    // streams' queues, so only their own writes can get them closed.
+    let mut live =
+        crate::helpers::Stream::from_response(http.get(format!("{}/v1/stream?types=flag.raised", server.base)).send().await.unwrap());
+    // Clients with a tiny receive window that never read a byte.
+    let addr: std::net::SocketAddr = server.base.trim_start_matches("http://").parse().unwrap();
+    let mut stuck = Vec::new();
+    for _ in 0..STUCK {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(addr).await.unwrap();
+        stream.write_all(b"GET /v1/stream?since=0&types=comment.posted HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+        stuck.push(stream);
+    }
+    // A live client still gets what is published meanwhile.
+    let r = http.post(format!("{}/v1/events", server.base)).json(&json!({"event_type": "flag.raised"})).send().await.unwrap();
+    let id = r.json::<Value>().await.unwrap()["event_ids"][0].as_i64().unwrap();
+    assert_eq!(live.ids(1).await, vec![id], "live delivery goes on beside the stuck streams");
+    // Every stuck stream is closed by the server (only the live one stays).
+    let connected = |text: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("tidings_clients_connected{transport=\"sse\"}"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let mut last = 0.0;
+    for _ in 0..1200 {
+        let metrics = http.get(format!("{}/metrics", server.base)).send().await.unwrap().text().await.unwrap();
+        last = connected(&metrics);
+        if last == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(last, 1.0, "the stuck streams were closed for taking no bytes");
+    let grew_mib = peak().saturating_sub(before) / 1024;
+    assert!(grew_mib < 200, "{STUCK} stuck replaying streams grew the peak RSS by {grew_mib} MiB");
+    drop(stuck);
 }
