@@ -355,7 +355,7 @@ impl Session {
         // Pages are bounded in bytes as well as rows: a client that stops
         // reading holds one page at most, so a page is sized from the rows
         // seen so far to about REPLAY_PAGE_BYTES.
-        let page_rows = (REPLAY_PAGE_BYTES / self.row_bytes.max(1) as usize).clamp(MIN_PAGE_ROWS, self.read_batch as usize);
+        let page_rows = (REPLAY_PAGE_BYTES / self.row_bytes.max(1) as usize).max(MIN_PAGE_ROWS).min(self.read_batch as usize);
         let limit = page_rows.min((self.target - self.cursor) as usize);
         let page = tokio::select! {
             _ = self.shutdown.cancelled() => return Some(self.end(End::Shutdown)),

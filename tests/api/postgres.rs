@@ -135,6 +135,7 @@ async fn database_outage_and_recovery() {
     assert_eq!(r.headers()["retry-after"], "1");
     let (status, deep) = app.deep().await;
     assert_eq!((status, deep["database"].as_str()), (503, Some("down")));
+    assert_eq!(deep["status"], "degraded", "{deep}");
     // The stream stays open: heartbeats keep arriving while the database is down.
     let beats = parser.comments;
     while parser.comments < beats + 2 {
@@ -164,5 +165,6 @@ async fn database_outage_and_recovery() {
     }
     assert_eq!(got[0].id.as_deref(), Some(second.to_string().as_str()));
     assert_eq!(second, first + 1, "nothing half-written while the database was down");
-    assert_eq!(app.deep().await.1["database"], "up");
+    let (status, deep) = app.deep().await;
+    assert_eq!((status, deep["database"].as_str(), deep["status"].as_str()), (200, Some("up"), Some("ok")), "{deep}");
 }

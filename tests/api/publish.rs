@@ -11,7 +11,8 @@ both_stores!(
     bad_input_stores_nothing,
     oversized_bodies_and_payloads,
     a_publish_whose_client_left_commits_and_is_counted,
-    bodies_that_never_arrive_time_out
+    bodies_that_never_arrive_time_out,
+    limits_on_batches_filters_and_poll_scans
 );
 
 async fn single_and_batch(backend: Backend) {
@@ -230,4 +231,55 @@ fn check(what: &str, answer: &[u8], started: std::time::Instant) {
         "{what}: {text}"
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(4), "{what}: answered within the deadline's reach");
+}
+
+/// `TIDINGS_MAX_BATCH`, `TIDINGS_MAX_FILTER_LIST` and `TIDINGS_POLL_MAX_SCAN`
+/// hold: a batch over the limit is `413 batch_too_large` storing nothing, a
+/// filter list over the limit is `400 invalid_filter` on stream and poll,
+/// and a sparse poll stops at the scan bound with `has_more` and the scan
+/// position.
+async fn limits_on_batches_filters_and_poll_scans(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.max_batch = 3;
+        s.max_filter_list = 2;
+        s.poll_max_scan = 5;
+        s.read_batch = 5;
+    })
+    .await;
+    let one = json!({"event_type": "flag.raised"});
+    let (status, body) = app.post_events(&json!({"events": [one, one, one, one]})).await;
+    assert_eq!((status, body["error"].as_str()), (413, Some("batch_too_large")), "{body}");
+    assert_eq!(app.head().await, 0, "nothing stored");
+    for path in ["/v1/stream?types=a.b,c.d,e.f", "/v1/poll?types=a.b,c.d,e.f"] {
+        let r = app.http.get(app.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        assert_eq!(r.json::<Value>().await.unwrap()["error"], "invalid_filter", "{path}");
+    }
+    // Twelve non-matching events, then a match: one poll scans at most 5 rows.
+    for _ in 0..4 {
+        assert_eq!(app.post_events(&json!({"events": [one, one, one]})).await.0, 201);
+    }
+    let wanted = app.publish("comment.posted", json!({})).await;
+    let page: Value = app.http.get(app.url("/v1/poll?since=0&types=comment.posted")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(page["events"], json!([]), "{page}");
+    assert_eq!(page["has_more"], true, "{page}");
+    assert_eq!(page["next_since"], 5, "the scan position: {page}");
+    // Following next_since reaches the match.
+    let mut since = 5;
+    let mut found = Vec::new();
+    for _ in 0..5 {
+        let page: Value =
+            app.http.get(app.url(&format!("/v1/poll?since={since}&types=comment.posted"))).send().await.unwrap().json().await.unwrap();
+        found.extend(page["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_i64().unwrap()));
+        since = page["next_since"].as_i64().unwrap();
+        if page["has_more"] == false {
+            break;
+        }
+    }
+    assert_eq!(found, vec![wanted]);
+    // /health/deep reports the state and the broker's lag.
+    let (status, deep) = app.deep().await;
+    assert_eq!((status, deep["status"].as_str(), deep["head_event_id"].as_i64()), (200, Some("ok"), Some(wanted)), "{deep}");
+    assert!(deep["events"]["broker_lag_ms"].is_u64(), "{deep}");
+    assert_eq!(deep["broker_position"], wanted, "{deep}");
 }
