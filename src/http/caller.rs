@@ -1,5 +1,6 @@
 //! The caller of a request, as an axum extractor: the verified identity from
-//! a bearer token, or the local identity when authentication is off. Every
+//! a bearer token, or the local identity when authentication is off. Also
+//! the query extractor whose refusals are JSON like every other. Every
 //! handler that needs a caller takes [`Caller`]; `/health`, `/health/deep`
 //! and `/metrics` do not, so they never require a token.
 
@@ -27,6 +28,24 @@ impl FromRequestParts<AppState> for Caller {
                     .ok_or(crate::auth::AuthError::Missing)?;
                 Ok(Caller(verifier.verify(&token)?))
             }
+        }
+    }
+}
+
+/// Query parameters as an extractor whose refusal is a JSON error like every
+/// other (`400 invalid_query`), not axum's plain-text one. A parameter given
+/// twice (`since=1&since=2`) is refused rather than one of them silently
+/// winning: the request is ambiguous.
+#[derive(Debug)]
+pub(crate) struct Params<T>(pub(crate) T);
+
+impl<T: serde::de::DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(Params(value)),
+            Err(rejection) => Err(ApiError::bad_request("invalid_query", rejection.body_text())),
         }
     }
 }

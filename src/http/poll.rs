@@ -6,14 +6,14 @@
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::caller::Caller;
+use super::caller::{Caller, Params};
 use super::error::ApiError;
 use crate::event::EventId;
 use crate::filter::{Filter, FilterQuery};
@@ -87,7 +87,7 @@ fn query_filter_json(q: &FilterQuery) -> Option<String> {
         ("wait_ms" = Option<u32>, Query, description = "Long-poll: wait up to this long for a match (capped)"),
     ),
     responses(
-        (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_limit`, `invalid_wait_ms`, `invalid_consumer_id`, `invalid_accept_envelope`", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_limit`, `invalid_wait_ms`, `invalid_consumer_id`, `invalid_accept_envelope`, `invalid_query` (a parameter given twice, or unreadable)", body = crate::http::openapi::ErrorBody),
         (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool, \"gap\"?: {requested, available_from, head}}`: `gap` when the resume point was pruned or is beyond the head", body = Object),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
@@ -100,7 +100,7 @@ fn query_filter_json(q: &FilterQuery) -> Option<String> {
 pub(crate) async fn poll_get(
     State(app): State<AppState>,
     Caller(caller): Caller,
-    Query(q): Query<PollQuery>,
+    Params(q): Params<PollQuery>,
 ) -> Result<Response, ApiError> {
     check_envelope(q.accept_envelope.as_deref())?;
     // Validate the filter in whichever form it came; store its JSON form.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use axum::Extension;
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use bytes::{BufMut as _, Bytes, BytesMut};
@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
-use super::caller::Caller;
+use super::caller::{Caller, Params};
 use super::error::ApiError;
 use crate::broker::Frame;
 use crate::event::{EventId, names};
@@ -53,7 +53,7 @@ pub(crate) struct StreamQuery {
     ),
     responses(
         (status = 200, description = "An event stream: `retry:`, then `id:` + `data: <envelope>` per event; named notices `system.client_dropped_slow`, `system.replay_gap`; comment heartbeats", content_type = "text/event-stream", body = String),
-        (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_last_event_id`, `invalid_accept_envelope`", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_last_event_id`, `invalid_accept_envelope`, `invalid_query` (a parameter given twice, or unreadable)", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`envelope_version_unsupported` (lists `supported`)", body = crate::http::openapi::ErrorBody),
         (status = 429, description = "`too_many_streams_for_identity`", body = crate::http::openapi::ErrorBody),
@@ -66,7 +66,7 @@ pub(crate) async fn stream(
     Caller(caller): Caller,
     connection: Option<Extension<Connection>>,
     headers: HeaderMap,
-    Query(query): Query<StreamQuery>,
+    Params(query): Params<StreamQuery>,
 ) -> Result<Response, ApiError> {
     check_envelope(query.accept_envelope.as_deref())?;
     // What was asked for, intersected with what the caller may receive.

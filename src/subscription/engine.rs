@@ -105,7 +105,10 @@ struct Active {
     /// The earliest expiry in its deliver token's chain.
     token_expires_at: Option<u64>,
     delivered: i64,
-    /// Commit times of recent deliveries (the `rate_limit` window).
+    /// Commit times of recent deliveries (the `rate_limit` window). Kept in
+    /// memory only: a new engine starts with an empty window, so in its
+    /// first minute a subscription may get up to twice its `rate_limit`
+    /// (the bound the README states); the delivered count is committed.
     recent: VecDeque<i64>,
 }
 

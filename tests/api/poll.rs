@@ -15,7 +15,8 @@ both_stores!(
     cursor_rules,
     expiry_answers_410,
     operators_and_bad_input,
-    a_resume_point_the_log_cannot_serve_is_a_gap
+    a_resume_point_the_log_cannot_serve_is_a_gap,
+    a_repeated_parameter_is_a_json_refusal
 );
 
 async fn get(app: &TestApp, query: &str) -> (u16, Value) {
@@ -273,4 +274,25 @@ async fn a_resume_point_the_log_cannot_serve_is_a_gap(backend: Backend) {
     let (_, page) = get(&app, "since=0&limit=100").await;
     assert_eq!(page["gap"], json!({"requested": 0, "available_from": all[5], "head": all[9]}), "{page}");
     assert_eq!(ids(&page), all[5..].to_vec());
+}
+
+/// A parameter given twice is ambiguous: refused with a JSON `400
+/// invalid_query` (never axum's plain-text refusal, never last-wins), on
+/// polls and streams alike.
+async fn a_repeated_parameter_is_a_json_refusal(backend: Backend) {
+    let app = spawn_app(backend).await;
+    for path in [
+        "/v1/poll?since=1&since=2",
+        "/v1/poll?limit=1&limit=2",
+        "/v1/poll?types=a.b&types=c.d",
+        "/v1/stream?since=1&since=2",
+        "/v1/stream?types=a.b&types=c.d",
+    ] {
+        let r = app.http.get(app.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        assert_eq!(r.headers()["content-type"], "application/json", "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"], "invalid_query", "{path}: {body}");
+        assert!(body["message"].as_str().unwrap().contains("duplicate"), "{path}: {body}");
+    }
 }
