@@ -193,7 +193,7 @@ impl Application {
         let broker_task = tokio::spawn(self.broker.clone().run(background.clone()));
         let (retention, every) = self.retention;
         let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), retention, every, background.clone()));
-        let expiry_task = tokio::spawn(crate::store::run_consumer_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
+        let expiry_task = tokio::spawn(crate::service::poll::run_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
         let probe_task = tokio::spawn(crate::store::run_health_probe(self.store.clone(), self.background.health_probe, background.clone()));
         let engine = crate::subscription::engine::Engine::new(
             self.store.clone(),

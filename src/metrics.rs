@@ -56,7 +56,11 @@ pub const NOTIFICATION_OUTCOMES: &[&str] =
 /// Transports that deliver events.
 pub const TRANSPORTS: &[&str] = &["sse", "poll"];
 /// Why the server ends a client.
-pub const DROP_REASONS: &[&str] = &["queue_full", "no_progress"];
+/// Why the server ends a client: the broker's evictions (`queue_full`,
+/// `no_progress`), and a stream connection closed because a write made no
+/// progress (`write_stalled`; a client the broker already evicted may be
+/// closed this way too).
+pub const DROP_REASONS: &[&str] = &["queue_full", "no_progress", "write_stalled"];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 

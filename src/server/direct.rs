@@ -180,8 +180,8 @@ async fn write_response(
                             // timeout (its socket buffer is full, so no
                             // notice can reach it): close; it resumes from
                             // its Last-Event-ID, and its frames are freed.
-                            metrics::counter!(crate::metrics::CLIENTS_DROPPED, "reason" => "no_progress").increment(1);
-                            tracing::debug!(reason = "no_progress", "closing a stream whose client takes no bytes");
+                            metrics::counter!(crate::metrics::CLIENTS_DROPPED, "reason" => "write_stalled").increment(1);
+                            tracing::debug!(reason = "write_stalled", "closing a stream whose client takes no bytes");
                             return Ok(());
                         }
                     },

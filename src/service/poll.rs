@@ -11,6 +11,8 @@
 //! of history; stopping there answers `has_more: true` with the scan
 //! position, so a sparse filter never makes one request unbounded.
 //!
+//! [`run_expiry`] collects consumers silent past `TIDINGS_CONSUMER_TTL`.
+//!
 //! A `consumer_id` makes the cursor durable: it is stored with the filter,
 //! and only confirmations move it ([`ack`], or the next poll's `since`), as
 //! a monotonic max clamped to the head, so two pollers sharing one id are
@@ -18,6 +20,8 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use super::error::{InvalidField, Kind, Refusal};
@@ -27,7 +31,7 @@ use crate::broker::Frame;
 use crate::event::EventId;
 use crate::filter::{Filter, FilterError};
 use crate::metrics as m;
-use crate::store::{Acked, Actor, Consumer, ConsumerOpen, Opened, StoreError};
+use crate::store::{Acked, Actor, Consumer, ConsumerOpen, Opened, Store, StoreError};
 
 /// Why a poll or a consumer operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -266,5 +270,30 @@ fn refusal(id: &str, outcome: Acked) -> PollError {
         Acked::Expired => PollError::Expired,
         Acked::Forbidden => PollError::NotOwner(id.to_owned()),
         Acked::NotFound | Acked::Cursor(_) => PollError::NotFound(id.to_owned()),
+    }
+}
+
+/// Collects durable consumers silent for longer than `ttl`, checking about
+/// four times per TTL (at most once a minute), and samples every remaining
+/// consumer's lag into `tidings_consumer_lag_events`.
+pub async fn run_expiry(store: Arc<dyn Store>, ttl: Duration, cancel: CancellationToken) {
+    let every = (ttl / 4).clamp(Duration::from_millis(20), Duration::from_secs(60));
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let before = chrono::Utc::now().timestamp_millis() - ttl.as_millis().min(i64::MAX as u128) as i64;
+        match store.consumer_expire(before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(collected = n, "collected silent durable consumers"),
+            Err(e) => tracing::warn!(error = %e, "consumer expiry failed; retrying at the next interval"),
+        }
+        if let (Ok(head), Ok(consumers)) = (store.head().await, store.consumer_list(Actor { sub: "", admin: true }).await) {
+            for c in consumers {
+                metrics::histogram!(crate::metrics::CONSUMER_LAG).record((head - c.cursor).max(0) as f64);
+            }
+        }
     }
 }

@@ -428,31 +428,6 @@ pub async fn run_retention(
     }
 }
 
-/// Collects durable consumers silent for longer than `ttl`, checking about
-/// four times per TTL (at most once a minute), and samples every remaining
-/// consumer's lag into `tidings_consumer_lag_events`.
-pub async fn run_consumer_expiry(store: Arc<dyn Store>, ttl: std::time::Duration, cancel: CancellationToken) {
-    let every = (ttl / 4).clamp(std::time::Duration::from_millis(20), std::time::Duration::from_secs(60));
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let before = chrono::Utc::now().timestamp_millis() - ttl.as_millis().min(i64::MAX as u128) as i64;
-        match store.consumer_expire(before).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(collected = n, "collected silent durable consumers"),
-            Err(e) => tracing::warn!(error = %e, "consumer expiry failed; retrying at the next interval"),
-        }
-        if let (Ok(head), Ok(consumers)) = (store.head().await, store.consumer_list(Actor { sub: "", admin: true }).await) {
-            for c in consumers {
-                metrics::histogram!(crate::metrics::CONSUMER_LAG).record((head - c.cursor).max(0) as f64);
-            }
-        }
-    }
-}
-
 /// Probes the store every `every` and publishes `tidings_database_up` and
 /// `tidings_listener_up`, so alerts see an outage without a request failing.
 pub async fn run_health_probe(store: Arc<dyn Store>, every: std::time::Duration, cancel: CancellationToken) {

@@ -14,7 +14,8 @@ both_stores!(
     envelope_negotiation,
     since_and_filters,
     heartbeat_and_live_page,
-    streams_over_raw_sockets
+    streams_over_raw_sockets,
+    a_trickled_request_head_meets_the_header_deadline
 );
 
 async fn three_events_then_resume_from_the_first(backend: Backend) {
@@ -57,33 +58,45 @@ async fn three_events_then_resume_from_the_first(backend: Backend) {
 }
 
 async fn seam_under_concurrent_publishers(backend: Backend) {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let app = std::sync::Arc::new(spawn_app(backend).await);
     // Some history first.
     for _ in 0..20 {
         app.publish("signal.upvote.recorded", json!({"weight": 1})).await;
     }
     let resume_from = 10;
+    // Eight publishers run until told to stop (25 events each at least).
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
     let publishers: Vec<_> = (0..8)
         .map(|_| {
-            let app = app.clone();
+            let (app, stop) = (app.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut ids = Vec::new();
-                for _ in 0..25 {
+                while ids.len() < 25 || !stop.load(Ordering::Acquire) {
                     ids.push(app.publish("signal.upvote.recorded", json!({"weight": 2})).await);
                 }
                 ids
             })
         })
         .collect();
-    // Connect while they run.
-    tokio::task::yield_now().await;
+    // Connect while they run: once they have committed some events...
+    while app.head().await < 60 {
+        tokio::task::yield_now().await;
+    }
     let mut s = app.stream("?types=signal.*.recorded", Some(resume_from)).await;
+    // ...and let them commit more after the stream registered.
+    let at_open = app.head().await;
+    while app.head().await < at_open + 50 {
+        tokio::task::yield_now().await;
+    }
+    stop.store(true, Ordering::Release);
     let mut published = BTreeSet::new();
     for p in publishers {
         published.extend(p.await.unwrap());
     }
     let head = app.head().await;
-    assert_eq!(head, 20 + 200);
+    assert!(at_open > 20 && head >= at_open + 50, "events were committed before ({at_open}) and after the stream opened ({head})");
+    assert_eq!(published.len() as i64, head - 20);
     let expected: Vec<i64> = (resume_from + 1..=head).collect();
     let got = s.ids(expected.len()).await;
     assert_eq!(got, expected, "every id after the resume point exactly once, ascending");
@@ -231,4 +244,34 @@ async fn streams_over_raw_sockets(backend: Backend) {
     socket.write_all(b"GET /v1/streams HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await.unwrap();
     let (_, head) = read_until(socket, "\r\n\r\n".into()).await;
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+}
+
+/// `TIDINGS_HEADER_TIMEOUT` is a deadline for the whole request head, not
+/// per byte: a client trickling a head (one byte every 100 ms, never idle
+/// for long) is closed when it runs out, however the head begins.
+async fn a_trickled_request_head_meets_the_header_deadline(backend: Backend) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = crate::helpers::spawn_app_with(backend, |s| s.header_timeout = std::time::Duration::from_secs(1)).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    for head in [
+        "GET /v1/xyz HTTP/1.1\r\nHost: t\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "GET /v1/stream HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    ] {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let started = std::time::Instant::now();
+        let mut closed = None;
+        for b in head.bytes() {
+            if socket.write_all(&[b]).await.is_err() {
+                closed = Some(started.elapsed());
+                break;
+            }
+            let mut buf = [0u8; 256];
+            if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(std::time::Duration::from_millis(100), socket.read(&mut buf)).await {
+                closed = Some(started.elapsed());
+                break;
+            }
+        }
+        let closed = closed.unwrap_or_else(|| panic!("{head:?}: still open after {:?}", started.elapsed()));
+        assert!(closed < std::time::Duration::from_millis(1600), "{head:?}: closed after {closed:?}, the deadline is 1 s");
+    }
 }
