@@ -389,6 +389,17 @@ async fn every_error_code_from_signed_requests(backend: Backend) {
     wrong_name["included"].as_object_mut().unwrap().insert(format!("sha256:{}", "0".repeat(64)), entity);
     let (status, body) = execute(&app, &wrong_name).await;
     assert_eq!((status, code(&body)), (400, "invalid_included"), "{body}");
+    // At most MAX_INCLUDED (256) entities travel with one EXECUTE.
+    let mut crowded = Subscribe { author: &a, pattern: "docs/*", params: request(&token, inbox_a), capability: None, included: Map::new() }
+        .envelope("subscribe");
+    let extra = crowded["included"].as_object_mut().unwrap();
+    for i in 0..tidings::subscription::execute::MAX_INCLUDED {
+        let entity = json!({"type": "note", "data": {"i": i}});
+        extra.insert(hash_of(&entity).unwrap(), entity);
+    }
+    let (status, body) = execute(&app, &crowded).await;
+    assert_eq!((status, code(&body)), (400, "invalid_included"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("256"), "{body}");
     let r = app.http.post(app.url("/v1/execute")).header("content-type", "application/json").body("{").send().await.unwrap();
     assert_eq!(r.status(), 400);
     assert_eq!(children(&app, "system/subscription").await, before, "refused requests stored nothing");
