@@ -149,7 +149,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(tree::root))
         .routes(routes!(tree::get, tree::put, tree::delete))
         .split_for_parts();
-    let _ = state.inner.openapi.set(serde_json::to_value(&api).unwrap_or_default());
+    let _ = state.inner.openapi.set(openapi_paths(serde_json::to_value(&api).unwrap_or_default()));
     let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -159,6 +159,18 @@ pub fn router(state: AppState) -> Router {
         Some(cors) => router.layer(cors),
         None => router,
     }
+}
+
+/// The document as OpenAPI spells paths: axum's catch-all `{*path}` (which
+/// the routes are registered with) is the template `{path}`, so tools can
+/// generate and call the tree routes.
+fn openapi_paths(mut doc: serde_json::Value) -> serde_json::Value {
+    if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
+        let renamed: serde_json::Map<String, serde_json::Value> =
+            std::mem::take(paths).into_iter().map(|(path, item)| (path.replace("{*", "{"), item)).collect();
+        *paths = renamed;
+    }
+    doc
 }
 
 async fn not_found() -> ApiError {

@@ -10,6 +10,11 @@ async fn every_route_and_error_code_is_documented() {
     let doc: Value = app.http.get(app.url("/openapi.json")).send().await.unwrap().json().await.unwrap();
     let paths = doc["paths"].as_object().unwrap();
     assert!(paths.len() >= 12);
+    // Paths are OpenAPI templates (`{path}`), never axum's `{*path}`.
+    for path in paths.keys() {
+        assert!(!path.contains("{*"), "{path} is not an OpenAPI path template");
+    }
+    assert!(paths.contains_key("/v1/tree/{path}"), "the tree routes are documented as /v1/tree/{{path}}");
     // Every documented operation is served (a real route, not the fallback).
     for (path, item) in paths {
         for method in item.as_object().unwrap().keys() {
