@@ -37,15 +37,33 @@ async fn shutdown_ends_streams_and_restart_loses_nothing(backend: Backend) {
     let first = app.publish("comment.posted", json!({})).await;
     let mut s = app.stream("?types=comment.*", Some(0)).await;
     assert_eq!(s.ids(1).await, vec![first]);
+    // More streams, to see the jitter spread.
+    let mut others = Vec::new();
+    for _ in 0..20 {
+        let mut o = app.stream("?types=comment.*", Some(0)).await;
+        assert_eq!(o.ids(1).await, vec![first]);
+        assert_eq!(o.retry_ms(), Some(2000), "the normal retry first");
+        others.push(o);
+    }
     let deadline = app_shutdown_deadline();
     let started = std::time::Instant::now();
     let restart = tokio::spawn(app.restart());
-    // The stream ends by itself with a jittered retry, well within the deadline.
-    let ended = tokio::time::timeout(deadline, async { while s.next_or_end().await.is_some() {} }).await;
-    assert!(ended.is_ok(), "the stream ended within the shutdown deadline");
-    let retry = s.retry_ms().expect("a retry hint");
-    assert!((2000..=10_000).contains(&retry), "jittered retry between 1x and 5x the base: {retry}");
+    // Every stream ends by itself with a jittered retry, well within the deadline.
+    let mut retries = Vec::new();
+    for stream in std::iter::once(&mut s).chain(others.iter_mut()) {
+        let ended = tokio::time::timeout(deadline, async { while stream.next_or_end().await.is_some() {} }).await;
+        assert!(ended.is_ok(), "the stream ended within the shutdown deadline");
+        let retry = stream.retry_ms().expect("a retry hint");
+        assert!((2000..=10_000).contains(&retry), "jittered retry between 1x and 5x the base: {retry}");
+        retries.push(retry);
+    }
     assert!(started.elapsed() < deadline);
+    // Spread over the range, not one value for everyone (and not the normal
+    // 2000 for all): 21 uniform draws over 8,000 ms land this close together
+    // with negligible probability.
+    let (min, max) = (*retries.iter().min().unwrap(), *retries.iter().max().unwrap());
+    assert!(max - min >= 2000, "the goodbye retries spread: {retries:?}");
+    assert!(retries.iter().any(|r| *r != 2000), "{retries:?}");
     let app = restart.await.unwrap();
     // Published after the restart; the client resumes from its last id.
     let later = app.publish("comment.posted", json!({})).await;
