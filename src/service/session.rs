@@ -289,11 +289,6 @@ impl Session {
         self.cursor
     }
 
-    /// The last id delivered.
-    pub fn last_sent(&self) -> Option<EventId> {
-        self.last_sent
-    }
-
     fn store(&self) -> &Arc<dyn EventLog> {
         self.broker.store()
     }
@@ -464,14 +459,6 @@ impl Session {
     fn end(&mut self, end: End) -> Item {
         self.phase = Phase::Done(end);
         Item::End(end)
-    }
-
-    /// Marks the client's connection as finished (it wrote its last byte),
-    /// so no forced close follows an eviction.
-    pub fn finish(&self) {
-        if let Some(sub) = &self.subscription {
-            sub.finish();
-        }
     }
 }
 
