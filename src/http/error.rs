@@ -10,6 +10,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use crate::server::HeadRefusal;
 use crate::service::error::{Kind, Refusal};
 
 /// An error answer.
@@ -51,6 +52,32 @@ impl ApiError {
     pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, code, message)
     }
+}
+
+/// The answer to a request head over the server's limits (then the
+/// connection closes: the rest of the request was not read).
+pub fn head_refusal(refusal: HeadRefusal) -> Response {
+    use crate::server::{MAX_HEAD, MAX_HEADERS, MAX_TARGET};
+    let error = match refusal {
+        HeadRefusal::UriTooLong => {
+            ApiError::new(StatusCode::URI_TOO_LONG, "uri_too_long", format!("the request target is longer than {MAX_TARGET} bytes"))
+        }
+        HeadRefusal::HeadersTooLarge => ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!("the request head has more than {MAX_HEADERS} headers or {MAX_HEAD} bytes"),
+        ),
+    };
+    error.closing().into_response()
+}
+
+/// [`head_refusal`] for a head the connection loop refused before any
+/// route saw it: counted here, under the route `unmatched`.
+pub fn refuse_head(refusal: HeadRefusal) -> Response {
+    let response = head_refusal(refusal);
+    metrics::counter!(crate::metrics::HTTP_REQUESTS, "route" => "unmatched", "status" => response.status().as_u16().to_string())
+        .increment(1);
+    response
 }
 
 /// The status of each kind of refusal: the one place HTTP statuses are chosen.

@@ -30,6 +30,7 @@ use crate::registry::Registry;
 use crate::service::Core;
 use crate::store::Store;
 use error::ApiError;
+pub use error::refuse_head;
 pub use sse::sse_frame;
 
 /// What every handler may use. Cloning is shallow.
@@ -198,8 +199,12 @@ async fn observe_requests(request: Request, next: Next) -> Response {
     let (method, path) = (request.method().clone(), request.uri().path().to_owned());
     let query = request.uri().query().map(crate::auth::redact_query);
     let mutates = request.method() != axum::http::Method::GET && request.method() != axum::http::Method::HEAD;
+    let refused = crate::server::HeadRefusal::check(&request);
     let handle = async move {
-        let mut response = next.run(request).await.into_response();
+        let mut response = match refused {
+            Some(refusal) => error::head_refusal(refusal),
+            None => next.run(request).await.into_response(),
+        };
         let status = response.status().as_u16();
         tracing::debug!(request_id, %method, path, query, status, elapsed_ms = started.elapsed().as_millis() as u64, "request");
         if let Ok(value) = axum::http::HeaderValue::from_str(&request_id) {

@@ -45,6 +45,8 @@ pub(crate) struct FilterParams {
         description = "Event-stream broker: publish events, receive exactly the ones your filter asks for over SSE or long-poll, \
                        resume with nothing lost. Every error answer is `{error, message}` with a stable code. Besides the codes \
                        listed per operation: an unknown path answers 404 `not_found`, a wrong method 405 `method_not_allowed`, \
+                       a request target over 48 KiB 414 `uri_too_long`, a head with more than 100 headers or over 64 KiB \
+                       431 `headers_too_large` (both close the connection), \
                        and an unexpected failure 500 `internal` (details are logged, never sent)."
     ),
     components(schemas(ErrorBody)),

@@ -13,8 +13,9 @@
 //! is closed; clients reconnect anyway.
 //!
 //! Every other first request (and HTTP/1.0, and anything that does not
-//! parse) is handed to hyper with the bytes read so far put back in front
-//! ([`Rewind`]).
+//! parse) is handed to hyper with its head, read whole here, put back in
+//! front ([`Rewind`]). A head over the limits ([`MAX_TARGET`], [`MAX_HEAD`],
+//! [`MAX_HEADERS`]) is answered here with the HTTP layer's JSON refusal.
 
 use std::io;
 use std::pin::Pin;
@@ -33,25 +34,25 @@ use tower::ServiceExt as _;
 
 use super::Connection;
 
-/// Longest request head read here; longer ones go to hyper (which refuses
-/// them properly).
-const MAX_HEAD: usize = 16 * 1024;
-/// Most headers parsed.
-const MAX_HEADERS: usize = 64;
-/// Only a `GET` may take the direct path.
-const GET: &[u8] = b"GET ";
+use super::{HeadRefusal, MAX_HEAD, MAX_HEADERS, MAX_TARGET};
 
 /// What sniffing the first request found.
 pub(super) enum First {
     /// A stream request, already parsed.
     Stream(Box<Request<Body>>),
-    /// Anything else: hand the connection to hyper with these bytes first.
+    /// Anything else, its head read whole: hand the connection to hyper
+    /// with these bytes first.
     Other(Bytes),
+    /// A head over the limits: answer this refusal and close.
+    Refused(HeadRefusal),
     /// The client went away (or sent nothing in time).
     Gone,
 }
 
-/// Reads the start of the first request; `direct` says which paths stream.
+/// Reads the first request's whole head (any method: the caller bounds
+/// this by the header deadline, so the deadline holds for the whole head
+/// however slowly it trickles in, and hyper then finds it complete);
+/// `direct` says which paths stream.
 pub(super) async fn sniff(stream: &mut TcpStream, direct: fn(&str) -> bool) -> First {
     let mut head = Vec::with_capacity(1024);
     loop {
@@ -61,16 +62,19 @@ pub(super) async fn sniff(stream: &mut TcpStream, direct: fn(&str) -> bool) -> F
             Ok(n) => n,
         };
         head.extend_from_slice(&chunk[..n]);
-        let prefix = head.len().min(GET.len());
-        if head[..prefix] != GET[..prefix] {
-            return First::Other(head.into());
-        }
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut request = httparse::Request::new(&mut headers);
         match request.parse(&head) {
-            Ok(httparse::Status::Complete(len)) if request.version == Some(1) && len == head.len() => {
-                let path = request.path.unwrap_or("");
-                if !direct(path.split_once('?').map_or(path, |(p, _)| p)) {
+            Ok(httparse::Status::Complete(len)) => {
+                let target = request.path.unwrap_or("");
+                if target.len() > MAX_TARGET {
+                    return First::Refused(HeadRefusal::UriTooLong);
+                }
+                let path = target.split_once('?').map_or(target, |(p, _)| p);
+                // Only an HTTP/1.1 GET of a stream route with nothing
+                // behind it (no pipelined request) takes the direct path;
+                // hyper serves everything else.
+                if request.method != Some("GET") || request.version != Some(1) || len != head.len() || !direct(path) {
                     return First::Other(head.into());
                 }
                 return match build(&request) {
@@ -78,10 +82,14 @@ pub(super) async fn sniff(stream: &mut TcpStream, direct: fn(&str) -> bool) -> F
                     None => First::Other(head.into()),
                 };
             }
-            // HTTP/1.0, a pipelined request behind it, or anything odd:
-            // hyper knows what to do.
-            Ok(httparse::Status::Complete(_)) | Err(_) => return First::Other(head.into()),
-            Ok(httparse::Status::Partial) if head.len() >= MAX_HEAD => return First::Other(head.into()),
+            Err(httparse::Error::TooManyHeaders) => return First::Refused(HeadRefusal::HeadersTooLarge),
+            // Anything that does not parse: hyper answers it.
+            Err(_) => return First::Other(head.into()),
+            Ok(httparse::Status::Partial) if head.len() > MAX_HEAD => {
+                // Over the limit: the request line itself, or the headers.
+                let line = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
+                return First::Refused(if line > MAX_TARGET { HeadRefusal::UriTooLong } else { HeadRefusal::HeadersTooLarge });
+            }
             Ok(httparse::Status::Partial) => {}
         }
     }
@@ -100,6 +108,25 @@ fn build(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
         return None;
     }
     Some(request)
+}
+
+/// Answers a refused head and closes, reading (and dropping) what the
+/// client still sends for a moment so the answer is not lost to a reset.
+pub(super) async fn refuse(mut stream: TcpStream, response: Response<Body>, kill: &CancellationToken, write_timeout: Duration) {
+    if write_response(&mut stream, response, kill, write_timeout).await.is_err() {
+        return;
+    }
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        let mut left = 1 << 20;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left -= n.min(left),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
 /// Serves one stream request on `stream`, then closes it.

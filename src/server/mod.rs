@@ -26,6 +26,40 @@ use tower::ServiceExt as _;
 
 mod direct;
 
+/// Longest request target (path and query) accepted: room for the longest
+/// filter (`TIDINGS_FILTER_MAX_BYTES`, 16 KiB) percent-encoded, and below
+/// hyper's own hard limit (64 KiB), so a refusal is always this server's.
+pub const MAX_TARGET: usize = 48 * 1024;
+/// Longest request head (request line and headers) accepted.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most request headers accepted.
+pub const MAX_HEADERS: usize = 100;
+
+/// A request head over the limits above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadRefusal {
+    /// The request target is longer than [`MAX_TARGET`]: `414`.
+    UriTooLong,
+    /// More than [`MAX_HEADERS`] headers, or a head over [`MAX_HEAD`]: `431`.
+    HeadersTooLarge,
+}
+
+impl HeadRefusal {
+    /// Checks a parsed request head against the limits (the connection
+    /// loop checks the first head of a connection while reading it; the
+    /// HTTP layer checks the ones hyper reads after it, on a kept-alive
+    /// connection).
+    pub fn check<B>(request: &Request<B>) -> Option<Self> {
+        let target = request.uri().path_and_query().map_or(0, |p| p.as_str().len());
+        if target > MAX_TARGET {
+            return Some(Self::UriTooLong);
+        }
+        let headers = request.headers();
+        let bytes: usize = target + headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum::<usize>();
+        (headers.len() > MAX_HEADERS || bytes > MAX_HEAD).then_some(Self::HeadersTooLarge)
+    }
+}
+
 /// A handle on the connection a request arrived on.
 #[derive(Debug, Clone)]
 pub struct Connection {
@@ -60,6 +94,8 @@ pub struct ServeOptions {
     /// connection: a client that takes no bytes holds nothing for longer,
     /// live or replaying (the broker only sees live queues).
     pub write_timeout: Duration,
+    /// The answer to a head over the limits (the HTTP layer's JSON error).
+    pub refuse: fn(HeadRefusal) -> axum::response::Response,
 }
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops
@@ -112,6 +148,7 @@ async fn serve_connection(
     match first {
         direct::First::Gone => {}
         direct::First::Stream(request) => direct::serve(stream, *request, connection, router, options.write_timeout).await,
+        direct::First::Refused(refusal) => direct::refuse(stream, (options.refuse)(refusal), &connection.kill, options.write_timeout).await,
         direct::First::Other(read) => serve_hyper(direct::Rewind::new(read, stream), connection, router, header_timeout, shutdown).await,
     }
 }
@@ -124,7 +161,12 @@ async fn serve_hyper(io: direct::Rewind, connection: Connection, router: Router,
         async move { router.oneshot(request.map(Body::new)).await.map_err(|e: Infallible| match e {}) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+    // hyper's own limits stay above this server's (its buffer holds up to
+    // ~400 KiB of head, twice the headers), so the heads it reads after the
+    // first on a kept-alive connection are refused by the HTTP layer with
+    // its JSON answer ([`HeadRefusal::check`]); only a head past hyper's
+    // hard limits gets hyper's empty `431`.
+    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true).max_headers(2 * MAX_HEADERS);
     // Upgrades (WebSocket) hand the connection to the handler after a 101.
     let conn = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
     let mut conn = pin!(conn);

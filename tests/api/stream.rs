@@ -15,7 +15,8 @@ both_stores!(
     since_and_filters,
     heartbeat_and_live_page,
     streams_over_raw_sockets,
-    a_trickled_request_head_meets_the_header_deadline
+    a_trickled_request_head_meets_the_header_deadline,
+    an_oversized_head_is_a_json_refusal
 );
 
 async fn three_events_then_resume_from_the_first(backend: Backend) {
@@ -274,4 +275,89 @@ async fn a_trickled_request_head_meets_the_header_deadline(backend: Backend) {
         let closed = closed.unwrap_or_else(|| panic!("{head:?}: still open after {:?}", started.elapsed()));
         assert!(closed < std::time::Duration::from_millis(1600), "{head:?}: closed after {closed:?}, the deadline is 1 s");
     }
+    // A head that starts late and is not a GET: the deadline counts from
+    // the connection, not from the first byte (before, hyper's own timer
+    // started again at the first byte: 0.7 s + 1 s).
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let started = std::time::Instant::now();
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let mut closed = None;
+    for b in "POST /v1/events HTTP/1.1\r\nHost: t\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".bytes() {
+        let mut buf = [0u8; 256];
+        if socket.write_all(&[b]).await.is_err()
+            || matches!(tokio::time::timeout(std::time::Duration::from_millis(50), socket.read(&mut buf)).await, Ok(Ok(0) | Err(_)))
+        {
+            closed = Some(started.elapsed());
+            break;
+        }
+    }
+    let closed = closed.expect("a trickled POST head is closed");
+    assert!(closed < std::time::Duration::from_millis(1500), "a late POST head closed after {closed:?}, the deadline is 1 s");
+}
+
+/// Heads over the limits get the JSON refusal (`414 uri_too_long`,
+/// `431 headers_too_large`) with a content type, then the connection
+/// closes; on the first request of a connection and on a later one of a
+/// kept-alive connection alike. The server keeps serving.
+async fn an_oversized_head_is_a_json_refusal(backend: Backend) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = spawn_app(backend).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let huge_filter = format!("GET /v1/stream?filter={} HTTP/1.1\r\nHost: t\r\n\r\n", "a".repeat(1 << 20));
+    let long_filter = format!("GET /v1/stream?filter={} HTTP/1.1\r\nHost: t\r\n\r\n", "a".repeat(56 * 1024));
+    let long_target = format!("GET /v1/poll?types={} HTTP/1.1\r\nHost: t\r\n\r\n", "a".repeat(50 * 1024));
+    let many: String = (0..120).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let many_headers = format!("POST /v1/events HTTP/1.1\r\nHost: t\r\n{many}Content-Length: 0\r\n\r\n");
+    let big_header = format!("GET /v1/poll HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n", "b".repeat(70 * 1024));
+    // (request, status, code, also as a later request of a kept-alive
+    // connection: there, a target past hyper's own 64 KiB limit gets
+    // hyper's empty 414, as the README says).
+    let cases = [
+        (huge_filter, 414, "uri_too_long", false),
+        (long_filter, 414, "uri_too_long", true),
+        (long_target, 414, "uri_too_long", true),
+        (many_headers, 431, "headers_too_large", true),
+        (big_header, 431, "headers_too_large", true),
+    ];
+    for (request, status, code, later_too) in &cases {
+        // First request of a connection (read by the connection loop), and
+        // the second of a kept-alive one (read by hyper).
+        for kept_alive in [false, true] {
+            if kept_alive && !later_too {
+                continue;
+            }
+            let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            if kept_alive {
+                socket.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+                    let n = socket.read(&mut buf).await.unwrap();
+                    assert!(n > 0);
+                    got.extend_from_slice(&buf[..n]);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                let mut rest = [0u8; 4096];
+                let _ = tokio::time::timeout(std::time::Duration::from_millis(50), socket.read(&mut rest)).await;
+            }
+            let (mut reader, mut writer) = socket.into_split();
+            let request = request.clone();
+            let sender = tokio::spawn(async move {
+                let _ = writer.write_all(request.as_bytes()).await;
+                writer
+            });
+            let mut got = Vec::new();
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), reader.read_to_end(&mut got))
+                .await
+                .expect("the connection closes");
+            drop(sender);
+            let text = String::from_utf8_lossy(&got).into_owned();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{code} kept_alive={kept_alive}: no answer: {text:?}"));
+            assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "kept_alive={kept_alive}: {head}");
+            assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{head}");
+            let body: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+            assert_eq!(body["error"], *code, "kept_alive={kept_alive}");
+        }
+    }
+    assert_eq!(app.http.get(app.url("/health")).send().await.unwrap().status(), 200);
 }
