@@ -185,8 +185,31 @@ pub struct EngineCommit {
     pub to: EventId,
     /// Notifications, markers and terminations, in order.
     pub effects: Vec<EngineEffect>,
-    /// Delivered counts per subscription to store (`None` forgets one).
-    pub counts: Vec<(String, Option<i64>)>,
+    /// Tallies per subscription to store (`None` forgets one).
+    pub counts: Vec<(String, Option<Tally>)>,
+}
+
+/// What the subscription engine keeps per subscription between steps,
+/// committed with its cursor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Notifications delivered so far (for `max_events`).
+    pub delivered: i64,
+    /// The `rate_limit` window: deliveries per second of commit time,
+    /// `(second, count)` oldest first, over at most the last minute.
+    pub window: Vec<(i64, u32)>,
+}
+
+impl Tally {
+    /// The window as stored: JSON `[[second, count], ...]`.
+    pub fn window_json(&self) -> String {
+        serde_json::to_string(&self.window).expect("pairs of integers serialise")
+    }
+
+    /// A tally read back; an unreadable window (never written so) is empty.
+    pub fn from_stored(delivered: i64, window: &str) -> Self {
+        Self { delivered, window: serde_json::from_str(window).unwrap_or_default() }
+    }
 }
 
 /// What a tree write found.
@@ -375,8 +398,8 @@ pub trait TreeStore: Send + Sync + std::fmt::Debug + 'static {
 /// tree changes it follows, its compare-and-set commits, and who leads.
 #[async_trait]
 pub trait EngineStore: Send + Sync + std::fmt::Debug + 'static {
-    /// The subscription engine's cursor and its delivered counts.
-    async fn engine_state(&self) -> Result<(EventId, std::collections::HashMap<String, i64>), StoreError>;
+    /// The subscription engine's cursor and its tallies.
+    async fn engine_state(&self) -> Result<(EventId, std::collections::HashMap<String, Tally>), StoreError>;
 
     /// Records of `types` after `after`, at most `limit`, and how far the
     /// scan reached: the last id returned when `limit` were found, else the

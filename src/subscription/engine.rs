@@ -16,9 +16,10 @@
 //! the content store, so it holds exactly the subscriptions that existed at
 //! that point of the log. Subscriptions are matched in id order; limit
 //! windows use the changes' commit times, so a replayed backlog decides as
-//! the live engine would have. Delivered counts are stored with the cursor;
-//! the `rate_limit` window is kept in memory (after a restart it starts
-//! empty).
+//! the live engine would have. Each subscription's delivered count and
+//! `rate_limit` window (a [`Tally`]) are committed with the cursor, so a
+//! restarted engine, or another process taking over, decides exactly as the
+//! one before it would have.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -32,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use super::{DIR, MARKER_DIR, Subscription, Subscriptions, subscription_id_of};
 use crate::event::{EventBody, EventId, Visibility, names};
 use crate::glob::Glob;
-use crate::store::{Condition, EngineCommit, EngineEffect, NewRecord, Record, Store, StoreError, TreeWrite};
+use crate::store::{Condition, EngineCommit, EngineEffect, NewRecord, Record, Store, StoreError, Tally, TreeWrite};
 use crate::tree::{Entity, change_event};
 
 /// The engine's pace (settings with documented defaults).
@@ -105,11 +106,34 @@ struct Active {
     /// The earliest expiry in its deliver token's chain.
     token_expires_at: Option<u64>,
     delivered: i64,
-    /// Commit times of recent deliveries (the `rate_limit` window). Kept in
-    /// memory only: a new engine starts with an empty window, so in its
-    /// first minute a subscription may get up to twice its `rate_limit`
-    /// (the bound the README states); the delivered count is committed.
-    recent: VecDeque<i64>,
+    /// The `rate_limit` window: deliveries per second of commit time,
+    /// `(second, count)` oldest first; pruned to the last minute at every
+    /// delivery, so it never holds more than 61 entries.
+    recent: VecDeque<(i64, u32)>,
+}
+
+impl Active {
+    fn tally(&self) -> Tally {
+        Tally { delivered: self.delivered, window: self.recent.iter().copied().collect() }
+    }
+
+    /// Records a delivery at commit time `at` (ms).
+    fn delivered_at(&mut self, at: i64) {
+        self.delivered += 1;
+        let second = at.div_euclid(1000);
+        prune(&mut self.recent, second);
+        match self.recent.back_mut() {
+            Some((s, n)) if *s == second => *n = n.saturating_add(1),
+            _ => self.recent.push_back((second, 1)),
+        }
+    }
+}
+
+/// Drops the seconds that are no longer in the minute ending with `second`.
+fn prune(window: &mut VecDeque<(i64, u32)>, second: i64) {
+    while window.front().is_some_and(|(s, _)| *s <= second - 60) {
+        window.pop_front();
+    }
 }
 
 #[derive(Debug)]
@@ -126,7 +150,7 @@ struct State {
 #[derive(Default)]
 struct Output {
     effects: Vec<EngineEffect>,
-    counts: Vec<(String, Option<i64>)>,
+    counts: Vec<(String, Option<Tally>)>,
     outcomes: BTreeMap<&'static str, u64>,
 }
 
@@ -256,8 +280,8 @@ impl Engine {
         for (path, entry) in at {
             let Some((entity, hash)) = entry else { continue };
             let Some(id) = subscription_id_of(&path) else { continue };
-            let delivered = counts.get(id).copied().unwrap_or(0);
-            if let Some(active) = self.activate(&entity, hash, delivered).await?
+            let tally = counts.get(id).cloned().unwrap_or_default();
+            if let Some(active) = self.activate(&entity, hash, tally).await?
                 && active.sub.subscription_id == id
             {
                 subs.insert(active.sub.subscription_id.clone(), active);
@@ -266,11 +290,11 @@ impl Engine {
         Ok(State { committed: cursor, scanned: cursor, subs, last_commit: Instant::now() })
     }
 
-    async fn activate(&self, entity: &str, hash: String, delivered: i64) -> Result<Option<Active>, StoreError> {
+    async fn activate(&self, entity: &str, hash: String, tally: Tally) -> Result<Option<Active>, StoreError> {
         let Some(sub) = Subscription::from_json(entity) else { return Ok(None) };
         let Ok(glob) = Glob::new_path(&sub.pattern) else { return Ok(None) };
         let token_expires_at = self.chain_expiry(&sub.deliver_token).await?;
-        Ok(Some(Active { sub, hash, glob, token_expires_at, delivered, recent: VecDeque::new() }))
+        Ok(Some(Active { sub, hash, glob, token_expires_at, delivered: tally.delivered, recent: tally.window.into() }))
     }
 
     /// The earliest `expires_at` along a stored token's delegation chain.
@@ -307,7 +331,11 @@ impl Engine {
         metrics::gauge!(crate::metrics::SUBSCRIPTIONS).set(state.subs.len() as f64);
         let full = records.len() == self.settings.batch;
         state.scanned = reached;
-        let Output { effects, counts, outcomes } = out;
+        let Output { effects, mut counts, outcomes } = out;
+        // One row per subscription: its last tally of the step.
+        let mut seen = std::collections::HashSet::new();
+        counts.reverse();
+        counts.retain(|(id, _)| seen.insert(id.clone()));
         if !(effects.is_empty() && counts.is_empty() && state.last_commit.elapsed() < self.settings.idle_commit) {
             self.commit(state, effects, counts).await?;
         }
@@ -332,20 +360,17 @@ impl Engine {
             return Ok(());
         }
         let old = state.subs.remove(id);
-        let delivered = old.as_ref().map_or(0, |a| a.delivered);
+        let tally = old.as_ref().map(Active::tally).unwrap_or_default();
         let Some(entity) = self.store.content_get(hash).await? else { return Ok(()) };
-        if let Some(mut active) = self.activate(&entity, hash.clone(), delivered).await?
+        if let Some(active) = self.activate(&entity, hash.clone(), tally).await?
             && active.sub.subscription_id == id
         {
-            if let Some(old) = old {
-                active.recent = old.recent;
-            }
             state.subs.insert(id.to_owned(), active);
         }
         Ok(())
     }
 
-    async fn commit(&self, state: &mut State, effects: Vec<EngineEffect>, counts: Vec<(String, Option<i64>)>) -> Result<(), StepError> {
+    async fn commit(&self, state: &mut State, effects: Vec<EngineEffect>, counts: Vec<(String, Option<Tally>)>) -> Result<(), StepError> {
         let notified = effects.iter().filter(|e| matches!(e, EngineEffect::Append(_))).count();
         let commit = EngineCommit { from: state.committed, to: state.scanned, effects, counts };
         if !self.store.engine_commit(commit).await? {
@@ -390,9 +415,8 @@ impl Engine {
             match verdict {
                 Verdict::Deliver => {
                     effects.push(EngineEffect::Append(self.notification(active, kind, change, &chain_id).await?));
-                    active.delivered += 1;
-                    active.recent.push_back(at);
-                    counts.push((id.clone(), Some(active.delivered)));
+                    active.delivered_at(at);
+                    counts.push((id.clone(), Some(active.tally())));
                 }
                 Verdict::Drop(reason) => {
                     effects.push(self.marker(&active.sub, reason, kind, change, &chain_id, record.id));
@@ -516,12 +540,12 @@ fn check(active: &mut Active, at: i64) -> Verdict {
         return Verdict::Terminate("max_duration_reached");
     }
     if let Some(rate) = limits.rate_limit {
-        // Deliveries in the minute before this change, this one included,
-        // may not exceed the rate.
-        while active.recent.front().is_some_and(|t| *t <= at - 60_000) {
-            active.recent.pop_front();
-        }
-        if active.recent.len() as u64 + 1 > rate {
+        // Deliveries in the minute (the 60 whole seconds of commit time)
+        // ending with this change's second, this one included, may not
+        // exceed the rate.
+        prune(&mut active.recent, at.div_euclid(1000));
+        let in_window: u64 = active.recent.iter().map(|(_, n)| u64::from(*n)).sum();
+        if in_window + 1 > rate {
             return Verdict::Drop("rate_limited");
         }
     }
@@ -563,8 +587,7 @@ mod tests {
     fn deliver(a: &mut Active, at: i64) -> &'static str {
         match check(a, at) {
             Verdict::Deliver => {
-                a.delivered += 1;
-                a.recent.push_back(at);
+                a.delivered_at(at);
                 "deliver"
             }
             Verdict::Drop(r) | Verdict::Terminate(r) => r,
@@ -588,9 +611,19 @@ mod tests {
     fn rate_limit_is_a_sliding_minute_and_never_terminates() {
         let mut a = active(Some(Limits { rate_limit: Some(2), ..Limits::default() }), None);
         let got: Vec<_> = [0, 10, 20, 59_999, 60_000, 60_011].iter().map(|t| deliver(&mut a, 100_000 + t)).collect();
-        // 60,000 ms after the first delivery its slot is free again; the
-        // second's frees at 60,010.
+        // The minute is counted in whole seconds: the slots taken in second
+        // 100 are free again from second 160.
         assert_eq!(got, ["deliver", "deliver", "rate_limited", "rate_limited", "deliver", "deliver"]);
+    }
+
+    #[test]
+    fn the_window_stays_small_without_a_rate_limit() {
+        let mut a = active(None, None);
+        for t in 0..10_000 {
+            assert_eq!(deliver(&mut a, t * 100), "deliver");
+        }
+        assert!(a.recent.len() <= 61, "{} seconds kept", a.recent.len());
+        assert_eq!(a.recent.iter().map(|(_, n)| n).sum::<u32>(), 600, "the last minute's 600 deliveries");
     }
 
     #[test]

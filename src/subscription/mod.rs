@@ -24,7 +24,9 @@
 //!   `subscription.notification`, like any other event type.
 //! - `rate_limit` allows at most that many deliveries in any minute
 //!   (counting the candidate), one fewer than a literal reading of §4.6's
-//!   `recent_delivery_rate > rate_limit` would.
+//!   `recent_delivery_rate > rate_limit` would. The minute is 60 whole
+//!   seconds of commit time, so the window is at most 60 counts, committed
+//!   with the engine's cursor.
 //! - Delivery is to an inbox path on this server (a `subscription.notification`
 //!   event whose `ref` is the inbox); delivery to another server's inbox
 //!   (`entity://...`) is refused with `400 delivery_unsupported` until it

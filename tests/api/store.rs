@@ -346,17 +346,19 @@ async fn engine_cursor_is_compare_and_set(store: Arc<dyn Store>) {
     assert_eq!(reached, 2, "the scan reached the head");
 
     let notification = NewRecord { event_type: "subscription.notification".into(), body: "{}".into() };
+    // The tally, its rate_limit window included, comes back as committed.
+    let tally = tidings::store::Tally { delivered: 1, window: vec![(1_700_000_000, 3), (1_700_000_042, 1)] };
     let step = |from, to| EngineCommit {
         from,
         to,
         effects: vec![EngineEffect::Append(notification.clone())],
-        counts: vec![("s1".into(), Some(1))],
+        counts: vec![("s1".into(), Some(tally.clone()))],
     };
     assert!(store.engine_commit(step(0, 2)).await.unwrap());
     assert!(!store.engine_commit(step(0, 2)).await.unwrap(), "a second commit from the same cursor loses");
     let (cursor, counts) = store.engine_state().await.unwrap();
     assert_eq!(cursor, 2);
-    assert_eq!(counts.get("s1"), Some(&1));
+    assert_eq!(counts.get("s1"), Some(&tally));
     assert_eq!(store.head().await.unwrap(), 3, "exactly one notification was appended");
     let forget = EngineCommit { from: 2, to: 3, effects: vec![], counts: vec![("s1".into(), None)] };
     assert!(store.engine_commit(forget).await.unwrap());

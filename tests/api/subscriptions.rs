@@ -21,6 +21,7 @@ both_stores!(
     notifications_follow_commit_order_with_payload,
     max_events_delivers_exactly_n_then_terminates,
     rate_limit_drops_with_markers,
+    the_rate_window_survives_a_restart,
     renewal_and_capacity_redirect,
     a_renewal_applies_its_terms,
     subscriptions_survive_a_restart,
@@ -598,6 +599,37 @@ async fn rate_limit_drops_with_markers(backend: Backend) {
     let markers = children(&app, &format!("system/runtime/chain-errors/lost/burst/{id}/rate_limited")).await;
     assert_eq!(markers.len(), 3, "each dropped notification bound a marker: {markers:?}");
     assert_eq!(tree_status(&app, &format!("system/subscription/{id}")).await, 200, "rate_limit does not terminate");
+}
+
+/// The rate_limit window is committed with the engine's cursor: after a
+/// restart within the minute, a subscription that used its rate is still
+/// limited (a fresh window would deliver again).
+async fn the_rate_window_survives_a_restart(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let server = server_hash(&app).await;
+    let (a, witness) = (Peer::new(), Peer::new());
+    let (_, body) = subscribe(&app, &server, &a, "beat/*", "system/inbox/beat", json!({"limits": {"rate_limit": 2}})).await;
+    let id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    subscribe(&app, &server, &witness, "beat/*", "system/inbox/beat", json!({})).await;
+    let mut stream = inbox(&app, "system/inbox/beat").await;
+    write_n(&app, "beat/t", 0, 2, "before").await;
+    let mut limited = 0;
+    for _ in 0..4 {
+        if next_notification(&mut stream).await["data"]["subscription_id"] == id.as_str() {
+            limited += 1;
+        }
+    }
+    assert_eq!(limited, 2, "the rate is used up");
+    drop(stream);
+    let app = app.restart().await;
+    let mut stream = app.stream("?types=subscription.notification&targets=system/inbox/beat", Some(app.head().await)).await;
+    write_n(&app, "beat/t", 2, 1, "after").await;
+    // The witness's notification commits in the same step as the limited
+    // one's verdict.
+    let n = next_notification(&mut stream).await;
+    assert_ne!(n["data"]["subscription_id"], id.as_str(), "the limited subscription got a third notification within the minute");
+    let markers = children(&app, &format!("system/runtime/chain-errors/lost/after/{id}/rate_limited")).await;
+    assert_eq!(markers.len(), 1, "the change after the restart was dropped by the rate: {markers:?}");
 }
 
 async fn renewal_and_capacity_redirect(backend: Backend) {

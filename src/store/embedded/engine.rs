@@ -7,11 +7,13 @@ use super::*;
 
 #[async_trait]
 impl EngineStore for EmbeddedStore {
-    async fn engine_state(&self) -> Result<(EventId, HashMap<String, i64>), StoreError> {
+    async fn engine_state(&self) -> Result<(EventId, HashMap<String, Tally>), StoreError> {
         self.read(|conn| {
             let cursor: i64 = conn.query_row("SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'", [], |r| r.get(0))?;
-            let mut stmt = conn.prepare_cached("SELECT subscription_id, delivered FROM tidings_subscription_counts")?;
-            let counts = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<HashMap<_, _>>>()?;
+            let mut stmt = conn.prepare_cached("SELECT subscription_id, delivered, rate_window FROM tidings_subscription_counts")?;
+            let counts = stmt
+                .query_map([], |r| Ok((r.get(0)?, Tally::from_stored(r.get(1)?, &r.get::<_, String>(2)?))))?
+                .collect::<rusqlite::Result<HashMap<_, _>>>()?;
             Ok((cursor, counts))
         })
         .await
@@ -60,10 +62,10 @@ impl EngineStore for EmbeddedStore {
                 }
                 for (id, count) in commit.counts {
                     match count {
-                        Some(n) => tx.execute(
-                            "INSERT INTO tidings_subscription_counts (subscription_id, delivered) VALUES (?1, ?2)
-                             ON CONFLICT (subscription_id) DO UPDATE SET delivered = excluded.delivered",
-                            params![id, n],
+                        Some(tally) => tx.execute(
+                            "INSERT INTO tidings_subscription_counts (subscription_id, delivered, rate_window) VALUES (?1, ?2, ?3)
+                             ON CONFLICT (subscription_id) DO UPDATE SET delivered = excluded.delivered, rate_window = excluded.rate_window",
+                            params![id, tally.delivered, tally.window_json()],
                         )?,
                         None => tx.execute("DELETE FROM tidings_subscription_counts WHERE subscription_id = ?1", [&id])?,
                     };

@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Acked, Actor, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, ListenerState,
-    NewRecord, Opened, Record, StoreError, StoreKind, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
+    NewRecord, Opened, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
 };
 use crate::event::EventId;
 
@@ -49,6 +49,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (3, "consumer_owner", include_str!("../../../migrations/embedded/0003_consumer_owner.sql")),
     (4, "tree", include_str!("../../../migrations/embedded/0004_tree.sql")),
     (5, "subscriptions", include_str!("../../../migrations/embedded/0005_subscriptions.sql")),
+    (6, "rate_window", include_str!("../../../migrations/embedded/0006_rate_window.sql")),
 ];
 
 /// Read connections kept open. A constant: SQLite readers in WAL mode run

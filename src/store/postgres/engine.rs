@@ -7,12 +7,13 @@ use super::*;
 
 #[async_trait]
 impl EngineStore for PostgresStore {
-    async fn engine_state(&self) -> Result<(EventId, HashMap<String, i64>), StoreError> {
+    async fn engine_state(&self) -> Result<(EventId, HashMap<String, Tally>), StoreError> {
         let client = self.client().await?;
         let cursor: i64 =
             client.query_one("SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'", &[]).await.map_err(pg_error)?.get(0);
-        let rows = client.query("SELECT subscription_id, delivered FROM tidings_subscription_counts", &[]).await.map_err(pg_error)?;
-        Ok((cursor, rows.iter().map(|r| (r.get(0), r.get(1))).collect()))
+        let rows =
+            client.query("SELECT subscription_id, delivered, rate_window FROM tidings_subscription_counts", &[]).await.map_err(pg_error)?;
+        Ok((cursor, rows.iter().map(|r| (r.get(0), Tally::from_stored(r.get(1), r.get(2)))).collect()))
     }
 
     async fn engine_changes(&self, after: EventId, types: &[&str], limit: usize) -> Result<(Vec<Record>, EventId), StoreError> {
@@ -63,11 +64,11 @@ impl EngineStore for PostgresStore {
         }
         for (id, count) in commit.counts {
             match count {
-                Some(n) => {
+                Some(tally) => {
                     tx.execute(
-                        "INSERT INTO tidings_subscription_counts (subscription_id, delivered) VALUES ($1, $2)
-                         ON CONFLICT (subscription_id) DO UPDATE SET delivered = EXCLUDED.delivered",
-                        &[&id, &n],
+                        "INSERT INTO tidings_subscription_counts (subscription_id, delivered, rate_window) VALUES ($1, $2, $3)
+                         ON CONFLICT (subscription_id) DO UPDATE SET delivered = EXCLUDED.delivered, rate_window = EXCLUDED.rate_window",
+                        &[&id, &tally.delivered, &tally.window_json()],
                     )
                     .await
                 }

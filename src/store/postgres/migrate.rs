@@ -12,6 +12,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (3, "consumer_owner", include_str!("../../../migrations/postgres/0003_consumer_owner.sql")),
     (4, "tree", include_str!("../../../migrations/postgres/0004_tree.sql")),
     (5, "subscriptions", include_str!("../../../migrations/postgres/0005_subscriptions.sql")),
+    (6, "rate_window", include_str!("../../../migrations/postgres/0006_rate_window.sql")),
 ];
 
 impl PostgresStore {

@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Acked, Actor, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, ListenerState,
-    NewRecord, Opened, Record, StoreError, StoreKind, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
+    NewRecord, Opened, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
 };
 use crate::event::EventId;
 
