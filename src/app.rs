@@ -144,8 +144,12 @@ impl Application {
         };
         let server = Arc::new(ServerIdentity::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);
         tracing::info!(identity = server.hash(), "server identity");
-        let subscriptions =
-            Arc::new(crate::subscription::Subscriptions::new(store.clone(), server.clone(), settings.max_subscribers_per_prefix));
+        let subscriptions = Arc::new(crate::subscription::Subscriptions::new(
+            store.clone(),
+            server.clone(),
+            settings.max_subscribers_per_prefix,
+            settings.max_subscriptions,
+        ));
         let core = Core::new(CoreParts {
             settings,
             store: store.clone(),

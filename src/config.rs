@@ -259,6 +259,11 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", default_value_t = 0)]
     pub max_subscribers_per_prefix: u64,
 
+    /// Most tree subscriptions this server keeps (beyond: `too_many_subscriptions`); at most 100000
+    /// (`subscription::MAX_SUBSCRIPTIONS`, which also caps it).
+    #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS", default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub max_subscriptions: usize,
+
     /// Most concurrent streams in total (beyond: 503 with Retry-After).
     #[arg(long, env = "TIDINGS_MAX_STREAMS", default_value_t = 50_000)]
     pub max_streams: usize,

@@ -60,7 +60,8 @@ pub const CONFIG_PATH: &str = "system/config/subscription";
 pub const MARKER_DIR: &str = "system/runtime/chain-errors/lost";
 /// The change kinds a subscription may ask for (all, by default).
 pub const EVENTS: [&str; 3] = ["created", "updated", "deleted"];
-/// Most subscriptions one server keeps (the bound of every scan over them).
+/// Most subscriptions one server may keep (the bound of every scan over
+/// them, and of `TIDINGS_MAX_SUBSCRIPTIONS`).
 pub const MAX_SUBSCRIPTIONS: usize = 100_000;
 /// Most alternatives a redirect lists.
 pub const MAX_ALTERNATIVES: usize = 10;
@@ -321,15 +322,18 @@ pub struct Subscriptions {
     store: Arc<dyn Store>,
     server: Arc<ServerIdentity>,
     max_per_prefix: u64,
+    max_total: usize,
     /// Serialises subscribes and unsubscribes in this process: capacity and
     /// renewal are read-then-write.
     gate: tokio::sync::Mutex<()>,
 }
 
 impl Subscriptions {
-    /// A handler over `store`, acting as `server`.
-    pub fn new(store: Arc<dyn Store>, server: Arc<ServerIdentity>, max_per_prefix: u64) -> Self {
-        Self { store, server, max_per_prefix, gate: tokio::sync::Mutex::new(()) }
+    /// A handler over `store`, acting as `server`, keeping at most
+    /// `max_total` subscriptions (capped at [`MAX_SUBSCRIPTIONS`]) and
+    /// redirecting beyond `max_per_prefix` per pattern (`0`: no limit).
+    pub fn new(store: Arc<dyn Store>, server: Arc<ServerIdentity>, max_per_prefix: u64, max_total: usize) -> Self {
+        Self { store, server, max_per_prefix, max_total: max_total.min(MAX_SUBSCRIPTIONS), gate: tokio::sync::Mutex::new(()) }
     }
 
     /// The server identity.
@@ -418,9 +422,10 @@ impl Subscriptions {
             self.store.content_put(content).await?;
             return Ok(Executed::Done(result(&renewed, true)));
         }
-        if existing.len() >= MAX_SUBSCRIPTIONS {
+        if existing.len() >= self.max_total {
             return Err(ExecuteError::TooManySubscriptions(format!(
-                "this server keeps at most {MAX_SUBSCRIPTIONS} subscriptions; unsubscribe some or use another server"
+                "this server keeps at most {} subscriptions; unsubscribe some or use another server",
+                self.max_total
             )));
         }
         // 3a. Capacity for this prefix.

@@ -1,40 +1,29 @@
 //! The live page in a real browser: headless Chromium (driven by
 //! `tests/browser/live_page.mjs` with playwright-core) opens `/`, sees a
 //! published event appear, follows the server through a restart, and resumes
-//! after a reload, with nothing missing or repeated. `scripts/test` installs
-//! Chromium and the node module.
+//! after a reload, with nothing missing or repeated, on both stores.
+//! `scripts/test` installs Chromium and the node module.
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 
-use crate::helpers::{free_port, process_command};
+use crate::both_stores;
+use crate::helpers::{Backend, free_port, process_store, spawn_process_at};
 
-async fn start_on(dir: &std::path::Path, port: u16) -> tokio::process::Child {
-    let mut child = process_command(&[("TIDINGS_DATA_DIR", dir.display().to_string())], port).spawn().unwrap();
-    let http = reqwest::Client::new();
-    for _ in 0..200 {
-        if http.get(format!("http://127.0.0.1:{port}/health")).send().await.is_ok_and(|r| r.status() == 200) {
-            return child;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.start_kill();
-    panic!("tidings did not start");
-}
+both_stores!(live_page_shows_events_and_resumes_after_restart_and_reload);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_page_shows_events_and_resumes_after_restart_and_reload() {
+async fn live_page_shows_events_and_resumes_after_restart_and_reload(backend: Backend) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/live_page.mjs");
     let modules = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/node_modules/playwright-core");
     assert!(std::path::Path::new(modules).is_dir(), "run scripts/test, which installs playwright-core (npm ci in tests/browser)");
     assert!(std::path::Path::new("/usr/bin/chromium").exists(), "run scripts/test, which installs Debian's chromium");
 
-    let dir = tempfile::tempdir().unwrap();
+    let (envs, _dir) = process_store(backend).await;
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let mut server = start_on(dir.path(), port).await;
+    let mut server = spawn_process_at(&envs, port).await.child;
     let mut node = tokio::process::Command::new("node")
         .arg(script)
         .arg(&base)
@@ -52,7 +41,7 @@ async fn live_page_shows_events_and_resumes_after_restart_and_reload() {
             let pid = server.id().unwrap().to_string();
             assert!(tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap().success());
             server.wait().await.unwrap();
-            server = start_on(dir.path(), port).await;
+            server = spawn_process_at(&envs, port).await.child;
             // Published before the page has reconnected: it must still arrive.
             let r = reqwest::Client::new()
                 .post(format!("{base}/v1/events"))

@@ -7,25 +7,15 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::helpers::{free_port, process_command};
+use crate::both_stores;
+use crate::helpers::{Backend, free_port, process_store, spawn_process_at};
+
+both_stores!(publish_and_tail_resume_across_a_restart);
 
 fn tidings() -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tidings"));
     cmd.kill_on_drop(true).stdin(Stdio::null());
     cmd
-}
-
-async fn start_on(dir: &std::path::Path, port: u16) -> tokio::process::Child {
-    let mut child = process_command(&[("TIDINGS_DATA_DIR", dir.display().to_string())], port).spawn().unwrap();
-    let http = reqwest::Client::new();
-    for _ in 0..200 {
-        if http.get(format!("http://127.0.0.1:{port}/health")).send().await.is_ok_and(|r| r.status() == 200) {
-            return child;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.start_kill();
-    panic!("tidings did not start");
 }
 
 async fn publish(url: &str, payload: &str) -> i64 {
@@ -34,12 +24,11 @@ async fn publish(url: &str, payload: &str) -> i64 {
     String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn publish_and_tail_resume_across_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
+async fn publish_and_tail_resume_across_a_restart(backend: Backend) {
+    let (envs, _dir) = process_store(backend).await;
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
-    let mut server = start_on(dir.path(), port).await;
+    let mut server = spawn_process_at(&envs, port).await.child;
     let first = publish(&url, r#"{"n":1}"#).await;
     let mut tail = tidings()
         .args(["tail", "--url", &url, "--since", "0", "--json", "--count", "3", "--types", "comment.*"])
@@ -55,7 +44,7 @@ async fn publish_and_tail_resume_across_a_restart() {
     let pid = server.id().unwrap().to_string();
     assert!(tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap().success());
     server.wait().await.unwrap();
-    let _server = start_on(dir.path(), port).await;
+    let _server = spawn_process_at(&envs, port).await;
     let second = publish(&url, r#"{"n":2}"#).await;
     let third = publish(&url, r#"{"n":3}"#).await;
     let mut got = Vec::new();
@@ -66,6 +55,7 @@ async fn publish_and_tail_resume_across_a_restart() {
     assert!(tail.wait().await.unwrap().success(), "tail stops after --count events");
 }
 
+/// Reads a registry directory only: no store is involved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registry_check_validates_a_directory() {
     let ok = tidings().args(["registry", "check", "--registry", concat!(env!("CARGO_MANIFEST_DIR"), "/registry")]).output().await.unwrap();

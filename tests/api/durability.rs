@@ -1,12 +1,18 @@
-//! The embedded store as a real process: acknowledged events survive
-//! `kill -9`, and one data directory has one owner.
+//! The real process: acknowledged events of the embedded store survive
+//! `kill -9`, one data directory has one owner, and SIGTERM (on both
+//! stores) ends streams and loses nothing across a restart. (PostgreSQL's
+//! own durability is PostgreSQL's; its outage and recovery are in
+//! `postgres.rs`.)
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
 
-use crate::helpers::{Process, free_port, process_command, spawn_process};
+use crate::both_stores;
+use crate::helpers::{Backend, Process, free_port, process_command, process_store, spawn_process};
+
+both_stores!(sigterm_ends_streams_and_a_restart_loses_nothing);
 
 async fn start(dir: &std::path::Path) -> Process {
     spawn_process(&[("TIDINGS_DATA_DIR", dir.display().to_string())]).await
@@ -81,10 +87,9 @@ async fn a_second_server_on_the_same_data_directory_refuses_to_start() {
 /// SIGTERM on the real binary: open streams end with a jittered `retry:`,
 /// the process exits cleanly within its shutdown deadline, and a restart on
 /// the same data directory resumes the client with nothing lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_ends_streams_and_a_restart_loses_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let envs = [("TIDINGS_DATA_DIR", dir.path().display().to_string()), ("TIDINGS_SHUTDOWN_TIMEOUT", "5s".to_owned())];
+async fn sigterm_ends_streams_and_a_restart_loses_nothing(backend: Backend) {
+    let (mut envs, _dir) = process_store(backend).await;
+    envs.push(("TIDINGS_SHUTDOWN_TIMEOUT", "5s".to_owned()));
     let mut server = spawn_process(&envs).await;
     let http = reqwest::Client::new();
     let publish = |base: String| {

@@ -279,6 +279,20 @@ pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// The environment that puts a `tidings` process on `backend`: a data
+/// directory (the embedded store, and the server key on both stores) and,
+/// on PostgreSQL, a fresh database. The directory lives as long as the
+/// returned guard; restarting with the same environment finds the same
+/// store.
+pub(crate) async fn process_store(backend: Backend) -> (Vec<(&'static str, String)>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut envs = vec![("TIDINGS_DATA_DIR", dir.path().display().to_string())];
+    if backend == Backend::Postgres {
+        envs.push(("DATABASE_URL", fresh_database().await.0));
+    }
+    (envs, dir)
+}
+
 /// The `tidings` binary with a clean environment plus `envs`, on `port`.
 pub(crate) fn process_command(envs: &[(&str, String)], port: u16) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tidings"));
@@ -295,7 +309,11 @@ pub(crate) fn process_command(envs: &[(&str, String)], port: u16) -> tokio::proc
 
 /// Starts the binary and waits (bounded) until it answers `/health`.
 pub(crate) async fn spawn_process(envs: &[(&str, String)]) -> Process {
-    let port = free_port();
+    spawn_process_at(envs, free_port()).await
+}
+
+/// [`spawn_process`] on a given port (a restart that clients find again).
+pub(crate) async fn spawn_process_at(envs: &[(&str, String)], port: u16) -> Process {
     let child = process_command(envs, port).spawn().expect("starting tidings");
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();

@@ -6,7 +6,7 @@ use tidings::tree::capability::{Included, chain_grants, resolve_chain};
 use crate::both_stores;
 use crate::helpers::{Backend, spawn_app, spawn_app_with};
 
-both_stores!(identity_is_stable_and_minted_capabilities_verify);
+both_stores!(identity_is_stable_and_minted_capabilities_verify, minting_is_for_admins);
 
 async fn identity_is_stable_and_minted_capabilities_verify(backend: Backend) {
     let app = spawn_app(backend).await;
@@ -44,11 +44,10 @@ async fn identity_is_stable_and_minted_capabilities_verify(backend: Backend) {
     assert_eq!(again["hash"], server);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn minting_is_for_admins() {
+async fn minting_is_for_admins(backend: Backend) {
     use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
     let secret = "identity-test-secret-of-enough-bytes";
-    let app = spawn_app_with(Backend::Embedded, |s| s.jwt_hs256_secret = Some(secret.into())).await;
+    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(secret.into())).await;
     let token = |admin: bool| {
         let claims = json!({"sub": "someone", "exp": chrono::Utc::now().timestamp() + 600, "admin": admin});
         encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()).unwrap()).unwrap()

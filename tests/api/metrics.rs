@@ -5,7 +5,10 @@ use std::process::Stdio;
 
 use tokio::io::AsyncWriteExt as _;
 
+use crate::both_stores;
 use crate::helpers::{Backend, spawn_app};
+
+both_stores!(every_family_from_start_up_and_promtool_accepts_it);
 
 const CATALOG: &[&str] = &[
     "tidings_events_published_total",
@@ -28,9 +31,8 @@ const CATALOG: &[&str] = &[
     "tidings_subscriptions",
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_family_from_start_up_and_promtool_accepts_it() {
-    let app = spawn_app(Backend::Embedded).await;
+async fn every_family_from_start_up_and_promtool_accepts_it(backend: Backend) {
+    let app = spawn_app(backend).await;
     let text = app.http.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
     for family in CATALOG {
         assert!(

@@ -4,6 +4,8 @@ use serde_json::Value;
 
 use crate::helpers::{Backend, spawn_app};
 
+/// One store: the document and the routing are built before, and apart
+/// from, the store (the route probes only need answers, not data).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_and_error_code_is_documented() {
     let app = spawn_app(Backend::Embedded).await;

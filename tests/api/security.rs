@@ -17,7 +17,9 @@ both_stores!(
     consumers_belong_to_their_creator,
     stream_publish_and_replay_limits,
     publish_rate_counts_every_event,
-    cors_origins
+    cors_origins,
+    tokens_never_reach_the_logs,
+    public_key_tokens
 );
 
 const SECRET: &str = "a-test-secret-of-enough-bytes";
@@ -340,14 +342,9 @@ async fn cors_origins(backend: Backend) {
 
 /// The real binary with debug request logs: tokens sent by header, cookie
 /// and query (valid and not) never appear in what it writes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_never_reach_the_logs() {
-    let dir = tempfile::tempdir().unwrap();
-    let envs = [
-        ("TIDINGS_DATA_DIR", dir.path().display().to_string()),
-        ("TIDINGS_JWT_HS256_SECRET", SECRET.to_owned()),
-        ("TIDINGS_LOG", "debug".to_owned()),
-    ];
+async fn tokens_never_reach_the_logs(backend: Backend) {
+    let (mut envs, _dir) = crate::helpers::process_store(backend).await;
+    envs.extend([("TIDINGS_JWT_HS256_SECRET", SECRET.to_owned()), ("TIDINGS_LOG", "debug".to_owned())]);
     let server = crate::helpers::spawn_process(&envs).await;
     let good = token("alice", json!({"subscribe": ["**"], "publish": ["**"]}));
     let bad = token_with(json!({"sub": "mallory", "exp": 1}), SECRET);
@@ -377,7 +374,8 @@ async fn tokens_never_reach_the_logs() {
     }
 }
 
-/// Authentication off on a non-loopback address refuses to start, and says why.
+/// Authentication off on a non-loopback address refuses to start, and says
+/// why. One store: the refusal comes before any store is opened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_off_refuses_a_public_address() {
     let dir = tempfile::tempdir().unwrap();
@@ -396,19 +394,30 @@ async fn auth_off_refuses_a_public_address() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("TIDINGS_AUTH=jwt needs a key"));
 }
 
-/// EdDSA tokens with a PEM public key file.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ed25519_public_key_tokens() {
+/// Tokens checked with a PEM public key file: EdDSA for an Ed25519 key,
+/// RS256 for an RSA key (the test key pair in `tests/data`). Only the key's
+/// algorithm is accepted: the other one, and HS256 (an algorithm switch),
+/// are refused.
+async fn public_key_tokens(backend: Backend) {
     use ed25519_dalek::pkcs8::{EncodePrivateKey, EncodePublicKey, spki::der::pem::LineEnding};
     let signing = ed25519_dalek::SigningKey::from_bytes(&rand::random::<[u8; 32]>());
     let dir = tempfile::tempdir().unwrap();
-    let public = dir.path().join("public.pem");
-    std::fs::write(&public, signing.verifying_key().to_public_key_pem(LineEnding::LF).unwrap()).unwrap();
-    let app = spawn_app_with(Backend::Embedded, |s| s.jwt_public_key_file = Some(public.clone())).await;
-    let private = signing.to_pkcs8_pem(LineEnding::LF).unwrap();
-    let claims = json!({"sub": "edd", "exp": chrono::Utc::now().timestamp() + 600, "publish": ["**"]});
-    let good = encode(&Header::new(Algorithm::EdDSA), &claims, &EncodingKey::from_ed_pem(private.as_bytes()).unwrap()).unwrap();
-    assert_eq!(publish_as(&app, &good, json!({"event_type": "comment.posted"})).await.0, 201);
-    // The HS256 algorithm (an algorithm switch) is refused.
-    assert_eq!(publish_as(&app, &token("edd", json!({"publish": ["**"]})), json!({"event_type": "comment.posted"})).await.0, 401);
+    let ed_public = dir.path().join("public.pem");
+    std::fs::write(&ed_public, signing.verifying_key().to_public_key_pem(LineEnding::LF).unwrap()).unwrap();
+    let ed_private = signing.to_pkcs8_pem(LineEnding::LF).unwrap();
+    let ed_key = EncodingKey::from_ed_pem(ed_private.as_bytes()).unwrap();
+    let rsa_public = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rs256-test-public.pem"));
+    let rsa_key = EncodingKey::from_rsa_pem(include_bytes!("../data/rs256-test-private.pem")).unwrap();
+    let claims = json!({"sub": "pk", "exp": chrono::Utc::now().timestamp() + 600, "publish": ["**"]});
+    let ed_token = encode(&Header::new(Algorithm::EdDSA), &claims, &ed_key).unwrap();
+    let rsa_token = encode(&Header::new(Algorithm::RS256), &claims, &rsa_key).unwrap();
+    let hs_token = token("pk", json!({"publish": ["**"]}));
+    for (public, good, others) in [(ed_public, &ed_token, [&rsa_token, &hs_token]), (rsa_public, &rsa_token, [&ed_token, &hs_token])] {
+        let app = spawn_app_with(backend, |s| s.jwt_public_key_file = Some(public.clone())).await;
+        assert_eq!(publish_as(&app, good, json!({"event_type": "comment.posted"})).await.0, 201, "{public:?}");
+        for other in others {
+            let (status, body) = publish_as(&app, other, json!({"event_type": "comment.posted"})).await;
+            assert_eq!(status, 401, "{public:?}: {body}");
+        }
+    }
 }

@@ -22,6 +22,8 @@ both_stores!(
     max_events_delivers_exactly_n_then_terminates,
     rate_limit_drops_with_markers,
     the_rate_window_survives_a_restart,
+    max_duration_ends_a_subscription_at_commit_time,
+    too_many_subscriptions_refuses_new_ones_only,
     renewal_and_capacity_redirect,
     a_renewal_applies_its_terms,
     subscriptions_survive_a_restart,
@@ -35,18 +37,37 @@ both_stores!(
 
 /// Several servers on one database (sharing the server key, as they must):
 /// exactly one engine runs, every notification is appended once, and when
-/// the leading server stops another takes over. PostgreSQL only.
+/// the leading server stops the other takes over. The leader is found, not
+/// assumed: it is the one whose connection holds the engine's advisory
+/// lock (each server names its connections). PostgreSQL only: the embedded
+/// store has one process per data directory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_engine_among_several_servers() {
-    let first = spawn_app(Backend::Postgres).await;
+    let named = |url: &str, name: &str| format!("{url}?application_name={name}");
+    let first = spawn_app_with(Backend::Postgres, |s| s.database_url = s.database_url.as_deref().map(|u| named(u, "tidings-a"))).await;
+    let db_url = first.db_url.clone().unwrap();
     let mut settings = crate::helpers::test_settings();
     let dir = tempfile::tempdir().unwrap();
     settings.data_dir = dir.path().to_path_buf();
-    settings.database_url = first.db_url.clone();
+    settings.database_url = Some(named(&db_url, "tidings-b"));
     settings.server_key_file = Some(first.data_dir().join("server.key"));
     let second = crate::helpers::start(settings, Some(dir), None).await;
     let server = server_hash(&first).await;
     assert_eq!(server_hash(&second).await, server, "one identity for the deployment");
+    let (db, conn) = tokio_postgres::connect(&db_url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    // Which server's connection holds an advisory lock in this database.
+    let leaders = || async {
+        let rows = db
+            .query(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>()
+    };
     let a = Peer::new();
     let (_, body) = subscribe(&second, &server, &a, "multi/*", "system/inbox/multi", json!({})).await;
     let id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
@@ -64,17 +85,37 @@ async fn one_engine_among_several_servers() {
             "write {i}"
         );
     }
-    // The first server (whose engine started first and leads) stops; the
-    // second takes over and nothing is repeated.
-    first.stop().await;
-    let last = put(&second, "multi/x", json!({"after": true}), None).await;
-    hashes.push(last["hash"].as_str().unwrap().to_owned());
+    drop(stream);
+    // Exactly one leads; stop that one.
+    let held = leaders().await;
+    assert_eq!(held.len(), 1, "one engine leads: {held:?}");
+    let (leader, follower) = match held[0].as_str() {
+        "tidings-a" => (first, second),
+        "tidings-b" => (second, first),
+        other => panic!("the lock is held by {other}"),
+    };
+    let standby = if held[0] == "tidings-a" { "tidings-b" } else { "tidings-a" };
+    leader.stop().await;
+    // The other takes the lead (it retries every TIDINGS_ENGINE_LEAD_RETRY).
+    let mut tries = 0;
+    while leaders().await != [standby] {
+        tries += 1;
+        assert!(tries < 200, "{standby} took over the engine: {:?}", leaders().await);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    for i in 0..5 {
+        let last = put(&follower, "multi/x", json!({"after": i}), None).await;
+        hashes.push(last["hash"].as_str().unwrap().to_owned());
+    }
     // The whole inbox from the start: every change once, in commit order.
-    let mut stream = second.stream("?types=subscription.notification&targets=system/inbox/multi&since=0", None).await;
+    let mut stream = follower.stream("?types=subscription.notification&targets=system/inbox/multi&since=0", None).await;
     for (i, hash) in hashes.iter().enumerate() {
         let n = next_notification(&mut stream).await;
         assert_eq!(n["data"]["hash"].as_str(), Some(hash.as_str()), "notification {i}");
     }
+    // A sentinel change: its notification comes next, so none was repeated.
+    let sentinel = put(&follower, "multi/x", json!({"sentinel": true}), None).await;
+    assert_eq!(next_notification(&mut stream).await["data"]["hash"], sentinel["hash"], "no notification was repeated");
 }
 
 /// A peer: an Ed25519 key and its `system/identity` entity.
@@ -630,6 +671,59 @@ async fn the_rate_window_survives_a_restart(backend: Backend) {
     assert_ne!(n["data"]["subscription_id"], id.as_str(), "the limited subscription got a third notification within the minute");
     let markers = children(&app, &format!("system/runtime/chain-errors/lost/after/{id}/rate_limited")).await;
     assert_eq!(markers.len(), 1, "the change after the restart was dropped by the rate: {markers:?}");
+}
+
+/// `max_duration_ms` end to end: changes committed within the duration are
+/// delivered; the first change after it is suppressed with a
+/// `max_duration_reached` marker and the subscription deleted.
+async fn max_duration_ends_a_subscription_at_commit_time(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let server = server_hash(&app).await;
+    let (a, witness) = (Peer::new(), Peer::new());
+    let duration = 1_500;
+    let (_, body) = subscribe(&app, &server, &a, "span/*", "system/inbox/span", json!({"limits": {"max_duration_ms": duration}})).await;
+    let id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    subscribe(&app, &server, &witness, "span/*", "system/inbox/span", json!({})).await;
+    let entity: Value = app.http.get(app.url(&format!("/v1/tree/system/subscription/{id}"))).send().await.unwrap().json().await.unwrap();
+    let created_at = entity["data"]["created_at"].as_i64().unwrap();
+    let mut stream = inbox(&app, "system/inbox/span").await;
+    write_n(&app, "span/t", 0, 1, "within").await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        got.push(next_notification(&mut stream).await["data"]["subscription_id"].as_str().unwrap().to_owned());
+    }
+    assert!(got.contains(&id), "a change within the duration is delivered: {got:?}");
+    // The limit is about time itself: wait until the duration has passed
+    // on the server's clock (the entity's created_at), with a margin.
+    let left = created_at + duration + 200 - chrono::Utc::now().timestamp_millis();
+    if left > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(left as u64)).await;
+    }
+    write_n(&app, "span/t", 1, 1, "past").await;
+    let n = next_notification(&mut stream).await;
+    assert_ne!(n["data"]["subscription_id"], id.as_str(), "no delivery after max_duration_ms");
+    let markers = children(&app, &format!("system/runtime/chain-errors/lost/past/{id}/max_duration_reached")).await;
+    assert_eq!(markers.len(), 1, "the change past the duration bound a marker: {markers:?}");
+    assert_eq!(tree_status(&app, &format!("system/subscription/{id}")).await, 404, "and ended the subscription");
+}
+
+/// `TIDINGS_MAX_SUBSCRIPTIONS`: at the limit a new subscription is refused
+/// (`503 too_many_subscriptions`, nothing stored) while renewals pass; an
+/// unsubscribe makes room.
+async fn too_many_subscriptions_refuses_new_ones_only(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.max_subscriptions = 2).await;
+    let server = server_hash(&app).await;
+    let (a, b, c) = (Peer::new(), Peer::new(), Peer::new());
+    assert_eq!(subscribe(&app, &server, &a, "full/*", "system/inbox/a", json!({})).await.0, 200);
+    let (_, body) = subscribe(&app, &server, &b, "full/*", "system/inbox/b", json!({})).await;
+    let b_id = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    let (status, body) = subscribe(&app, &server, &c, "other/*", "system/inbox/c", json!({})).await;
+    assert_eq!((status, code(&body)), (503, "too_many_subscriptions"), "{body}");
+    assert_eq!(children(&app, "system/subscription").await.len(), 2, "nothing stored");
+    let (status, body) = subscribe(&app, &server, &a, "full/*", "system/inbox/a", json!({})).await;
+    assert_eq!((status, &body["result"]["renewed"]), (200, &json!(true)), "a renewal is not a new subscription: {body}");
+    assert_eq!(unsubscribe(&app, &b, &b_id).await.0, 200);
+    assert_eq!(subscribe(&app, &server, &c, "other/*", "system/inbox/c", json!({})).await.0, 200, "room again");
 }
 
 async fn renewal_and_capacity_redirect(backend: Backend) {
