@@ -130,7 +130,7 @@ impl Application {
             // The broker's own bound for a stuck live client: dropped after
             // the slow-client timeout, closed by force after the grace.
             write_timeout: settings.slow_client_timeout + settings.eviction_grace,
-            refuse: crate::http::refuse_head,
+            refuse: crate::http::head_refusal,
         };
         let retention = (settings.retention, settings.retention_interval);
         let consumer_ttl = settings.consumer_ttl;

@@ -31,7 +31,7 @@
 //!   [`registry`] (event types and payload schemas);
 //! - vocabulary, pure: [`event`] (names, envelope), [`filter`], [`glob`],
 //!   [`tree`] (paths, entities, hashes, capabilities), [`refusal`] (what a
-//!   refusal is);
+//!   refusal is), [`json`] (request bodies decode from objects only);
 //! - edges: [`app`] (the composition root), [`config`], [`metrics`];
 //!   [`tools`] is not the server: the load generator, the CLI and the SSE
 //!   client they share.
@@ -45,6 +45,7 @@ pub mod filter;
 pub mod glob;
 pub mod http;
 pub mod identity;
+pub mod json;
 pub mod metrics;
 pub mod refusal;
 pub mod registry;

@@ -74,6 +74,43 @@ struct FilterJson {
     _consumer_id: Option<serde::de::IgnoredAny>,
 }
 
+/// The query form as one JSON filter (what a durable consumer stores):
+/// `filter=` if given, with the `types=`/`agents=`/`targets=` entries added
+/// to its lists; `None` when the query has no filter at all.
+pub fn query_json(q: &FilterQuery, limits: FilterLimits) -> Result<Option<String>, FilterError> {
+    let mut map = match &q.filter {
+        None if q.types.is_none() && q.agents.is_none() && q.targets.is_none() => return Ok(None),
+        None => serde_json::Map::new(),
+        Some(text) if text.len() > limits.max_bytes => {
+            return Err(FilterError(format!("filter is {} bytes, at most {} are allowed", text.len(), limits.max_bytes)));
+        }
+        Some(text) => match serde_json::from_str(text).map_err(|e| FilterError(format!("filter is not valid JSON: {e}")))? {
+            Value::Object(map) => map,
+            list @ Value::Array(_) => serde_json::Map::from_iter([("types".to_owned(), list)]),
+            _ => return Err(FilterError("filter must be a JSON object or a list of type patterns".into())),
+        },
+    };
+    for (name, list) in [("types", &q.types), ("agents", &q.agents), ("targets", &q.targets)] {
+        let json_count = map.get(name).and_then(Value::as_array).map_or(0, Vec::len);
+        let query_count = list.as_deref().map_or(0, |l| l.split(',').count());
+        for (count, form) in [(json_count, "filter="), (query_count, "the query")] {
+            if count > limits.max_list {
+                return Err(FilterError(format!("{name} has {count} entries in {form}, at most {} are allowed", limits.max_list)));
+            }
+        }
+        let Some(list) = list else { continue };
+        // ASCII spaces around entries are dropped (as the OpenAPI pattern
+        // says); anything else is part of the entry.
+        let entries = list.split(',').map(|p| Value::String(p.trim_ascii().to_owned()));
+        match map.entry(name).or_insert(Value::Null) {
+            Value::Array(existing) => existing.extend(entries),
+            slot @ Value::Null => *slot = Value::Array(entries.collect()),
+            _ => return Err(FilterError(format!("{name} must be a list of strings"))),
+        }
+    }
+    Ok(Some(Value::Object(map).to_string()))
+}
+
 /// The filter fields a request may carry in its query string.
 #[derive(Debug, Default, Clone, Deserialize)]
 pub struct FilterQuery {
@@ -85,6 +122,15 @@ pub struct FilterQuery {
     pub agents: Option<String>,
     /// Comma list of references.
     pub targets: Option<String>,
+}
+
+impl FilterLimits {
+    /// The limits of a filter merged from the query's two forms, each held
+    /// to `self` on its own ([`query_json`]): lists may hold both, and the
+    /// text is no longer what a client sent.
+    pub fn merged(self) -> Self {
+        Self { max_bytes: usize::MAX, max_list: 2 * self.max_list, ..self }
+    }
 }
 
 impl Default for Filter {
@@ -173,20 +219,13 @@ impl Filter {
     }
 
     /// Parses the query-string form: either `filter=<json>` or the comma
-    /// lists, not both (they would be ambiguous).
+    /// lists, or both: the comma lists add to the JSON filter's lists (each
+    /// list is a set of alternatives), so `filter={"payload": ...}&types=a.*`
+    /// combines a rule with a type pattern.
     pub fn from_query(q: &FilterQuery, limits: FilterLimits) -> Result<Self, FilterError> {
-        let lists = [&q.types, &q.agents, &q.targets];
-        match &q.filter {
-            Some(_) if lists.iter().any(|l| l.is_some()) => {
-                Err(FilterError("give either filter= or types=/agents=/targets=, not both".into()))
-            }
-            Some(json) => Self::from_json(json, limits),
-            None => {
-                let split = |s: &Option<String>| -> Vec<String> {
-                    s.as_deref().map(|s| s.split(',').map(|p| p.trim().to_owned()).collect()).unwrap_or_default()
-                };
-                Self::from_parts(&split(&q.types), &split(&q.agents), &split(&q.targets), limits)
-            }
+        match query_json(q, limits)? {
+            Some(json) => Self::from_json(&json, limits.merged()),
+            None => Ok(Self::default()),
         }
     }
 

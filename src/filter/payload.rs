@@ -25,7 +25,7 @@ use datalogic_rs::{Engine, Logic, ParsedData};
 use serde_json::Value;
 
 /// Operators and their arity (min, max arguments; `None` = unbounded).
-const OPERATORS: &[(&str, usize, Option<usize>)] = &[
+pub(crate) const OPERATORS: &[(&str, usize, Option<usize>)] = &[
     ("var", 0, Some(2)),
     ("missing", 0, None),
     ("missing_some", 2, Some(2)),

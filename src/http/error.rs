@@ -59,6 +59,7 @@ impl ApiError {
 pub fn head_refusal(refusal: HeadRefusal) -> Response {
     use crate::server::{MAX_HEAD, MAX_HEADERS, MAX_TARGET};
     let error = match refusal {
+        HeadRefusal::Malformed => ApiError::new(StatusCode::BAD_REQUEST, "malformed_request", "the request is not well-formed HTTP/1.1"),
         HeadRefusal::UriTooLong => {
             ApiError::new(StatusCode::URI_TOO_LONG, "uri_too_long", format!("the request target is longer than {MAX_TARGET} bytes"))
         }
@@ -69,15 +70,6 @@ pub fn head_refusal(refusal: HeadRefusal) -> Response {
         ),
     };
     error.closing().into_response()
-}
-
-/// [`head_refusal`] for a head the connection loop refused before any
-/// route saw it: counted here, under the route `unmatched`.
-pub fn refuse_head(refusal: HeadRefusal) -> Response {
-    let response = head_refusal(refusal);
-    metrics::counter!(crate::metrics::HTTP_REQUESTS, "route" => "unmatched", "status" => response.status().as_u16().to_string())
-        .increment(1);
-    response
 }
 
 /// The status of each kind of refusal: the one place HTTP statuses are chosen.

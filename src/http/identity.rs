@@ -14,6 +14,7 @@ use super::caller::Caller;
 use super::error::ApiError;
 use crate::glob::Glob;
 use crate::tree::capability::hash_of;
+use crate::tree::is_hash;
 
 /// The server's identity.
 #[utoipa::path(
@@ -33,7 +34,7 @@ pub(crate) struct MintRequest {
     grantee: String,
     grants: Vec<GrantRequest>,
     #[serde(default)]
-    expires_at: Option<u64>,
+    expires_at: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -42,10 +43,6 @@ struct GrantRequest {
     handler: String,
     operations: Vec<String>,
     resources: Vec<String>,
-}
-
-fn is_hash(s: &str) -> bool {
-    s.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
 }
 
 /// Mints a caller capability rooted at this server.
@@ -74,10 +71,18 @@ pub(crate) async fn mint(
         return Err(ApiError::forbidden("admin_only", "minting capabilities needs an admin token"));
     }
     let bytes = super::events::read_body(app.settings(), &headers, body).await?;
-    let request: MintRequest = serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request("invalid_capability", e.to_string()))?;
+    let request: MintRequest =
+        crate::json::from_object_slice(&bytes).map_err(|e| ApiError::bad_request("invalid_capability", e.to_string()))?;
     if !is_hash(&request.grantee) {
         return Err(ApiError::bad_request("invalid_capability", "grantee must be an identity hash (sha256:<64 lowercase hex>)"));
     }
+    let expires_at = match &request.expires_at {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            crate::json::as_uint(v)
+                .ok_or_else(|| ApiError::bad_request("invalid_capability", "expires_at must be a non-negative integer (ms)"))?,
+        ),
+    };
     if request.grants.is_empty() {
         return Err(ApiError::bad_request("invalid_capability", "grants must not be empty"));
     }
@@ -93,7 +98,7 @@ pub(crate) async fn mint(
     let grants: Vec<Value> =
         request.grants.iter().map(|g| json!({"handler": g.handler, "operations": g.operations, "resources": g.resources})).collect();
     let mut data = json!({ "granter": server.hash(), "grantee": request.grantee, "grants": grants });
-    if let Some(t) = request.expires_at {
+    if let Some(t) = expires_at {
         data["expires_at"] = json!(t);
     }
     let token = json!({ "type": "system/capability/token", "data": data });

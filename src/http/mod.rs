@@ -30,7 +30,7 @@ use crate::registry::Registry;
 use crate::service::Core;
 use crate::store::Store;
 use error::ApiError;
-pub use error::refuse_head;
+pub use error::head_refusal;
 pub use sse::sse_frame;
 
 /// What every handler may use. Cloning is shallow.
@@ -150,7 +150,9 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(tree::root))
         .routes(routes!(tree::get, tree::put, tree::delete))
         .split_for_parts();
-    let _ = state.inner.openapi.set(openapi_paths(serde_json::to_value(&api).unwrap_or_default()));
+    let mut doc = openapi_paths(serde_json::to_value(&api).unwrap_or_default());
+    openapi::refine(&mut doc, state.settings());
+    let _ = state.inner.openapi.set(doc);
     let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

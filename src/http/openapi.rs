@@ -8,6 +8,9 @@ use serde::Serialize;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
+mod schemas;
+pub(crate) use schemas::refine;
+
 /// Every error answer: a stable code and a human message (some codes add
 /// fields, such as `supported` for `envelope_version_unsupported`).
 #[derive(Debug, Serialize, ToSchema)]
@@ -46,7 +49,7 @@ pub(crate) struct FilterParams {
                        resume with nothing lost. Every error answer is `{error, message}` with a stable code. Besides the codes \
                        listed per operation: an unknown path answers 404 `not_found`, a wrong method 405 `method_not_allowed`, \
                        a request target over 48 KiB 414 `uri_too_long`, a head with more than 100 headers or over 64 KiB \
-                       431 `headers_too_large` (both close the connection), \
+                       431 `headers_too_large`, a head that does not parse 400 `malformed_request` (each closes the connection), \
                        and an unexpected failure 500 `internal` (details are logged, never sent)."
     ),
     components(schemas(ErrorBody)),

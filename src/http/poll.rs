@@ -50,29 +50,20 @@ pub(crate) struct PollBody {
     accept_envelope: Option<String>,
 }
 
-/// A non-negative integer from a query string or a JSON number.
-fn uint(value: Option<&Value>, text: Option<&str>, code: &'static str, what: &str) -> Result<Option<u64>, InvalidField> {
-    let bad = || InvalidField::new(code, format!("{what} must be a non-negative integer"));
-    match (value, text) {
-        (Some(Value::Null), _) | (None, None) => Ok(None),
-        (Some(v), _) => v.as_u64().map(Some).ok_or_else(bad),
-        (None, Some(t)) => t.trim().parse::<u64>().map(Some).map_err(|_| bad()),
-    }
+/// A non-negative integer up to `max` from a query string or a JSON number
+/// (`5.0` is the integer 5, as JSON Schema counts it).
+fn uint(value: Option<&Value>, text: Option<&str>, max: u64, code: &'static str, what: &str) -> Result<Option<u64>, InvalidField> {
+    let bad = || InvalidField::new(code, format!("{what} must be an integer from 0 to {max}"));
+    let n = match (value, text) {
+        (Some(Value::Null), _) | (None, None) => return Ok(None),
+        (Some(v), _) => crate::json::as_uint(v),
+        (None, Some(t)) => t.trim().parse::<u64>().ok(),
+    };
+    n.filter(|n| *n <= max).map(Some).ok_or_else(bad)
 }
 
-/// The query form's filter as the JSON a consumer stores.
-fn query_filter_json(q: &FilterQuery) -> Option<String> {
-    if let Some(json) = &q.filter {
-        return Some(json.clone());
-    }
-    let mut map = serde_json::Map::new();
-    for (name, list) in [("types", &q.types), ("agents", &q.agents), ("targets", &q.targets)] {
-        if let Some(list) = list {
-            map.insert(name.to_owned(), list.split(',').map(|p| Value::String(p.trim().to_owned())).collect());
-        }
-    }
-    (!map.is_empty()).then(|| Value::Object(map).to_string())
-}
+/// Largest event id (a resume point or a cursor).
+const MAX_ID: u64 = i64::MAX as u64;
 
 /// `GET /v1/poll`.
 #[utoipa::path(
@@ -107,11 +98,11 @@ pub(crate) async fn poll_get(
     Filter::from_query(&q.filter, app.core().filter_limits())?;
     let since = q.since.as_deref().map(|s| parse_cursor(s, "invalid_since", "since")).transpose()?.map(|s| s as u64);
     let request = PollRequest {
-        filter_json: query_filter_json(&q.filter),
+        filter_json: crate::filter::query_json(&q.filter, app.core().filter_limits())?,
         since,
         consumer_id: q.consumer_id,
-        limit: uint(None, q.limit.as_deref(), "invalid_limit", "limit")?,
-        wait_ms: uint(None, q.wait_ms.as_deref(), "invalid_wait_ms", "wait_ms")?,
+        limit: uint(None, q.limit.as_deref(), u64::MAX, "invalid_limit", "limit")?,
+        wait_ms: uint(None, q.wait_ms.as_deref(), u64::MAX, "invalid_wait_ms", "wait_ms")?,
     };
     Ok(answer(service::poll(app.core(), &caller, request).await?))
 }
@@ -142,15 +133,19 @@ pub(crate) async fn poll_post(
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = super::events::read_body(app.settings(), &headers, body).await?;
-    let body: PollBody =
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request("invalid_poll", format!("the poll body is not valid: {e}")))?;
+    let body: PollBody = crate::json::from_object_slice(&bytes)
+        .map_err(|e| ApiError::bad_request("invalid_poll", format!("the poll body is not valid: {e}")))?;
     check_envelope(body.accept_envelope.as_deref())?;
+    let filter_json = body.filter.filter(|f| !f.is_null()).map(|f| f.to_string());
+    if let Some(json) = &filter_json {
+        Filter::from_json(json, app.core().filter_limits())?;
+    }
     let request = PollRequest {
-        filter_json: body.filter.filter(|f| !f.is_null()).map(|f| f.to_string()),
-        since: uint(body.since.as_ref(), None, "invalid_since", "since")?,
+        filter_json,
+        since: uint(body.since.as_ref(), None, MAX_ID, "invalid_since", "since")?,
         consumer_id: body.consumer_id,
-        limit: uint(body.limit.as_ref(), None, "invalid_limit", "limit")?,
-        wait_ms: uint(body.wait_ms.as_ref(), None, "invalid_wait_ms", "wait_ms")?,
+        limit: uint(body.limit.as_ref(), None, u64::MAX, "invalid_limit", "limit")?,
+        wait_ms: uint(body.wait_ms.as_ref(), None, u64::MAX, "invalid_wait_ms", "wait_ms")?,
     };
     Ok(answer(service::poll(app.core(), &caller, request).await?))
 }
@@ -209,9 +204,10 @@ pub(crate) async fn ack(
 ) -> Result<Json<Value>, ApiError> {
     check_consumer_id(&id)?;
     let bytes = super::events::read_body(app.settings(), &headers, body).await?;
-    let body: AckBody = serde_json::from_slice(&bytes)
+    let body: AckBody = crate::json::from_object_slice(&bytes)
         .map_err(|e| ApiError::bad_request("invalid_cursor", format!("the body must be {{\"cursor\": N}}: {e}")))?;
-    let cursor = uint(Some(&body.cursor), None, "invalid_cursor", "cursor")?.unwrap_or(0);
+    let cursor = uint(Some(&body.cursor), None, MAX_ID, "invalid_cursor", "cursor")?
+        .ok_or_else(|| InvalidField::new("invalid_cursor", "cursor must be an integer event id, not null"))?;
     let cursor = EventId::try_from(cursor).map_err(|_| InvalidField::new("invalid_cursor", "cursor is too large"))?;
     let cursor = service::ack(app.core(), &caller, &id, cursor).await?;
     Ok(Json(json!({ "consumer_id": id, "cursor": cursor })))

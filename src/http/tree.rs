@@ -15,7 +15,7 @@ use super::caller::Caller;
 use super::error::ApiError;
 use crate::service::tree::{self as service, Listing, Written};
 use crate::store::{ChangeKind, Condition};
-use crate::tree::{generate_id, validate_chain_id};
+use crate::tree::{generate_id, is_hash, validate_chain_id};
 
 fn etag(hash: &str) -> HeaderValue {
     HeaderValue::from_str(&format!("\"{hash}\"")).expect("hashes are header-safe")
@@ -27,15 +27,20 @@ fn unquote(v: &str) -> &str {
 }
 
 fn condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
+    // An empty header lists no entity tag: no condition.
     let text = |name| {
-        headers.get(name).map(|v| v.to_str().map_err(|_| ApiError::bad_request("invalid_condition", "unreadable precondition header")))
+        headers
+            .get(name)
+            .filter(|v| !v.as_bytes().iter().all(u8::is_ascii_whitespace))
+            .map(|v| v.to_str().map_err(|_| ApiError::bad_request("invalid_condition", "unreadable precondition header")))
     };
     match (text(header::IF_MATCH).transpose()?, text(header::IF_NONE_MATCH).transpose()?) {
         (Some(_), Some(_)) => Err(ApiError::bad_request("invalid_condition", "give If-Match or If-None-Match, not both")),
         // RFC 9110: `*` matches any current entity; with none there the
         // write is refused like any other failed precondition (409).
         (Some(m), None) if m.trim() == "*" => Ok(Condition::IfPresent),
-        (Some(m), None) => Ok(Condition::IfMatch(unquote(m).to_owned())),
+        (Some(m), None) if is_hash(unquote(m)) => Ok(Condition::IfMatch(unquote(m).to_owned())),
+        (Some(_), None) => Err(ApiError::bad_request("invalid_condition", "If-Match is * or an entity hash (sha256:<64 lowercase hex>)")),
         (None, Some("*")) => Ok(Condition::IfAbsent),
         (None, Some(_)) => Err(ApiError::bad_request("invalid_condition", "If-None-Match supports only *")),
         (None, None) => Ok(Condition::Always),

@@ -19,6 +19,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -113,6 +114,7 @@ fn build(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
 /// Answers a refused head and closes, reading (and dropping) what the
 /// client still sends for a moment so the answer is not lost to a reset.
 pub(super) async fn refuse(mut stream: TcpStream, response: Response<Body>, kill: &CancellationToken, write_timeout: Duration) {
+    count_refusal(response.status().as_u16());
     if write_response(&mut stream, response, kill, write_timeout).await.is_err() {
         return;
     }
@@ -265,15 +267,97 @@ fn hex_size(n: usize, out: &mut [u8; 18]) -> usize {
     len + 2
 }
 
-/// A connection with bytes already read put back in front, for hyper.
+/// A connection with bytes already read put back in front, for hyper; and
+/// hyper's own refusals (the empty `400`, `414` and `431` it answers to a
+/// head it cannot parse, on any request of a kept-alive connection) written
+/// as the API's JSON refusals instead, so every refusal has the one shape.
 pub(super) struct Rewind {
     prefix: Bytes,
     inner: TcpStream,
+    refusals: Arc<Refusals>,
+    /// A rewritten refusal not yet fully written.
+    pending: Bytes,
+}
+
+/// The API's answers to the heads hyper refuses by itself, rendered once.
+#[derive(Debug)]
+pub(super) struct Refusals {
+    malformed: Bytes,
+    uri_too_long: Bytes,
+    headers_too_large: Bytes,
+}
+
+impl Refusals {
+    /// Renders the answers `refuse` gives.
+    pub(super) async fn render(refuse: fn(HeadRefusal) -> Response<Body>) -> Self {
+        Self {
+            malformed: render(refuse(HeadRefusal::Malformed)).await,
+            uri_too_long: render(refuse(HeadRefusal::UriTooLong)).await,
+            headers_too_large: render(refuse(HeadRefusal::HeadersTooLarge)).await,
+        }
+    }
+
+    /// The JSON answer replacing `written`, if it is one of hyper's own
+    /// refusals: a whole response head, status 400/414/431, no body (the
+    /// HTTP layer's answers always have one).
+    fn replacing(&self, written: &[u8]) -> Option<Bytes> {
+        let rest = written.strip_prefix(b"HTTP/1.1 ")?;
+        let (answer, status) = match rest.get(..4)? {
+            b"400 " => (&self.malformed, 400),
+            b"414 " => (&self.uri_too_long, 414),
+            b"431 " => (&self.headers_too_large, 431),
+            _ => return None,
+        };
+        let head_end = written.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+        let empty = written[..head_end].to_ascii_lowercase().windows(19).any(|w| w == b"\r\ncontent-length: 0");
+        if head_end != written.len() || !empty {
+            return None;
+        }
+        count_refusal(status);
+        Some(answer.clone())
+    }
+}
+
+/// Counts a refusal no route saw, under the route `unmatched`.
+fn count_refusal(status: u16) {
+    metrics::counter!(crate::metrics::HTTP_REQUESTS, "route" => "unmatched", "status" => status.to_string()).increment(1);
+}
+
+/// A whole response as bytes (its body is a small JSON error).
+async fn render(response: Response<Body>) -> Bytes {
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let mut out = Vec::with_capacity(256 + body.len());
+    out.extend_from_slice(format!("HTTP/1.1 {} {}\r\n", parts.status.as_str(), parts.status.canonical_reason().unwrap_or("")).as_bytes());
+    for (name, value) in &parts.headers {
+        if [header::CONTENT_LENGTH, header::CONNECTION].contains(name) {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("content-length: {}\r\nconnection: close\r\n\r\n", body.len()).as_bytes());
+    out.extend_from_slice(&body);
+    out.into()
 }
 
 impl Rewind {
-    pub(super) fn new(prefix: Bytes, inner: TcpStream) -> Self {
-        Self { prefix, inner }
+    pub(super) fn new(prefix: Bytes, inner: TcpStream, refusals: Arc<Refusals>) -> Self {
+        Self { prefix, inner, refusals, pending: Bytes::new() }
+    }
+
+    /// Writes what is pending of a rewritten refusal.
+    fn drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.pending.is_empty() {
+            let n = std::task::ready!(Pin::new(&mut self.inner).poll_write(cx, &self.pending))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.pending.advance(n);
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -291,10 +375,25 @@ impl AsyncRead for Rewind {
 
 impl AsyncWrite for Rewind {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        std::task::ready!(self.drain(cx))?;
+        if let Some(answer) = self.refusals.replacing(buf) {
+            // Taken whole; written by this and the next polls (hyper
+            // flushes, then shuts the connection down, after a refusal).
+            self.pending = answer;
+            let _ = self.drain(cx)?;
+            return Poll::Ready(Ok(buf.len()));
+        }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        // A refusal head is one small write; only a write that starts like
+        // one is looked at whole.
+        if bufs.iter().find(|b| !b.is_empty()).is_some_and(|b| b.starts_with(b"HTTP/1.1 4")) {
+            let whole: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            return self.poll_write(cx, &whole);
+        }
+        std::task::ready!(self.drain(cx))?;
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -303,10 +402,12 @@ impl AsyncWrite for Rewind {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.drain(cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.drain(cx))?;
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

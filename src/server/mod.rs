@@ -12,6 +12,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -38,6 +39,8 @@ pub const MAX_HEADERS: usize = 100;
 /// A request head over the limits above.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadRefusal {
+    /// The head does not parse as HTTP/1.1: `400`.
+    Malformed,
     /// The request target is longer than [`MAX_TARGET`]: `414`.
     UriTooLong,
     /// More than [`MAX_HEADERS`] headers, or a head over [`MAX_HEAD`]: `431`.
@@ -104,6 +107,7 @@ pub struct ServeOptions {
 pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
     let force = CancellationToken::new();
+    let refusals = Arc::new(direct::Refusals::render(options.refuse).await);
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -122,7 +126,7 @@ pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions,
         };
         let _ = stream.set_nodelay(true);
         let connection = Connection { kill: force.child_token(), peer };
-        tracker.spawn(serve_connection(stream, connection, router.clone(), options.clone(), shutdown.clone()));
+        tracker.spawn(serve_connection(stream, connection, router.clone(), options.clone(), refusals.clone(), shutdown.clone()));
     }
     drop(listener);
     tracker.close();
@@ -138,6 +142,7 @@ async fn serve_connection(
     connection: Connection,
     router: Router,
     options: ServeOptions,
+    refusals: Arc<direct::Refusals>,
     shutdown: CancellationToken,
 ) {
     let header_timeout = options.header_timeout;
@@ -149,7 +154,9 @@ async fn serve_connection(
         direct::First::Gone => {}
         direct::First::Stream(request) => direct::serve(stream, *request, connection, router, options.write_timeout).await,
         direct::First::Refused(refusal) => direct::refuse(stream, (options.refuse)(refusal), &connection.kill, options.write_timeout).await,
-        direct::First::Other(read) => serve_hyper(direct::Rewind::new(read, stream), connection, router, header_timeout, shutdown).await,
+        direct::First::Other(read) => {
+            serve_hyper(direct::Rewind::new(read, stream, refusals), connection, router, header_timeout, shutdown).await
+        }
     }
 }
 

@@ -115,7 +115,8 @@ pub struct PollPage {
     pub gap: Option<Gap>,
 }
 
-const MAX_CONSUMER_ID: usize = 128;
+/// Longest consumer id.
+pub const MAX_CONSUMER_ID: usize = 128;
 
 /// Checks a consumer id: 1 to 128 characters of `[A-Za-z0-9._:-]`.
 pub fn check_consumer_id(id: &str) -> Result<(), InvalidField> {
@@ -150,7 +151,9 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     let since =
         request.since.map(|s| EventId::try_from(s).map_err(|_| InvalidField::new("invalid_since", "since is too large"))).transpose()?;
     metrics::counter!(m::POLL_REQUESTS).increment(1);
-    let limits = core.filter_limits();
+    // Transports hold each form a client sends to the limits; a filter
+    // here may be the merge of two (`filter::query_json`).
+    let limits = core.filter_limits().merged();
     // Validate a given filter before anything is stored.
     if let Some(json) = &request.filter_json {
         Filter::from_json(json, limits)?;

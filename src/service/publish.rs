@@ -134,7 +134,7 @@ pub async fn publish(core: &Core, caller: &Identity, body: &[u8]) -> Result<Vec<
     let mut primary = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let at = |msg: String| if batch { format!("events[{i}]: {msg}") } else { msg };
-        let mut request: PublishRequest = serde_json::from_value(item).map_err(|e| PublishError::InvalidEvent(at(e.to_string())))?;
+        let mut request: PublishRequest = crate::json::from_object(item).map_err(|e| PublishError::InvalidEvent(at(e.to_string())))?;
         // A publisher is its agent: it cannot claim another agent's id
         // (agent filters mean nothing if agents can be forged), and events
         // without an agent are attributed to it.

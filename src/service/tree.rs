@@ -192,8 +192,8 @@ pub async fn put(
     chain_id: String,
 ) -> Result<Written, TreeError> {
     check_write(caller, path, false)?;
-    let entity: Entity =
-        serde_json::from_slice(body).map_err(|e| TreeError::InvalidEntity(format!("the body must be {{\"type\", \"data\"}}: {e}")))?;
+    let entity: Entity = crate::json::from_object_slice(body)
+        .map_err(|e| TreeError::InvalidEntity(format!("the body must be {{\"type\", \"data\"}}: {e}")))?;
     entity.check().map_err(|e| TreeError::InvalidEntity(e.0))?;
     let (canonical, hash) = entity.canonical();
     let write = TreeWrite {

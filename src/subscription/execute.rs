@@ -91,7 +91,7 @@ struct CancelData {
 
 /// Runs one EXECUTE.
 pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result<Executed, ExecuteError> {
-    let envelope: Envelope = match serde_json::from_slice(body) {
+    let envelope: Envelope = match crate::json::from_object_slice(body) {
         Ok(e) => e,
         Err(e) => {
             return Err(ExecuteError::InvalidExecute(format!(
@@ -115,7 +115,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
             Err(e) => return Err(ExecuteError::InvalidIncluded(format!("included {hash}: {e}"))),
         }
     }
-    let data: ExecuteData = match serde_json::from_value(envelope.execute.data.clone()) {
+    let data: ExecuteData = match crate::json::from_object(envelope.execute.data.clone()) {
         Ok(d) => d,
         Err(e) => return Err(ExecuteError::InvalidExecute(format!("execute data: {e}"))),
     };
@@ -180,7 +180,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
         if params.kind != "system/subscription/cancel" {
             return Err(ExecuteError::InvalidParams("unsubscribe params are a system/subscription/cancel".into()));
         }
-        return match serde_json::from_value::<CancelData>(params.data) {
+        return match crate::json::from_object::<CancelData>(params.data) {
             Ok(cancel) => handler.unsubscribe(&caller, &cancel.subscription_id).await,
             Err(e) => Err(ExecuteError::InvalidParams(e.to_string())),
         };
@@ -191,7 +191,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
     let Some(pattern) = patterns.into_iter().next() else {
         return Err(ExecuteError::InvalidResource("subscribe needs resource.targets[0], the pattern to watch".into()));
     };
-    let request: RequestData = match serde_json::from_value(params.data) {
+    let request: RequestData = match crate::json::from_object(params.data) {
         Ok(r) => r,
         Err(e) => return Err(ExecuteError::InvalidParams(e.to_string())),
     };

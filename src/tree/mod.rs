@@ -88,6 +88,11 @@ impl Entity {
     }
 }
 
+/// Whether `s` is an entity hash: `sha256:` and 64 lowercase hex digits.
+pub fn is_hash(s: &str) -> bool {
+    s.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+}
+
 /// `sha256:<hex>` of canonical JSON text.
 pub fn hash_canonical(canonical: &str) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(canonical.as_bytes())))

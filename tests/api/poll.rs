@@ -16,7 +16,8 @@ both_stores!(
     expiry_answers_410,
     operators_and_bad_input,
     a_resume_point_the_log_cannot_serve_is_a_gap,
-    a_repeated_parameter_is_a_json_refusal
+    a_repeated_parameter_is_a_json_refusal,
+    bodies_are_objects_and_query_filters_combine
 );
 
 async fn get(app: &TestApp, query: &str) -> (u16, Value) {
@@ -300,4 +301,49 @@ async fn a_repeated_parameter_is_a_json_refusal(backend: Backend) {
         assert_eq!(body["error"], "invalid_query", "{path}: {body}");
         assert!(body["message"].as_str().unwrap().contains("duplicate"), "{path}: {body}");
     }
+}
+
+/// What `/openapi.json` says of requests holds: a body is a JSON object
+/// (serde alone would take an array of the fields), `5.0` is an integer, a
+/// malformed `If-Match` is refused, and the query's comma lists add to a
+/// `filter=` JSON (a payload rule with a type pattern).
+async fn bodies_are_objects_and_query_filters_combine(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let post = |path: &str, body: &str| {
+        let r = app.http.post(app.url(path)).header("content-type", "application/json").body(body.to_owned()).send();
+        async move {
+            let r = r.await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, body) = post("/v1/poll", "[null, null]").await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_poll")), "{body}");
+    let (status, body) = post("/v1/events", r#"{"events": [["comment.posted"]]}"#).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_event")), "{body}");
+    assert_eq!(app.head().await, 0, "nothing stored");
+    let r = app.http.put(app.url("/v1/tree/notes/a")).json(&json!(["note", {}])).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let r =
+        app.http.put(app.url("/v1/tree/notes/a")).header("if-match", "{}").json(&json!({"type": "note", "data": {}})).send().await.unwrap();
+    assert_eq!(r.status(), 400, "a malformed If-Match");
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "invalid_condition");
+    let (status, body) = post("/v1/poll", r#"{"since": 0.0, "limit": 5.0, "wait_ms": 0.0}"#).await;
+    assert_eq!(status, 200, "integral numbers are integers: {body}");
+    let (status, body) = post("/v1/poll", r#"{"limit": 5.5}"#).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_limit")), "{body}");
+
+    for (event_type, n) in [("comment.posted", 1), ("comment.posted", 2), ("paper.cited", 1)] {
+        app.publish(event_type, json!({"n": n})).await;
+    }
+    let filter = r#"{"payload": {"==": [{"var": "n"}, 1]}}"#;
+    let query = format!("since=0&types=comment.*&filter={}", form_urlencoded::byte_serialize(filter.as_bytes()).collect::<String>());
+    let (status, page) = get(&app, &query).await;
+    assert_eq!(status, 200, "{page}");
+    let got: Vec<(&str, i64)> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["event_type"].as_str().unwrap(), e["payload"]["n"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(got, [("comment.posted", 1)], "the rule and the type pattern both apply");
 }
