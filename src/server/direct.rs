@@ -267,8 +267,10 @@ fn hex_size(n: usize, out: &mut [u8; 18]) -> usize {
     len + 2
 }
 
-/// A connection with bytes already read put back in front, for hyper; and
-/// hyper's own refusals (the empty `400`, `414` and `431` it answers to a
+/// A connection with bytes already read put back in front, for hyper; a
+/// write deadline (a write that makes no progress for the write timeout
+/// fails, and hyper closes the connection: a client that takes no bytes of
+/// a poll page holds it no longer than a stream's); and hyper's own refusals (the empty `400`, `414` and `431` it answers to a
 /// head it cannot parse, on any request of a kept-alive connection) written
 /// as the API's JSON refusals instead, so every refusal has the one shape.
 pub(super) struct Rewind {
@@ -277,6 +279,9 @@ pub(super) struct Rewind {
     refusals: Arc<Refusals>,
     /// A rewritten refusal not yet fully written.
     pending: Bytes,
+    write_timeout: Duration,
+    /// Running while a write waits for the socket.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// The API's answers to the heads hyper refuses by itself, rendered once.
@@ -344,14 +349,32 @@ async fn render(response: Response<Body>) -> Bytes {
 }
 
 impl Rewind {
-    pub(super) fn new(prefix: Bytes, inner: TcpStream, refusals: Arc<Refusals>) -> Self {
-        Self { prefix, inner, refusals, pending: Bytes::new() }
+    pub(super) fn new(prefix: Bytes, inner: TcpStream, refusals: Arc<Refusals>, write_timeout: Duration) -> Self {
+        Self { prefix, inner, refusals, pending: Bytes::new(), write_timeout, stalled: None }
+    }
+
+    /// Applies the write deadline to one poll of a write.
+    fn deadline<T>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let timeout = self.write_timeout;
+        let sleep = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if sleep.as_mut().poll(cx).is_ready() {
+            self.stalled = None;
+            metrics::counter!(crate::metrics::CLIENTS_DROPPED, "reason" => "write_stalled").increment(1);
+            tracing::debug!(reason = "write_stalled", "closing a connection whose client takes no bytes");
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        }
+        Poll::Pending
     }
 
     /// Writes what is pending of a rewritten refusal.
     fn drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.pending.is_empty() {
-            let n = std::task::ready!(Pin::new(&mut self.inner).poll_write(cx, &self.pending))?;
+            let polled = Pin::new(&mut self.inner).poll_write(cx, &self.pending);
+            let n = std::task::ready!(self.deadline(cx, polled))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -383,7 +406,8 @@ impl AsyncWrite for Rewind {
             let _ = self.drain(cx)?;
             return Poll::Ready(Ok(buf.len()));
         }
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.deadline(cx, polled)
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
@@ -394,7 +418,8 @@ impl AsyncWrite for Rewind {
             return self.poll_write(cx, &whole);
         }
         std::task::ready!(self.drain(cx))?;
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.deadline(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {

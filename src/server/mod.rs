@@ -92,10 +92,11 @@ pub struct ServeOptions {
     /// Whether a `GET` of this path is a stream that takes the direct path
     /// (the HTTP layer says which of its routes are).
     pub direct: fn(&str) -> bool,
-    /// A stream write on the direct path that does not complete within this
-    /// (the slow-client timeout plus the eviction grace) closes the
-    /// connection: a client that takes no bytes holds nothing for longer,
-    /// live or replaying (the broker only sees live queues).
+    /// A write that makes no progress within this (the slow-client timeout
+    /// plus the eviction grace) closes the connection, on the direct path
+    /// and on hyper's: a client that takes no bytes holds nothing for
+    /// longer, a stream live or replaying (the broker only sees live
+    /// queues) or a poll page.
     pub write_timeout: Duration,
     /// The answer to a head over the limits (the HTTP layer's JSON error).
     pub refuse: fn(HeadRefusal) -> axum::response::Response,
@@ -155,7 +156,8 @@ async fn serve_connection(
         direct::First::Stream(request) => direct::serve(stream, *request, connection, router, options.write_timeout).await,
         direct::First::Refused(refusal) => direct::refuse(stream, (options.refuse)(refusal), &connection.kill, options.write_timeout).await,
         direct::First::Other(read) => {
-            serve_hyper(direct::Rewind::new(read, stream, refusals), connection, router, header_timeout, shutdown).await
+            serve_hyper(direct::Rewind::new(read, stream, refusals, options.write_timeout), connection, router, header_timeout, shutdown)
+                .await
         }
     }
 }

@@ -225,6 +225,8 @@ async fn replaying_streams_that_never_read_hold_little_and_are_closed(backend: B
         ("TIDINGS_SLOW_CLIENT_TIMEOUT", "1s".to_owned()),
         ("TIDINGS_EVICTION_GRACE", "1s".to_owned()),
         ("TIDINGS_MAX_BODY", "4MiB".to_owned()),
+        // Poll pages larger than a socket's send buffer can grow to (4 MiB).
+        ("TIDINGS_POLL_MAX_LIMIT", "10000".to_owned()),
         // Its stderr is a pipe nobody reads here: keep it quiet.
         ("TIDINGS_LOG", "warn".to_owned()),
     ];
@@ -284,4 +286,37 @@ async fn replaying_streams_that_never_read_hold_little_and_are_closed(backend: B
     let grew_mib = peak().saturating_sub(before) / 1024;
     assert!(grew_mib < 200, "{STUCK} stuck replaying streams grew the peak RSS by {grew_mib} MiB");
     drop(stuck);
+
+    // Polls too: pages of 10,000 events (about 10 MiB, more than the kernel
+    // takes off the server's hands) to clients that never read are given
+    // up on after the same deadline, not held for good.
+    let stalled = |text: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("tidings_clients_dropped_total{") && l.contains("reason=\"write_stalled\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let metrics = || async { http.get(format!("{}/metrics", server.base)).send().await.unwrap().text().await.unwrap() };
+    let stalled_before = stalled(&metrics().await);
+    const POLLS: usize = 10;
+    let mut polls = Vec::new();
+    for _ in 0..POLLS {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(addr).await.unwrap();
+        stream.write_all(b"GET /v1/poll?since=0&limit=10000 HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+        polls.push(stream);
+    }
+    let mut closed = 0.0;
+    for _ in 0..1200 {
+        closed = stalled(&metrics().await) - stalled_before;
+        if closed >= POLLS as f64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // (A page is as large as TIDINGS_POLL_MAX_LIMIT lets it be; what the
+    // deadline bounds is how long it is held.)
+    assert_eq!(closed, POLLS as f64, "every poll whose client takes no bytes was closed");
+    drop(polls);
 }
