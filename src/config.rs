@@ -151,6 +151,10 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_HEARTBEAT", default_value = "15s", value_parser = duration)]
     pub heartbeat: Duration,
 
+    /// Largest WebSocket message a client may send (beyond: close 1009).
+    #[arg(long, env = "TIDINGS_WS_MAX_MESSAGE", default_value = "64KiB", value_parser = byte_size)]
+    pub ws_max_message: usize,
+
     /// Reconnect delay advertised to SSE clients (`retry:`).
     #[arg(long, env = "TIDINGS_SSE_RETRY", default_value = "2s", value_parser = duration)]
     pub sse_retry: Duration,

@@ -13,6 +13,7 @@ mod ops;
 mod poll;
 mod sse;
 mod tree;
+mod ws;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -135,6 +136,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(ops::live_page))
         .routes(routes!(events::publish))
         .routes(routes!(sse::stream))
+        .routes(routes!(ws::upgrade))
         .routes(routes!(poll::poll_get, poll::poll_post))
         .routes(routes!(poll::list))
         .routes(routes!(poll::delete))

@@ -368,6 +368,13 @@ pub trait ConsumerStore: Send + Sync + std::fmt::Debug + 'static {
     /// Collects consumers silent since before `before_ms`, remembering their
     /// ids; returns how many.
     async fn consumer_expire(&self, before_ms: i64) -> Result<u64, StoreError>;
+
+    /// The acknowledged cursor of a WebSocket device, if it ever acked.
+    async fn device_cursor(&self, owner: &str, device_id: &str) -> Result<Option<EventId>, StoreError>;
+
+    /// Acknowledges `seq` for a device: the cursor becomes
+    /// `max(cursor, min(seq, head))` (created at that value); returns it.
+    async fn device_ack(&self, owner: &str, device_id: &str, seq: EventId, now_ms: i64) -> Result<EventId, StoreError>;
 }
 
 /// The entity tree (compare-and-swap writes that append their change event

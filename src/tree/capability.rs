@@ -99,6 +99,22 @@ pub fn verify_signed(included: &Included, target: &str, signer: &str) -> Result<
     if valid { Ok(()) } else { Err(CapabilityError::Unsigned(target.to_owned(), signer.to_owned())) }
 }
 
+/// Verifies a proof of origin that carries its identity inline: `signature`
+/// (base64 Ed25519) by the key of `identity` (a `system/identity` entity)
+/// over the ASCII bytes of `target` (a hash). Returns the identity's hash:
+/// who signed.
+pub fn verify_inline(identity: &Value, target: &str, signature: &str) -> Result<String, CapabilityError> {
+    let hash = hash_of(identity)?;
+    let included: Included = std::iter::once((hash.clone(), identity.clone())).collect();
+    let key = identity_key(&included, &hash)?;
+    let valid = base64::engine::general_purpose::STANDARD
+        .decode(signature)
+        .ok()
+        .and_then(|s| Signature::from_slice(&s).ok())
+        .is_some_and(|s| key.verify(target.as_bytes(), &s).is_ok());
+    if valid { Ok(hash) } else { Err(CapabilityError::Unsigned(target.to_owned(), hash)) }
+}
+
 /// One grant of a token.
 #[derive(Debug, Clone)]
 pub struct Grant {

@@ -165,4 +165,33 @@ impl ConsumerStore for EmbeddedStore {
         })
         .await
     }
+
+    async fn device_cursor(&self, owner: &str, device_id: &str) -> Result<Option<EventId>, StoreError> {
+        let (owner, device_id) = (owner.to_owned(), device_id.to_owned());
+        self.read(move |conn| {
+            conn.query_row(
+                "SELECT cursor FROM tidings_device_cursors WHERE owner = ?1 AND device_id = ?2",
+                params![owner, device_id],
+                |r| r.get(0),
+            )
+            .optional()
+        })
+        .await
+    }
+
+    async fn device_ack(&self, owner: &str, device_id: &str, seq: EventId, now_ms: i64) -> Result<EventId, StoreError> {
+        let (owner, device_id) = (owner.to_owned(), device_id.to_owned());
+        self.write(move |conn| {
+            conn.query_row(
+                "INSERT INTO tidings_device_cursors (owner, device_id, cursor, updated_ms)
+                 VALUES (?1, ?2, max(0, min(?3, (SELECT last_id FROM tidings_head))), ?4)
+                 ON CONFLICT (owner, device_id) DO UPDATE SET
+                     cursor = max(cursor, min(?3, (SELECT last_id FROM tidings_head))), updated_ms = ?4
+                 RETURNING cursor",
+                params![owner, device_id, seq, now_ms],
+                |r| r.get(0),
+            )
+        })
+        .await
+    }
 }

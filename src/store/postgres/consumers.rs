@@ -144,4 +144,30 @@ impl ConsumerStore for PostgresStore {
             .await
             .map_err(pg_error)
     }
+
+    async fn device_cursor(&self, owner: &str, device_id: &str) -> Result<Option<EventId>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt("SELECT cursor FROM tidings_device_cursors WHERE owner = $1 AND device_id = $2", &[&owner, &device_id])
+            .await
+            .map_err(pg_error)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn device_ack(&self, owner: &str, device_id: &str, seq: EventId, now_ms: i64) -> Result<EventId, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "INSERT INTO tidings_device_cursors (owner, device_id, cursor, updated_ms)
+                 VALUES ($1, $2, GREATEST(0, LEAST($3, (SELECT last_id FROM tidings_head))), $4)
+                 ON CONFLICT (owner, device_id) DO UPDATE SET
+                     cursor = GREATEST(tidings_device_cursors.cursor, LEAST($3, (SELECT last_id FROM tidings_head))),
+                     updated_ms = $4
+                 RETURNING cursor",
+                &[&owner, &device_id, &seq, &now_ms],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(row.get(0))
+    }
 }

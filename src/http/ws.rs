@@ -1,0 +1,439 @@
+//! `GET /v1/ws`: the WebSocket JSON-RPC transport (seed 003) for devices
+//! and CLIs behind NAT. This file frames and drives one connection: the
+//! `stream.hello` it speaks first, `stream.auth`, `sync.delta` and
+//! `stream.ack` requests, `stream.event` notifications and the close codes.
+//! What they decide (proofs, the device cursor, catch-up pages) is
+//! [`crate::service::device`]; delivery is a
+//! [`Session`](crate::service::session::Session), as for SSE.
+//!
+//! Library: axum's `ws` (tokio-tungstenite underneath): the upgrade runs
+//! through the same router, middleware and caller extraction as every
+//! route, and exposes tungstenite's buffer sizes, which are tuned here: a
+//! 4 KiB read buffer instead of 128 KiB, and eager writes with no write
+//! buffer of their own, so an idle connection costs about what an idle SSE
+//! stream does.
+//!
+//! Order (the seed's, none of it reversed): hello before reading anything;
+//! at auth the live subscription is registered before the head is read;
+//! realtime frames start only once catch-up was answered up to at least
+//! that head (at once when the device's cursor is the head). While a device
+//! catches up no live subscription is held, so nothing can overflow or be
+//! dropped: when its last `sync.delta` page reaches the head, delivery goes
+//! live after exactly that page's end (history first, then live, as a
+//! resumed SSE stream does).
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse as _, Response};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::AppState;
+use super::caller::Caller;
+use super::error::ApiError;
+use crate::auth::Identity;
+use crate::broker::Frame;
+use crate::event::EventId;
+use crate::filter::Filter;
+use crate::server::Connection;
+use crate::service::device::{self, DeviceError};
+use crate::service::error::{Kind, Refusal};
+use crate::service::limits::StreamPermit;
+use crate::service::session::{End, Item, Session, Start, record_delivery};
+
+/// The profiles `stream.hello` announces.
+const PROFILES: [&str; 2] = ["x_tidings.stream.v1", "x_tidings.inbox.v1"];
+
+/// Close codes (RFC 6455, as seed 003 uses them).
+mod close {
+    pub(super) const NORMAL: u16 = 1000;
+    pub(super) const GOING_AWAY: u16 = 1001;
+    pub(super) const PROTOCOL: u16 = 1002;
+    pub(super) const UNSUPPORTED: u16 = 1003;
+    pub(super) const INVALID: u16 = 1007;
+    pub(super) const TOO_BIG: u16 = 1009;
+    pub(super) const INTERNAL: u16 = 1011;
+    pub(super) const TRY_LATER: u16 = 1013;
+}
+
+/// Opens a WebSocket: JSON-RPC 2.0 text frames; the server speaks first.
+#[utoipa::path(
+    get,
+    path = "/v1/ws",
+    tag = "streams",
+    responses(
+        (status = 101, description = "Switching protocols: JSON-RPC 2.0 text frames. The server sends `stream.hello {server_did, head_seq, profiles, nonce}`; the client sends `stream.auth {body: {device_id, cursor?, filter?}, origin_proof}` once, then `sync.delta {device_id, since, limit?}` pages and `stream.ack {body: {seq}, origin_proof}`; the server pushes `stream.event {seq, event}`. Errors carry `data.code` (`proof_invalid`, `proof_not_owner`, `invalid_device_id`, `invalid_seq`, `invalid_filter`, `invalid_request`, `unauthorized`). Close codes: 1000 normal (also after a failed handshake), 1001 shutdown, 1002 protocol error, 1003 binary frame, 1007 invalid UTF-8 or JSON, 1009 message over TIDINGS_WS_MAX_MESSAGE, 1011 internal error, 1013 try again later (`slow_consumer`, stream limits)"),
+        (status = 426, description = "`upgrade_required`: not a WebSocket upgrade request", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
+pub(crate) async fn upgrade(
+    State(app): State<AppState>,
+    caller: Result<Caller, ApiError>,
+    connection: Option<Extension<Connection>>,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    let Ok(ws) = ws else {
+        let refusal = ApiError::new(StatusCode::UPGRADE_REQUIRED, "upgrade_required", "GET /v1/ws is a WebSocket upgrade");
+        let mut response = refusal.into_response();
+        response.headers_mut().insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        return response;
+    };
+    let settings = app.settings();
+    let ws =
+        ws.read_buffer_size(4096).write_buffer_size(0).max_message_size(settings.ws_max_message).max_frame_size(settings.ws_max_message);
+    // A refused token is answered on the socket (one error frame, then
+    // close 1000), as the protocol says, rather than as an HTTP refusal.
+    let caller = caller.map(|c| c.0).map_err(|_| "unauthorized");
+    let permit = caller.as_ref().ok().map(|c| app.core().limits().acquire_stream(c).map_err(|e| e.code()));
+    let kill = connection.map(|c| c.0.kill_token());
+    ws.on_upgrade(move |socket| async move {
+        let ws = Ws { socket, app, nonce: crate::tree::generate_id(), awaiting_pong: false, device: None };
+        ws.run(caller, permit, kill).await;
+    })
+}
+
+/// An authenticated device.
+struct Device {
+    owner: String,
+    device_id: String,
+    caller: Identity,
+    filter_json: Option<String>,
+    filter: Arc<Filter>,
+    /// The head read at auth: realtime starts once catch-up reached it.
+    head: EventId,
+    /// Live delivery, once realtime started.
+    session: Option<Session>,
+    /// Held while the device is connected.
+    _permit: StreamPermit,
+}
+
+/// One connection.
+struct Ws {
+    socket: WebSocket,
+    app: AppState,
+    nonce: String,
+    awaiting_pong: bool,
+    device: Option<Box<Device>>,
+}
+
+/// What handling one message leads to.
+enum Next {
+    Go,
+    Close(u16, &'static str),
+}
+
+impl Ws {
+    async fn run(
+        mut self,
+        caller: Result<Identity, &'static str>,
+        permit: Option<Result<StreamPermit, &'static str>>,
+        kill: Option<CancellationToken>,
+    ) {
+        let head = self.app.core().broker().position();
+        let hello = json!({"jsonrpc": "2.0", "method": "stream.hello", "params": {
+            "server_did": self.app.core().server().hash(), "head_seq": head, "profiles": PROFILES, "nonce": self.nonce,
+        }});
+        if self.send_json(&hello).await.is_err() {
+            return;
+        }
+        let caller = match caller {
+            Ok(c) => c,
+            Err(code) => {
+                let _ = self.send_error(&Value::Null, -32001, code, "the token is missing or not valid").await;
+                return self.close(close::NORMAL, code).await;
+            }
+        };
+        let mut permit = match permit {
+            Some(Ok(p)) => Some(p),
+            Some(Err(code)) => return self.close(close::TRY_LATER, code).await,
+            None => None,
+        };
+        let shutdown = self.app.core().shutdown_token();
+        let kill = kill.unwrap_or_default();
+        let mut ping = tokio::time::interval(self.app.settings().heartbeat);
+        ping.tick().await;
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => Next::Close(close::GOING_AWAY, "shutdown"),
+                _ = kill.cancelled() => return,
+                message = self.socket.recv() => match message {
+                    None => return,
+                    Some(Ok(message)) => self.on_message(message, &caller, &mut permit).await,
+                    Some(Err(e)) => read_error(e),
+                },
+                item = next_item(&mut self.device) => self.on_item(item).await,
+                _ = ping.tick() => {
+                    if self.awaiting_pong {
+                        // No pong within a heartbeat interval: the peer is gone.
+                        return;
+                    }
+                    self.awaiting_pong = true;
+                    if self.socket.send(Message::Ping(Default::default())).await.is_err() { return; }
+                    Next::Go
+                }
+            };
+            if let Next::Close(code, reason) = next {
+                return self.close(code, reason).await;
+            }
+        }
+    }
+
+    async fn close(mut self, code: u16, reason: &'static str) {
+        let _ = self.socket.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
+    }
+
+    async fn send_json(&mut self, value: &Value) -> Result<(), axum::Error> {
+        self.socket.send(Message::Text(value.to_string().into())).await
+    }
+
+    async fn send_error(&mut self, id: &Value, code: i64, data_code: &str, message: &str) -> Result<(), axum::Error> {
+        let frame = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message, "data": {"code": data_code}}});
+        self.send_json(&frame).await
+    }
+
+    /// A typed refusal as a JSON-RPC error.
+    async fn send_refusal(&mut self, id: &Value, refusal: &(dyn Refusal + Sync)) -> Next {
+        let (code, data_code, message) = (rpc_code(refusal.kind()), refusal.code(), refusal.message());
+        match self.send_error(id, code, data_code, &message).await {
+            Ok(()) => Next::Go,
+            Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+        }
+    }
+
+    async fn on_message(&mut self, message: Message, caller: &Identity, permit: &mut Option<StreamPermit>) -> Next {
+        let text = match message {
+            Message::Text(text) => text,
+            Message::Binary(_) => return Next::Close(close::UNSUPPORTED, "text_frames_only"),
+            Message::Pong(_) => {
+                self.awaiting_pong = false;
+                return Next::Go;
+            }
+            Message::Ping(_) => return Next::Go,
+            Message::Close(_) => return Next::Close(close::NORMAL, "closed"),
+        };
+        let Ok(request) = serde_json::from_str::<Value>(text.as_str()) else { return Next::Close(close::INVALID, "invalid_json") };
+        let (Some(method), true) = (request["method"].as_str(), request["jsonrpc"] == "2.0") else {
+            return Next::Close(close::PROTOCOL, "not_jsonrpc");
+        };
+        let id = request.get("id").cloned().unwrap_or(Value::Null);
+        let params = request.get("params").cloned().unwrap_or(Value::Null);
+        match method {
+            "stream.auth" => self.auth(&id, params, caller, permit).await,
+            "sync.delta" if self.device.is_none() => Next::Close(close::PROTOCOL, "delta_before_auth"),
+            "sync.delta" => self.delta(&id, &params).await,
+            "stream.ack" if self.device.is_none() => Next::Close(close::PROTOCOL, "ack_before_auth"),
+            "stream.ack" => self.ack(&id, params).await,
+            _ => Next::Close(close::PROTOCOL, "unknown_method"),
+        }
+    }
+
+    async fn auth(&mut self, id: &Value, params: Value, caller: &Identity, permit: &mut Option<StreamPermit>) -> Next {
+        if self.device.is_some() {
+            return match self.send_error(id, -32600, "invalid_request", "stream.auth is sent once per connection").await {
+                Ok(()) => Next::Go,
+                Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+            };
+        }
+        let body = params.get("body").cloned().unwrap_or(Value::Null);
+        let owner = match device::verify("stream.auth", &body, &self.nonce, params.get("origin_proof")) {
+            Ok(owner) => owner,
+            Err(e) => {
+                let _ = self.send_refusal(id, &e).await;
+                return Next::Close(close::NORMAL, "proof_invalid");
+            }
+        };
+        let device_id = body["device_id"].as_str().unwrap_or("").to_owned();
+        if let Err(e) = device::check_device_id(&device_id) {
+            return self.send_refusal(id, &e).await;
+        }
+        let given = match body.get("cursor") {
+            None | Some(Value::Null) => None,
+            Some(v) => match crate::json::as_uint(v).and_then(|c| EventId::try_from(c).ok()) {
+                Some(c) => Some(c),
+                None => return self.send_refusal(id, &DeviceError::InvalidSeq).await,
+            },
+        };
+        let core = self.app.core().clone();
+        let filter_json = body.get("filter").filter(|f| !f.is_null()).map(Value::to_string);
+        let filter = match &filter_json {
+            Some(json) => match Filter::from_json(json, core.filter_limits()) {
+                Ok(f) => f,
+                Err(e) => return self.send_refusal(id, &e).await,
+            },
+            None => Filter::any(),
+        };
+        let filter = Arc::new(caller.restrict(filter));
+        let Some(permit) = permit.take() else { return Next::Close(close::INTERNAL, "no_permit") };
+        // Register first, then read the head: the session's position is
+        // the head as of its registration.
+        let session = match Session::open(&core, filter.clone(), Start::Now, core.session_options("ws")).await {
+            Ok(s) => s,
+            Err(e) => return self.send_refusal(id, &e).await,
+        };
+        let head = session.cursor();
+        let cursor = match device::resume_point(&core, &owner, &device_id, given, head).await {
+            Ok(c) => c,
+            Err(e) => return self.send_refusal(id, &e).await,
+        };
+        // At the head: realtime right away, on the session registered above.
+        // Behind: the device catches up with sync.delta first.
+        let session = (cursor >= head).then_some(session);
+        self.device =
+            Some(Box::new(Device { owner, device_id, caller: caller.clone(), filter_json, filter, head, session, _permit: permit }));
+        self.answer(id, json!({"head_seq": head, "cursor": cursor})).await
+    }
+
+    async fn delta(&mut self, id: &Value, params: &Value) -> Next {
+        let Some(dev) = self.device.as_deref() else { return Next::Close(close::PROTOCOL, "delta_before_auth") };
+        if params["device_id"].as_str() != Some(dev.device_id.as_str()) {
+            let e = DeviceError::InvalidDeviceId;
+            return self.send_refusal(id, &e).await;
+        }
+        let Some(since) = crate::json::as_uint(&params["since"]).and_then(|s| EventId::try_from(s).ok()) else {
+            return self.send_refusal(id, &DeviceError::InvalidSeq).await;
+        };
+        let limit = params.get("limit").and_then(crate::json::as_uint);
+        let core = self.app.core().clone();
+        let page = match device::delta(&core, &dev.caller, dev.filter_json.clone(), since, limit).await {
+            Ok(page) => page,
+            Err(e) => return self.send_refusal(id, &e).await,
+        };
+        let mut out = Vec::with_capacity(128 + page.events.iter().map(|f| f.envelope.len() + 32).sum::<usize>());
+        out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+        out.extend_from_slice(id.to_string().as_bytes());
+        out.extend_from_slice(b",\"result\":{\"items\":[");
+        for (i, frame) in page.events.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(format!("{{\"seq\":{},\"event\":", frame.id).as_bytes());
+            out.extend_from_slice(&frame.envelope);
+            out.push(b'}');
+        }
+        out.extend_from_slice(format!("],\"next_since\":{},\"has_more\":{}", page.next_since, page.has_more).as_bytes());
+        if let Some(gap) = page.gap {
+            let gap = json!({"requested": gap.requested, "available_from": gap.available_from, "head": gap.head});
+            out.extend_from_slice(format!(",\"gap\":{gap}").as_bytes());
+        }
+        out.extend_from_slice(b"}}");
+        let text = String::from_utf8(out).expect("JSON is UTF-8");
+        if self.socket.send(Message::Text(text.into())).await.is_err() {
+            return Next::Close(close::INTERNAL, "write_failed");
+        }
+        // Caught up to at least the head of the auth: realtime from exactly
+        // where this answer ends.
+        let Some(dev) = self.device.as_deref_mut() else { return Next::Go };
+        if dev.session.is_none() && !page.has_more && page.next_since >= dev.head {
+            match Session::open(&core, dev.filter.clone(), Start::After(page.next_since), core.session_options("ws")).await {
+                Ok(session) => dev.session = Some(session),
+                Err(e) => return self.send_refusal(&Value::Null, &e).await,
+            }
+        }
+        Next::Go
+    }
+
+    async fn ack(&mut self, id: &Value, params: Value) -> Next {
+        let Some(dev) = self.device.as_deref() else { return Next::Close(close::PROTOCOL, "ack_before_auth") };
+        let (owner, device_id) = (dev.owner.clone(), dev.device_id.clone());
+        let body = params.get("body").cloned().unwrap_or(Value::Null);
+        let signer = match device::verify("stream.ack", &body, &self.nonce, params.get("origin_proof")) {
+            Ok(signer) => signer,
+            Err(e) => return self.send_refusal(id, &e).await,
+        };
+        if signer != owner {
+            return self.send_refusal(id, &DeviceError::NotOwner).await;
+        }
+        let Some(seq) = crate::json::as_uint(&body["seq"]).and_then(|s| EventId::try_from(s).ok()) else {
+            return self.send_refusal(id, &DeviceError::InvalidSeq).await;
+        };
+        let core = self.app.core().clone();
+        match device::ack(&core, &owner, &device_id, seq).await {
+            Ok(cursor) => self.answer(id, json!({"cursor": cursor})).await,
+            Err(e) => self.send_refusal(id, &e).await,
+        }
+    }
+
+    async fn answer(&mut self, id: &Value, result: Value) -> Next {
+        match self.send_json(&json!({"jsonrpc": "2.0", "id": id, "result": result})).await {
+            Ok(()) => Next::Go,
+            Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+        }
+    }
+
+    async fn on_item(&mut self, item: Item) -> Next {
+        match item {
+            Item::Events { frames, replayed } => {
+                for frame in &frames {
+                    if self.socket.send(Message::Text(event_frame(frame).into())).await.is_err() {
+                        return Next::Close(close::INTERNAL, "write_failed");
+                    }
+                }
+                record_delivery("ws", &frames, replayed);
+                Next::Go
+            }
+            Item::Gap(gap) => {
+                let notice = json!({"jsonrpc": "2.0", "method": "stream.gap", "params": {
+                    "requested": gap.requested, "available_from": gap.available_from, "head": gap.head,
+                }});
+                match self.send_json(&notice).await {
+                    Ok(()) => Next::Go,
+                    Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+                }
+            }
+            Item::CaughtUp | Item::ScanLimit | Item::Heartbeat => Next::Go,
+            Item::Dropped(_) => Next::Close(close::TRY_LATER, "slow_consumer"),
+            Item::End(End::Shutdown) => Next::Close(close::GOING_AWAY, "shutdown"),
+            Item::End(End::Failed) => Next::Close(close::INTERNAL, "store_unavailable"),
+            Item::End(End::Over) => Next::Close(close::NORMAL, "over"),
+        }
+    }
+}
+
+/// The next delivery of a device that is live; never, otherwise.
+async fn next_item(device: &mut Option<Box<Device>>) -> Item {
+    match device.as_mut().and_then(|d| d.session.as_mut()) {
+        Some(session) => session.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `stream.event {seq, event}`, spliced around the shared envelope.
+fn event_frame(frame: &Frame) -> String {
+    let mut out = String::with_capacity(frame.envelope.len() + 64);
+    out.push_str("{\"jsonrpc\":\"2.0\",\"method\":\"stream.event\",\"params\":{\"seq\":");
+    out.push_str(itoa::Buffer::new().format(frame.id));
+    out.push_str(",\"event\":");
+    out.push_str(std::str::from_utf8(&frame.envelope).expect("envelopes are JSON"));
+    out.push_str("}}");
+    out
+}
+
+/// The close a read error calls for.
+fn read_error(e: axum::Error) -> Next {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    match e.into_inner().downcast::<WsError>().map(|e| *e) {
+        Ok(WsError::Capacity(_)) => Next::Close(close::TOO_BIG, "message_too_big"),
+        Ok(WsError::Utf8(_)) => Next::Close(close::INVALID, "invalid_utf8"),
+        Ok(WsError::Protocol(_)) => Next::Close(close::PROTOCOL, "protocol_error"),
+        _ => Next::Close(close::INTERNAL, "read_failed"),
+    }
+}
+
+/// The JSON-RPC error code of each kind of refusal (`data.code` carries the
+/// stable code).
+fn rpc_code(kind: Kind) -> i64 {
+    match kind {
+        Kind::Invalid | Kind::TooLarge | Kind::Unprocessable | Kind::NotAcceptable => -32602,
+        Kind::Unauthenticated => -32001,
+        Kind::Forbidden => -32003,
+        Kind::NotFound | Kind::Gone => -32004,
+        Kind::Conflict => -32009,
+        Kind::TooMany | Kind::Unavailable => -32013,
+        Kind::Internal => -32603,
+    }
+}

@@ -1,0 +1,314 @@
+//! `GET /v1/ws` (seed 003) with a real WebSocket client (tokio-tungstenite):
+//! hello first, signed auth, the head at auth, catch-up then realtime with
+//! no gap and no duplicate at the seam, the ack-only device cursor, and the
+//! close codes.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use base64::Engine as _;
+use ed25519_dalek::{Signer as _, SigningKey};
+use futures_util::{SinkExt as _, StreamExt as _};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::both_stores;
+use crate::helpers::{Backend, TestApp, spawn_app};
+
+both_stores!(
+    hello_first_then_auth_answers_the_head,
+    catch_up_then_realtime_without_gap_or_duplicate,
+    the_device_cursor_moves_only_by_acks,
+    every_close_code
+);
+
+/// A device's identity: an Ed25519 key and its `system/identity` entity.
+struct Key {
+    key: SigningKey,
+    entity: Value,
+}
+
+impl Key {
+    fn new() -> Self {
+        let key = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
+        let public = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes());
+        let entity = json!({"type": "system/identity", "data": {"algorithm": "ed25519", "public_key": public}});
+        Key { key, entity }
+    }
+
+    /// `origin_proof` for `method` and `body` on the connection with `nonce`.
+    fn proof(&self, method: &str, body: &Value, nonce: &str) -> Value {
+        let target = tidings::service::device::proof_target(method, body, nonce);
+        let signature = base64::engine::general_purpose::STANDARD.encode(self.key.sign(target.as_bytes()).to_bytes());
+        json!({"identity": self.entity, "signature": signature})
+    }
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A JSON-RPC client over one connection.
+struct Client {
+    ws: Socket,
+    hello: Value,
+    nonce: String,
+    next_id: u64,
+    /// Notifications received while waiting for an answer.
+    pending: VecDeque<Value>,
+}
+
+impl Client {
+    async fn connect(app: &TestApp) -> Self {
+        let url = format!("{}/v1/ws", app.base.replace("http://", "ws://"));
+        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.expect("the upgrade succeeds");
+        let hello = read_json(&mut ws).await;
+        let nonce = hello["params"]["nonce"].as_str().unwrap_or_default().to_owned();
+        Client { ws, hello, nonce, next_id: 1, pending: VecDeque::new() }
+    }
+
+    async fn send(&mut self, value: Value) {
+        self.ws.send(Message::text(value.to_string())).await.unwrap();
+    }
+
+    /// Sends a request and waits for its answer (result or error).
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
+        loop {
+            let message = read_json(&mut self.ws).await;
+            if message["id"] == id {
+                return message;
+            }
+            self.pending.push_back(message);
+        }
+    }
+
+    async fn auth(&mut self, key: &Key, body: Value) -> Value {
+        let proof = key.proof("stream.auth", &body, &self.nonce);
+        self.call("stream.auth", json!({"body": body, "origin_proof": proof})).await
+    }
+
+    async fn ack(&mut self, key: &Key, seq: i64) -> Value {
+        let body = json!({"seq": seq});
+        let proof = key.proof("stream.ack", &body, &self.nonce);
+        self.call("stream.ack", json!({"body": body, "origin_proof": proof})).await
+    }
+
+    /// The next notification.
+    async fn notification(&mut self) -> Value {
+        match self.pending.pop_front() {
+            Some(n) => n,
+            None => read_json(&mut self.ws).await,
+        }
+    }
+
+    /// Reads until the server's close frame; its code and reason.
+    async fn closed(&mut self) -> (u16, String) {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), self.ws.next()).await.expect("the server closes") {
+                Some(Ok(Message::Close(Some(frame)))) => return (u16::from(frame.code), frame.reason.to_string()),
+                Some(Ok(Message::Close(None))) | None => panic!("closed without a close frame"),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => panic!("closed with {e}"),
+            }
+        }
+    }
+}
+
+async fn read_json(ws: &mut Socket) -> Value {
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.expect("a frame in time").expect("open").unwrap();
+        match message {
+            Message::Text(text) => return serde_json::from_str(text.as_str()).unwrap(),
+            Message::Ping(_) | Message::Pong(_) => {}
+            other => panic!("expected a text frame, got {other:?}"),
+        }
+    }
+}
+
+async fn hello_first_then_auth_answers_the_head(backend: Backend) {
+    let app = spawn_app(backend).await;
+    for i in 0..3 {
+        app.publish("comment.posted", json!({"n": i})).await;
+    }
+    let mut client = Client::connect(&app).await;
+    // The server speaks first.
+    assert_eq!(client.hello["method"], "stream.hello");
+    let identity: Value = app.http.get(app.url("/v1/identity")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(client.hello["params"]["server_did"], identity["hash"]);
+    assert_eq!(client.hello["params"]["profiles"], json!(["x_tidings.stream.v1", "x_tidings.inbox.v1"]));
+    assert!(client.nonce.len() >= 16, "a fresh nonce: {}", client.hello);
+    let other = Client::connect(&app).await;
+    assert_ne!(other.nonce, client.nonce, "one nonce per connection");
+    // A new device starts at the authoritative head.
+    let key = Key::new();
+    let answer = client.auth(&key, json!({"device_id": "laptop"})).await;
+    assert_eq!(answer["result"], json!({"head_seq": 3, "cursor": 3}), "{answer}");
+    // At the head: realtime at once.
+    let id = app.publish("comment.posted", json!({"n": 3})).await;
+    let event = client.notification().await;
+    assert_eq!(event["method"], "stream.event");
+    assert_eq!(event["params"]["seq"], id);
+    assert_eq!(event["params"]["event"]["event_id"], id);
+    assert_eq!(event["params"]["event"]["payload"]["n"], 3);
+}
+
+/// With 8 publishers running, a device behind the head pages `sync.delta`
+/// to the end, then takes realtime frames: every id exactly once,
+/// ascending, and no realtime frame before its last catch-up answer.
+async fn catch_up_then_realtime_without_gap_or_duplicate(backend: Backend) {
+    let app = Arc::new(spawn_app(backend).await);
+    for i in 0..50 {
+        app.publish("comment.posted", json!({"n": i})).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let publishers: Vec<_> = (0..8)
+        .map(|_| {
+            let (app, stop) = (app.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    ids.push(app.publish("comment.posted", json!({})).await);
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut client = Client::connect(&app).await;
+    let key = Key::new();
+    let answer = client.auth(&key, json!({"device_id": "phone", "cursor": 0, "filter": {"types": ["comment.*"]}})).await;
+    let head = answer["result"]["head_seq"].as_i64().unwrap();
+    assert_eq!(answer["result"]["cursor"], 0, "a new device with a given cursor resumes there: {answer}");
+    assert!(head >= 50);
+    let mut seen = Vec::new();
+    let mut since = 0;
+    loop {
+        let page = client.call("sync.delta", json!({"device_id": "phone", "since": since, "limit": 40})).await;
+        assert!(client.pending.is_empty(), "no realtime frame before catch-up is answered: {:?}", client.pending);
+        let result = &page["result"];
+        seen.extend(result["items"].as_array().unwrap().iter().map(|i| i["seq"].as_i64().unwrap()));
+        since = result["next_since"].as_i64().unwrap();
+        if !result["has_more"].as_bool().unwrap() && since >= head {
+            break;
+        }
+    }
+    // Realtime from here on, while the publishers go on a little longer.
+    let mut realtime = Vec::new();
+    for _ in 0..20 {
+        let n = client.notification().await;
+        assert_eq!(n["method"], "stream.event");
+        realtime.push(n["params"]["seq"].as_i64().unwrap());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut published: Vec<i64> = (1..=50).collect();
+    for p in publishers {
+        published.extend(p.await.unwrap());
+    }
+    published.sort_unstable();
+    let last = *published.last().unwrap();
+    while realtime.last().copied().unwrap_or(0) < last {
+        realtime.push(client.notification().await["params"]["seq"].as_i64().unwrap());
+    }
+    assert!(*seen.last().unwrap() >= head, "catch-up reached the head of the auth");
+    assert!(seen.iter().any(|id| *id > head) || realtime.iter().any(|id| *id > head), "publishers ran across the seam");
+    let all: Vec<i64> = seen.into_iter().chain(realtime).collect();
+    assert_eq!(all, published, "every id exactly once, ascending");
+}
+
+/// The cursor: only acks move it, never backwards, never past the head;
+/// an ack before auth or by another identity changes nothing; catch-up and
+/// a given cursor never write it; (owner, device) is the key.
+async fn the_device_cursor_moves_only_by_acks(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let batch: Vec<Value> = (0..60).map(|_| json!({"event_type": "comment.posted"})).collect();
+    assert_eq!(app.post_events(&json!({"events": batch})).await.0, 201);
+    let (key, stranger) = (Key::new(), Key::new());
+    // An ack before auth is a protocol error: close 1002, nothing stored.
+    let mut early = Client::connect(&app).await;
+    let body = json!({"seq": 30});
+    let proof = key.proof("stream.ack", &body, &early.nonce);
+    early.send(json!({"jsonrpc": "2.0", "id": 1, "method": "stream.ack", "params": {"body": body, "origin_proof": proof}})).await;
+    assert_eq!(early.closed().await.0, 1002);
+
+    let mut client = Client::connect(&app).await;
+    let answer = client.auth(&key, json!({"device_id": "d1", "cursor": 5})).await;
+    assert_eq!(answer["result"]["cursor"], 5, "a given cursor is used, not stored: {answer}");
+    assert_eq!(client.ack(&key, 50).await["result"]["cursor"], 50);
+    assert_eq!(client.ack(&key, 10).await["result"]["cursor"], 50, "never backwards");
+    assert_eq!(client.ack(&key, 1000).await["result"]["cursor"], 60, "never past the head");
+    let refused = client.ack(&stranger, 55).await;
+    assert_eq!(refused["error"]["data"]["code"], "proof_not_owner", "{refused}");
+    // A delta with a since does not move it.
+    let page = client.call("sync.delta", json!({"device_id": "d1", "since": 0, "limit": 5})).await;
+    assert_eq!(page["result"]["items"].as_array().unwrap().len(), 5, "{page}");
+    drop(client);
+
+    // The same (owner, device) resumes from its acked cursor, whatever
+    // cursor it gives; another device of the owner, and the same device id
+    // of another owner, have their own.
+    let mut again = Client::connect(&app).await;
+    assert_eq!(again.auth(&key, json!({"device_id": "d1", "cursor": 2})).await["result"]["cursor"], 60);
+    let mut other_device = Client::connect(&app).await;
+    assert_eq!(other_device.auth(&key, json!({"device_id": "d2"})).await["result"]["cursor"], 60, "d2 starts at the head");
+    assert_eq!(other_device.ack(&key, 20).await["result"]["cursor"], 20);
+    let mut other_owner = Client::connect(&app).await;
+    assert_eq!(other_owner.auth(&stranger, json!({"device_id": "d1", "cursor": 7})).await["result"]["cursor"], 7);
+    let mut check = Client::connect(&app).await;
+    assert_eq!(check.auth(&key, json!({"device_id": "d2"})).await["result"]["cursor"], 20);
+}
+
+/// Each close code of the seed, provoked.
+async fn every_close_code(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let key = Key::new();
+    // 1003: a binary frame.
+    let mut c = Client::connect(&app).await;
+    c.ws.send(Message::binary(vec![1, 2, 3])).await.unwrap();
+    assert_eq!(c.closed().await.0, 1003);
+    // 1007: not JSON, and a text frame that is not UTF-8.
+    let mut c = Client::connect(&app).await;
+    c.ws.send(Message::text("not json")).await.unwrap();
+    assert_eq!(c.closed().await.0, 1007);
+    let mut c = Client::connect(&app).await;
+    let frame = tokio_tungstenite::tungstenite::protocol::frame::Frame::message(
+        vec![0xff, 0xfe, 0x80],
+        tokio_tungstenite::tungstenite::protocol::frame::coding::OpCode::Data(
+            tokio_tungstenite::tungstenite::protocol::frame::coding::Data::Text,
+        ),
+        true,
+    );
+    c.ws.send(Message::Frame(frame)).await.unwrap();
+    assert_eq!(c.closed().await.0, 1007);
+    // 1009: over TIDINGS_WS_MAX_MESSAGE.
+    let mut c = Client::connect(&app).await;
+    c.ws.send(Message::text(format!("{{\"pad\": \"{}\"}}", "x".repeat(100 * 1024)))).await.unwrap();
+    assert_eq!(c.closed().await.0, 1009);
+    // 1002: JSON that is not JSON-RPC, and an unknown method.
+    let mut c = Client::connect(&app).await;
+    c.send(json!({"hello": "there"})).await;
+    assert_eq!(c.closed().await.0, 1002);
+    let mut c = Client::connect(&app).await;
+    c.send(json!({"jsonrpc": "2.0", "id": 1, "method": "stream.nope"})).await;
+    assert_eq!(c.closed().await.0, 1002);
+    // A bad proof: one error frame, then 1000.
+    let mut c = Client::connect(&app).await;
+    let body = json!({"device_id": "x"});
+    let wrong_nonce = key.proof("stream.auth", &body, "another-connection");
+    let answer = c.call("stream.auth", json!({"body": body, "origin_proof": wrong_nonce})).await;
+    assert_eq!(answer["error"]["data"]["code"], "proof_invalid", "{answer}");
+    assert_eq!(c.closed().await.0, 1000);
+    // A second auth: -32600 invalid_request, the connection stays.
+    let mut c = Client::connect(&app).await;
+    assert!(c.auth(&key, json!({"device_id": "x"})).await["result"].is_object());
+    let second = c.auth(&key, json!({"device_id": "x"})).await;
+    assert_eq!((second["error"]["code"].as_i64(), second["error"]["data"]["code"].as_str()), (Some(-32600), Some("invalid_request")));
+    assert!(c.auth(&key, json!({"device_id": "x"})).await["error"].is_object(), "still open");
+    // 1001: the server shuts down; every socket is told.
+    let mut live = Client::connect(&app).await;
+    live.auth(&key, json!({"device_id": "y"})).await;
+    app.shutdown.cancel();
+    assert_eq!(c.closed().await.0, 1001);
+    assert_eq!(live.closed().await.0, 1001);
+}
