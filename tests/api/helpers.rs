@@ -327,3 +327,13 @@ pub(crate) async fn spawn_process_at(envs: &[(&str, String)], port: u16) -> Proc
     }
     panic!("tidings did not become ready");
 }
+
+/// A fresh Ed25519 key, its `system/identity` entity and the entity's hash.
+pub(crate) fn ed25519_identity() -> (ed25519_dalek::SigningKey, Value, String) {
+    use base64::Engine as _;
+    let key = ed25519_dalek::SigningKey::from_bytes(&rand::random::<[u8; 32]>());
+    let public = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes());
+    let entity = json!({"type": "system/identity", "data": {"algorithm": "ed25519", "public_key": public}});
+    let hash = tidings::tree::capability::hash_of(&entity).unwrap();
+    (key, entity, hash)
+}

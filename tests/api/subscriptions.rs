@@ -127,10 +127,7 @@ struct Peer {
 
 impl Peer {
     fn new() -> Self {
-        let key = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
-        let public = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes());
-        let entity = json!({"type": "system/identity", "data": {"algorithm": "ed25519", "public_key": public}});
-        let hash = hash_of(&entity).unwrap();
+        let (key, entity, hash) = crate::helpers::ed25519_identity();
         Peer { key, entity, hash }
     }
 

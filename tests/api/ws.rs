@@ -32,9 +32,7 @@ struct Key {
 
 impl Key {
     fn new() -> Self {
-        let key = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
-        let public = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes());
-        let entity = json!({"type": "system/identity", "data": {"algorithm": "ed25519", "public_key": public}});
+        let (key, entity, _) = crate::helpers::ed25519_identity();
         Key { key, entity }
     }
 
