@@ -54,7 +54,7 @@ pub const NOTIFICATION_OUTCOMES: &[&str] =
     &["delivered", "rate_limited", "max_events_reached", "max_duration_reached", "deliver_token_expired"];
 
 /// Transports that deliver events.
-pub const TRANSPORTS: &[&str] = &["sse", "poll"];
+pub const TRANSPORTS: &[&str] = &["sse", "poll", "ws"];
 /// Why the server ends a client.
 /// Why the server ends a client: the broker's evictions (`queue_full`,
 /// `no_progress`), and a stream connection closed because a write made no

@@ -24,4 +24,4 @@ mod stream;
 mod subscriptions;
 mod taxonomy;
 mod tree;
-mod ws;
+pub(crate) mod ws;

@@ -41,7 +41,7 @@ async fn every_family_from_start_up_and_promtool_accepts_it(backend: Backend) {
         );
     }
     // Labels are bounded: transports, reasons, types, route templates.
-    for transport in ["sse", "poll"] {
+    for transport in ["sse", "poll", "ws"] {
         assert!(text.contains(&format!("tidings_clients_connected{{transport=\"{transport}\"}}")));
     }
     let promtool = which("promtool").expect("promtool is needed (scripts/test installs Debian's prometheus package)");

@@ -142,8 +142,16 @@ async fn visibility_matrix_has_no_leaks(backend: Backend) {
     let reader = |level: &str| token(&format!("reader-{level}"), json!({"subscribe": ["**"], "visibility": level}));
     let types = "types=comment.posted,tree.*";
     let mut live = Vec::new();
+    let mut live_ws = Vec::new();
+    let device = crate::ws::Key::new();
     for level in levels {
         live.push(stream_as(&app, &reader(level), types).await);
+        // WebSocket: the upgrade's token sets the grants and visibility.
+        let mut ws = crate::ws::Client::connect_with(&app, &format!("?access_token={}", reader(level))).await;
+        let answer =
+            ws.auth(&device, json!({"device_id": format!("live-{level}"), "filter": {"types": ["comment.posted", "tree.*"]}})).await;
+        assert!(answer["result"].is_object(), "{answer}");
+        live_ws.push(ws);
     }
     // (id, index of the lowest level that may see it)
     let mut ids = Vec::new();
@@ -176,11 +184,27 @@ async fn visibility_matrix_has_no_leaks(backend: Backend) {
         assert_eq!(live[r].ids(expected.len()).await, expected, "live, reader {level}");
         let mut replay = stream_as(&app, &reader(level), &format!("{types}&since=0")).await;
         assert_eq!(replay.ids(expected.len()).await, expected, "replay, reader {level}");
-        let r = app.http.get(app.url("/v1/poll?since=0&limit=100")).bearer_auth(reader(level)).send().await.unwrap();
-        let page: Value = r.json().await.unwrap();
+        let response = app.http.get(app.url("/v1/poll?since=0&limit=100")).bearer_auth(reader(level)).send().await.unwrap();
+        let page: Value = response.json().await.unwrap();
         let polled: Vec<i64> = page["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_i64().unwrap()).collect();
         assert_eq!(polled, expected, "poll, reader {level}");
+        let mut got = Vec::new();
+        while got.len() < expected.len() {
+            got.push(live_ws[r].notification().await["params"]["seq"].as_i64().unwrap());
+        }
+        assert_eq!(got, expected, "WebSocket live, reader {level}");
+        let mut ws = crate::ws::Client::connect_with(&app, &format!("?access_token={}", reader(level))).await;
+        ws.auth(&device, json!({"device_id": format!("catch-up-{level}"), "cursor": 0, "filter": {"types": ["comment.posted", "tree.*"]}}))
+            .await;
+        let page = ws.call("sync.delta", json!({"device_id": format!("catch-up-{level}"), "since": 0, "limit": 100})).await;
+        let caught: Vec<i64> = page["result"]["items"].as_array().unwrap().iter().map(|i| i["seq"].as_i64().unwrap()).collect();
+        assert_eq!(caught, expected, "WebSocket catch-up, reader {level}");
     }
+    // A bad token on the upgrade: one error frame, then close 1000.
+    let mut ws = crate::ws::Client::connect_with(&app, "?access_token=not-a-token").await;
+    let error = ws.notification().await;
+    assert_eq!(error["error"]["data"]["code"], "unauthorized", "{error}");
+    assert_eq!(ws.closed().await.0, 1000);
 }
 
 async fn grant_intersection_and_token_carriers(backend: Backend) {

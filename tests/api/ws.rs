@@ -25,13 +25,13 @@ both_stores!(
 );
 
 /// A device's identity: an Ed25519 key and its `system/identity` entity.
-struct Key {
+pub(crate) struct Key {
     key: SigningKey,
     entity: Value,
 }
 
 impl Key {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let (key, entity, _) = crate::helpers::ed25519_identity();
         Key { key, entity }
     }
@@ -47,7 +47,7 @@ impl Key {
 type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// A JSON-RPC client over one connection.
-struct Client {
+pub(crate) struct Client {
     ws: Socket,
     hello: Value,
     nonce: String,
@@ -57,8 +57,13 @@ struct Client {
 }
 
 impl Client {
-    async fn connect(app: &TestApp) -> Self {
-        let url = format!("{}/v1/ws", app.base.replace("http://", "ws://"));
+    pub(crate) async fn connect(app: &TestApp) -> Self {
+        Self::connect_with(app, "").await
+    }
+
+    /// Connects with a query string (`?access_token=…`).
+    pub(crate) async fn connect_with(app: &TestApp, query: &str) -> Self {
+        let url = format!("{}/v1/ws{query}", app.base.replace("http://", "ws://"));
         let (mut ws, _) = tokio_tungstenite::connect_async(url).await.expect("the upgrade succeeds");
         let hello = read_json(&mut ws).await;
         let nonce = hello["params"]["nonce"].as_str().unwrap_or_default().to_owned();
@@ -70,7 +75,7 @@ impl Client {
     }
 
     /// Sends a request and waits for its answer (result or error).
-    async fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.next_id;
         self.next_id += 1;
         self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
@@ -83,7 +88,7 @@ impl Client {
         }
     }
 
-    async fn auth(&mut self, key: &Key, body: Value) -> Value {
+    pub(crate) async fn auth(&mut self, key: &Key, body: Value) -> Value {
         let proof = key.proof("stream.auth", &body, &self.nonce);
         self.call("stream.auth", json!({"body": body, "origin_proof": proof})).await
     }
@@ -95,7 +100,7 @@ impl Client {
     }
 
     /// The next notification.
-    async fn notification(&mut self) -> Value {
+    pub(crate) async fn notification(&mut self) -> Value {
         match self.pending.pop_front() {
             Some(n) => n,
             None => read_json(&mut self.ws).await,
@@ -103,7 +108,7 @@ impl Client {
     }
 
     /// Reads until the server's close frame; its code and reason.
-    async fn closed(&mut self) -> (u16, String) {
+    pub(crate) async fn closed(&mut self) -> (u16, String) {
         loop {
             match tokio::time::timeout(Duration::from_secs(10), self.ws.next()).await.expect("the server closes") {
                 Some(Ok(Message::Close(Some(frame)))) => return (u16::from(frame.code), frame.reason.to_string()),
