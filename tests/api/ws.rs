@@ -15,13 +15,14 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::both_stores;
-use crate::helpers::{Backend, TestApp, spawn_app};
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
 
 both_stores!(
     hello_first_then_auth_answers_the_head,
     catch_up_then_realtime_without_gap_or_duplicate,
     the_device_cursor_moves_only_by_acks,
-    every_close_code
+    every_close_code,
+    stream_limits_close_with_1013
 );
 
 /// A device's identity: an Ed25519 key and its `system/identity` entity.
@@ -91,6 +92,20 @@ impl Client {
     pub(crate) async fn auth(&mut self, key: &Key, body: Value) -> Value {
         let proof = key.proof("stream.auth", &body, &self.nonce);
         self.call("stream.auth", json!({"body": body, "origin_proof": proof})).await
+    }
+
+    /// Authenticates; `false` if the server closed the connection instead
+    /// (over the stream limit).
+    async fn authed_or_closed(&mut self, key: &Key, body: Value) -> bool {
+        let proof = key.proof("stream.auth", &body, &self.nonce);
+        self.send(json!({"jsonrpc": "2.0", "id": 0, "method": "stream.auth", "params": {"body": body, "origin_proof": proof}})).await;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), self.ws.next()).await.expect("an answer in time") {
+                Some(Ok(Message::Text(text))) => return serde_json::from_str::<Value>(text.as_str()).unwrap()["result"].is_object(),
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return false,
+                Some(Ok(_)) => {}
+            }
+        }
     }
 
     async fn ack(&mut self, key: &Key, seq: i64) -> Value {
@@ -314,4 +329,26 @@ async fn every_close_code(backend: Backend) {
     app.shutdown.cancel();
     assert_eq!(c.closed().await.0, 1001);
     assert_eq!(live.closed().await.0, 1001);
+}
+
+/// 1013 over the stream limit; a connection's place is given back when it
+/// ends.
+async fn stream_limits_close_with_1013(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.max_streams = 1).await;
+    let key = Key::new();
+    let first = Client::connect(&app).await;
+    let mut second = Client::connect(&app).await;
+    assert_eq!(second.closed().await, (1013, "too_many_streams".to_owned()));
+    drop(first);
+    // The permit is released when the first connection's task ends: until
+    // then a new connection is refused the same way.
+    let mut tries = 0;
+    loop {
+        let mut c = Client::connect(&app).await;
+        if c.authed_or_closed(&key, json!({"device_id": "next"})).await {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 500, "the place was given back");
+    }
 }
