@@ -106,6 +106,9 @@ struct Device {
     filter: Arc<Filter>,
     /// The head read at auth: realtime starts once catch-up reached it.
     head: EventId,
+    /// The highest seq the device has from this connection or its cursor:
+    /// realtime frames at or below it are not sent again.
+    delivered: EventId,
     /// Live delivery, once realtime started.
     session: Option<Session>,
     /// Held while the device is connected.
@@ -275,7 +278,15 @@ impl Ws {
             Ok(s) => s,
             Err(e) => return self.send_refusal(id, &e).await,
         };
-        let head = session.cursor();
+        // The authoritative head is the store's, read after registering:
+        // the broker's position may not have seen the latest commits yet
+        // (PostgreSQL wakes it by LISTEN), and the session delivers
+        // everything after that position, so what lies between the two
+        // arrives live and is skipped below up to the device's cursor.
+        let head = match core.store().head().await {
+            Ok(h) => h.max(session.cursor()),
+            Err(e) => return self.send_refusal(id, &e).await,
+        };
         let cursor = match device::resume_point(&core, &owner, &device_id, given, head).await {
             Ok(c) => c,
             Err(e) => return self.send_refusal(id, &e).await,
@@ -283,8 +294,17 @@ impl Ws {
         // At the head: realtime right away, on the session registered above.
         // Behind: the device catches up with sync.delta first.
         let session = (cursor >= head).then_some(session);
-        self.device =
-            Some(Box::new(Device { owner, device_id, caller: caller.clone(), filter_json, filter, head, session, _permit: permit }));
+        self.device = Some(Box::new(Device {
+            owner,
+            device_id,
+            caller: caller.clone(),
+            filter_json,
+            filter,
+            head,
+            delivered: cursor,
+            session,
+            _permit: permit,
+        }));
         self.answer(id, json!({"head_seq": head, "cursor": cursor})).await
     }
 
@@ -328,6 +348,7 @@ impl Ws {
         // Caught up to at least the head of the auth: realtime from exactly
         // where this answer ends.
         let Some(dev) = self.device.as_deref_mut() else { return Next::Go };
+        dev.delivered = dev.delivered.max(page.next_since);
         if dev.session.is_none() && !page.has_more && page.next_since >= dev.head {
             match Session::open(&core, dev.filter.clone(), Start::After(page.next_since), core.session_options("ws")).await {
                 Ok(session) => dev.session = Some(session),
@@ -368,10 +389,14 @@ impl Ws {
     async fn on_item(&mut self, item: Item) -> Next {
         match item {
             Item::Events { frames, replayed } => {
-                for frame in &frames {
+                let floor = self.device.as_ref().map_or(0, |d| d.delivered);
+                for frame in frames.iter().filter(|f| f.id > floor) {
                     if self.socket.send(Message::Text(event_frame(frame).into())).await.is_err() {
                         return Next::Close(close::INTERNAL, "write_failed");
                     }
+                }
+                if let (Some(dev), Some(last)) = (self.device.as_deref_mut(), frames.last()) {
+                    dev.delivered = dev.delivered.max(last.id);
                 }
                 record_delivery("ws", &frames, replayed);
                 Next::Go
