@@ -22,7 +22,8 @@ both_stores!(
     catch_up_then_realtime_without_gap_or_duplicate,
     the_device_cursor_moves_only_by_acks,
     every_close_code,
-    stream_limits_close_with_1013
+    stream_limits_close_with_1013,
+    a_peer_that_answers_no_ping_is_closed
 );
 
 /// A device's identity: an Ed25519 key and its `system/identity` entity.
@@ -350,5 +351,44 @@ async fn stream_limits_close_with_1013(backend: Backend) {
         }
         tries += 1;
         assert!(tries < 500, "the place was given back");
+    }
+}
+
+/// A ping goes out every heartbeat; a peer that answers them stays, one
+/// that answers none by the next ping is closed.
+async fn a_peer_that_answers_no_ping_is_closed(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.heartbeat = Duration::from_millis(400)).await;
+    let key = Key::new();
+    // Reading answers pings (tungstenite replies as it reads): three pings
+    // later the connection is still there.
+    let mut alive = Client::connect(&app).await;
+    assert!(alive.auth(&key, json!({"device_id": "alive"})).await["result"].is_object());
+    let mut pings = 0;
+    while pings < 3 {
+        match tokio::time::timeout(Duration::from_secs(10), alive.ws.next()).await.expect("a ping in time") {
+            Some(Ok(Message::Ping(_))) => pings += 1,
+            Some(Ok(_)) => {}
+            other => panic!("the answering peer was closed: {other:?}"),
+        }
+    }
+    assert_eq!(app.clients().await, 1, "the answering peer is still subscribed");
+    // A second peer that reads nothing, so answers no ping.
+    let mut silent = Client::connect(&app).await;
+    assert!(silent.auth(&key, json!({"device_id": "silent"})).await["result"].is_object());
+    assert_eq!(app.clients().await, 2);
+    let mut tries = 0;
+    while app.clients().await != 1 {
+        // Keep the answering peer answering meanwhile.
+        let _ = tokio::time::timeout(Duration::from_millis(25), alive.ws.next()).await;
+        tries += 1;
+        assert!(tries < 400, "the silent peer was closed");
+    }
+    // What the silent peer finds: pings, then the end.
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), silent.ws.next()).await.expect("the end in time") {
+            Some(Ok(Message::Ping(_))) => {}
+            None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
+            Some(Ok(other)) => panic!("{other:?}"),
+        }
     }
 }
