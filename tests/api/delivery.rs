@@ -210,13 +210,23 @@ async fn a_burst_larger_than_the_queue_is_caught_up_not_dropped(backend: Backend
     assert_eq!(app.clients().await, 1);
 }
 
+/// A client with a 4 KiB receive window that sends `GET path` and never
+/// reads a byte of the answer.
+async fn never_reading(addr: std::net::SocketAddr, path: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes()).await.unwrap();
+    stream
+}
+
 /// Streams that replay a large history to clients that never read hold at
 /// most about one bounded replay page each (not a whole read batch), are
 /// closed once they take no bytes for the slow-client timeout, and live
 /// clients keep receiving meanwhile. The real binary: its peak RSS is read
 /// from /proc.
 async fn replaying_streams_that_never_read_hold_little_and_are_closed(backend: Backend) {
-    use tokio::io::AsyncWriteExt as _;
     const EVENTS: usize = 20_000;
     const STUCK: usize = 200;
     let dir = tempfile::tempdir().unwrap();
@@ -255,11 +265,7 @@ async fn replaying_streams_that_never_read_hold_little_and_are_closed(backend: B
     let addr: std::net::SocketAddr = server.base.trim_start_matches("http://").parse().unwrap();
     let mut stuck = Vec::new();
     for _ in 0..STUCK {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        let mut stream = socket.connect(addr).await.unwrap();
-        stream.write_all(b"GET /v1/stream?since=0&types=comment.posted HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
-        stuck.push(stream);
+        stuck.push(never_reading(addr, "/v1/stream?since=0&types=comment.posted").await);
     }
     // A live client still gets what is published meanwhile.
     let r = http.post(format!("{}/v1/events", server.base)).json(&json!({"event_type": "flag.raised"})).send().await.unwrap();
@@ -301,11 +307,7 @@ async fn replaying_streams_that_never_read_hold_little_and_are_closed(backend: B
     const POLLS: usize = 10;
     let mut polls = Vec::new();
     for _ in 0..POLLS {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        let mut stream = socket.connect(addr).await.unwrap();
-        stream.write_all(b"GET /v1/poll?since=0&limit=10000 HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
-        polls.push(stream);
+        polls.push(never_reading(addr, "/v1/poll?since=0&limit=10000").await);
     }
     let mut closed = 0.0;
     for _ in 0..1200 {
