@@ -92,8 +92,8 @@ pub(crate) async fn upgrade(
     let permit = caller.as_ref().ok().map(|c| app.core().limits().acquire_stream(c).map_err(|e| e.code()));
     let kill = connection.map(|c| c.0.kill_token());
     ws.on_upgrade(move |socket| async move {
-        let ws = Ws { socket, app, nonce: crate::tree::generate_id(), awaiting_pong: false, device: None };
-        ws.run(caller, permit, kill).await;
+        let ws = Ws { socket, app, nonce: crate::tree::generate_id(), awaiting_pong: false, device: None, kill };
+        ws.run(caller, permit).await;
     })
 }
 
@@ -122,6 +122,9 @@ struct Ws {
     nonce: String,
     awaiting_pong: bool,
     device: Option<Box<Device>>,
+    /// Closes the socket itself: what the broker's eviction uses on a
+    /// device that stopped reading, whose writes can no longer finish.
+    kill: Option<CancellationToken>,
 }
 
 /// What handling one message leads to.
@@ -131,12 +134,7 @@ enum Next {
 }
 
 impl Ws {
-    async fn run(
-        mut self,
-        caller: Result<Identity, &'static str>,
-        permit: Option<Result<StreamPermit, &'static str>>,
-        kill: Option<CancellationToken>,
-    ) {
+    async fn run(mut self, caller: Result<Identity, &'static str>, permit: Option<Result<StreamPermit, &'static str>>) {
         let head = self.app.core().broker().position();
         let hello = json!({"jsonrpc": "2.0", "method": "stream.hello", "params": {
             "server_did": self.app.core().server().hash(), "head_seq": head, "profiles": PROFILES, "nonce": self.nonce,
@@ -157,7 +155,7 @@ impl Ws {
             None => None,
         };
         let shutdown = self.app.core().shutdown_token();
-        let kill = kill.unwrap_or_default();
+        let kill = self.kill.clone().unwrap_or_default();
         let mut ping = tokio::time::interval(self.app.settings().heartbeat);
         ping.tick().await;
         loop {
@@ -184,6 +182,13 @@ impl Ws {
                 return self.close(code, reason).await;
             }
         }
+    }
+
+    /// A session as SSE streams have it, evicted the same way.
+    fn session_options(&self) -> crate::service::session::SessionOptions {
+        let mut options = self.app.core().session_options("ws");
+        options.kill = self.kill.clone();
+        options
     }
 
     async fn close(mut self, code: u16, reason: &'static str) {
@@ -274,7 +279,7 @@ impl Ws {
         let Some(permit) = permit.take() else { return Next::Close(close::INTERNAL, "no_permit") };
         // Register first, then read the head: the session's position is
         // the head as of its registration.
-        let session = match Session::open(&core, filter.clone(), Start::Now, core.session_options("ws")).await {
+        let session = match Session::open(&core, filter.clone(), Start::Now, self.session_options()).await {
             Ok(s) => s,
             Err(e) => return self.send_refusal(id, &e).await,
         };
@@ -347,10 +352,11 @@ impl Ws {
         }
         // Caught up to at least the head of the auth: realtime from exactly
         // where this answer ends.
+        let options = self.session_options();
         let Some(dev) = self.device.as_deref_mut() else { return Next::Go };
         dev.delivered = dev.delivered.max(page.next_since);
         if dev.session.is_none() && !page.has_more && page.next_since >= dev.head {
-            match Session::open(&core, dev.filter.clone(), Start::After(page.next_since), core.session_options("ws")).await {
+            match Session::open(&core, dev.filter.clone(), Start::After(page.next_since), options).await {
                 Ok(session) => dev.session = Some(session),
                 Err(e) => return self.send_refusal(&Value::Null, &e).await,
             }

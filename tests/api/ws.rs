@@ -23,6 +23,7 @@ both_stores!(
     the_device_cursor_moves_only_by_acks,
     every_close_code,
     stream_limits_close_with_1013,
+    a_slow_consumer_is_closed_with_1013_and_resumes,
     a_peer_that_answers_no_ping_is_closed
 );
 
@@ -391,4 +392,75 @@ async fn a_peer_that_answers_no_ping_is_closed(backend: Backend) {
             Some(Ok(other)) => panic!("{other:?}"),
         }
     }
+}
+
+/// A device that stops reading is closed with 1013 `slow_consumer` once its
+/// queue overflows; what it read is a prefix of what matched, and a
+/// reconnect from the last seq it got catches up on the rest exactly once.
+async fn a_slow_consumer_is_closed_with_1013_and_resumes(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.client_queue = 8;
+        s.slow_client_timeout = Duration::from_millis(300);
+        s.eviction_grace = Duration::from_secs(30);
+    })
+    .await;
+    let key = Key::new();
+    let filter = json!({"types": ["comment.posted"]});
+    let mut slow = Client::connect(&app).await;
+    assert!(slow.auth(&key, json!({"device_id": "slow", "filter": filter})).await["result"].is_object());
+    assert_eq!(app.clients().await, 1);
+    // Enough bytes to fill the socket buffers between server and client,
+    // one event per publish so the queue backs up rather than bursting.
+    let blob = "x".repeat(60_000);
+    let mut published = Vec::new();
+    for _ in 0..400 {
+        published.push(app.publish("comment.posted", json!({"body": blob})).await);
+        if app.clients().await == 0 {
+            break;
+        }
+    }
+    assert_eq!(app.clients().await, 0, "the slow device was dropped");
+    published.push(app.publish("comment.posted", json!({})).await);
+
+    // It reads now: contiguous events, then close 1013.
+    let mut got = Vec::new();
+    let (code, reason) = loop {
+        match tokio::time::timeout(Duration::from_secs(10), slow.ws.next()).await.expect("frames in time") {
+            Some(Ok(Message::Text(text))) => {
+                let n: Value = serde_json::from_str(text.as_str()).unwrap();
+                assert_eq!(n["method"], "stream.event");
+                got.push(n["params"]["seq"].as_i64().unwrap());
+            }
+            Some(Ok(Message::Close(Some(frame)))) => break (u16::from(frame.code), frame.reason.to_string()),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            other => panic!("expected events then a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!((code, reason.as_str()), (1013, "slow_consumer"));
+    let last = *got.last().expect("it got some events first");
+    assert_eq!(got, published.iter().copied().take_while(|id| *id <= last).collect::<Vec<_>>(), "what it got is a prefix");
+
+    // Resume from the last seq it got: catch up, then realtime, nothing
+    // missed and nothing twice.
+    let mut again = Client::connect(&app).await;
+    let answer = again.auth(&key, json!({"device_id": "slow", "cursor": last, "filter": filter})).await;
+    assert_eq!(answer["result"]["cursor"], last, "{answer}");
+    let head = answer["result"]["head_seq"].as_i64().unwrap();
+    let mut seen = Vec::new();
+    let mut since = last;
+    loop {
+        let page = again.call("sync.delta", json!({"device_id": "slow", "since": since, "limit": 50})).await;
+        let result = &page["result"];
+        seen.extend(result["items"].as_array().unwrap().iter().map(|i| i["seq"].as_i64().unwrap()));
+        since = result["next_since"].as_i64().unwrap();
+        if !result["has_more"].as_bool().unwrap() && since >= head {
+            break;
+        }
+    }
+    let live = app.publish("comment.posted", json!({})).await;
+    published.push(live);
+    assert_eq!(again.notification().await["params"]["seq"], live);
+    seen.push(live);
+    let rest: Vec<i64> = published.into_iter().filter(|id| *id > last).collect();
+    assert_eq!(seen, rest);
 }
