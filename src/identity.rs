@@ -2,6 +2,7 @@
 //! `TIDINGS_SERVER_KEY_FILE`, or generated once into the data directory
 //! (`server.key`, PKCS#8 PEM, mode 0600), and the `system/identity` entity
 //! named by its hash. The server signs with it the capabilities it mints.
+//! `tidings listen` keeps a device's key the same way ([`ServerIdentity::open`]).
 
 use std::path::Path;
 
@@ -30,29 +31,38 @@ impl std::fmt::Debug for ServerIdentity {
 impl ServerIdentity {
     /// Loads `key_file`, or `data_dir/server.key`, creating it on first start.
     pub fn load_or_create(key_file: Option<&Path>, data_dir: &Path) -> anyhow::Result<Self> {
-        let path = match key_file {
-            Some(p) => p.to_path_buf(),
-            None => data_dir.join("server.key"),
-        };
+        match key_file {
+            Some(path) => {
+                anyhow::ensure!(path.exists(), "TIDINGS_SERVER_KEY_FILE {} does not exist", path.display());
+                Self::open(path)
+            }
+            None => {
+                std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+                Self::open(&data_dir.join("server.key"))
+            }
+        }
+    }
+
+    /// Loads the key at `path`, generating it there (mode 0600) when the
+    /// file does not exist.
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
         let read = |path: &Path| -> anyhow::Result<SigningKey> {
             let pem = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             SigningKey::from_pkcs8_pem(&pem).map_err(|e| anyhow::anyhow!("{} is not an Ed25519 PKCS#8 key: {e}", path.display()))
         };
         if path.exists() {
-            return Ok(Self::from_key(read(&path)?));
+            return Ok(Self::from_key(read(path)?));
         }
-        anyhow::ensure!(key_file.is_none(), "TIDINGS_SERVER_KEY_FILE {} does not exist", path.display());
-        std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
         let key = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
-        let pem = key.to_pkcs8_pem(LineEnding::LF).map_err(|e| anyhow::anyhow!("encoding the server key: {e}"))?;
-        match write_private(&path, pem.as_bytes()) {
+        let pem = key.to_pkcs8_pem(LineEnding::LF).map_err(|e| anyhow::anyhow!("encoding the key: {e}"))?;
+        match write_private(path, pem.as_bytes()) {
             Ok(()) => {
-                tracing::info!(path = %path.display(), "generated the server identity key");
+                tracing::info!(path = %path.display(), "generated an identity key");
                 Ok(Self::from_key(key))
             }
             // Another process sharing this directory (several servers on one
             // PostgreSQL) created it first: use theirs.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(Self::from_key(read(&path)?)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(Self::from_key(read(path)?)),
             Err(e) => Err(e).with_context(|| format!("writing {}", path.display())),
         }
     }
@@ -75,9 +85,14 @@ impl ServerIdentity {
         &self.hash
     }
 
+    /// The base64 Ed25519 signature over `message`'s bytes.
+    pub fn signature(&self, message: &str) -> String {
+        base64::engine::general_purpose::STANDARD.encode(self.key.sign(message.as_bytes()).to_bytes())
+    }
+
     /// A `system/signature` entity by this identity over `target` (a hash).
     pub fn sign(&self, target: &str) -> Value {
-        let signature = base64::engine::general_purpose::STANDARD.encode(self.key.sign(target.as_bytes()).to_bytes());
+        let signature = self.signature(target);
         json!({"type": "system/signature", "data": {"target": target, "signer": self.hash, "algorithm": "ed25519", "signature": signature}})
     }
 }

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use tidings::app::Application;
 use tidings::config::{LogFormat, Settings};
 use tidings::tools::bench::{BenchArgs, Mode};
-use tidings::tools::cli::{PublishArgs, RegistryCommand, TailArgs};
+use tidings::tools::cli::{ListenArgs, PublishArgs, RegistryCommand, TailArgs};
 use tracing_subscriber::EnvFilter;
 
 /// tidings: an event-stream broker.
@@ -26,6 +26,9 @@ enum Command {
     Bench(BenchArgs),
     /// Follow a stream in the terminal; resumes with the last id after any disconnect.
     Tail(TailArgs),
+    /// Follow the WebSocket transport as a device: a key file, a cursor on the
+    /// server, reconnects that carry it.
+    Listen(ListenArgs),
     /// Publish one event.
     Publish(PublishArgs),
     /// Work with the event-type registry.
@@ -82,6 +85,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Tail(args) => {
             init_logs(LogFormat::Human);
             tidings::tools::cli::tail(args).await
+        }
+        Command::Listen(args) => {
+            init_logs(LogFormat::Human);
+            tidings::tools::cli::listen(args).await
         }
         Command::Publish(args) => tidings::tools::cli::publish(args).await,
         Command::Registry(RegistryCommand::Check { registry }) => tidings::tools::cli::registry_check(&registry),

@@ -1,6 +1,8 @@
 //! The command-line clients: `tidings tail` follows a stream in the terminal
-//! and resumes with its last id after any disconnect; `tidings publish`
-//! sends one event; `tidings registry check` validates a registry directory.
+//! and resumes with its last id after any disconnect; `tidings listen` does
+//! the same over the WebSocket transport as a device with a key and a
+//! server-side cursor; `tidings publish` sends one event; `tidings registry
+//! check` validates a registry directory.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -13,9 +15,9 @@ use serde_json::{Value, json};
 use super::client::{self, SseEvent};
 use crate::registry::{Registry, RegistryMode};
 
-/// `tidings tail`.
+/// What `tail` and `listen` follow, and how they print it.
 #[derive(Debug, Clone, Args)]
-pub struct TailArgs {
+pub struct FollowArgs {
     /// Server base URL.
     #[arg(long, env = "TIDINGS_URL", default_value = "http://127.0.0.1:8080")]
     pub url: String,
@@ -25,9 +27,6 @@ pub struct TailArgs {
     /// Comma list of type globs.
     #[arg(long)]
     pub types: Option<String>,
-    /// Start after this event id (default: live only).
-    #[arg(long)]
-    pub since: Option<i64>,
     /// Print each envelope as one JSON line instead of a summary.
     #[arg(long)]
     pub json: bool,
@@ -37,6 +36,35 @@ pub struct TailArgs {
     /// Stop after this many events (default: follow forever).
     #[arg(long)]
     pub count: Option<u64>,
+}
+
+/// `tidings tail`.
+#[derive(Debug, Clone, Args)]
+pub struct TailArgs {
+    /// What to follow.
+    #[command(flatten)]
+    pub follow: FollowArgs,
+    /// Start after this event id (default: live only).
+    #[arg(long)]
+    pub since: Option<i64>,
+}
+
+/// `tidings listen`.
+#[derive(Debug, Clone, Args)]
+pub struct ListenArgs {
+    /// What to follow.
+    #[command(flatten)]
+    pub follow: FollowArgs,
+    /// The device's Ed25519 key (PKCS#8 PEM), created on first use.
+    #[arg(long, env = "TIDINGS_DEVICE_KEY", default_value = "tidings-device.key")]
+    pub key: PathBuf,
+    /// The device id: the server keeps one cursor per (key, device).
+    #[arg(long, default_value = "cli")]
+    pub device: String,
+    /// Catch up from this seq for this run only; the stored cursor is not
+    /// set to it (acks still move it forward).
+    #[arg(long)]
+    pub since: Option<i64>,
 }
 
 /// `tidings publish`.
@@ -87,7 +115,8 @@ fn summary(e: &Value) -> String {
 }
 
 /// Follows a stream, reconnecting with the last id it printed.
-pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
+pub async fn tail(tail: TailArgs) -> anyhow::Result<()> {
+    let args = &tail.follow;
     let http = reqwest::Client::new();
     let mut query = vec![];
     if let Some(f) = &args.filter {
@@ -101,7 +130,7 @@ pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
     }
     let mut url = reqwest::Url::parse(&format!("{}/v1/stream", args.url.trim_end_matches('/'))).context("--url")?;
     url.query_pairs_mut().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
-    let mut last = args.since;
+    let mut last = tail.since;
     let mut printed = 0u64;
     let mut backoff = Duration::from_millis(500);
     let spinner = indicatif::ProgressBar::new_spinner();
@@ -182,4 +211,167 @@ pub fn registry_check(dir: &std::path::Path) -> anyhow::Result<()> {
     let registry = Registry::load(dir, RegistryMode::Strict).with_context(|| format!("{} is not a valid registry", dir.display()))?;
     println!("{}: {} event types, all valid", dir.display(), registry.len());
     Ok(())
+}
+
+/// Why a `listen` connection ended.
+enum Ended {
+    /// Printed `--count` events.
+    Done,
+    /// Dropped: reconnect with backoff, carrying the cursor.
+    Retry(String),
+}
+
+/// Follows the WebSocket transport as a device: catches up from its cursor
+/// with `sync.delta`, then takes realtime events; prints each seq once (a
+/// high-water mark drops what a reconnect sends again) and acks what it
+/// printed. A dropped connection is retried with backoff and jitter; a
+/// rejection (bad key, bad token, bad filter, a protocol error) is not,
+/// since the same request would be rejected again.
+pub async fn listen(args: ListenArgs) -> anyhow::Result<()> {
+    let key = crate::identity::ServerIdentity::open(&args.key)?;
+    let follow = &args.follow;
+    let filter = match (&follow.filter, &follow.types) {
+        (Some(f), _) => Some(serde_json::from_str::<Value>(f).context("--filter is not valid JSON")?),
+        (None, Some(t)) => Some(json!({"types": t.split(',').map(str::trim).collect::<Vec<_>>()})),
+        (None, None) => None,
+    };
+    let url = super::device::ws_url(&follow.url, follow.token.as_deref());
+    let mut state = Listening { printed: 0, high_water: None, since: args.since };
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let reason = match state.connect(&args, &key, &url, filter.as_ref()).await {
+            Ok(Ended::Done) => return Ok(()),
+            Ok(Ended::Retry(reason)) => reason,
+            Err(e) => return Err(e),
+        };
+        if state.printed > 0 {
+            backoff = Duration::from_millis(250);
+        }
+        // Full jitter: reconnecting devices spread out after a restart.
+        let wait = backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0);
+        eprintln!("{reason}; reconnecting in {} ms", wait.as_millis());
+        tokio::time::sleep(wait).await;
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+struct Listening {
+    printed: u64,
+    /// The highest seq printed.
+    high_water: Option<i64>,
+    /// `--since`, for the first connection only.
+    since: Option<i64>,
+}
+
+impl Listening {
+    async fn connect(
+        &mut self,
+        args: &ListenArgs,
+        key: &crate::identity::ServerIdentity,
+        url: &str,
+        filter: Option<&Value>,
+    ) -> anyhow::Result<Ended> {
+        use super::device::{DeviceClient, DeviceClientError as E, Pushed};
+        // Transport failures and the server's "going away / try later"
+        // closes are retried; anything else is a rejection.
+        let retry = |e: E| -> anyhow::Result<Ended> {
+            match e {
+                E::Transport(_) | E::Closed { code: 1000 | 1001 | 1006 | 1011 | 1012 | 1013, .. } => Ok(Ended::Retry(e.to_string())),
+                e => Err(anyhow::anyhow!("the server rejected this device: {e}")),
+            }
+        };
+        let mut client = match DeviceClient::connect(url).await {
+            Ok(c) => c,
+            Err(E::Transport(tokio_tungstenite::tungstenite::Error::Http(response))) => {
+                anyhow::bail!("the server refused the upgrade: {}", response.status())
+            }
+            Err(e) => return retry(e),
+        };
+        let mut body = json!({"device_id": args.device});
+        if let Some(f) = filter {
+            body["filter"] = f.clone();
+        }
+        let answer = match client.auth(key, body).await {
+            Ok(a) => a,
+            // An error frame is a rejection even though a close follows.
+            Err(e @ E::Refused { .. }) => anyhow::bail!("the server rejected this device: {e}"),
+            Err(e) => return retry(e),
+        };
+        let head = answer["head_seq"].as_i64().unwrap_or(0);
+        let cursor = answer["cursor"].as_i64().unwrap_or(0);
+        // Catch up from the stored cursor (or this run's --since), not from
+        // what was printed: an ack that did not land is re-sent and dropped
+        // by the high-water mark.
+        let mut since = self.since.take().unwrap_or(cursor);
+        // Realtime starts once a page reaches the head: page whenever the
+        // device's cursor is behind it.
+        if since < head || cursor < head {
+            loop {
+                let page = match client.call("sync.delta", json!({"device_id": args.device, "since": since, "limit": 500})).await {
+                    Ok(p) => p,
+                    Err(e @ E::Refused { .. }) => anyhow::bail!("the server rejected catch-up: {e}"),
+                    Err(e) => return retry(e),
+                };
+                if let Some(gap) = page.get("gap") {
+                    eprintln!("replay gap: {gap}");
+                }
+                for item in page["items"].as_array().into_iter().flatten() {
+                    if let Some(seq) = item["seq"].as_i64()
+                        && self.print(args, seq, &item["event"])?
+                    {
+                        let _ = client.ack(key, seq).await;
+                        return Ok(Ended::Done);
+                    }
+                }
+                if let Some(hw) = self.high_water
+                    && let Err(e) = client.ack(key, hw).await
+                {
+                    return retry(e);
+                }
+                since = page["next_since"].as_i64().unwrap_or(since);
+                if !page["has_more"].as_bool().unwrap_or(false) && since >= head {
+                    break;
+                }
+            }
+        }
+        loop {
+            match client.next().await {
+                Ok(Pushed::Event { seq, event }) => {
+                    let done = self.print(args, seq, &event)?;
+                    if let Err(e) = client.ack(key, seq).await {
+                        return retry(e);
+                    }
+                    if done {
+                        return Ok(Ended::Done);
+                    }
+                }
+                Ok(Pushed::Answer(answer)) => {
+                    if let Some(error) = answer.get("error") {
+                        eprintln!("ack refused: {error}");
+                    }
+                }
+                Ok(Pushed::Notice(notice)) => eprintln!("{}: {}", notice["method"].as_str().unwrap_or("notice"), notice["params"]),
+                Err(e) => return retry(e),
+            }
+        }
+    }
+
+    /// Prints the event unless it is at or below the high-water mark;
+    /// `true` once `--count` events are printed.
+    fn print(&mut self, args: &ListenArgs, seq: i64, event: &Value) -> anyhow::Result<bool> {
+        let args = &args.follow;
+        if self.high_water.is_some_and(|hw| seq <= hw) {
+            return Ok(false);
+        }
+        self.high_water = Some(seq);
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            writeln!(out, "{event}")?;
+        } else {
+            writeln!(out, "{}", summary(event))?;
+        }
+        out.flush()?;
+        self.printed += 1;
+        Ok(args.count.is_some_and(|c| self.printed >= c))
+    }
 }

@@ -1,10 +1,11 @@
 //! The tools around the server, in one binary with it but not part of it:
 //! the load generator (`tidings bench`), the terminal commands (`tail`,
-//! `publish`, `registry check`) and the SSE client they (and the tests)
-//! share. They talk to a server over HTTP like any other client; nothing in
-//! the server imports this tree (a test holds that), so the library's
-//! server modules are the server.
+//! `publish`, `registry check`, `listen`) and the SSE and WebSocket clients
+//! they (and the tests) share. They talk to a server over HTTP like any
+//! other client; nothing in the server imports this tree (a test holds
+//! that), so the library's server modules are the server.
 
 pub mod bench;
 pub mod cli;
 pub mod client;
+pub mod device;

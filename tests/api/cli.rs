@@ -1,6 +1,6 @@
-//! The command-line clients as a user runs them: `publish`, `tail` (which
-//! resumes across a server restart with nothing missing) and
-//! `registry check`.
+//! The command-line clients as a user runs them: `publish`, `tail` and
+//! `listen` (which resume across a server restart with nothing missing or
+//! repeated) and `registry check`.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::both_stores;
 use crate::helpers::{Backend, free_port, process_store, spawn_process_at};
 
-both_stores!(publish_and_tail_resume_across_a_restart);
+both_stores!(publish_and_tail_resume_across_a_restart, listen_resumes_across_a_restart_and_acks, listen_stops_on_a_rejection);
 
 fn tidings() -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tidings"));
@@ -53,6 +53,95 @@ async fn publish_and_tail_resume_across_a_restart(backend: Backend) {
     }
     assert_eq!(got, vec![second, third], "tail resumed after the restart with nothing missing or repeated");
     assert!(tail.wait().await.unwrap().success(), "tail stops after --count events");
+}
+
+async fn sigterm(server: &mut tokio::process::Child) {
+    let pid = server.id().unwrap().to_string();
+    assert!(tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap().success());
+    server.wait().await.unwrap();
+}
+
+/// `tidings listen` as a device: catches up from `--since`, goes live,
+/// survives a server restart by reconnecting with its cursor, prints every
+/// event exactly once, and acks what it printed (the server keeps the
+/// cursor of its key and device).
+async fn listen_resumes_across_a_restart_and_acks(backend: Backend) {
+    let (envs, dir) = process_store(backend).await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut server = spawn_process_at(&envs, port).await.child;
+    let mut published = vec![publish(&url, r#"{"n":1}"#).await, publish(&url, r#"{"n":2}"#).await];
+    let key = dir.path().join("device.key");
+    let mut listen = tidings()
+        .args(["listen", "--url", &url, "--key", key.to_str().unwrap(), "--device", "box", "--since", "0", "--json"])
+        .args(["--count", "5", "--types", "comment.*"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt as _;
+    let mut lines = tokio::io::BufReader::new(listen.stdout.take().unwrap()).lines();
+    let mut got = Vec::new();
+    let mut next = async || {
+        let line =
+            tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.expect("a line in time").unwrap().expect("a line");
+        serde_json::from_str::<Value>(&line).unwrap()["event_id"].as_i64().unwrap()
+    };
+    got.push(next().await);
+    got.push(next().await);
+    // Live now.
+    published.push(publish(&url, r#"{"n":3}"#).await);
+    got.push(next().await);
+    sigterm(&mut server).await;
+    let _server = spawn_process_at(&envs, port).await;
+    published.push(publish(&url, r#"{"n":4}"#).await);
+    published.push(publish(&url, r#"{"n":5}"#).await);
+    got.push(next().await);
+    got.push(next().await);
+    assert_eq!(got, published, "every event once, in order, across the restart");
+    assert!(listen.wait().await.unwrap().success(), "listen stops after --count events");
+
+    // The key file is the device's identity; the server kept its cursor at
+    // what was printed last (the last ack lands just before the exit).
+    let identity = tidings::identity::ServerIdentity::open(&key).unwrap();
+    let ws = tidings::tools::device::ws_url(&url, None);
+    let mut tries = 0;
+    loop {
+        let mut client = tidings::tools::device::DeviceClient::connect(&ws).await.unwrap();
+        let answer = client.auth(&identity, serde_json::json!({"device_id": "box"})).await.unwrap();
+        if answer["cursor"] == published[4] {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 100, "the cursor reaches the last printed event: {answer}");
+    }
+}
+
+/// A rejection is not retried: the same key, token or filter would be
+/// rejected again.
+async fn listen_stops_on_a_rejection(backend: Backend) {
+    let (mut envs, dir) = process_store(backend).await;
+    envs.push(("TIDINGS_JWT_HS256_SECRET", crate::security::SECRET.to_owned()));
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _server = spawn_process_at(&envs, port).await;
+    let key = dir.path().join("device.key");
+    let run = |extra: Vec<String>| {
+        let (url, key) = (url.clone(), key.clone());
+        async move {
+            let mut cmd = tidings();
+            cmd.args(["listen", "--url", &url, "--key", key.to_str().unwrap()]).args(extra);
+            tokio::time::timeout(Duration::from_secs(20), cmd.output()).await.expect("listen gives up at once").unwrap()
+        }
+    };
+    let stderr = |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    let bad_token = run(vec!["--token".into(), "not-a-token".into()]).await;
+    assert!(!bad_token.status.success());
+    assert!(stderr(&bad_token).contains("unauthorized"), "{}", stderr(&bad_token));
+    let token = crate::security::token("device-owner", serde_json::json!({"subscribe": ["**"]}));
+    let bad_filter = run(vec!["--token".into(), token, "--filter".into(), r#"{"types": 5}"#.into()]).await;
+    assert!(!bad_filter.status.success());
+    assert!(stderr(&bad_filter).contains("invalid_filter"), "{}", stderr(&bad_filter));
 }
 
 /// Reads a registry directory only: no store is involved.

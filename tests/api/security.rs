@@ -22,14 +22,14 @@ both_stores!(
     public_key_tokens
 );
 
-const SECRET: &str = "a-test-secret-of-enough-bytes";
+pub(crate) const SECRET: &str = "a-test-secret-of-enough-bytes";
 
 fn token_with(claims: Value, secret: &str) -> String {
     encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()).unwrap()).unwrap()
 }
 
 /// A valid token for `sub` with extra claims.
-fn token(sub: &str, mut claims: Value) -> String {
+pub(crate) fn token(sub: &str, mut claims: Value) -> String {
     claims["sub"] = json!(sub);
     claims["exp"] = json!(chrono::Utc::now().timestamp() + 600);
     token_with(claims, SECRET)
