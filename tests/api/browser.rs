@@ -12,9 +12,20 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 use crate::both_stores;
 use crate::helpers::{Backend, free_port, process_store, spawn_process_at};
 
-both_stores!(live_page_shows_events_and_resumes_after_restart_and_reload);
+both_stores!(live_page_shows_events_and_resumes_after_restart_and_reload, live_page_over_websocket_resumes_after_restart_and_reload);
 
 async fn live_page_shows_events_and_resumes_after_restart_and_reload(backend: Backend) {
+    drive_live_page(backend, "sse").await;
+}
+
+/// The same checks with the page on its WebSocket transport: Chromium's own
+/// `WebSocket` and WebCrypto Ed25519, the server's cursor for the page's
+/// key, and its high-water mark across reloads.
+async fn live_page_over_websocket_resumes_after_restart_and_reload(backend: Backend) {
+    drive_live_page(backend, "ws").await;
+}
+
+async fn drive_live_page(backend: Backend, transport: &str) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/live_page.mjs");
     let modules = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/node_modules/playwright-core");
     assert!(std::path::Path::new(modules).is_dir(), "run scripts/test, which installs playwright-core (npm ci in tests/browser)");
@@ -27,6 +38,7 @@ async fn live_page_shows_events_and_resumes_after_restart_and_reload(backend: Ba
     let mut node = tokio::process::Command::new("node")
         .arg(script)
         .arg(&base)
+        .arg(transport)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -1,11 +1,14 @@
 // Drives the live page in headless Chromium for tests/api/browser.rs.
 // Protocol on stdio: prints "RESTART" when the server should be restarted,
 // then expects "RESTARTED <id>" (the id of an event published right after
-// the restart); prints "OK <json>" when every check passed.
+// the restart); prints "OK <json>" when every check passed. A third
+// argument "ws" runs the same checks with the page on its WebSocket
+// transport.
 import { chromium } from "playwright-core";
 import readline from "node:readline";
 
 const base = process.argv[2];
+const transport = process.argv[3] === "ws" ? "ws" : "sse";
 const shot = process.env.TIDINGS_SCREENSHOT;
 const lines = readline.createInterface({ input: process.stdin });
 const nextLine = () => new Promise((resolve) => lines.once("line", resolve));
@@ -33,8 +36,14 @@ const browser = await chromium.launch({
 try {
   const page = await browser.newPage();
   const filter = encodeURIComponent(JSON.stringify({ types: ["comment.*"] }));
-  await page.goto(`${base}/?filter=${filter}`);
+  await page.goto(`${base}/?filter=${filter}${transport === "ws" ? "&transport=ws" : ""}`);
   await waitOpen(page);
+  // The page follows on the transport asked for, and only on it.
+  const metrics = await (await fetch(`${base}/metrics`)).text();
+  for (const t of ["sse", "ws"]) {
+    const want = `tidings_clients_connected{transport="${t}"} ${t === transport ? 1 : 0}`;
+    if (!metrics.includes(want)) throw new Error(`expected ${want} in /metrics`);
+  }
 
   const a = await publish({ step: "a" });
   await waitFor(page, a);
