@@ -24,6 +24,7 @@ both_stores!(
     every_close_code,
     stream_limits_close_with_1013,
     a_slow_consumer_is_closed_with_1013_and_resumes,
+    the_readme_example_device_catches_up_goes_live_and_acks,
     a_peer_that_answers_no_ping_is_closed
 );
 
@@ -463,4 +464,44 @@ async fn a_slow_consumer_is_closed_with_1013_and_resumes(backend: Backend) {
     seen.push(live);
     let rest: Vec<i64> = published.into_iter().filter(|id| *id > last).collect();
     assert_eq!(seen, rest);
+}
+
+/// `examples/ws_device.py`, the README's example, run as a user would with
+/// the packages it names: it catches up from `--since`, takes a realtime
+/// event, and its last ack is the device's cursor.
+async fn the_readme_example_device_catches_up_goes_live_and_acks(backend: Backend) {
+    use tokio::io::AsyncBufReadExt as _;
+    let python = std::env::var("TIDINGS_TEST_PYTHON").expect("run scripts/test, which installs the example's packages");
+    let app = spawn_app(backend).await;
+    let mut published = Vec::new();
+    for i in 0..3 {
+        published.push(app.publish("comment.posted", json!({"n": i})).await);
+    }
+    app.publish("vote.cast", json!({})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("device.key");
+    let url = tidings::tools::device::ws_url(&app.base, None);
+    let mut child = tokio::process::Command::new(python)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/ws_device.py"))
+        .args([url.as_str(), "--key", key.to_str().unwrap(), "--device", "py", "--types", "comment.*", "--since", "0", "--count", "4"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut got = Vec::new();
+    for i in 0..4 {
+        if i == 3 {
+            published.push(app.publish("comment.posted", json!({"n": 3})).await);
+        }
+        let line =
+            tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.expect("a line in time").unwrap().expect("a line");
+        got.push(serde_json::from_str::<Value>(&line).unwrap()["event_id"].as_i64().unwrap());
+    }
+    assert_eq!(got, published, "history by the filter, then realtime");
+    assert!(child.wait().await.unwrap().success());
+    let identity = tidings::identity::ServerIdentity::open(&key).unwrap();
+    let mut device = tidings::tools::device::DeviceClient::connect(&url).await.unwrap();
+    let answer = device.auth(&identity, json!({"device_id": "py"})).await.unwrap();
+    assert_eq!(answer["cursor"], published[3], "the example acked what it printed: {answer}");
 }
