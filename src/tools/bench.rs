@@ -1,6 +1,7 @@
 //! `tidings bench`: a load generator that measures what a subscriber sees.
 //!
-//! It holds N SSE connections with a filter, publishes at R events/s
+//! It holds N SSE connections (or, with `--transport ws`, N authenticated
+//! WebSocket devices) with a filter, publishes at R events/s
 //! open-loop (every publish is its own task on a fixed schedule, so a slow
 //! server cannot lower the offered rate), and measures publish-to-receive
 //! latency from a timestamp carried in each payload. With `--server-pid` it
@@ -72,6 +73,70 @@ pub struct BenchArgs {
     /// database); default `--url`.
     #[arg(long)]
     pub publish_url: Option<String>,
+    /// `deliver` and `idle`: how subscribers connect to tidings.
+    #[arg(long, value_enum, default_value = "sse")]
+    pub transport: Transport,
+}
+
+/// How `deliver` and `idle` subscribers connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// `GET /v1/stream` (EventSource).
+    Sse,
+    /// `GET /v1/ws`: each client a device of one bench key, authenticated
+    /// at the head, taking realtime `stream.event`s (no acks).
+    Ws,
+}
+
+/// A subscriber of `deliver` and `idle`: what it reads events from.
+enum Subscriber {
+    Sse(client::SseReader<client::BodyStream>),
+    Ws(Box<super::device::DeviceClient>),
+}
+
+impl Subscriber {
+    /// Client `i`'s connection with `filter` (tidings' JSON filter) or, in
+    /// generic mode, to the generic URL.
+    async fn open(
+        args: &BenchArgs,
+        http: &reqwest::Client,
+        key: &crate::identity::ServerIdentity,
+        i: usize,
+        filter: &Value,
+    ) -> anyhow::Result<Self> {
+        if let Some(url) = &args.generic_subscribe {
+            return Ok(Self::Sse(client::connect(http, url, None).await?));
+        }
+        match args.transport {
+            Transport::Sse => {
+                let url = format!("{}/v1/stream?filter={}", args.url, urlencode(&filter.to_string()));
+                Ok(Self::Sse(client::connect(http, &url, None).await?))
+            }
+            Transport::Ws => {
+                let mut device = super::device::DeviceClient::connect(&super::device::ws_url(&args.url, None)).await?;
+                device.auth(key, json!({"device_id": format!("bench-{i}"), "filter": filter})).await?;
+                Ok(Self::Ws(Box::new(device)))
+            }
+        }
+    }
+
+    /// The next event's data (the envelope, or a generic server's body).
+    async fn next(&mut self) -> Option<Value> {
+        match self {
+            Self::Sse(reader) => loop {
+                let event = reader.next_event().await?;
+                if event.event.is_none() {
+                    return serde_json::from_str(&event.data).ok();
+                }
+            },
+            Self::Ws(device) => loop {
+                match device.next().await.ok()? {
+                    super::device::Pushed::Event { event, .. } => return Some(event),
+                    _ => continue,
+                }
+            },
+        }
+    }
 }
 
 /// What `tidings bench` measures.
@@ -125,10 +190,11 @@ pub async fn idle(args: &BenchArgs) -> anyhow::Result<IdleReport> {
     let pid = args.server_pid.ok_or_else(|| anyhow::anyhow!("--server-pid is required"))?;
     let before = proc_rss_kib(pid).ok_or_else(|| anyhow::anyhow!("cannot read the RSS of {pid}"))?;
     let http = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
-    let url = args.generic_subscribe.clone().unwrap_or_else(|| format!("{}/v1/stream?types={}", args.url, args.event_type));
+    let key = crate::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
+    let filter = json!({"types": [args.event_type]});
     let mut held = Vec::with_capacity(args.clients);
-    for _ in 0..args.clients {
-        held.push(client::connect(&http, &url, None).await?);
+    for i in 0..args.clients {
+        held.push(Subscriber::open(args, &http, &key, i, &filter).await?);
     }
     // Let the server settle (buffers allocated, heartbeat timers armed).
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -608,36 +674,29 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
     let mut tasks = Vec::new();
     let done = tokio_util::sync::CancellationToken::new();
+    let key = crate::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
     for i in 0..args.clients {
         let shards = args.shards.max(1);
-        let url = if let Some(url) = &args.generic_subscribe {
-            url.clone()
-        } else if shards > 1 {
-            let filter = json!({"types": [args.event_type], "payload": {"==": [{"var": "shard"}, i as u64 % shards]}});
-            format!("{}/v1/stream?filter={}", args.url, urlencode(&filter.to_string()))
+        let filter = if shards > 1 {
+            json!({"types": [args.event_type], "payload": {"==": [{"var": "shard"}, i as u64 % shards]}})
         } else {
-            format!("{}/v1/stream?types={}", args.url, args.event_type)
+            json!({"types": [args.event_type]})
         };
-        let mut reader = client::connect(&http, &url, None).await?;
+        let mut subscriber = Subscriber::open(&args, &http, &key, i, &filter).await?;
         let received = received.clone();
         let latencies = latencies.clone();
         let done = done.clone();
         tasks.push(tokio::spawn(async move {
             let mut local = Vec::new();
             loop {
-                let event = tokio::select! {
+                let data = tokio::select! {
                     _ = done.cancelled() => break,
-                    e = reader.next_event() => match e { Some(e) => e, None => break },
+                    e = subscriber.next() => match e { Some(e) => e, None => break },
                 };
-                if event.event.is_some() {
-                    continue;
-                }
                 let now = now_us();
                 // A tidings envelope carries it in the payload; a generic
                 // server relays the published body itself.
-                if let Ok(v) = serde_json::from_str::<Value>(&event.data)
-                    && let Some(sent) = v["payload"]["sent_us"].as_u64().or_else(|| v["sent_us"].as_u64())
-                {
+                if let Some(sent) = data["payload"]["sent_us"].as_u64().or_else(|| data["sent_us"].as_u64()) {
                     local.push(now.saturating_sub(sent));
                     received[i].fetch_add(1, Ordering::Relaxed);
                 }
