@@ -85,7 +85,7 @@ pub(crate) async fn upgrade(
     };
     let settings = app.settings();
     let ws =
-        ws.read_buffer_size(4096).write_buffer_size(0).max_message_size(settings.ws_max_message).max_frame_size(settings.ws_max_message);
+        ws.read_buffer_size(1024).write_buffer_size(0).max_message_size(settings.ws_max_message).max_frame_size(settings.ws_max_message);
     // A refused token is answered on the socket (one error frame, then
     // close 1000), as the protocol says, rather than as an HTTP refusal.
     let caller = caller.map(|c| c.0).map_err(|_| "unauthorized");
@@ -136,14 +136,18 @@ enum Next {
 impl Ws {
     async fn run(mut self, caller: Result<Identity, &'static str>, permit: Option<Result<StreamPermit, &'static str>>) {
         let head = self.app.core().broker().position();
+        // Written as text and dropped at once: a `Value` kept in this
+        // function's state would cost every connection its map nodes.
         let hello = json!({"jsonrpc": "2.0", "method": "stream.hello", "params": {
             "server_did": self.app.core().server().hash(), "head_seq": head, "profiles": PROFILES, "nonce": self.nonce,
-        }});
-        if self.send_json(&hello).await.is_err() {
+        }})
+        .to_string();
+        if self.socket.send(Message::Text(hello.into())).await.is_err() {
             return;
         }
-        let caller = match caller {
-            Ok(c) => c,
+        // Until auth, when the device takes it.
+        let mut caller = match caller {
+            Ok(c) => Some(c),
             Err(code) => {
                 let _ = self.send_error(&Value::Null, -32001, code, "the token is missing or not valid").await;
                 return self.close(close::NORMAL, code).await;
@@ -164,10 +168,15 @@ impl Ws {
                 _ = kill.cancelled() => return,
                 message = self.socket.recv() => match message {
                     None => return,
-                    Some(Ok(message)) => self.on_message(message, &caller, &mut permit).await,
+                    // Boxed: handling a request (auth, catch-up, acks: store
+                    // round trips) is the largest state of a connection, and
+                    // an idle one should not carry its room.
+                    Some(Ok(message)) => Box::pin(self.on_message(message, &mut caller, &mut permit)).await,
                     Some(Err(e)) => read_error(e),
                 },
-                item = next_item(&mut self.device) => self.on_item(item).await,
+                // Boxed too: writing a delivery is a large state that an
+                // idle connection would otherwise carry.
+                item = next_item(&mut self.device) => Box::pin(self.on_item(item)).await,
                 _ = ping.tick() => {
                     if self.awaiting_pong {
                         // No pong within a heartbeat interval: the peer is gone.
@@ -191,7 +200,7 @@ impl Ws {
         options
     }
 
-    async fn close(mut self, code: u16, reason: &'static str) {
+    async fn close(&mut self, code: u16, reason: &'static str) {
         let _ = self.socket.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
     }
 
@@ -213,7 +222,7 @@ impl Ws {
         }
     }
 
-    async fn on_message(&mut self, message: Message, caller: &Identity, permit: &mut Option<StreamPermit>) -> Next {
+    async fn on_message(&mut self, message: Message, caller: &mut Option<Identity>, permit: &mut Option<StreamPermit>) -> Next {
         let text = match message {
             Message::Text(text) => text,
             Message::Binary(_) => return Next::Close(close::UNSUPPORTED, "text_frames_only"),
@@ -240,13 +249,13 @@ impl Ws {
         }
     }
 
-    async fn auth(&mut self, id: &Value, params: Value, caller: &Identity, permit: &mut Option<StreamPermit>) -> Next {
-        if self.device.is_some() {
+    async fn auth(&mut self, id: &Value, params: Value, caller: &mut Option<Identity>, permit: &mut Option<StreamPermit>) -> Next {
+        let Some(identity) = caller.as_ref().filter(|_| self.device.is_none()) else {
             return match self.send_error(id, -32600, "invalid_request", "stream.auth is sent once per connection").await {
                 Ok(()) => Next::Go,
                 Err(_) => Next::Close(close::INTERNAL, "write_failed"),
             };
-        }
+        };
         let body = params.get("body").cloned().unwrap_or(Value::Null);
         let owner = match device::verify("stream.auth", &body, &self.nonce, params.get("origin_proof")) {
             Ok(owner) => owner,
@@ -275,8 +284,7 @@ impl Ws {
             },
             None => Filter::any(),
         };
-        let filter = Arc::new(caller.restrict(filter));
-        let Some(permit) = permit.take() else { return Next::Close(close::INTERNAL, "no_permit") };
+        let filter = Arc::new(identity.restrict(filter));
         // Register first, then read the head: the session's position is
         // the head as of its registration.
         let session = match Session::open(&core, filter.clone(), Start::Now, self.session_options()).await {
@@ -299,17 +307,10 @@ impl Ws {
         // At the head: realtime right away, on the session registered above.
         // Behind: the device catches up with sync.delta first.
         let session = (cursor >= head).then_some(session);
-        self.device = Some(Box::new(Device {
-            owner,
-            device_id,
-            caller: caller.clone(),
-            filter_json,
-            filter,
-            head,
-            delivered: cursor,
-            session,
-            _permit: permit,
-        }));
+        // Taken only now: an auth refused above can be sent again.
+        let (Some(permit), Some(caller)) = (permit.take(), caller.take()) else { return Next::Close(close::INTERNAL, "no_permit") };
+        self.device =
+            Some(Box::new(Device { owner, device_id, caller, filter_json, filter, head, delivered: cursor, session, _permit: permit }));
         self.answer(id, json!({"head_seq": head, "cursor": cursor})).await
     }
 

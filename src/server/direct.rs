@@ -57,42 +57,61 @@ pub(super) enum First {
 pub(super) async fn sniff(stream: &mut TcpStream, direct: fn(&str) -> bool) -> First {
     let mut head = Vec::with_capacity(1024);
     loop {
-        let mut chunk = [0u8; 1024];
-        let n = match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return First::Gone,
-            Ok(n) => n,
-        };
-        head.extend_from_slice(&chunk[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut request = httparse::Request::new(&mut headers);
-        match request.parse(&head) {
-            Ok(httparse::Status::Complete(len)) => {
-                let target = request.path.unwrap_or("");
-                if target.len() > MAX_TARGET {
-                    return First::Refused(HeadRefusal::UriTooLong);
-                }
-                let path = target.split_once('?').map_or(target, |(p, _)| p);
-                // Only an HTTP/1.1 GET of a stream route with nothing
-                // behind it (no pipelined request) takes the direct path;
-                // hyper serves everything else.
-                if request.method != Some("GET") || request.version != Some(1) || len != head.len() || !direct(path) {
-                    return First::Other(head.into());
-                }
-                return match build(&request) {
-                    Some(r) => First::Stream(Box::new(r)),
-                    None => First::Other(head.into()),
-                };
-            }
-            Err(httparse::Error::TooManyHeaders) => return First::Refused(HeadRefusal::HeadersTooLarge),
-            // Anything that does not parse: hyper answers it.
-            Err(_) => return First::Other(head.into()),
-            Ok(httparse::Status::Partial) if head.len() > MAX_HEAD => {
-                // Over the limit: the request line itself, or the headers.
-                let line = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
-                return First::Refused(if line > MAX_TARGET { HeadRefusal::UriTooLong } else { HeadRefusal::HeadersTooLarge });
-            }
-            Ok(httparse::Status::Partial) => {}
+        // Straight into the head's spare room: nothing but the head lives
+        // across this await, so every connection's task stays small (it is
+        // sized for its largest state, for as long as the connection lives).
+        if head.len() == head.capacity() {
+            head.reserve(1024);
         }
+        match stream.read_buf(&mut head).await {
+            Ok(0) | Err(_) => return First::Gone,
+            Ok(_) => {}
+        }
+        if let Some(first) = parse_head(head.as_slice(), direct) {
+            return match first {
+                Parsed::Other => First::Other(head.into()),
+                Parsed::Done(first) => first,
+            };
+        }
+    }
+}
+
+/// What a head read so far comes to.
+enum Parsed {
+    /// Hand the head to hyper.
+    Other,
+    Done(First),
+}
+
+/// Parses `head` (on the stack of a plain function: the header array is
+/// 3 KiB); `None` while it is incomplete.
+fn parse_head(head: &[u8], direct: fn(&str) -> bool) -> Option<Parsed> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(len)) => {
+            let target = request.path.unwrap_or("");
+            if target.len() > MAX_TARGET {
+                return Some(Parsed::Done(First::Refused(HeadRefusal::UriTooLong)));
+            }
+            let path = target.split_once('?').map_or(target, |(p, _)| p);
+            // Only an HTTP/1.1 GET of a stream route with nothing behind it
+            // (no pipelined request) takes the direct path; hyper serves
+            // everything else.
+            if request.method != Some("GET") || request.version != Some(1) || len != head.len() || !direct(path) {
+                return Some(Parsed::Other);
+            }
+            Some(build(&request).map_or(Parsed::Other, |r| Parsed::Done(First::Stream(Box::new(r)))))
+        }
+        Err(httparse::Error::TooManyHeaders) => Some(Parsed::Done(First::Refused(HeadRefusal::HeadersTooLarge))),
+        // Anything that does not parse: hyper answers it.
+        Err(_) => Some(Parsed::Other),
+        Ok(httparse::Status::Partial) if head.len() > MAX_HEAD => {
+            // Over the limit: the request line itself, or the headers.
+            let line = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
+            Some(Parsed::Done(First::Refused(if line > MAX_TARGET { HeadRefusal::UriTooLong } else { HeadRefusal::HeadersTooLarge })))
+        }
+        Ok(httparse::Status::Partial) => None,
     }
 }
 
@@ -390,6 +409,12 @@ impl AsyncRead for Rewind {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if self.prefix.is_empty() {
+                // Free the head now: a consumed `Bytes` still holds its
+                // allocation, for as long as the connection (a WebSocket
+                // after its upgrade) lives.
+                self.prefix = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)

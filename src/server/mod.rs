@@ -154,10 +154,16 @@ async fn serve_connection(
     match first {
         direct::First::Gone => {}
         direct::First::Stream(request) => direct::serve(stream, *request, connection, router, options.write_timeout).await,
-        direct::First::Refused(refusal) => direct::refuse(stream, (options.refuse)(refusal), &connection.kill, options.write_timeout).await,
+        // A connection's task is sized for its largest state for as long as
+        // it lives: the refusal (a response and its write, 4.6 KiB) and
+        // hyper's connection are boxed so an idle stream's task holds only
+        // the stream's state.
+        direct::First::Refused(refusal) => {
+            Box::pin(direct::refuse(stream, (options.refuse)(refusal), &connection.kill, options.write_timeout)).await
+        }
         direct::First::Other(read) => {
-            serve_hyper(direct::Rewind::new(read, stream, refusals, options.write_timeout), connection, router, header_timeout, shutdown)
-                .await
+            let io = direct::Rewind::new(read, stream, refusals, options.write_timeout);
+            Box::pin(serve_hyper(io, connection, router, header_timeout, shutdown)).await
         }
     }
 }
