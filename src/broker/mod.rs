@@ -18,7 +18,7 @@ pub mod index;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -57,6 +57,9 @@ pub struct BrokerSettings {
 /// A frame holds the envelope JSON, not any wire format: each transport
 /// writes its own framing around the same shared bytes (SSE `id:`/`data:`
 /// lines, a JSON-RPC notification), so the broker serves every transport.
+/// A transport whose framing cannot be spliced around shared bytes (a
+/// WebSocket message is one payload) renders it once per event, into the
+/// frame, for every client it goes to ([`Frame::rendered`]).
 #[derive(Debug, Clone)]
 pub struct Frame(Arc<FrameData>);
 
@@ -69,12 +72,21 @@ pub struct FrameData {
     pub envelope: Bytes,
     /// When it was committed (Unix ms), for publish-to-send latency.
     pub recorded_ms: i64,
+    /// The one transport rendering of this event, built by its first client.
+    rendered: OnceLock<Bytes>,
 }
 
 impl Frame {
     /// A frame for event `id` with its envelope.
     pub fn new(id: EventId, envelope: Bytes, recorded_ms: i64) -> Self {
-        Self(Arc::new(FrameData { id, envelope, recorded_ms }))
+        Self(Arc::new(FrameData { id, envelope, recorded_ms, rendered: OnceLock::new() }))
+    }
+
+    /// The event as `render` frames it, built once per event and shared by
+    /// every client it is sent to. One transport renders (the WebSocket's
+    /// `stream.event`); the first `render` given is the one kept.
+    pub fn rendered(&self, render: fn(&FrameData) -> Bytes) -> Bytes {
+        self.0.rendered.get_or_init(|| render(&self.0)).clone()
     }
 
     /// The frame of a parsed event (the envelope is shared, not copied).

@@ -9,9 +9,14 @@
 //! Library: axum's `ws` (tokio-tungstenite underneath): the upgrade runs
 //! through the same router, middleware and caller extraction as every
 //! route, and exposes tungstenite's buffer sizes, which are tuned here: a
-//! 4 KiB read buffer instead of 128 KiB, and eager writes with no write
-//! buffer of their own, so an idle connection costs about what an idle SSE
-//! stream does.
+//! 1 KiB read buffer instead of 128 KiB (device messages are small; a
+//! larger one grows it), and no write buffer of tungstenite's own, which
+//! would keep its largest size for the life of the connection. Instead the
+//! connection gathers the frames of one delivery until the flush that ends
+//! it and frees that buffer after the write ([`crate::server`]'s `Rewind`),
+//! and each event's `stream.event` text is built once and shared by every
+//! connection ([`crate::broker::Frame::rendered`]). An idle connection
+//! costs about what an idle SSE stream does (README, benchmarks).
 //!
 //! Order (the seed's, none of it reversed): hello before reading anything;
 //! at auth the live subscription is registered before the head is read;
@@ -29,6 +34,8 @@ use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
+use bytes::Bytes;
+use futures_util::SinkExt as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -36,7 +43,7 @@ use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
 use crate::auth::Identity;
-use crate::broker::Frame;
+use crate::broker::FrameData;
 use crate::event::EventId;
 use crate::filter::Filter;
 use crate::server::Connection;
@@ -398,9 +405,15 @@ impl Ws {
             Item::Events { frames, replayed } => {
                 let floor = self.device.as_ref().map_or(0, |d| d.delivered);
                 for frame in frames.iter().filter(|f| f.id > floor) {
-                    if self.socket.send(Message::Text(event_frame(frame).into())).await.is_err() {
+                    let Ok(text) = frame.rendered(event_frame).try_into() else { return Next::Close(close::INTERNAL, "not_utf8") };
+                    if self.socket.feed(Message::Text(text)).await.is_err() {
                         return Next::Close(close::INTERNAL, "write_failed");
                     }
+                }
+                // One flush per delivery: the connection gathers the frames
+                // of a batch and writes them at once (`server::direct::Rewind`).
+                if self.socket.flush().await.is_err() {
+                    return Next::Close(close::INTERNAL, "write_failed");
                 }
                 if let (Some(dev), Some(last)) = (self.device.as_deref_mut(), frames.last()) {
                     dev.delivered = dev.delivered.max(last.id);
@@ -434,15 +447,16 @@ async fn next_item(device: &mut Option<Box<Device>>) -> Item {
     }
 }
 
-/// `stream.event {seq, event}`, spliced around the shared envelope.
-fn event_frame(frame: &Frame) -> String {
-    let mut out = String::with_capacity(frame.envelope.len() + 64);
-    out.push_str("{\"jsonrpc\":\"2.0\",\"method\":\"stream.event\",\"params\":{\"seq\":");
-    out.push_str(itoa::Buffer::new().format(frame.id));
-    out.push_str(",\"event\":");
-    out.push_str(std::str::from_utf8(&frame.envelope).expect("envelopes are JSON"));
-    out.push_str("}}");
-    out
+/// `stream.event {seq, event}` around the envelope: built once per event
+/// and shared by every connection it goes to.
+fn event_frame(frame: &FrameData) -> Bytes {
+    let mut out = Vec::with_capacity(frame.envelope.len() + 64);
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":\"stream.event\",\"params\":{\"seq\":");
+    out.extend_from_slice(itoa::Buffer::new().format(frame.id).as_bytes());
+    out.extend_from_slice(b",\"event\":");
+    out.extend_from_slice(&frame.envelope);
+    out.extend_from_slice(b"}}");
+    out.into()
 }
 
 /// The close a read error calls for.

@@ -73,6 +73,10 @@ pub struct BenchArgs {
     /// database); default `--url`.
     #[arg(long)]
     pub publish_url: Option<String>,
+    /// `idle`: once every connection is open, publish this many events in
+    /// one batch, so each connection has written before it idles.
+    #[arg(long, default_value_t = 0)]
+    pub warm_events: usize,
     /// `deliver` and `idle`: how subscribers connect to tidings.
     #[arg(long, value_enum, default_value = "sse")]
     pub transport: Transport,
@@ -196,7 +200,12 @@ pub async fn idle(args: &BenchArgs) -> anyhow::Result<IdleReport> {
     for i in 0..args.clients {
         held.push(Subscriber::open(args, &http, &key, i, &filter).await?);
     }
-    // Let the server settle (buffers allocated, heartbeat timers armed).
+    if args.warm_events > 0 {
+        let events: Vec<Value> = (0..args.warm_events).map(|_| json!({"event_type": args.event_type, "payload": {}})).collect();
+        http.post(format!("{}/v1/events", args.url)).json(&json!({"events": events})).send().await?.error_for_status()?;
+    }
+    // Let the server settle (buffers allocated, heartbeat timers armed,
+    // warm-up events written).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = proc_rss_kib(pid).ok_or_else(|| anyhow::anyhow!("cannot read the RSS of {pid}"))?;
     drop(held);
