@@ -23,6 +23,7 @@ both_stores!(
     the_device_cursor_moves_only_by_acks,
     every_close_code,
     stream_limits_close_with_1013,
+    the_per_identity_stream_limit_closes_with_1013,
     a_slow_consumer_is_closed_with_1013_and_resumes,
     the_readme_example_device_catches_up_goes_live_and_acks,
     a_peer_that_answers_no_ping_is_closed
@@ -356,6 +357,33 @@ async fn stream_limits_close_with_1013(backend: Backend) {
     }
 }
 
+/// With tokens on, each identity has its own limit over every transport:
+/// a second socket of one identity gets 1013, another identity's is served.
+async fn the_per_identity_stream_limit_closes_with_1013(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.jwt_hs256_secret = Some(crate::security::SECRET.into());
+        s.max_streams_per_identity = 1;
+    })
+    .await;
+    let key = Key::new();
+    let query = |sub: &str| format!("?access_token={}", crate::security::token(sub, json!({"subscribe": ["**"]})));
+    let mut first = Client::connect_with(&app, &query("alice")).await;
+    assert!(first.authed_or_closed(&key, json!({"device_id": "a1"})).await);
+    let mut second = Client::connect_with(&app, &query("alice")).await;
+    assert_eq!(second.closed().await, (1013, "too_many_streams_for_identity".to_owned()));
+    // An SSE stream of the same identity counts against the same limit.
+    let sse = app
+        .http
+        .get(app.url("/v1/stream"))
+        .bearer_auth(crate::security::token("alice", json!({"subscribe": ["**"]})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 429);
+    let mut other = Client::connect_with(&app, &query("bob")).await;
+    assert!(other.authed_or_closed(&key, json!({"device_id": "b1"})).await, "another identity has its own place");
+}
+
 /// A ping goes out every heartbeat; a peer that answers them stays, one
 /// that answers none by the next ping is closed.
 async fn a_peer_that_answers_no_ping_is_closed(backend: Backend) {
@@ -407,6 +435,8 @@ async fn a_slow_consumer_is_closed_with_1013_and_resumes(backend: Backend) {
     .await;
     let key = Key::new();
     let filter = json!({"types": ["comment.posted"]});
+    let dropped = "tidings_clients_dropped_total{reason=\"queue_full\"}";
+    let dropped_before = app.metric(dropped).await;
     let mut slow = Client::connect(&app).await;
     assert!(slow.auth(&key, json!({"device_id": "slow", "filter": filter})).await["result"].is_object());
     assert_eq!(app.clients().await, 1);
@@ -421,6 +451,7 @@ async fn a_slow_consumer_is_closed_with_1013_and_resumes(backend: Backend) {
         }
     }
     assert_eq!(app.clients().await, 0, "the slow device was dropped");
+    assert!(app.metric(dropped).await > dropped_before, "counted as a slow client");
     published.push(app.publish("comment.posted", json!({})).await);
 
     // It reads now: contiguous events, then close 1013.
