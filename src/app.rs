@@ -98,6 +98,28 @@ pub fn resolve_auth(settings: &Settings) -> anyhow::Result<AuthMode> {
     }
 }
 
+/// Writes the peers of `TIDINGS_PEERS` into the tree, as the server itself
+/// (an admin), where the tree does not already hold exactly that entity (a
+/// restart writes nothing new). The setting wins over an admin's edit of a
+/// peer it names; peers it does not name are left alone.
+async fn seed_peers(core: &Core) -> anyhow::Result<()> {
+    let mut server = crate::auth::Identity::local();
+    server.sub = core.server().hash().to_owned();
+    for peer in &core.settings().peers.0 {
+        let path = peer.path();
+        let (canonical, hash) = peer.entity().canonical();
+        if core.store().tree_get(&path).await?.is_some_and(|current| current.hash == hash) {
+            continue;
+        }
+        let chain = crate::tree::generate_id();
+        crate::service::tree::put(core, &server, &path, crate::store::Condition::Always, canonical.as_bytes(), chain)
+            .await
+            .with_context(|| format!("writing peer {} from TIDINGS_PEERS", peer.hash))?;
+        tracing::info!(peer = peer.hash, endpoint = peer.endpoint, "peer seeded");
+    }
+    Ok(())
+}
+
 impl Application {
     /// Builds every subsystem and binds the listen address.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
@@ -159,6 +181,7 @@ impl Application {
             subscriptions: subscriptions.clone(),
             shutdown: shutdown.clone(),
         });
+        seed_peers(&core).await?;
         let state = AppState::new(core, auth, metrics);
         Ok(Self {
             listener,

@@ -63,6 +63,14 @@ fn secret(s: &str) -> Result<Secret, String> {
     Ok(Secret(s.to_owned()))
 }
 
+/// `TIDINGS_PEERS`, parsed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Peers(pub Vec<crate::peer::Peer>);
+
+fn peers(s: &str) -> Result<Peers, String> {
+    crate::peer::parse_setting(s).map(Peers)
+}
+
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 250ms, 30s, 5m, 7d)"))
 }
@@ -283,6 +291,10 @@ pub struct Settings {
     /// Events per second one identity may publish (`0` = no limit).
     #[arg(long, env = "TIDINGS_PUBLISH_RATE", default_value_t = 0)]
     pub publish_rate: u32,
+
+    /// Peers written into the tree at start-up: `hash=url,...` (identity hash, base URL).
+    #[arg(long, env = "TIDINGS_PEERS", default_value = "", value_parser = peers)]
+    pub peers: Peers,
 
     /// Origins allowed by CORS: a comma list, or `*` (never with credentials); empty = no CORS.
     #[arg(long, env = "TIDINGS_CORS_ORIGINS", default_value = "")]

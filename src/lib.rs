@@ -47,6 +47,7 @@ pub mod http;
 pub mod identity;
 pub mod json;
 pub mod metrics;
+pub mod peer;
 pub mod refusal;
 pub mod registry;
 pub mod server;

@@ -195,6 +195,7 @@ pub async fn put(
     let entity: Entity = crate::json::from_object_slice(body)
         .map_err(|e| TreeError::InvalidEntity(format!("the body must be {{\"type\", \"data\"}}: {e}")))?;
     entity.check().map_err(|e| TreeError::InvalidEntity(e.0))?;
+    crate::peer::check(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
     let (canonical, hash) = entity.canonical();
     let write = TreeWrite {
         path: path.to_owned(),

@@ -6,14 +6,15 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::both_stores;
-use crate::helpers::{Backend, TestApp, spawn_app};
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
 
 both_stores!(
     cas_matrix,
     if_match_star_matches_any_entity,
     bad_paths_and_entities_store_nothing,
     change_events_chain_hashes,
-    concurrent_cas_writers_keep_the_chain
+    concurrent_cas_writers_keep_the_chain,
+    peers_are_seeded_from_settings_and_checked_on_every_write
 );
 
 async fn put(app: &TestApp, path: &str, body: Value, header: Option<(&str, &str)>) -> (u16, Value) {
@@ -229,4 +230,54 @@ async fn concurrent_cas_writers_keep_the_chain(backend: Backend) {
         assert_eq!(e["payload"].get("previous_hash").cloned(), previous, "the chain is unbroken");
         previous = Some(e["payload"]["hash"].clone());
     }
+}
+
+/// `TIDINGS_PEERS` writes `system/peer/<hash>` entities at start-up, once
+/// (a restart writes nothing new, and puts back what an admin changed);
+/// every write under `system/peer/` must be a `system/peer` `{endpoint}` at
+/// an identity hash, or it is `400 invalid_entity` and nothing is stored.
+async fn peers_are_seeded_from_settings_and_checked_on_every_write(backend: Backend) {
+    let (_, _, seeded) = crate::helpers::ed25519_identity();
+    let peer = tidings::peer::Peer { hash: seeded.clone(), endpoint: "http://127.0.0.1:9".into() };
+    let app = spawn_app_with(backend, |s| s.peers = tidings::config::Peers(vec![peer.clone()])).await;
+    let path = format!("system/peer/{seeded}");
+    let r = app.http.get(app.url(&format!("/v1/tree/{path}"))).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"type": "system/peer", "data": {"endpoint": "http://127.0.0.1:9"}}));
+    let changes = |app: &TestApp| {
+        let url = app.url("/v1/poll?since=0&types=tree.*&limit=100");
+        let http = app.http.clone();
+        async move { http.get(url).send().await.unwrap().json::<Value>().await.unwrap()["events"].as_array().unwrap().len() }
+    };
+    assert_eq!(changes(&app).await, 1, "one write at start-up");
+    // An admin may change it; the setting puts it back at the next start.
+    let (status, _) = put(&app, &path, json!({"type": "system/peer", "data": {"endpoint": "https://elsewhere:8443"}}), None).await;
+    assert_eq!(status, 200);
+    let app = app.restart().await;
+    let r: Value = app.http.get(app.url(&format!("/v1/tree/{path}"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!(r["data"]["endpoint"], "http://127.0.0.1:9");
+    let app = app.restart().await;
+    assert_eq!(changes(&app).await, 3, "a restart with the entity in place writes nothing");
+
+    // Admin writes: a good one, then each kind of bad one.
+    let (_, _, other) = crate::helpers::ed25519_identity();
+    let good = json!({"type": "system/peer", "data": {"endpoint": "https://peer.example/base"}});
+    assert_eq!(put(&app, &format!("system/peer/{other}"), good.clone(), None).await.0, 201);
+    let (_, _, third) = crate::helpers::ed25519_identity();
+    let bad_path = "system/peer/not-a-hash".to_owned();
+    let at = format!("system/peer/{third}");
+    for (path, body) in [
+        (&bad_path, good.clone()),
+        (&at, json!({"type": "note", "data": {"endpoint": "http://h"}})),
+        (&at, json!({"type": "system/peer", "data": {}})),
+        (&at, json!({"type": "system/peer", "data": {"endpoint": "ftp://h"}})),
+        (&at, json!({"type": "system/peer", "data": {"endpoint": "http://h/?q=1"}})),
+        (&at, json!({"type": "system/peer", "data": {"endpoint": "http://h", "extra": true}})),
+    ] {
+        let (status, answer) = put(&app, path, body.clone(), None).await;
+        assert_eq!((status, answer["error"].as_str()), (400, Some("invalid_entity")), "{body}: {answer}");
+    }
+    let r = app.http.get(app.url(&format!("/v1/tree/{at}"))).send().await.unwrap();
+    assert_eq!(r.status(), 404, "nothing stored");
+    assert_eq!(changes(&app).await, 4);
 }

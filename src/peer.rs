@@ -1,0 +1,122 @@
+//! Peers: the other tidings servers this one knows, each at
+//! `system/peer/<identity hash>` as a `system/peer` entity `{endpoint}`,
+//! written by an admin through the tree API or seeded at start-up from
+//! `TIDINGS_PEERS` (`hash=url,...`). This module owns what such an entity
+//! must be (checked on every tree write under `system/peer/`) and the
+//! setting's syntax. The endpoint is only a URL: the hash is who the peer
+//! is, proven by `GET /v1/identity` there before it is trusted.
+
+use serde_json::json;
+
+use crate::tree::{Entity, EntityError, is_hash};
+
+/// Where peers live in the tree.
+pub const PREFIX: &str = "system/peer/";
+/// The entity type of a peer.
+pub const TYPE: &str = "system/peer";
+/// Longest endpoint URL.
+const MAX_ENDPOINT: usize = 2048;
+
+/// A peer: its identity hash and the URL it is reached at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// The peer server's identity hash (`sha256:<hex>`).
+    pub hash: String,
+    /// Its base URL (`http://` or `https://`, no query or fragment).
+    pub endpoint: String,
+}
+
+impl Peer {
+    /// Its tree path.
+    pub fn path(&self) -> String {
+        format!("{PREFIX}{}", self.hash)
+    }
+
+    /// Its entity.
+    pub fn entity(&self) -> Entity {
+        Entity { kind: TYPE.to_owned(), data: json!({"endpoint": self.endpoint}) }
+    }
+}
+
+/// Checks an entity written at `path`: under [`PREFIX`] it must be a
+/// `system/peer` whose last path segment is an identity hash and whose data
+/// is exactly `{endpoint}` with a valid endpoint; elsewhere nothing is
+/// asked.
+pub fn check(path: &str, entity: &Entity) -> Result<(), EntityError> {
+    let Some(hash) = path.strip_prefix(PREFIX) else { return Ok(()) };
+    if !is_hash(hash) {
+        return Err(EntityError(format!("a peer lives at {PREFIX}<identity hash> (sha256:<64 hex>), not {path}")));
+    }
+    if entity.kind != TYPE {
+        return Err(EntityError(format!("an entity under {PREFIX} is of type {TYPE}")));
+    }
+    let endpoint = entity.data.as_object().filter(|d| d.len() == 1).and_then(|d| d.get("endpoint")).and_then(|e| e.as_str());
+    let Some(endpoint) = endpoint else { return Err(EntityError("a peer's data is {\"endpoint\": \"<url>\"}".into())) };
+    check_endpoint(endpoint).map_err(EntityError)
+}
+
+/// An endpoint: an absolute `http` or `https` URL with a host, no query, no
+/// fragment, no user info.
+pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    if endpoint.len() > MAX_ENDPOINT {
+        return Err(format!("an endpoint is at most {MAX_ENDPOINT} bytes"));
+    }
+    let uri: axum::http::Uri = endpoint.parse().map_err(|_| format!("{endpoint:?} is not a URL"))?;
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
+    let authority = uri.authority().map(|a| a.as_str()).unwrap_or("");
+    if !scheme_ok || authority.is_empty() || authority.contains('@') || uri.query().is_some() || endpoint.contains('#') {
+        return Err(format!("{endpoint:?} is not an http(s) URL with a host and no query, fragment or user info"));
+    }
+    Ok(())
+}
+
+/// Parses `TIDINGS_PEERS`: `hash=url` pairs separated by commas (empty: none).
+pub fn parse_setting(value: &str) -> Result<Vec<Peer>, String> {
+    let mut peers: Vec<Peer> = Vec::new();
+    for pair in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((hash, endpoint)) = pair.split_once('=') else { return Err(format!("{pair:?} is not hash=url")) };
+        let (hash, endpoint) = (hash.trim(), endpoint.trim().trim_end_matches('/'));
+        if !is_hash(hash) {
+            return Err(format!("{hash:?} is not an identity hash (sha256:<64 hex>)"));
+        }
+        check_endpoint(endpoint)?;
+        if peers.iter().any(|p| p.hash == hash) {
+            return Err(format!("{hash} is given twice"));
+        }
+        peers.push(Peer { hash: hash.to_owned(), endpoint: endpoint.to_owned() });
+    }
+    Ok(peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn the_setting_is_hash_url_pairs() {
+        let peers = parse_setting(&format!(" {HASH}=http://127.0.0.1:9000/ ,")).unwrap();
+        assert_eq!(peers, vec![Peer { hash: HASH.into(), endpoint: "http://127.0.0.1:9000".into() }]);
+        assert_eq!(parse_setting("").unwrap(), vec![]);
+        for bad in ["nohash", "sha256:12=http://h", &format!("{HASH}=ftp://h"), &format!("{HASH}=http://h,{HASH}=http://i")] {
+            assert!(parse_setting(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn peer_entities_are_checked_only_under_the_prefix() {
+        let good = Peer { hash: HASH.into(), endpoint: "https://peer.example:8443/base".into() };
+        assert_eq!(check(&good.path(), &good.entity()), Ok(()));
+        let other = Entity { kind: "note".into(), data: json!({}) };
+        assert_eq!(check("notes/a", &other), Ok(()));
+        assert!(check(&good.path(), &other).is_err(), "wrong type");
+        assert!(check("system/peer/not-a-hash", &good.entity()).is_err());
+        for data in [json!({}), json!({"endpoint": 5}), json!({"endpoint": "http://h", "x": 1}), json!({"endpoint": "http://u@h"})] {
+            assert!(check(&good.path(), &Entity { kind: TYPE.into(), data: data.clone() }).is_err(), "{data}");
+        }
+        for url in ["http://h?x=1", "http://h/#f", "/relative", "http://", "mailto:a@b"] {
+            assert!(check_endpoint(url).is_err(), "{url}");
+        }
+    }
+}
