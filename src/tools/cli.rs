@@ -251,8 +251,23 @@ pub async fn listen(args: ListenArgs) -> anyhow::Result<()> {
         let wait = backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0);
         eprintln!("{reason}; reconnecting in {} ms", wait.as_millis());
         tokio::time::sleep(wait).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        backoff = (backoff * 2).min(Duration::from_secs(10));
     }
+}
+
+/// `stream.auth`'s body. What was printed goes along as the cursor: a
+/// device whose acks never landed has no stored cursor, and would otherwise
+/// start at the head, past what was published while it was away (a stored
+/// cursor still wins).
+fn auth_body(device: &str, filter: Option<&Value>, high_water: Option<i64>) -> Value {
+    let mut body = json!({"device_id": device});
+    if let Some(hw) = high_water {
+        body["cursor"] = json!(hw);
+    }
+    if let Some(f) = filter {
+        body["filter"] = f.clone();
+    }
+    body
 }
 
 struct Listening {
@@ -287,11 +302,7 @@ impl Listening {
             }
             Err(e) => return retry(e),
         };
-        let mut body = json!({"device_id": args.device});
-        if let Some(f) = filter {
-            body["filter"] = f.clone();
-        }
-        let answer = match client.auth(key, body).await {
+        let answer = match client.auth(key, auth_body(&args.device, filter, self.high_water)).await {
             Ok(a) => a,
             // An error frame is a rejection even though a close follows.
             Err(e @ E::Refused { .. }) => anyhow::bail!("the server rejected this device: {e}"),
@@ -373,5 +384,17 @@ impl Listening {
         out.flush()?;
         self.printed += 1;
         Ok(args.count.is_some_and(|c| self.printed >= c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reconnect_carries_what_was_printed_as_the_cursor() {
+        let filter = json!({"types": ["a.*"]});
+        assert_eq!(auth_body("d", None, None), json!({"device_id": "d"}), "a first connection starts where the server says");
+        assert_eq!(auth_body("d", Some(&filter), Some(41)), json!({"device_id": "d", "cursor": 41, "filter": filter}));
     }
 }
