@@ -162,6 +162,10 @@ impl Application {
                 batch: settings.engine_batch as usize,
                 idle_commit: settings.engine_idle_commit,
                 lead_retry: settings.engine_lead_retry,
+                courier: crate::subscription::courier::CourierSettings {
+                    attempts: settings.peer_delivery_attempts,
+                    timeout: settings.peer_timeout,
+                },
             },
         };
         let server = Arc::new(ServerIdentity::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);

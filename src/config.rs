@@ -312,6 +312,14 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_ENGINE_LEAD_RETRY", default_value = "1s", value_parser = duration)]
     pub engine_lead_retry: Duration,
 
+    /// Attempts to deliver one notification to a peer before it is given up (a chain-error marker).
+    #[arg(long, env = "TIDINGS_PEER_DELIVERY_ATTEMPTS", default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub peer_delivery_attempts: u32,
+
+    /// Time allowed for one delivery attempt to a peer.
+    #[arg(long, env = "TIDINGS_PEER_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub peer_timeout: Duration,
+
     /// How often the store and the LISTEN connection are probed for the health gauges.
     #[arg(long, env = "TIDINGS_HEALTH_PROBE_INTERVAL", default_value = "5s", value_parser = duration)]
     pub health_probe_interval: Duration,

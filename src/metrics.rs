@@ -53,6 +53,17 @@ pub const SUBSCRIPTIONS: &str = "tidings_subscriptions";
 pub const NOTIFICATION_OUTCOMES: &[&str] =
     &["delivered", "rate_limited", "max_events_reached", "max_duration_reached", "deliver_token_expired"];
 
+/// Notifications carried to peers' inboxes, by outcome.
+pub const PEER_DELIVERIES: &str = "tidings_peer_deliveries_total";
+/// Outcomes of a delivery to a peer: the label values of `outcome`.
+pub const PEER_OUTCOMES: &[&str] = &["delivered", "duplicate", "refused", "given_up"];
+/// Delivery attempts to peers that failed and were retried.
+pub const PEER_RETRIES: &str = "tidings_peer_delivery_retries_total";
+/// Per peer, the log events the courier's slowest lane to it is behind the head.
+pub const PEER_BACKLOG: &str = "tidings_peer_backlog_events";
+/// Deliveries received from peers, by outcome (`appended`, `duplicate`).
+pub const PEER_RECEIVED: &str = "tidings_peer_received_total";
+
 /// Transports that deliver events.
 pub const TRANSPORTS: &[&str] = &["sse", "poll", "ws"];
 /// Why the server ends a client.
@@ -116,6 +127,10 @@ fn describe() {
     describe_histogram!(CONSUMER_LAG, Unit::Count, "Durable consumers' events behind the head, sampled by each expiry sweep.");
     describe_counter!(SUBSCRIPTION_NOTIFICATIONS, Unit::Count, "Tree changes matched by a path subscription, by outcome.");
     describe_gauge!(SUBSCRIPTIONS, Unit::Count, "Path subscriptions in the leading engine's index (0 on other processes).");
+    describe_counter!(PEER_DELIVERIES, Unit::Count, "Notifications carried to peers' inboxes, by outcome.");
+    describe_counter!(PEER_RETRIES, Unit::Count, "Delivery attempts to peers that failed and were retried.");
+    describe_gauge!(PEER_BACKLOG, Unit::Count, "Per peer, events the slowest delivery lane to it is behind the head.");
+    describe_counter!(PEER_RECEIVED, Unit::Count, "Deliveries received from peers, by outcome (appended or duplicate).");
 
     for transport in TRANSPORTS {
         counter!(EVENTS_DELIVERED, "transport" => *transport).increment(0);
@@ -137,6 +152,13 @@ fn describe() {
         counter!(SUBSCRIPTION_NOTIFICATIONS, "outcome" => *outcome).increment(0);
     }
     gauge!(SUBSCRIPTIONS).set(0.0);
+    for outcome in PEER_OUTCOMES {
+        counter!(PEER_DELIVERIES, "outcome" => *outcome).increment(0);
+    }
+    counter!(PEER_RETRIES).increment(0);
+    for outcome in ["appended", "duplicate"] {
+        counter!(PEER_RECEIVED, "outcome" => outcome).increment(0);
+    }
     counter!(EVENTS_PUBLISHED, "type" => "unregistered").increment(0);
     counter!(HTTP_REQUESTS, "route" => "/metrics", "status" => "200").increment(0);
     // Registering a histogram renders it with empty buckets; no fake sample.

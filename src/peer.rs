@@ -70,6 +70,19 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Splits a remote inbox URI `entity://<peer hash>/<path>` into the peer's
+/// hash and the path in its namespace; `None` for anything else.
+pub fn parse_remote(uri: &str) -> Option<(&str, &str)> {
+    let (hash, path) = uri.strip_prefix("entity://")?.split_once('/')?;
+    (is_hash(hash) && !path.is_empty()).then_some((hash, path))
+}
+
+/// The endpoint of a known peer, read from its entity.
+pub fn endpoint_of(entity: &str) -> Option<String> {
+    let entity: Entity = serde_json::from_str(entity).ok()?;
+    (entity.kind == TYPE).then(|| entity.data["endpoint"].as_str().map(|e| e.trim_end_matches('/').to_owned()))?
+}
+
 /// Parses `TIDINGS_PEERS`: `hash=url` pairs separated by commas (empty: none).
 pub fn parse_setting(value: &str) -> Result<Vec<Peer>, String> {
     let mut peers: Vec<Peer> = Vec::new();
@@ -102,6 +115,16 @@ mod tests {
         for bad in ["nohash", "sha256:12=http://h", &format!("{HASH}=ftp://h"), &format!("{HASH}=http://h,{HASH}=http://i")] {
             assert!(parse_setting(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn remote_inboxes_name_a_peer_and_a_path() {
+        assert_eq!(parse_remote(&format!("entity://{HASH}/system/inbox/a")), Some((HASH, "system/inbox/a")));
+        for bad in ["system/inbox/a", "entity://nohash/system/inbox/a", &format!("entity://{HASH}/"), &format!("entity://{HASH}")] {
+            assert_eq!(parse_remote(bad), None, "{bad}");
+        }
+        let good = Peer { hash: HASH.into(), endpoint: "http://h:1".into() };
+        assert_eq!(endpoint_of(&good.entity().canonical().0).as_deref(), Some("http://h:1"));
     }
 
     #[test]

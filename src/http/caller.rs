@@ -32,6 +32,30 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// The caller where a bearer token is optional (`POST /v1/execute`, whose
+/// EXECUTEs are signed and carry their own capabilities, so a peer
+/// delivering to an inbox needs no token here): `None` when authentication
+/// is on and no token was sent; a token that is sent must verify.
+#[derive(Debug, Clone)]
+pub(crate) struct MaybeCaller(pub(crate) Option<Identity>);
+
+impl FromRequestParts<AppState> for MaybeCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        match state.auth() {
+            AuthMode::Off => Ok(MaybeCaller(Some(state.local_identity().clone()))),
+            AuthMode::Jwt(verifier) => {
+                let header_str = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
+                match find_token(header_str(header::AUTHORIZATION), header_str(header::COOKIE), parts.uri.query()) {
+                    None => Ok(MaybeCaller(None)),
+                    Some(token) => Ok(MaybeCaller(Some(verifier.verify(&token)?))),
+                }
+            }
+        }
+    }
+}
+
 /// Query parameters as an extractor whose refusal is a JSON error like every
 /// other (`400 invalid_query`), not axum's plain-text one. A parameter given
 /// twice (`since=1&since=2`) is refused rather than one of them silently

@@ -1,5 +1,6 @@
 //! `POST /v1/execute`: signed EXECUTEs for the `system/subscription`
-//! handler (subscribe, unsubscribe, renewal). The HTTP status is the
+//! handler (subscribe, unsubscribe, renewal) and for this server's inboxes
+//! (`receive`, a peer delivering a notification). The HTTP status is the
 //! handler's status and the body its answer, `{status, result}` or
 //! `{status, error: {code, message}}`; dispatch lives in
 //! [`crate::subscription::execute`].
@@ -11,7 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use super::caller::Caller;
+use super::caller::MaybeCaller;
 use super::error::ApiError;
 use crate::auth::AuthMode;
 use crate::refusal::Refusal;
@@ -25,12 +26,12 @@ use serde_json::json;
     path = "/v1/execute",
     tag = "tree",
     params(("X-Chain-Id" = Option<String>, Header, description = "The causal chain this request belongs to (one path segment); generated when absent")),
-    request_body(content = Object, content_type = "application/json", description = "`{execute: {type: \"system/protocol/execute\", data: {uri: \"system/subscription\", operation: \"subscribe\"|\"unsubscribe\", resource: {targets: [pattern]}, params: {type, data}, author, capability?}}, included: {hash: entity}}`: the author's signature over the EXECUTE's hash, its identity, the caller capability chain and the deliver token chain travel in `included`"),
+    request_body(content = Object, content_type = "application/json", description = "`{execute: {type: \"system/protocol/execute\", data: {uri: \"system/subscription\", operation: \"subscribe\"|\"unsubscribe\", resource: {targets: [pattern]}, params: {type, data}, author, capability?}}, included: {hash: entity}}`; a peer's delivery has `uri` and `resource.targets` an inbox here, `operation: \"receive\"`, `params` a `system/subscription/notification`, `capability` the deliver token and `sequence` its log id: the author's signature over the EXECUTE's hash, its identity, the caller capability chain and the deliver token chain travel in `included`"),
     responses(
         (status = 200, description = "`{status: 200, result: {subscription_id, pattern, events, limits, renewed}}` (subscribe) or `{status: 200, result: null}` (unsubscribe)", body = Object),
         (status = 303, description = "`{status: 303, result: {type: \"system/subscription/redirect\", data: {reason: \"at_capacity\", prefix, alternatives, capacity}}}`", body = Object),
-        (status = 400, description = "`missing_deliver_token`, `invalid_execute`, `invalid_included`, `invalid_params`, `invalid_resource`, `unknown_operation`, `delivery_unsupported`, `invalid_chain_id`, `malformed_body`", body = Object),
-        (status = 401, description = "`unauthorized` (no bearer token when authentication is on), `signature_invalid`", body = Object),
+        (status = 400, description = "`missing_deliver_token`, `invalid_execute`, `invalid_included`, `invalid_params`, `invalid_resource`, `unknown_operation`, `delivery_unsupported`, `unknown_peer`, `invalid_chain_id`, `malformed_body`", body = Object),
+        (status = 401, description = "`unauthorized` (a bearer token that does not verify; none is needed, since an EXECUTE carries its caller capability), `signature_invalid`", body = Object),
         (status = 403, description = "`deliver_token_insufficient`, `embedded_cap_unauthorized`, `payload_unauthorized`, `not_subscription_owner`, `capability_required`, `capability_invalid`, `capability_insufficient`", body = Object),
         (status = 404, description = "`chain_unreachable`, `subscription_not_found`, `handler_not_found`", body = Object),
         (status = 409, description = "`subscription_changed`", body = Object),
@@ -42,7 +43,7 @@ use serde_json::json;
 )]
 pub(crate) async fn execute(
     State(app): State<AppState>,
-    Caller(caller): Caller,
+    MaybeCaller(caller): MaybeCaller,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -52,7 +53,7 @@ pub(crate) async fn execute(
         auth_on: matches!(app.auth(), AuthMode::Jwt(_)),
         // Only an authenticated admin overrides ownership; with authentication
         // off the author's signature alone decides.
-        admin: caller.admin && caller.authenticated,
+        admin: caller.is_some_and(|c| c.admin && c.authenticated),
         chain_id: chain_id.clone(),
         now_ms: chrono::Utc::now().timestamp_millis().max(0) as u64,
     };

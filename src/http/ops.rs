@@ -32,7 +32,7 @@ pub(crate) async fn health() -> Json<Value> {
     path = "/health/deep",
     tag = "operations",
     responses(
-        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, uptime_seconds, events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
+        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
         (status = 503, description = "The same document while the database is down", body = Object),
     )
 )]
@@ -44,6 +44,7 @@ pub(crate) async fn health_deep(State(app): State<AppState>) -> Response {
         _ => (false, None, None),
     };
     let (listener, reconnects) = store.listener();
+    let peers = if up { app.core().subscriptions().peers().await.ok() } else { None };
     let body = json!({
         "status": if up { "ok" } else { "degraded" },
         "store": store.kind().as_str(),
@@ -53,6 +54,7 @@ pub(crate) async fn health_deep(State(app): State<AppState>) -> Response {
         "broker_position": app.broker().position(),
         "listener": { "state": listener, "reconnects": reconnects },
         "uptime_seconds": app.inner.started.elapsed().as_secs(),
+        "peers": peers,
         "events": {
             "registered_types": app.registry().len(),
             "in_flight_subscriptions": app.broker().client_count(),

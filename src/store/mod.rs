@@ -294,6 +294,11 @@ pub enum StoreError {
     Other(#[from] anyhow::Error),
 }
 
+/// The owner under which the subscription courier keeps its lanes'
+/// cursors in the device cursor table (not an identity hash, so no device
+/// collides with it). Retention never prunes past the lowest of them.
+pub const COURIER_CURSORS: &str = "tidings:courier";
+
 /// The event log: append with gap-free, commit-ordered ids, read after an
 /// id, the head and the floor, retention, and the wake-ups after commits.
 #[async_trait]
@@ -305,6 +310,13 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// ids, consecutive and in batch order. Ids are gap-free and commit-ordered:
     /// once a reader has seen id N, no id below N appears later.
     async fn append(&self, batch: Vec<NewRecord>) -> Result<Vec<EventId>, StoreError>;
+
+    /// Appends `record` as [`Self::append`] does, unless stream `stream` of
+    /// `source` has already delivered a sequence number `>= seq` here: then
+    /// nothing is stored and `None` is returned. The stream's high mark moves
+    /// in the appending transaction, so a delivery retried after a crash or
+    /// a lost answer is appended exactly once.
+    async fn append_once(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError>;
 
     /// Up to `limit` records with `id > after`, ascending.
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError>;
@@ -375,6 +387,9 @@ pub trait ConsumerStore: Send + Sync + std::fmt::Debug + 'static {
     /// Acknowledges `seq` for a device: the cursor becomes
     /// `max(cursor, min(seq, head))` (created at that value); returns it.
     async fn device_ack(&self, owner: &str, device_id: &str, seq: EventId, now_ms: i64) -> Result<EventId, StoreError>;
+
+    /// Forgets a device cursor (a courier lane whose subscription is gone).
+    async fn device_forget(&self, owner: &str, device_id: &str) -> Result<(), StoreError>;
 }
 
 /// The entity tree (compare-and-swap writes that append their change event

@@ -30,6 +30,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::courier::{Courier, Lane, Lanes};
 use super::{DIR, MARKER_DIR, Subscription, Subscriptions, subscription_id_of};
 use crate::event::{EventBody, EventId, Visibility, names};
 use crate::glob::Glob;
@@ -48,6 +49,8 @@ pub struct EngineSettings {
     /// How often a process that does not lead tries to take the lead, which
     /// bounds a takeover after the leader stops (`TIDINGS_ENGINE_LEAD_RETRY`).
     pub lead_retry: Duration,
+    /// How notifications reach other servers' inboxes.
+    pub courier: super::courier::CourierSettings,
 }
 
 /// Store retries back off from 50 ms to 2 s: constants, since they only
@@ -167,12 +170,14 @@ pub struct Engine {
     handler: Arc<Subscriptions>,
     follow: watch::Receiver<EventId>,
     settings: EngineSettings,
+    /// The remote subscriptions, for the courier.
+    lanes: watch::Sender<Lanes>,
 }
 
 impl Engine {
     /// An engine woken by `follow` (the broker's position).
     pub fn new(store: Arc<dyn Store>, handler: Arc<Subscriptions>, follow: watch::Receiver<EventId>, settings: EngineSettings) -> Self {
-        Self { store, handler, follow, settings }
+        Self { store, handler, follow, settings, lanes: watch::channel(Lanes::default()).0 }
     }
 
     /// Runs until `cancel`.
@@ -217,6 +222,18 @@ impl Engine {
         let mut state = self.load().await?;
         let _reset = ResetGauge;
         tracing::info!(cursor = state.committed, subscriptions = state.subs.len(), "subscription engine leads");
+        // The courier delivers to peers while this process leads.
+        self.publish_lanes(&state, &HashMap::new());
+        let courier_stop = cancel.child_token();
+        let _courier = courier_stop.clone().drop_guard();
+        let courier = Courier::new(
+            self.store.clone(),
+            self.handler.server.clone(),
+            self.settings.courier.clone(),
+            self.follow.clone(),
+            self.handler.peer_states.clone(),
+        );
+        tokio::spawn(courier.run(self.lanes.subscribe(), courier_stop));
         let mut checked_lead = Instant::now();
         loop {
             match self.step(&mut state).await? {
@@ -317,6 +334,8 @@ impl Engine {
         let (records, reached) = self.store.engine_changes(state.scanned, &TREE_TYPES, self.settings.batch).await?;
         let mut out = Output::default();
         let mut terminated = false;
+        let mut since = HashMap::new();
+        let mut lanes_changed = false;
         for record in &records {
             let Some((kind, change)) = parse(record) else { continue };
             if !is_marker_path(&change.uri) {
@@ -326,7 +345,14 @@ impl Engine {
             // committed after its own creation.
             if let Some(id) = subscription_id_of(&change.uri) {
                 self.register(state, id, &change, &mut out).await?;
+                lanes_changed = true;
+                since.insert(id.to_owned(), record.id);
             }
+        }
+        // Published before the commit that may carry their first
+        // notifications, so the courier never starts a lane past them.
+        if lanes_changed || terminated {
+            self.publish_lanes(state, &since);
         }
         metrics::gauge!(crate::metrics::SUBSCRIPTIONS).set(state.subs.len() as f64);
         let full = records.len() == self.settings.batch;
@@ -347,6 +373,38 @@ impl Engine {
             tracing::warn!(error = %e, "could not refresh system/config/subscription");
         }
         Ok(if full { Progress::More } else { Progress::Idle })
+    }
+
+    /// Hands the remote subscriptions in the index to the courier; `since`
+    /// holds where in the log the ones registered by this step were created.
+    fn publish_lanes(&self, state: &State, since: &HashMap<String, EventId>) {
+        let lanes: BTreeMap<String, Lane> = state
+            .subs
+            .values()
+            .filter_map(|a| {
+                let (peer, _) = crate::peer::parse_remote(&a.sub.deliver_uri)?;
+                let id = &a.sub.subscription_id;
+                Some((
+                    id.clone(),
+                    Lane {
+                        subscription_id: id.clone(),
+                        deliver_uri: a.sub.deliver_uri.clone(),
+                        peer: peer.to_owned(),
+                        operation: a.sub.deliver_operation.clone(),
+                        deliver_token: a.sub.deliver_token.clone(),
+                        deliver_chain: a.sub.deliver_chain.clone(),
+                        since: since.get(id).copied(),
+                    },
+                ))
+            })
+            .collect();
+        self.lanes.send_if_modified(|current| {
+            let changed = **current != lanes;
+            if changed {
+                *current = Arc::new(lanes);
+            }
+            changed
+        });
     }
 
     /// Follows a change to `system/subscription/{id}` in the index.
@@ -478,32 +536,67 @@ impl Engine {
         Ok(NewRecord::event(&body))
     }
 
-    /// A chain-error marker at
+    /// A chain-error marker for a notification of `sub` suppressed for `reason`.
+    fn marker(&self, sub: &Subscription, reason: &str, kind: &str, change: &Change, chain_id: &str, event_id: EventId) -> EngineEffect {
+        let marker = Marker {
+            agent: self.handler.agent(),
+            subscription_id: &sub.subscription_id,
+            reason,
+            kind,
+            uri: &change.uri,
+            hash: change.hash.as_deref(),
+            previous_hash: change.previous_hash.as_deref(),
+            chain_id,
+            event_id,
+        };
+        EngineEffect::Tree(marker.write())
+    }
+}
+
+/// A chain-error marker (§4.7) of a notification that was not delivered.
+#[derive(Debug)]
+pub(super) struct Marker<'a> {
+    /// Who binds it (this server).
+    pub(super) agent: crate::event::Agent,
+    pub(super) subscription_id: &'a str,
+    pub(super) reason: &'a str,
+    /// The change kind.
+    pub(super) kind: &'a str,
+    pub(super) uri: &'a str,
+    pub(super) hash: Option<&'a str>,
+    pub(super) previous_hash: Option<&'a str>,
+    pub(super) chain_id: &'a str,
+    /// The log id of the change (or of the notification given up).
+    pub(super) event_id: EventId,
+}
+
+impl Marker<'_> {
+    /// The write binding it at
     /// `system/runtime/chain-errors/lost/{chain_id}/{subscription_id}/{reason}/{marker_hash}`;
     /// binding the same marker again is a no-op.
-    fn marker(&self, sub: &Subscription, reason: &str, kind: &str, change: &Change, chain_id: &str, event_id: EventId) -> EngineEffect {
+    pub(super) fn write(&self) -> TreeWrite {
         let mut data = json!({
-            "chain_id": chain_id,
-            "subscription_id": sub.subscription_id,
-            "reason": reason,
-            "event": kind,
-            "uri": change.uri,
-            "event_id": event_id,
+            "chain_id": self.chain_id,
+            "subscription_id": self.subscription_id,
+            "reason": self.reason,
+            "event": self.kind,
+            "uri": self.uri,
+            "event_id": self.event_id,
         });
-        if let Some(h) = &change.hash {
+        if let Some(h) = self.hash {
             data["hash"] = json!(h);
         }
-        if let Some(p) = &change.previous_hash {
+        if let Some(p) = self.previous_hash {
             data["previous_hash"] = json!(p);
         }
         let (canonical, hash) = Entity { kind: "system/chain-error/lost".into(), data }.canonical();
-        let path = format!("{MARKER_DIR}/{chain_id}/{}/{reason}/{hash}", sub.subscription_id);
-        EngineEffect::Tree(TreeWrite {
+        let path = format!("{MARKER_DIR}/{}/{}/{}/{hash}", self.chain_id, self.subscription_id, self.reason);
+        TreeWrite {
             path: path.clone(),
             entity: Some((canonical, hash.clone())),
             condition: Condition::IfAbsent,
-            event: change_event(&path, self.handler.agent(), Some(hash), chain_id.to_owned()),
-        })
+            event: change_event(&path, self.agent.clone(), Some(hash), self.chain_id.to_owned()),
+        }
     }
 }
 
@@ -573,6 +666,7 @@ mod tests {
             include_payload: false,
             created_at: 1_000,
             limits,
+            deliver_chain: vec![],
         };
         Active {
             glob: Glob::new_path(&sub.pattern).unwrap(),

@@ -3,7 +3,9 @@
 //! every included entity is named by its own hash, that the author signed the
 //! EXECUTE, and that the caller capability (rooted at this server, granted to
 //! the author) allows the operation on every resource target; then runs the
-//! `system/subscription` handler.
+//! `system/subscription` handler, or, for an EXECUTE addressed to one of
+//! this server's inboxes, the `system/inbox` handler's `receive` (a peer
+//! delivering a notification), whose capability is the deliver token.
 //!
 //! The caller capability is required when authentication is on; with
 //! authentication off (a loopback development server) an EXECUTE without one
@@ -54,6 +56,9 @@ struct ExecuteData {
     author: String,
     #[serde(default)]
     capability: Option<String>,
+    /// A delivery's sequence (the sender's log id of the notification).
+    #[serde(default)]
+    sequence: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -123,6 +128,19 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
     let execute_hash = envelope.execute.canonical().1;
     if let Err(e) = capability::verify_signed(&included, &execute_hash, &data.author) {
         return Err(ExecuteError::SignatureInvalid(format!("the EXECUTE is not signed by its author: {e}")));
+    }
+    if let Some(inbox) = super::inbox::local_inbox(&data.uri, handler.server().hash()) {
+        let targets = data.resource.map(|r| r.targets).unwrap_or_default();
+        let delivery = super::inbox::Delivery {
+            inbox,
+            operation: &data.operation,
+            targets: &targets,
+            params: data.params,
+            author: &data.author,
+            capability: data.capability.as_deref(),
+            sequence: data.sequence,
+        };
+        return super::inbox::receive(handler, delivery, &included, &call.chain_id, call.now_ms).await;
     }
     if data.uri != HANDLER {
         return Err(ExecuteError::HandlerNotFound(format!("no handler at {:?}; tidings serves {HANDLER}", data.uri)));
@@ -201,18 +219,27 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
     }
     events.sort_by_key(|e| EVENTS.iter().position(|k| k == e));
     events.dedup();
-    if request.deliver_to.uri.contains("://") {
-        return Err(ExecuteError::DeliveryUnsupported(
-            "tidings delivers to inbox paths on this server; remote inboxes are not supported yet".into(),
-        ));
-    }
-    if let Err(e) = validate_path(&request.deliver_to.uri) {
+    let (deliver_peer, deliver_path) = match crate::peer::parse_remote(&request.deliver_to.uri) {
+        Some((peer, path)) if peer == handler.server().hash() => (None, path.to_owned()),
+        Some((peer, path)) => (Some(peer.to_owned()), path.to_owned()),
+        None if request.deliver_to.uri.contains("://") => {
+            return Err(ExecuteError::DeliveryUnsupported(
+                "deliver_to.uri is an inbox path on this server or entity://<peer hash>/<inbox path>".into(),
+            ));
+        }
+        None => (None, request.deliver_to.uri.clone()),
+    };
+    if let Err(e) = validate_path(&deliver_path) {
         return Err(ExecuteError::InvalidParams(format!("deliver_to.uri: {}", e.0)));
     }
+    // An inbox of this server named by its full URI is stored as the path.
+    let deliver_uri = if deliver_peer.is_some() { request.deliver_to.uri } else { deliver_path.clone() };
     let request = SubscribeRequest {
         pattern,
         events,
-        deliver_uri: request.deliver_to.uri,
+        deliver_uri,
+        deliver_path,
+        deliver_peer,
         deliver_operation: request.deliver_to.operation.unwrap_or_else(|| "receive".into()),
         deliver_token: request.deliver_token,
         include_payload: request.include_payload.unwrap_or(false),

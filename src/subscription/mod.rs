@@ -28,12 +28,18 @@
 //!   seconds of commit time, so the window is at most 60 counts, committed
 //!   with the engine's cursor.
 //! - Delivery is to an inbox path on this server (a `subscription.notification`
-//!   event whose `ref` is the inbox); delivery to another server's inbox
-//!   (`entity://...`) is refused with `400 delivery_unsupported` until it
-//!   is built, behind the same [`engine`] interface.
+//!   event whose `ref` is the inbox) or to another server's inbox
+//!   (`entity://<peer hash>/<inbox path>`): the engine appends the
+//!   notification to this server's log all the same (its `ref` the remote
+//!   URI), and the [`courier`] carries it to the peer from a durable cursor.
+//!   A remote inbox's peer must be known here (`system/peer/<hash>`), and
+//!   the deliver token's chain must be rooted at that peer, since the peer
+//!   checks it at every delivery.
 
+pub mod courier;
 pub mod engine;
 pub mod execute;
+pub mod inbox;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -115,6 +121,11 @@ pub struct Subscription {
     /// Effective limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// For a remote inbox: the content hashes of the deliver token's chain
+    /// (tokens, their signatures, their granters' identities), which travel
+    /// with every delivery so the peer can verify it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deliver_chain: Vec<String>,
 }
 
 impl Subscription {
@@ -215,6 +226,9 @@ pub enum ExecuteError {
     /// `delivery_unsupported`.
     #[error("{0}")]
     DeliveryUnsupported(String),
+    /// `unknown_peer`: a remote inbox on a server this one does not know.
+    #[error("{0}")]
+    UnknownPeer(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -243,6 +257,7 @@ impl Refusal for ExecuteError {
             Self::CapabilityInvalid(_) => "capability_invalid",
             Self::InvalidParams(_) => "invalid_params",
             Self::DeliveryUnsupported(_) => "delivery_unsupported",
+            Self::UnknownPeer(_) => "unknown_peer",
             Self::Store(_) => "store_unavailable",
         }
     }
@@ -255,7 +270,8 @@ impl Refusal for ExecuteError {
             | Self::UnknownOperation(_)
             | Self::InvalidResource(_)
             | Self::InvalidParams(_)
-            | Self::DeliveryUnsupported(_) => Kind::Invalid,
+            | Self::DeliveryUnsupported(_)
+            | Self::UnknownPeer(_) => Kind::Invalid,
             Self::DeliverTokenInsufficient(_)
             | Self::EmbeddedCapUnauthorized(_)
             | Self::NotSubscriptionOwner(_)
@@ -286,8 +302,12 @@ pub struct SubscribeRequest {
     pub pattern: Glob,
     /// Change kinds (defaulted, deduplicated).
     pub events: Vec<String>,
-    /// The inbox path.
+    /// The inbox as given: a path on this server or `entity://<peer>/<path>`.
     pub deliver_uri: String,
+    /// The inbox path in its server's namespace (what the token grants).
+    pub deliver_path: String,
+    /// The peer holding the inbox, when it is not this server.
+    pub deliver_peer: Option<String>,
     /// The inbox operation.
     pub deliver_operation: String,
     /// The deliver token's hash, if given.
@@ -326,6 +346,8 @@ pub struct Subscriptions {
     /// Serialises subscribes and unsubscribes in this process: capacity and
     /// renewal are read-then-write.
     gate: tokio::sync::Mutex<()>,
+    /// What the courier last saw of each peer it delivers to.
+    peer_states: courier::PeerStates,
 }
 
 impl Subscriptions {
@@ -333,7 +355,39 @@ impl Subscriptions {
     /// `max_total` subscriptions (capped at [`MAX_SUBSCRIPTIONS`]) and
     /// redirecting beyond `max_per_prefix` per pattern (`0`: no limit).
     pub fn new(store: Arc<dyn Store>, server: Arc<ServerIdentity>, max_per_prefix: u64, max_total: usize) -> Self {
-        Self { store, server, max_per_prefix, max_total: max_total.min(MAX_SUBSCRIPTIONS), gate: tokio::sync::Mutex::new(()) }
+        Self {
+            store,
+            server,
+            max_per_prefix,
+            max_total: max_total.min(MAX_SUBSCRIPTIONS),
+            gate: tokio::sync::Mutex::new(()),
+            peer_states: courier::PeerStates::default(),
+        }
+    }
+
+    /// The known peers (`system/peer/*`) with what this process's courier
+    /// last saw of each (only the process leading the engine delivers).
+    pub async fn peers(&self) -> Result<Vec<Value>, StoreError> {
+        let known = self.store.tree_entries_below(crate::peer::PREFIX.trim_end_matches('/'), 10_000).await?;
+        let states = self.peer_states.lock().map(|s| s.clone()).unwrap_or_default();
+        Ok(known
+            .into_iter()
+            .filter_map(|e| {
+                let hash = e.path.strip_prefix(crate::peer::PREFIX)?.to_owned();
+                let state = states.get(&hash).cloned().unwrap_or_default();
+                let status = match (&state.last_error, state.lanes) {
+                    (_, 0) => "idle",
+                    (Some(_), _) => "failing",
+                    (None, _) => "delivering",
+                };
+                Some(json!({
+                    "peer": hash,
+                    "endpoint": crate::peer::endpoint_of(&e.entity),
+                    "state": status,
+                    "delivery": state,
+                }))
+            })
+            .collect())
     }
 
     /// The server identity.
@@ -366,7 +420,7 @@ impl Subscriptions {
             Ok(t) => t,
             Err(e) => return Err(ExecuteError::DeliverTokenInsufficient(e.to_string())),
         };
-        if leaf.grantee != self.server.hash() || !leaf.grants("system/inbox", &request.deliver_operation, &request.deliver_uri) {
+        if leaf.grantee != self.server.hash() || !leaf.grants("system/inbox", &request.deliver_operation, &request.deliver_path) {
             return Err(ExecuteError::DeliverTokenInsufficient(format!(
                 "the deliver token does not grant this server {} on {}",
                 request.deliver_operation, request.deliver_uri
@@ -382,8 +436,23 @@ impl Subscriptions {
             }
             Err(e) => return Err(ExecuteError::DeliverTokenInsufficient(e.to_string())),
         };
-        if !capability::chain_grants(&chain, "system/inbox", &request.deliver_operation, &request.deliver_uri) {
+        if !capability::chain_grants(&chain, "system/inbox", &request.deliver_operation, &request.deliver_path) {
             return Err(ExecuteError::DeliverTokenInsufficient("a token in the deliver token's chain does not grant the delivery".into()));
+        }
+        // A remote inbox's server verifies the chain at every delivery: it
+        // must be rooted there, and this server must know where that is.
+        if let Some(peer) = &request.deliver_peer {
+            if chain.last().is_none_or(|root| root.granter != *peer) {
+                return Err(ExecuteError::DeliverTokenInsufficient(format!(
+                    "the deliver token's chain must be rooted at {peer}, the server holding the inbox"
+                )));
+            }
+            if self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await?.is_none() {
+                return Err(ExecuteError::UnknownPeer(format!(
+                    "this server does not know peer {peer}: an admin writes {}{peer} {{endpoint}} first",
+                    crate::peer::PREFIX
+                )));
+            }
         }
         if !capability::in_chain(&chain, caller.author) {
             return Err(ExecuteError::EmbeddedCapUnauthorized("subscriber identity not in deliver_token authority chain".into()));
@@ -392,6 +461,8 @@ impl Subscriptions {
         // the engine can resolve the token by hash later; stored once the
         // subscription is, so a refused request stores nothing.
         let content = chain_content(&chain, caller.included);
+        let deliver_chain: Vec<String> =
+            if request.deliver_peer.is_some() { content.iter().map(|(hash, _)| hash.clone()).collect() } else { Vec::new() };
         let _gate = self.gate.lock().await;
         let existing = self.list().await?;
         let pattern = request.pattern.as_str();
@@ -411,6 +482,7 @@ impl Subscriptions {
             }
             let renewed = Subscription {
                 deliver_token: token_hash.to_owned(),
+                deliver_chain,
                 events: request.events,
                 include_payload: request.include_payload,
                 limits: request.limits,
@@ -459,6 +531,7 @@ impl Subscriptions {
             include_payload: request.include_payload,
             created_at: caller.now_ms,
             limits: request.limits,
+            deliver_chain,
         };
         self.store.content_put(content).await?;
         self.write(&subscription, Condition::IfAbsent, caller.chain_id).await?;

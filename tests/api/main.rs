@@ -14,6 +14,7 @@ mod layers;
 mod metrics;
 mod openapi;
 mod ordering;
+mod peers;
 mod poll;
 mod postgres;
 mod publish;

@@ -119,20 +119,20 @@ async fn one_engine_among_several_servers() {
 }
 
 /// A peer: an Ed25519 key and its `system/identity` entity.
-struct Peer {
+pub(crate) struct Peer {
     key: SigningKey,
-    entity: Value,
-    hash: String,
+    pub(crate) entity: Value,
+    pub(crate) hash: String,
 }
 
 impl Peer {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let (key, entity, hash) = crate::helpers::ed25519_identity();
         Peer { key, entity, hash }
     }
 
     /// Adds this identity and its signature over `target` to `included`.
-    fn sign_into(&self, target: &str, included: &mut Map<String, Value>) {
+    pub(crate) fn sign_into(&self, target: &str, included: &mut Map<String, Value>) {
         let sig = base64::engine::general_purpose::STANDARD.encode(self.key.sign(target.as_bytes()).to_bytes());
         let signature =
             json!({"type": "system/signature", "data": {"target": target, "signer": self.hash, "algorithm": "ed25519", "signature": sig}});
@@ -142,7 +142,7 @@ impl Peer {
 
     /// A token from this peer to `grantee` (an identity hash), signed, with
     /// its signature in `included`; returns its hash.
-    fn grant(&self, grantee: &str, grants: Value, parent: Option<&str>, included: &mut Map<String, Value>) -> String {
+    pub(crate) fn grant(&self, grantee: &str, grants: Value, parent: Option<&str>, included: &mut Map<String, Value>) -> String {
         let mut data = json!({"granter": self.hash, "grantee": grantee, "grants": grants});
         if let Some(p) = parent {
             data["parent"] = json!(p);
@@ -151,11 +151,11 @@ impl Peer {
     }
 
     /// A token that expires at `expires_at` (Unix ms).
-    fn grant_until(&self, grantee: &str, grants: Value, expires_at: i64, included: &mut Map<String, Value>) -> String {
+    pub(crate) fn grant_until(&self, grantee: &str, grants: Value, expires_at: i64, included: &mut Map<String, Value>) -> String {
         self.sign_token(json!({"granter": self.hash, "grantee": grantee, "grants": grants, "expires_at": expires_at}), included)
     }
 
-    fn sign_token(&self, data: Value, included: &mut Map<String, Value>) -> String {
+    pub(crate) fn sign_token(&self, data: Value, included: &mut Map<String, Value>) -> String {
         let token = json!({"type": "system/capability/token", "data": data});
         let hash = hash_of(&token).unwrap();
         self.sign_into(&hash, included);
@@ -164,7 +164,7 @@ impl Peer {
     }
 }
 
-fn inbox_grant(inbox: &str) -> Value {
+pub(crate) fn inbox_grant(inbox: &str) -> Value {
     json!([{"handler": "system/inbox", "operations": ["receive"], "resources": [inbox]}])
 }
 
@@ -186,16 +186,16 @@ async fn caller_capability(app: &TestApp, grantee: &Peer, grants: Value, include
 }
 
 /// A subscribe EXECUTE by `author`.
-struct Subscribe<'a> {
-    author: &'a Peer,
-    pattern: &'a str,
-    params: Value,
-    capability: Option<String>,
-    included: Map<String, Value>,
+pub(crate) struct Subscribe<'a> {
+    pub(crate) author: &'a Peer,
+    pub(crate) pattern: &'a str,
+    pub(crate) params: Value,
+    pub(crate) capability: Option<String>,
+    pub(crate) included: Map<String, Value>,
 }
 
 impl Subscribe<'_> {
-    fn envelope(mut self, operation: &str) -> Value {
+    pub(crate) fn envelope(mut self, operation: &str) -> Value {
         let (kind, target) = if operation == "subscribe" {
             ("system/subscription/request", json!({"targets": [self.pattern]}))
         } else {
@@ -222,7 +222,7 @@ async fn execute(app: &TestApp, envelope: &Value) -> (u16, Value) {
     execute_at(&app.http, &app.base, envelope).await
 }
 
-async fn execute_at(http: &reqwest::Client, base: &str, envelope: &Value) -> (u16, Value) {
+pub(crate) async fn execute_at(http: &reqwest::Client, base: &str, envelope: &Value) -> (u16, Value) {
     let r = http.post(format!("{base}/v1/execute")).json(envelope).send().await.unwrap();
     let status = r.status().as_u16();
     let body: Value = r.json().await.unwrap();
@@ -230,7 +230,7 @@ async fn execute_at(http: &reqwest::Client, base: &str, envelope: &Value) -> (u1
     (status, body)
 }
 
-fn code(body: &Value) -> &str {
+pub(crate) fn code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("")
 }
 
@@ -462,8 +462,14 @@ async fn capability_required_when_auth_is_on(backend: Backend) {
     let params = json!({"deliver_to": {"uri": "system/inbox/a"}, "deliver_token": token});
     let bare = Subscribe { author: &a, pattern: "docs/*", params: params.clone(), capability: None, included: included.clone() }
         .envelope("subscribe");
-    // No bearer token at all: the HTTP layer refuses first.
+    // No bearer token: an EXECUTE carries its own credential (the caller
+    // capability, which a peer delivering here has instead of a token), so
+    // dispatch decides, and without one it is refused.
     let r = app.http.post(app.url("/v1/execute")).json(&bare).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "capability_required");
+    // A bearer token that does not verify is refused by the HTTP layer.
+    let r = app.http.post(app.url("/v1/execute")).bearer_auth("not-a-jwt").json(&bare).send().await.unwrap();
     assert_eq!(r.status(), 401);
     // A bearer token but no caller capability.
     let r = app.http.post(app.url("/v1/execute")).bearer_auth(jwt(false)).json(&bare).send().await.unwrap();
@@ -503,8 +509,9 @@ async fn capability_required_when_auth_is_on(backend: Backend) {
     let r = app.http.post(app.url("/v1/execute")).bearer_auth(jwt(false)).json(&envelope).send().await.unwrap();
     assert_eq!(r.status(), 403);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "payload_unauthorized");
+    // The capability is the credential: no bearer token is needed with it.
     let envelope = Subscribe { author: &a, pattern: "docs/*", params, capability: Some(cap), included }.envelope("subscribe");
-    let r = app.http.post(app.url("/v1/execute")).bearer_auth(jwt(false)).json(&envelope).send().await.unwrap();
+    let r = app.http.post(app.url("/v1/execute")).json(&envelope).send().await.unwrap();
     assert_eq!(r.status(), 200);
     // system/ is tidings' own: only admins read or write it directly.
     let list = |token: String| app.http.get(app.url("/v1/tree/system/subscription/")).bearer_auth(token).send();

@@ -194,4 +194,13 @@ impl ConsumerStore for EmbeddedStore {
         })
         .await
     }
+
+    async fn device_forget(&self, owner: &str, device_id: &str) -> Result<(), StoreError> {
+        let (owner, device_id) = (owner.to_owned(), device_id.to_owned());
+        self.write(move |conn| {
+            conn.execute("DELETE FROM tidings_device_cursors WHERE owner = ?1 AND device_id = ?2", params![owner, device_id])
+        })
+        .await?;
+        Ok(())
+    }
 }

@@ -28,6 +28,35 @@ impl EventLog for EmbeddedStore {
         Ok(ids)
     }
 
+    async fn append_once(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError> {
+        let (source, stream) = (source.to_owned(), stream.to_owned());
+        let id = self
+            .write(move |conn| {
+                let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let seen: Option<i64> = tx
+                    .query_row("SELECT seq FROM tidings_received WHERE source = ?1 AND stream = ?2", params![source, stream], |r| r.get(0))
+                    .optional()?;
+                if seen.is_some_and(|s| s >= seq) {
+                    return Ok(None);
+                }
+                let ids = append_in(&tx, std::slice::from_ref(&record))?;
+                tx.execute(
+                    "INSERT INTO tidings_received (source, stream, seq) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (source, stream) DO UPDATE SET seq = excluded.seq",
+                    params![source, stream, seq],
+                )?;
+                tx.commit()?;
+                Ok(ids.first().copied())
+            })
+            .await?;
+        if id.is_some()
+            && let Some(wake) = lock(&self.inner.wake).as_ref()
+        {
+            wake.notify_one();
+        }
+        Ok(id)
+    }
+
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached("SELECT id, body, recorded_at FROM events WHERE id > ?1 ORDER BY id LIMIT ?2")?;
@@ -53,13 +82,16 @@ impl EventLog for EmbeddedStore {
         let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
         self.write(move |conn| {
             let cut: i64 = conn.query_row(
-                // Never past the subscription engine's cursor: a change it
-                // has not turned into notifications yet is kept.
+                // Never past the subscription engine's cursor (a change it
+                // has not turned into notifications yet is kept), nor past
+                // the courier's slowest lane (a notification a peer has not
+                // taken yet is kept: the log is the courier's queue).
                 "SELECT min(max(
                     coalesce((SELECT max(id) FROM events WHERE recorded_at < ?1), 0),
                     coalesce((SELECT last_id FROM tidings_head) - ?2, 0)),
-                    (SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'))",
-                params![recorded_before_ms, keep],
+                    (SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'),
+                    coalesce((SELECT min(cursor) FROM tidings_device_cursors WHERE owner = ?3), (SELECT last_id FROM tidings_head)))",
+                params![recorded_before_ms, keep, crate::store::COURIER_CURSORS],
                 |r| r.get(0),
             )?;
             let mut deleted = 0;

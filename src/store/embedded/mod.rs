@@ -51,6 +51,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (5, "subscriptions", include_str!("../../../migrations/embedded/0005_subscriptions.sql")),
     (6, "rate_window", include_str!("../../../migrations/embedded/0006_rate_window.sql")),
     (7, "device_cursors", include_str!("../../../migrations/embedded/0007_device_cursors.sql")),
+    (8, "received", include_str!("../../../migrations/embedded/0008_received.sql")),
 ];
 
 /// Read connections kept open. A constant: SQLite readers in WAL mode run

@@ -170,4 +170,13 @@ impl ConsumerStore for PostgresStore {
             .map_err(pg_error)?;
         Ok(row.get(0))
     }
+
+    async fn device_forget(&self, owner: &str, device_id: &str) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute("DELETE FROM tidings_device_cursors WHERE owner = $1 AND device_id = $2", &[&owner, &device_id])
+            .await
+            .map_err(pg_error)?;
+        Ok(())
+    }
 }

@@ -23,6 +23,30 @@ impl EventLog for PostgresStore {
         Ok((1..=types.len() as i64).map(|i| base + i).collect())
     }
 
+    async fn append_once(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        // The row lock taken here serialises concurrent retries of one stream.
+        let moved = tx
+            .query_opt(
+                "INSERT INTO tidings_received (source, stream, seq) VALUES ($1, $2, $3)
+                 ON CONFLICT (source, stream) DO UPDATE SET seq = EXCLUDED.seq WHERE tidings_received.seq < EXCLUDED.seq
+                 RETURNING seq",
+                &[&source, &stream, &seq],
+            )
+            .await
+            .map_err(pg_error)?;
+        if moved.is_none() {
+            return Ok(None);
+        }
+        let statement = tx.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
+        let (types, bodies) = (vec![record.event_type], vec![record.body]);
+        let row = tx.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?;
+        tx.commit().await.map_err(pg_error)?;
+        let base: i64 = row.get(0);
+        Ok(Some(base + 1))
+    }
+
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
         let client = self.client().await?;
         let statement = client
@@ -55,13 +79,16 @@ impl EventLog for PostgresStore {
         let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
         let cut: i64 = client
             .query_one(
-                // Never past the subscription engine's cursor: a change it
-                // has not turned into notifications yet is kept.
+                // Never past the subscription engine's cursor (a change it
+                // has not turned into notifications yet is kept), nor past
+                // the courier's slowest lane (a notification a peer has not
+                // taken yet is kept: the log is the courier's queue).
                 "SELECT LEAST(GREATEST(
                     COALESCE((SELECT max(id) FROM events WHERE recorded_at < to_timestamp($1::bigint / 1000.0)), 0),
                     COALESCE((SELECT last_id FROM tidings_head) - $2::bigint, 0)),
-                    (SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'))",
-                &[&recorded_before_ms, &keep],
+                    (SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'),
+                    (SELECT min(cursor) FROM tidings_device_cursors WHERE owner = $3))",
+                &[&recorded_before_ms, &keep, &crate::store::COURIER_CURSORS],
             )
             .await
             .map_err(pg_error)?

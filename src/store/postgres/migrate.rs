@@ -14,6 +14,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (5, "subscriptions", include_str!("../../../migrations/postgres/0005_subscriptions.sql")),
     (6, "rate_window", include_str!("../../../migrations/postgres/0006_rate_window.sql")),
     (7, "device_cursors", include_str!("../../../migrations/postgres/0007_device_cursors.sql")),
+    (8, "received", include_str!("../../../migrations/postgres/0008_received.sql")),
 ];
 
 impl PostgresStore {

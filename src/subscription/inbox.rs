@@ -1,0 +1,157 @@
+//! The receiving side of server-to-server delivery: the `system/inbox`
+//! handler's `receive`, which a peer's courier calls with a signed EXECUTE
+//! carrying one notification and the deliver token chain.
+//!
+//! A delivery is accepted only when the author signed it (checked by
+//! dispatch), its capability is a deliver token chain rooted at this server
+//! and granted to the author, every token in it is unexpired and grants
+//! `receive` on exactly the inbox addressed, and its params are a
+//! well-formed `system/subscription/notification`. It is then appended to
+//! this server's log as a `subscription.notification` whose `ref` is the
+//! inbox, with the sending server as its agent, exactly once: the
+//! delivery's `sequence` (the sender's log id of the notification, rising
+//! per subscription because deliveries stay in order) is recorded per
+//! (sender, subscription) in the appending transaction, so a retry is
+//! answered as success and stores nothing new.
+//!
+//! Decision where the seed leaves room: the chain must be rooted at this
+//! server itself; an inbox owned by another identity (delegated by an
+//! admin) is not modelled yet, as local inboxes have no owners.
+
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{EVENTS, ExecuteError, Executed, Subscriptions};
+use crate::event::{Agent, EventBody, Visibility, names};
+use crate::store::NewRecord;
+use crate::tree::capability::{self, CapabilityError, Included};
+use crate::tree::{Entity, is_hash, validate_path};
+
+/// The handler a delivery EXECUTE targets, and the only operation it has.
+pub const HANDLER: &str = "system/inbox";
+/// The operation.
+pub const RECEIVE: &str = "receive";
+/// Where inboxes live.
+const PREFIX: &str = "system/inbox/";
+/// The type of the params a delivery carries.
+pub const NOTIFICATION: &str = "system/subscription/notification";
+/// Longest subscription id accepted from a peer.
+const MAX_ID: usize = 128;
+
+/// An EXECUTE addressed to an inbox, as dispatch read it.
+#[derive(Debug)]
+pub(super) struct Delivery<'a> {
+    /// The inbox path on this server.
+    pub(super) inbox: String,
+    pub(super) operation: &'a str,
+    pub(super) targets: &'a [String],
+    pub(super) params: Option<Entity>,
+    pub(super) author: &'a str,
+    pub(super) capability: Option<&'a str>,
+    pub(super) sequence: Option<i64>,
+}
+
+/// The inbox path on this server that `uri` names (`system/inbox/...`, bare
+/// or as `entity://<this server>/system/inbox/...`), if it names one.
+pub(super) fn local_inbox(uri: &str, server: &str) -> Option<String> {
+    let path = match crate::peer::parse_remote(uri) {
+        Some((peer, path)) if peer == server => path,
+        Some(_) => return None,
+        None => uri,
+    };
+    (path.starts_with(PREFIX) && validate_path(path).is_ok()).then(|| path.to_owned())
+}
+
+#[derive(Deserialize)]
+struct NotificationData {
+    subscription_id: String,
+    event: String,
+    uri: String,
+    #[serde(default)]
+    hash: Option<String>,
+    #[serde(default)]
+    previous_hash: Option<String>,
+}
+
+/// Runs `receive`.
+pub(super) async fn receive(
+    handler: &Subscriptions,
+    delivery: Delivery<'_>,
+    included: &Included,
+    chain_id: &str,
+    now_ms: u64,
+) -> Result<Executed, ExecuteError> {
+    if delivery.operation != RECEIVE {
+        return Err(ExecuteError::UnknownOperation(format!("{HANDLER} has {RECEIVE}, not {:?}", delivery.operation)));
+    }
+    let server = handler.server().hash();
+    if delivery.targets.is_empty() || delivery.targets.iter().any(|t| local_inbox(t, server).as_deref() != Some(&delivery.inbox)) {
+        return Err(ExecuteError::InvalidResource("a delivery's resource.targets is exactly [its inbox]".into()));
+    }
+    // The deliver token: rooted here, granted to the sending server,
+    // unexpired, granting receive on this inbox all the way down.
+    let Some(cap) = delivery.capability else {
+        return Err(ExecuteError::CapabilityRequired("a delivery carries its deliver token as the capability".into()));
+    };
+    let chain = match capability::resolve_chain(included, cap, now_ms) {
+        Ok(chain) => chain,
+        Err(e @ (CapabilityError::Missing(_) | CapabilityError::ChainTooLong)) => {
+            return Err(ExecuteError::ChainUnreachable(format!("the deliver token's chain is not resolvable: {e}")));
+        }
+        Err(e) => return Err(ExecuteError::CapabilityInvalid(format!("deliver token: {e}"))),
+    };
+    if chain.last().is_none_or(|root| root.granter != server) {
+        return Err(ExecuteError::CapabilityInvalid("the deliver token is not rooted at this server".into()));
+    }
+    if chain[0].grantee != delivery.author {
+        return Err(ExecuteError::CapabilityInvalid("the deliver token is not granted to the delivering server".into()));
+    }
+    if !capability::chain_grants(&chain, HANDLER, RECEIVE, &delivery.inbox) {
+        return Err(ExecuteError::CapabilityInsufficient(format!("the deliver token does not grant {RECEIVE} on {}", delivery.inbox)));
+    }
+    let Some(seq) = delivery.sequence.filter(|s| *s > 0) else {
+        return Err(ExecuteError::InvalidExecute("a delivery carries its sequence, a positive integer".into()));
+    };
+    let Some(params) = delivery.params.filter(|p| p.kind == NOTIFICATION) else {
+        return Err(ExecuteError::InvalidParams(format!("a delivery's params are a {NOTIFICATION}")));
+    };
+    let n: NotificationData = crate::json::from_object(params.data).map_err(|e| ExecuteError::InvalidParams(e.to_string()))?;
+    let id_ok = !n.subscription_id.is_empty() && n.subscription_id.len() <= MAX_ID && !n.subscription_id.contains('/');
+    let hashes_ok = [&n.hash, &n.previous_hash].into_iter().flatten().all(|h| is_hash(h));
+    if !id_ok || !EVENTS.contains(&n.event.as_str()) || validate_path(&n.uri).is_err() || !hashes_ok {
+        return Err(ExecuteError::InvalidParams(
+            "a notification is {subscription_id, event: created|updated|deleted, uri, hash?, previous_hash?}".into(),
+        ));
+    }
+    // Store only what was checked, in the shape of a local notification.
+    let mut data = json!({ "subscription_id": n.subscription_id, "event": n.event, "uri": n.uri });
+    if let Some(h) = &n.hash {
+        data["hash"] = json!(h);
+    }
+    if let Some(p) = &n.previous_hash {
+        data["previous_hash"] = json!(p);
+    }
+    let mut payload = json!({ "type": NOTIFICATION, "data": data, "chain_id": chain_id });
+    if let Some(h) = &n.hash
+        && let Some(entity) = included.get(h)
+    {
+        payload["included"] = json!({ h.clone(): entity });
+    }
+    let body = EventBody {
+        event_type: names::SUBSCRIPTION_NOTIFICATION.to_owned(),
+        reference: Some(delivery.inbox),
+        agent: Some(Agent { id: delivery.author.to_owned(), kind: Some("peer".into()) }),
+        session_id: None,
+        occurred_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+        payload,
+        links: vec![],
+        visibility: Visibility::Public,
+    };
+    let appended = handler.store.append_once(delivery.author, &n.subscription_id, seq, NewRecord::event(&body)).await?;
+    let outcome = if appended.is_some() { "appended" } else { "duplicate" };
+    metrics::counter!(crate::metrics::PEER_RECEIVED, "outcome" => outcome).increment(1);
+    if appended.is_some() {
+        metrics::counter!(crate::metrics::EVENTS_PUBLISHED, "type" => names::SUBSCRIPTION_NOTIFICATION).increment(1);
+    }
+    Ok(Executed::Done(json!({ "event_id": appended, "duplicate": appended.is_none() })))
+}

@@ -1,0 +1,492 @@
+//! Server-to-server delivery between real `tidings` processes, each with its
+//! own data directory (and, on PostgreSQL, its own database): third-party
+//! delivery (seed 000 §6.1), what a receiving server refuses, exactly-once
+//! delivery across SIGKILLs of either side.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tidings::tree::capability::hash_of;
+
+use crate::both_stores;
+use crate::helpers::{Backend, Process, free_port, process_store, spawn_process_at};
+use crate::subscriptions::{Peer, Subscribe, code, execute_at, inbox_grant};
+
+both_stores!(
+    third_party_delivery_reaches_the_inbox_owner,
+    a_receiver_refuses_bad_deliveries_and_stores_nothing,
+    deliveries_survive_killing_either_server,
+    a_delivery_given_up_binds_a_marker_and_the_next_goes_on,
+    a_peer_that_is_down_holds_up_nothing_else,
+    retention_keeps_what_a_peer_has_not_taken,
+);
+
+/// A server process that can be killed and started again on the same port
+/// and store.
+struct Server {
+    process: Process,
+    envs: Vec<(&'static str, String)>,
+    port: u16,
+    hash: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start(backend: Backend) -> Server {
+        Self::start_with(backend, &[]).await
+    }
+
+    async fn start_with(backend: Backend, extra: &[(&'static str, &str)]) -> Server {
+        let (mut envs, dir) = process_store(backend).await;
+        envs.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        let port = free_port();
+        let process = spawn_process_at(&envs, port).await;
+        let http = reqwest::Client::new();
+        let id: Value = http.get(format!("{}/v1/identity", process.base)).send().await.unwrap().json().await.unwrap();
+        let hash = id["hash"].as_str().unwrap().to_owned();
+        Server { process, envs, port, hash, http, _dir: dir }
+    }
+
+    fn base(&self) -> &str {
+        &self.process.base
+    }
+
+    /// SIGKILL: no shutdown, no flush beyond what was committed.
+    async fn kill(&mut self) {
+        self.process.child.kill().await.unwrap();
+    }
+
+    async fn restart(&mut self) {
+        self.process = spawn_process_at(&self.envs, self.port).await;
+    }
+
+    /// Tells this server where `other` is.
+    async fn knows(&self, other: &Server) {
+        self.knows_at(&other.hash, other.base()).await;
+    }
+
+    /// Tells this server that peer `hash` is at `endpoint`.
+    async fn knows_at(&self, hash: &str, endpoint: &str) {
+        let r = self
+            .http
+            .put(format!("{}/v1/tree/system/peer/{hash}", self.base()))
+            .json(&json!({"type": "system/peer", "data": {"endpoint": endpoint}}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+
+    /// Writes a note in causal chain `chain`; returns its hash.
+    async fn put_in_chain(&self, path: &str, data: Value, chain: &str) -> String {
+        let r = self
+            .http
+            .put(format!("{}/v1/tree/{path}", self.base()))
+            .header("x-chain-id", chain)
+            .json(&json!({"type": "note", "data": data}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        r.json::<Value>().await.unwrap()["hash"].as_str().unwrap().to_owned()
+    }
+
+    /// Waits (bounded, on the log) for a chain-error marker of `chain` to be
+    /// bound; returns its path.
+    async fn marker(&self, chain: &str) -> String {
+        let prefix = format!("system/runtime/chain-errors/lost/{chain}/");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let mut since = 0;
+        loop {
+            assert!(tokio::time::Instant::now() < deadline, "no marker for chain {chain}");
+            let url = format!("{}/v1/poll?types=tree.created&since={since}&limit=1000&wait_ms=5000", self.base());
+            let r: Value = self.http.get(url).send().await.unwrap().json().await.unwrap();
+            for e in r["events"].as_array().unwrap() {
+                if let Some(path) = e["payload"]["uri"].as_str().filter(|p| p.starts_with(&prefix)) {
+                    return path.to_owned();
+                }
+            }
+            since = r["next_since"].as_i64().unwrap_or(since);
+        }
+    }
+
+    /// A token rooted at this server for `grantee`, minted by its admin.
+    async fn mint(&self, grantee: &str, grants: Value, expires_at: i64, included: &mut Map<String, Value>) -> String {
+        let body = json!({"grantee": grantee, "grants": grants, "expires_at": expires_at});
+        let r = self.http.post(format!("{}/v1/admin/capabilities", self.base())).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let minted: Value = r.json().await.unwrap();
+        included.extend(minted["included"].as_object().unwrap().clone());
+        minted["hash"].as_str().unwrap().to_owned()
+    }
+
+    /// Writes a note; returns its hash.
+    async fn put(&self, path: &str, data: Value) -> String {
+        let r = self.http.put(format!("{}/v1/tree/{path}", self.base())).json(&json!({"type": "note", "data": data})).send().await.unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        r.json::<Value>().await.unwrap()["hash"].as_str().unwrap().to_owned()
+    }
+
+    /// The envelopes in `inbox` after `since`, long-polling up to `wait_ms`.
+    async fn inbox(&self, inbox: &str, since: i64, wait_ms: u32) -> Vec<Value> {
+        let url =
+            format!("{}/v1/poll?types=subscription.notification&targets={inbox}&since={since}&limit=1000&wait_ms={wait_ms}", self.base());
+        let r: Value = self.http.get(url).send().await.unwrap().json().await.unwrap();
+        r["events"].as_array().unwrap().clone()
+    }
+
+    /// Waits (bounded) until `inbox` holds at least `n` notifications; returns them all.
+    async fn inbox_until(&self, inbox: &str, n: usize) -> Vec<Value> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        let mut got: Vec<Value> = Vec::new();
+        while got.len() < n {
+            assert!(tokio::time::Instant::now() < deadline, "{} of {n} notifications arrived", got.len());
+            let since = got.last().map_or(0, |e| e["event_id"].as_i64().unwrap());
+            got.extend(self.inbox(inbox, since, 5_000).await);
+        }
+        got
+    }
+
+    async fn metric(&self, series: &str) -> f64 {
+        let text = self.http.get(format!("{}/metrics", self.base())).send().await.unwrap().text().await.unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
+    async fn deep(&self) -> Value {
+        self.http.get(format!("{}/health/deep", self.base())).send().await.unwrap().json().await.unwrap()
+    }
+
+    async fn head(&self) -> i64 {
+        let r: Value = self.http.get(format!("{}/health/deep", self.base())).send().await.unwrap().json().await.unwrap();
+        r["head_event_id"].as_i64().unwrap()
+    }
+}
+
+/// A subscriber (not a server) subscribes on `b` to `pattern`, delivering
+/// to `c`'s `inbox`: C's admin mints the subscriber a token rooted at C, and
+/// the subscriber delegates it to B (the third-party arrangement of §6.2).
+async fn subscribe_third_party(a: &Peer, b: &Server, c: &Server, pattern: &str, inbox: &str) -> (u16, Value) {
+    let mut included = Map::new();
+    let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;
+    let root = c.mint(&a.hash, inbox_grant(inbox), expires, &mut included).await;
+    let leaf = a.grant(&b.hash, inbox_grant(inbox), Some(&root), &mut included);
+    let params = json!({"deliver_to": {"uri": format!("entity://{}/{inbox}", c.hash)}, "deliver_token": leaf});
+    execute_at(&b.http, b.base(), &Subscribe { author: a, pattern, params, capability: None, included }.envelope("subscribe")).await
+}
+
+/// Notification payloads' `data`, checked to be an unbroken `previous_hash`
+/// chain delivered by `sender`.
+fn chain_of(envelopes: &[Value], sender: &str) -> Vec<String> {
+    let mut previous: Option<String> = None;
+    let mut hashes = Vec::new();
+    for e in envelopes {
+        assert_eq!(e["agent"]["id"], sender, "delivered by the sending server: {e}");
+        let data = &e["payload"]["data"];
+        assert_eq!(data["previous_hash"].as_str().map(str::to_owned), previous, "an unbroken previous_hash chain: {e}");
+        let hash = data["hash"].as_str().unwrap().to_owned();
+        previous = Some(hash.clone());
+        hashes.push(hash);
+    }
+    hashes
+}
+
+async fn third_party_delivery_reaches_the_inbox_owner(backend: Backend) {
+    let (b, c) = (Server::start(backend).await, Server::start(backend).await);
+    let a = Peer::new();
+    let inbox = "system/inbox/sensor-data";
+    // B must know where C is before it accepts an inbox there.
+    let (status, body) = subscribe_third_party(&a, &b, &c, "local/sensors/*", inbox).await;
+    assert_eq!((status, code(&body)), (400, "unknown_peer"), "{body}");
+    b.knows(&c).await;
+    // Refused at subscribe time: a chain that does not grant B receive on
+    // C's inbox, and one that grants it but is not rooted at C.
+    let mut included = Map::new();
+    let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;
+    let root = c.mint(&a.hash, inbox_grant("system/inbox/other"), expires, &mut included).await;
+    let leaf = a.grant(&b.hash, inbox_grant("system/inbox/other"), Some(&root), &mut included);
+    let params = json!({"deliver_to": {"uri": format!("entity://{}/{inbox}", c.hash)}, "deliver_token": leaf});
+    let envelope = Subscribe { author: &a, pattern: "local/sensors/*", params, capability: None, included }.envelope("subscribe");
+    let (status, body) = execute_at(&b.http, b.base(), &envelope).await;
+    assert_eq!((status, code(&body)), (403, "deliver_token_insufficient"), "{body}");
+    let mut included = Map::new();
+    let self_rooted = a.grant(&b.hash, inbox_grant(inbox), None, &mut included);
+    let params = json!({"deliver_to": {"uri": format!("entity://{}/{inbox}", c.hash)}, "deliver_token": self_rooted});
+    let envelope = Subscribe { author: &a, pattern: "local/sensors/*", params, capability: None, included }.envelope("subscribe");
+    let (status, body) = execute_at(&b.http, b.base(), &envelope).await;
+    assert_eq!((status, code(&body)), (403, "deliver_token_insufficient"), "{body}");
+
+    let (status, body) = subscribe_third_party(&a, &b, &c, "local/sensors/*", inbox).await;
+    assert_eq!(status, 200, "{body}");
+    let mut written = Vec::new();
+    for i in 0..5 {
+        written.push(b.put("local/sensors/t1", json!({"celsius": 20 + i})).await);
+    }
+    let got = c.inbox_until(inbox, 5).await;
+    assert_eq!(chain_of(&got, &b.hash), written, "every change once, in commit order, at C");
+    let sub = body["result"]["subscription_id"].as_str().unwrap();
+    assert!(got.iter().all(|e| e["payload"]["data"]["subscription_id"] == sub && e["ref"] == inbox), "{got:?}");
+    // Nothing of it lands at B's copy of the inbox path: B only relays.
+    assert_eq!(b.inbox(inbox, 0, 0).await, Vec::<Value>::new(), "B delivers to C, not to itself");
+}
+
+/// A delivery as a server `sender` would send it, for `inbox` at `to`.
+fn delivery(sender: &Peer, to: &Server, inbox: &str, token: &str, seq: i64, data: Value, mut included: Map<String, Value>) -> Value {
+    let uri = format!("entity://{}/{inbox}", to.hash);
+    let execute = json!({"type": "system/protocol/execute", "data": {
+        "request_id": format!("r-{seq}"),
+        "uri": uri,
+        "operation": "receive",
+        "resource": {"targets": [uri]},
+        "params": {"type": "system/subscription/notification", "data": data},
+        "author": sender.hash,
+        "capability": token,
+        "sequence": seq,
+    }});
+    sender.sign_into(&hash_of(&execute).unwrap(), &mut included);
+    json!({"execute": execute, "included": included})
+}
+
+async fn a_receiver_refuses_bad_deliveries_and_stores_nothing(backend: Backend) {
+    let c = Server::start(backend).await;
+    let sender = Peer::new();
+    let inbox = "system/inbox/feed";
+    let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;
+    let mut granted = Map::new();
+    let token = c.mint(&sender.hash, inbox_grant(inbox), expires, &mut granted).await;
+    let data = |n: i64| json!({"subscription_id": "s1", "event": "updated", "uri": "feeds/x", "hash": format!("sha256:{n:064x}"), "previous_hash": format!("sha256:{:064x}", n - 1)});
+    let head = c.head().await;
+
+    // Forged: signed by someone else than its author.
+    let forger = Peer::new();
+    let mut forged = delivery(&sender, &c, inbox, &token, 1, data(1), granted.clone());
+    let execute = forged["execute"].clone();
+    let mut included = granted.clone();
+    forger.sign_into(&hash_of(&execute).unwrap(), &mut included);
+    included.insert(sender.hash.clone(), sender.entity.clone());
+    forged["included"] = json!(included);
+    let (status, body) = execute_at(&c.http, c.base(), &forged).await;
+    assert_eq!((status, code(&body)), (401, "signature_invalid"), "{body}");
+    // Expired: a token C minted that ran out.
+    let mut stale = Map::new();
+    let expired = c.mint(&sender.hash, inbox_grant(inbox), 1_000, &mut stale).await;
+    let (status, body) = execute_at(&c.http, c.base(), &delivery(&sender, &c, inbox, &expired, 1, data(1), stale)).await;
+    assert_eq!((status, code(&body)), (403, "capability_invalid"), "{body}");
+    // Not rooted at C: the sender granting itself.
+    let mut own = Map::new();
+    let self_made = sender.grant(&sender.hash, inbox_grant(inbox), None, &mut own);
+    let (status, body) = execute_at(&c.http, c.base(), &delivery(&sender, &c, inbox, &self_made, 1, data(1), own)).await;
+    assert_eq!((status, code(&body)), (403, "capability_invalid"), "{body}");
+    // Rooted at C but for another inbox.
+    let mut other = Map::new();
+    let elsewhere = c.mint(&sender.hash, inbox_grant("system/inbox/other"), expires, &mut other).await;
+    let (status, body) = execute_at(&c.http, c.base(), &delivery(&sender, &c, inbox, &elsewhere, 1, data(1), other)).await;
+    assert_eq!((status, code(&body)), (403, "capability_insufficient"), "{body}");
+    // Granted to someone else than the author.
+    let stranger = Peer::new();
+    let mut theirs = Map::new();
+    let not_ours = c.mint(&stranger.hash, inbox_grant(inbox), expires, &mut theirs).await;
+    let (status, body) = execute_at(&c.http, c.base(), &delivery(&sender, &c, inbox, &not_ours, 1, data(1), theirs)).await;
+    assert_eq!((status, code(&body)), (403, "capability_invalid"), "{body}");
+    // Malformed: no sequence, a notification that is not one.
+    let mut unsequenced = delivery(&sender, &c, inbox, &token, 1, data(1), Map::new());
+    unsequenced["execute"]["data"].as_object_mut().unwrap().remove("sequence");
+    let mut resigned = granted.clone();
+    sender.sign_into(&hash_of(&unsequenced["execute"]).unwrap(), &mut resigned);
+    unsequenced["included"] = json!(resigned);
+    let (status, body) = execute_at(&c.http, c.base(), &unsequenced).await;
+    assert_eq!((status, code(&body)), (400, "invalid_execute"), "{body}");
+    let bad = json!({"subscription_id": "s1", "event": "exploded", "uri": "feeds/x"});
+    let (status, body) = execute_at(&c.http, c.base(), &delivery(&sender, &c, inbox, &token, 1, bad, granted.clone())).await;
+    assert_eq!((status, code(&body)), (400, "invalid_params"), "{body}");
+    assert_eq!(c.head().await, head, "no refused delivery stored anything");
+
+    // A good one is appended once; its retry is answered as success and
+    // stores nothing; an older sequence is a duplicate too.
+    let good = delivery(&sender, &c, inbox, &token, 7, data(7), granted.clone());
+    let (status, first) = execute_at(&c.http, c.base(), &good).await;
+    assert_eq!((status, &first["result"]["duplicate"]), (200, &json!(false)), "{first}");
+    let (status, again) = execute_at(&c.http, c.base(), &good).await;
+    assert_eq!((status, &again["result"]["duplicate"]), (200, &json!(true)), "{again}");
+    let older = delivery(&sender, &c, inbox, &token, 6, data(6), granted.clone());
+    assert_eq!(execute_at(&c.http, c.base(), &older).await.1["result"]["duplicate"], true);
+    let got = c.inbox(inbox, 0, 0).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["payload"]["data"], data(7));
+    assert_eq!(got[0]["agent"], json!({"id": sender.hash, "kind": "peer"}));
+    assert_eq!(c.head().await, head + 1, "one event for three deliveries of it");
+}
+
+async fn deliveries_survive_killing_either_server(backend: Backend) {
+    let (mut b, mut c) = (Server::start(backend).await, Server::start(backend).await);
+    b.knows(&c).await;
+    let a = Peer::new();
+    let inbox = "system/inbox/faults";
+    let (status, body) = subscribe_third_party(&a, &b, &c, "feeds/*", inbox).await;
+    assert_eq!(status, 200, "{body}");
+    let mut written = Vec::new();
+    let write = async |b: &Server, n: usize, written: &mut Vec<String>| {
+        for _ in 0..n {
+            let i = written.len();
+            written.push(b.put("feeds/x", json!({"n": i})).await);
+        }
+    };
+    write(&b, 5, &mut written).await;
+    c.inbox_until(inbox, 1).await;
+    // The receiver dies mid-stream; the sender keeps writing and retrying.
+    c.kill().await;
+    write(&b, 10, &mut written).await;
+    c.restart().await;
+    write(&b, 5, &mut written).await;
+    c.inbox_until(inbox, 16).await;
+    // The sender dies with deliveries in flight, and comes back.
+    write(&b, 5, &mut written).await;
+    b.kill().await;
+    b.restart().await;
+    write(&b, 5, &mut written).await;
+    let got = c.inbox_until(inbox, written.len()).await;
+    // A sentinel after everything: the next notification is its, so
+    // nothing was delivered twice.
+    written.push(b.put("feeds/x", json!({"sentinel": true})).await);
+    let since = got.last().unwrap()["event_id"].as_i64().unwrap();
+    let mut rest = Vec::new();
+    while rest.is_empty() {
+        rest = c.inbox(inbox, since, 10_000).await;
+    }
+    let all: Vec<Value> = got.into_iter().chain(rest).collect();
+    assert_eq!(chain_of(&all, &b.hash), written, "every notification exactly once, in order");
+}
+
+async fn a_delivery_given_up_binds_a_marker_and_the_next_goes_on(backend: Backend) {
+    let b = Server::start_with(backend, &[("TIDINGS_PEER_DELIVERY_ATTEMPTS", "2")]).await;
+    let (c, d) = (Server::start(backend).await, Server::start(backend).await);
+    let a = Peer::new();
+    let inbox = "system/inbox/markers";
+    // C's endpoint is first a port nobody listens on.
+    let nobody = format!("http://127.0.0.1:{}", free_port());
+    b.knows_at(&c.hash, &nobody).await;
+    let (status, body) = subscribe_third_party(&a, &b, &c, "feeds/*", inbox).await;
+    assert_eq!(status, 200, "{body}");
+    let sub = body["result"]["subscription_id"].as_str().unwrap().to_owned();
+    b.put_in_chain("feeds/x", json!({"n": 1}), "unreachable").await;
+    let marker = b.marker("unreachable").await;
+    assert!(marker.starts_with(&format!("system/runtime/chain-errors/lost/unreachable/{sub}/delivery_failed/")), "{marker}");
+    // Then another server, which refuses what is not addressed to it: final
+    // at once, the marker's reason its error code.
+    b.knows_at(&c.hash, d.base()).await;
+    b.put_in_chain("feeds/x", json!({"n": 2}), "misrouted").await;
+    let marker = b.marker("misrouted").await;
+    assert!(marker.starts_with(&format!("system/runtime/chain-errors/lost/misrouted/{sub}/handler_not_found/")), "{marker}");
+    // Fixed: the next notification reaches C, and only it.
+    b.knows(&c).await;
+    let third = b.put_in_chain("feeds/x", json!({"n": 3}), "delivered").await;
+    let got = c.inbox_until(inbox, 1).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["payload"]["data"]["hash"], third.as_str());
+    assert_eq!(got[0]["payload"]["chain_id"], "delivered", "the causal chain travels with the delivery");
+    assert_eq!(d.inbox(inbox, 0, 0).await, Vec::<Value>::new(), "D stored nothing");
+}
+
+async fn a_peer_that_is_down_holds_up_nothing_else(backend: Backend) {
+    let (b, c) = (Server::start(backend).await, Server::start(backend).await);
+    let a = Peer::new();
+    // A peer that never answers (an identity whose server is not running).
+    let dead = Peer::new();
+    b.knows_at(&dead.hash, &format!("http://127.0.0.1:{}", free_port())).await;
+    b.knows(&c).await;
+    let mut included = Map::new();
+    let root = dead.grant(&a.hash, inbox_grant("system/inbox/d"), None, &mut included);
+    let leaf = a.grant(&b.hash, inbox_grant("system/inbox/d"), Some(&root), &mut included);
+    let params = json!({"deliver_to": {"uri": format!("entity://{}/system/inbox/d", dead.hash)}, "deliver_token": leaf});
+    let envelope = Subscribe { author: &a, pattern: "feeds/*", params, capability: None, included }.envelope("subscribe");
+    assert_eq!(execute_at(&b.http, b.base(), &envelope).await.0, 200);
+    assert_eq!(subscribe_third_party(&a, &b, &c, "feeds/*", "system/inbox/c").await.0, 200);
+    let mut included = Map::new();
+    let own = a.grant(&b.hash, inbox_grant("system/inbox/local"), None, &mut included);
+    let params = json!({"deliver_to": {"uri": "system/inbox/local"}, "deliver_token": own});
+    let envelope = Subscribe { author: &a, pattern: "feeds/*", params, capability: None, included }.envelope("subscribe");
+    assert_eq!(execute_at(&b.http, b.base(), &envelope).await.0, 200);
+    let mut written = Vec::new();
+    for i in 0..3 {
+        written.push(b.put("feeds/x", json!({"n": i})).await);
+    }
+    // The dead peer's lane retries its first notification meanwhile.
+    assert_eq!(chain_of(&c.inbox_until("system/inbox/c", 3).await, &b.hash), written);
+    assert_eq!(b.inbox_until("system/inbox/local", 3).await.len(), 3);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let backlog = format!("tidings_peer_backlog_events{{peer=\"{}\"}}", dead.hash);
+    let caught_up = format!("tidings_peer_backlog_events{{peer=\"{}\"}}", c.hash);
+    // The gauges are sampled every few seconds: wait for the report.
+    while b.metric(&backlog).await <= 0.0
+        || b.metric("tidings_peer_delivery_retries_total").await < 1.0
+        || b.metric(&caught_up).await != 0.0
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the dead peer's backlog and retries are reported, C's lane is caught up");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // /health/deep lists both peers with their state.
+    let deep: Value = b.http.get(format!("{}/health/deep", b.base())).send().await.unwrap().json().await.unwrap();
+    let peer = |hash: &str| deep["peers"].as_array().unwrap().iter().find(|p| p["peer"] == hash).cloned().unwrap_or(Value::Null);
+    assert_eq!(peer(&dead.hash)["state"], "failing", "{deep}");
+    assert!(peer(&dead.hash)["delivery"]["last_error"].is_string(), "{deep}");
+    assert_eq!(peer(&c.hash)["state"], "delivering", "{deep}");
+    assert_eq!(peer(&c.hash)["endpoint"], c.base(), "{deep}");
+    assert_eq!(peer(&c.hash)["delivery"]["delivered"], 3, "{deep}");
+}
+
+/// A subscription on `b` delivering to `inbox` at `dead`, a peer whose
+/// server does not run (reached at a port nobody listens on).
+async fn subscribe_to_dead_peer(a: &Peer, b: &Server, dead: &Peer, inbox: &str) -> String {
+    b.knows_at(&dead.hash, &format!("http://127.0.0.1:{}", free_port())).await;
+    let mut included = Map::new();
+    let root = dead.grant(&a.hash, inbox_grant(inbox), None, &mut included);
+    let leaf = a.grant(&b.hash, inbox_grant(inbox), Some(&root), &mut included);
+    let params = json!({"deliver_to": {"uri": format!("entity://{}/{inbox}", dead.hash)}, "deliver_token": leaf});
+    let envelope = Subscribe { author: a, pattern: "feeds/*", params, capability: None, included }.envelope("subscribe");
+    let (status, body) = execute_at(&b.http, b.base(), &envelope).await;
+    assert_eq!(status, 200, "{body}");
+    body["result"]["subscription_id"].as_str().unwrap().to_owned()
+}
+
+async fn retention_keeps_what_a_peer_has_not_taken(backend: Backend) {
+    let b = Server::start_with(backend, &[("TIDINGS_RETENTION", "5"), ("TIDINGS_RETENTION_INTERVAL", "50ms")]).await;
+    let c = Server::start(backend).await;
+    let a = Peer::new();
+    let inbox = "system/inbox/kept";
+    b.knows_at(&c.hash, &format!("http://127.0.0.1:{}", free_port())).await;
+    assert_eq!(subscribe_third_party(&a, &b, &c, "feeds/*", inbox).await.0, 200);
+    let mut written = Vec::new();
+    for i in 0..10 {
+        written.push(b.put("feeds/x", json!({"n": i})).await);
+    }
+    // C is unreachable for a while: retention (5 events, every 50 ms) runs
+    // many times over the 20 events written meanwhile.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while b.metric("tidings_peer_delivery_retries_total").await < 3.0 {
+        assert!(tokio::time::Instant::now() < deadline, "the courier retries");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(b.deep().await["history_from"].as_i64().unwrap() > 1, "retention runs");
+    b.knows(&c).await;
+    assert_eq!(chain_of(&c.inbox_until(inbox, 10).await, &b.hash), written, "nothing a peer had not taken was pruned");
+
+    // A lane stuck on a dead peer holds retention until its subscription
+    // goes; then history is pruned past it.
+    let dead = Peer::new();
+    let sub = subscribe_to_dead_peer(&a, &b, &dead, "system/inbox/d").await;
+    b.put("feeds/x", json!({"stuck": true})).await;
+    let stuck = b.head().await;
+    for i in 0..10 {
+        b.put("feeds/y", json!({"n": i})).await;
+    }
+    let params = json!({"subscription_id": sub});
+    let envelope = Subscribe { author: &a, pattern: "", params, capability: None, included: Map::new() }.envelope("unsubscribe");
+    assert_eq!(execute_at(&b.http, b.base(), &envelope).await.0, 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while b.deep().await["history_from"].as_i64().unwrap() <= stuck {
+        assert!(tokio::time::Instant::now() < deadline, "history is pruned past the forgotten lane");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
