@@ -166,6 +166,11 @@ impl Application {
                     attempts: settings.peer_delivery_attempts,
                     timeout: settings.peer_timeout,
                 },
+                mirror: crate::subscription::mirror::MirrorSettings {
+                    token_ttl: settings.mirror_token_ttl,
+                    reconcile: settings.mirror_reconcile,
+                    timeout: settings.peer_timeout,
+                },
             },
         };
         let server = Arc::new(ServerIdentity::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);

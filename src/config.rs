@@ -320,6 +320,14 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_PEER_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub peer_timeout: Duration,
 
+    /// Lifetime of the deliver token a mirror subscribes with at its peer; renewed at half of it.
+    #[arg(long, env = "TIDINGS_MIRROR_TOKEN_TTL", default_value = "1d", value_parser = duration)]
+    pub mirror_token_ttl: Duration,
+
+    /// How often a mirror re-reads the paths it knows at its peer (catches a lost last notification).
+    #[arg(long, env = "TIDINGS_MIRROR_RECONCILE", default_value = "1m", value_parser = duration)]
+    pub mirror_reconcile: Duration,
+
     /// How often the store and the LISTEN connection are probed for the health gauges.
     #[arg(long, env = "TIDINGS_HEALTH_PROBE_INTERVAL", default_value = "5s", value_parser = duration)]
     pub health_probe_interval: Duration,

@@ -64,6 +64,11 @@ pub const PEER_BACKLOG: &str = "tidings_peer_backlog_events";
 /// Deliveries received from peers, by outcome (`appended`, `duplicate`).
 pub const PEER_RECEIVED: &str = "tidings_peer_received_total";
 
+/// Notifications a mirror applied, by outcome.
+pub const MIRROR_APPLIES: &str = "tidings_mirror_applies_total";
+/// Outcomes of a mirror's notification: the label values of `outcome`.
+pub const MIRROR_OUTCOMES: &[&str] = &["applied", "unchanged", "stale_rejected", "gap_reread", "reread_failed"];
+
 /// Transports that deliver events.
 pub const TRANSPORTS: &[&str] = &["sse", "poll", "ws"];
 /// Why the server ends a client.
@@ -130,6 +135,7 @@ fn describe() {
     describe_counter!(PEER_DELIVERIES, Unit::Count, "Notifications carried to peers' inboxes, by outcome.");
     describe_counter!(PEER_RETRIES, Unit::Count, "Delivery attempts to peers that failed and were retried.");
     describe_gauge!(PEER_BACKLOG, Unit::Count, "Per peer, events the slowest delivery lane to it is behind the head.");
+    describe_counter!(MIRROR_APPLIES, Unit::Count, "Notifications (and reconciliation re-reads) a mirror handled, by outcome.");
     describe_counter!(PEER_RECEIVED, Unit::Count, "Deliveries received from peers, by outcome (appended or duplicate).");
 
     for transport in TRANSPORTS {
@@ -156,6 +162,9 @@ fn describe() {
         counter!(PEER_DELIVERIES, "outcome" => *outcome).increment(0);
     }
     counter!(PEER_RETRIES).increment(0);
+    for outcome in MIRROR_OUTCOMES {
+        counter!(MIRROR_APPLIES, "outcome" => *outcome).increment(0);
+    }
     for outcome in ["appended", "duplicate"] {
         counter!(PEER_RECEIVED, "outcome" => outcome).increment(0);
     }

@@ -32,7 +32,7 @@ pub(crate) async fn health() -> Json<Value> {
     path = "/health/deep",
     tag = "operations",
     responses(
-        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
+        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}], events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
         (status = 503, description = "The same document while the database is down", body = Object),
     )
 )]
@@ -55,6 +55,7 @@ pub(crate) async fn health_deep(State(app): State<AppState>) -> Response {
         "listener": { "state": listener, "reconnects": reconnects },
         "uptime_seconds": app.inner.started.elapsed().as_secs(),
         "peers": peers,
+        "mirrors": app.core().subscriptions().mirrors(),
         "events": {
             "registered_types": app.registry().len(),
             "in_flight_subscriptions": app.broker().client_count(),

@@ -196,6 +196,7 @@ pub async fn put(
         .map_err(|e| TreeError::InvalidEntity(format!("the body must be {{\"type\", \"data\"}}: {e}")))?;
     entity.check().map_err(|e| TreeError::InvalidEntity(e.0))?;
     crate::peer::check(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
+    crate::subscription::mirror::check(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
     let (canonical, hash) = entity.canonical();
     let write = TreeWrite {
         path: path.to_owned(),

@@ -130,6 +130,8 @@ pub struct TreeEntry {
     pub entity: String,
     /// `sha256:<hex>` of that JSON.
     pub hash: String,
+    /// The log id of the change that put it there.
+    pub changed_event: EventId,
 }
 
 /// The precondition of a tree write.

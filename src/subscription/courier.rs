@@ -506,10 +506,11 @@ async fn sleep_or_stop(stop: &CancellationToken, d: Duration) -> bool {
 }
 
 /// `d` scaled by a random factor in [0.5, 1.5).
-fn jittered(d: Duration) -> Duration {
+pub(super) fn jittered(d: Duration) -> Duration {
     d.mul_f64(0.5 + rand::random::<f64>())
 }
 
-fn now_ms() -> i64 {
+/// Now, Unix ms.
+pub(super) fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }

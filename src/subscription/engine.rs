@@ -51,6 +51,8 @@ pub struct EngineSettings {
     pub lead_retry: Duration,
     /// How notifications reach other servers' inboxes.
     pub courier: super::courier::CourierSettings,
+    /// How mirrors keep up.
+    pub mirror: super::mirror::MirrorSettings,
 }
 
 /// Store retries back off from 50 ms to 2 s: constants, since they only
@@ -172,12 +174,14 @@ pub struct Engine {
     settings: EngineSettings,
     /// The remote subscriptions, for the courier.
     lanes: watch::Sender<Lanes>,
+    /// Bumped at every change under `system/mirror/`.
+    mirrors: watch::Sender<u64>,
 }
 
 impl Engine {
     /// An engine woken by `follow` (the broker's position).
     pub fn new(store: Arc<dyn Store>, handler: Arc<Subscriptions>, follow: watch::Receiver<EventId>, settings: EngineSettings) -> Self {
-        Self { store, handler, follow, settings, lanes: watch::channel(Lanes::default()).0 }
+        Self { store, handler, follow, settings, lanes: watch::channel(Lanes::default()).0, mirrors: watch::channel(0).0 }
     }
 
     /// Runs until `cancel`.
@@ -233,7 +237,15 @@ impl Engine {
             self.follow.clone(),
             self.handler.peer_states.clone(),
         );
-        tokio::spawn(courier.run(self.lanes.subscribe(), courier_stop));
+        tokio::spawn(courier.run(self.lanes.subscribe(), courier_stop.clone()));
+        let mirrors = super::mirror::Mirrors::new(
+            self.store.clone(),
+            self.handler.server.clone(),
+            self.settings.mirror.clone(),
+            self.follow.clone(),
+            self.handler.mirror_states.clone(),
+        );
+        tokio::spawn(mirrors.run(self.mirrors.subscribe(), courier_stop));
         let mut checked_lead = Instant::now();
         loop {
             match self.step(&mut state).await? {
@@ -343,6 +355,9 @@ impl Engine {
             }
             // Register after matching: a subscription hears of changes
             // committed after its own creation.
+            if change.uri.starts_with(super::mirror::PREFIX) {
+                self.mirrors.send_modify(|n| *n += 1);
+            }
             if let Some(id) = subscription_id_of(&change.uri) {
                 self.register(state, id, &change, &mut out).await?;
                 lanes_changed = true;

@@ -62,15 +62,16 @@ pub(super) fn local_inbox(uri: &str, server: &str) -> Option<String> {
     (path.starts_with(PREFIX) && validate_path(path).is_ok()).then(|| path.to_owned())
 }
 
-#[derive(Deserialize)]
-struct NotificationData {
-    subscription_id: String,
-    event: String,
-    uri: String,
+/// The `data` of a `system/subscription/notification`.
+#[derive(Debug, Deserialize)]
+pub(super) struct NotificationData {
+    pub(super) subscription_id: String,
+    pub(super) event: String,
+    pub(super) uri: String,
     #[serde(default)]
-    hash: Option<String>,
+    pub(super) hash: Option<String>,
     #[serde(default)]
-    previous_hash: Option<String>,
+    pub(super) previous_hash: Option<String>,
 }
 
 /// Runs `receive`.

@@ -4,7 +4,10 @@
 //! capacity (`303` redirects) and `system/config/subscription`.
 //!
 //! [`execute`] checks the signed EXECUTE envelope and the caller capability
-//! before a handler runs; [`engine`] turns tree changes into notifications.
+//! before a handler runs; [`engine`] turns tree changes into notifications;
+//! [`courier`] carries those addressed to other servers there, and
+//! [`inbox`] receives those other servers carry here; [`mirror`] applies a
+//! peer's notifications to this server's tree.
 //! Nothing here keeps subscriptions in memory: the engine's index is a cache
 //! it rebuilds from the entities (and the log) whenever it starts.
 //!
@@ -40,6 +43,7 @@ pub mod courier;
 pub mod engine;
 pub mod execute;
 pub mod inbox;
+pub mod mirror;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -348,6 +352,8 @@ pub struct Subscriptions {
     gate: tokio::sync::Mutex<()>,
     /// What the courier last saw of each peer it delivers to.
     peer_states: courier::PeerStates,
+    /// Each mirror's status.
+    mirror_states: mirror::MirrorStates,
 }
 
 impl Subscriptions {
@@ -362,7 +368,24 @@ impl Subscriptions {
             max_total: max_total.min(MAX_SUBSCRIPTIONS),
             gate: tokio::sync::Mutex::new(()),
             peer_states: courier::PeerStates::default(),
+            mirror_states: mirror::MirrorStates::default(),
         }
+    }
+
+    /// Each mirror this process runs, with its status (only the process
+    /// leading the engine runs mirrors).
+    pub fn mirrors(&self) -> Value {
+        let states = self.mirror_states.lock().map(|s| s.clone()).unwrap_or_default();
+        Value::Array(
+            states
+                .into_iter()
+                .map(|(name, state)| {
+                    let mut v = serde_json::to_value(state).unwrap_or_default();
+                    v["name"] = json!(name);
+                    v
+                })
+                .collect(),
+        )
     }
 
     /// The known peers (`system/peer/*`) with what this process's courier

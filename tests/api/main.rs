@@ -12,6 +12,7 @@ mod filters;
 mod identity;
 mod layers;
 mod metrics;
+mod mirrors;
 mod openapi;
 mod ordering;
 mod peers;

@@ -23,21 +23,21 @@ both_stores!(
 
 /// A server process that can be killed and started again on the same port
 /// and store.
-struct Server {
+pub(crate) struct Server {
     process: Process,
     envs: Vec<(&'static str, String)>,
     port: u16,
-    hash: String,
-    http: reqwest::Client,
+    pub(crate) hash: String,
+    pub(crate) http: reqwest::Client,
     _dir: tempfile::TempDir,
 }
 
 impl Server {
-    async fn start(backend: Backend) -> Server {
+    pub(crate) async fn start(backend: Backend) -> Server {
         Self::start_with(backend, &[]).await
     }
 
-    async fn start_with(backend: Backend, extra: &[(&'static str, &str)]) -> Server {
+    pub(crate) async fn start_with(backend: Backend, extra: &[(&'static str, &str)]) -> Server {
         let (mut envs, dir) = process_store(backend).await;
         envs.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
         let port = free_port();
@@ -48,26 +48,31 @@ impl Server {
         Server { process, envs, port, hash, http, _dir: dir }
     }
 
-    fn base(&self) -> &str {
+    /// The server's key file (its identity).
+    pub(crate) fn key_file(&self) -> std::path::PathBuf {
+        self._dir.path().join("server.key")
+    }
+
+    pub(crate) fn base(&self) -> &str {
         &self.process.base
     }
 
     /// SIGKILL: no shutdown, no flush beyond what was committed.
-    async fn kill(&mut self) {
+    pub(crate) async fn kill(&mut self) {
         self.process.child.kill().await.unwrap();
     }
 
-    async fn restart(&mut self) {
+    pub(crate) async fn restart(&mut self) {
         self.process = spawn_process_at(&self.envs, self.port).await;
     }
 
     /// Tells this server where `other` is.
-    async fn knows(&self, other: &Server) {
+    pub(crate) async fn knows(&self, other: &Server) {
         self.knows_at(&other.hash, other.base()).await;
     }
 
     /// Tells this server that peer `hash` is at `endpoint`.
-    async fn knows_at(&self, hash: &str, endpoint: &str) {
+    pub(crate) async fn knows_at(&self, hash: &str, endpoint: &str) {
         let r = self
             .http
             .put(format!("{}/v1/tree/system/peer/{hash}", self.base()))
@@ -79,7 +84,7 @@ impl Server {
     }
 
     /// Writes a note in causal chain `chain`; returns its hash.
-    async fn put_in_chain(&self, path: &str, data: Value, chain: &str) -> String {
+    pub(crate) async fn put_in_chain(&self, path: &str, data: Value, chain: &str) -> String {
         let r = self
             .http
             .put(format!("{}/v1/tree/{path}", self.base()))
@@ -94,7 +99,7 @@ impl Server {
 
     /// Waits (bounded, on the log) for a chain-error marker of `chain` to be
     /// bound; returns its path.
-    async fn marker(&self, chain: &str) -> String {
+    pub(crate) async fn marker(&self, chain: &str) -> String {
         let prefix = format!("system/runtime/chain-errors/lost/{chain}/");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         let mut since = 0;
@@ -112,7 +117,7 @@ impl Server {
     }
 
     /// A token rooted at this server for `grantee`, minted by its admin.
-    async fn mint(&self, grantee: &str, grants: Value, expires_at: i64, included: &mut Map<String, Value>) -> String {
+    pub(crate) async fn mint(&self, grantee: &str, grants: Value, expires_at: i64, included: &mut Map<String, Value>) -> String {
         let body = json!({"grantee": grantee, "grants": grants, "expires_at": expires_at});
         let r = self.http.post(format!("{}/v1/admin/capabilities", self.base())).json(&body).send().await.unwrap();
         assert_eq!(r.status(), 200);
@@ -122,14 +127,14 @@ impl Server {
     }
 
     /// Writes a note; returns its hash.
-    async fn put(&self, path: &str, data: Value) -> String {
+    pub(crate) async fn put(&self, path: &str, data: Value) -> String {
         let r = self.http.put(format!("{}/v1/tree/{path}", self.base())).json(&json!({"type": "note", "data": data})).send().await.unwrap();
         assert!(r.status().is_success(), "{}", r.status());
         r.json::<Value>().await.unwrap()["hash"].as_str().unwrap().to_owned()
     }
 
     /// The envelopes in `inbox` after `since`, long-polling up to `wait_ms`.
-    async fn inbox(&self, inbox: &str, since: i64, wait_ms: u32) -> Vec<Value> {
+    pub(crate) async fn inbox(&self, inbox: &str, since: i64, wait_ms: u32) -> Vec<Value> {
         let url =
             format!("{}/v1/poll?types=subscription.notification&targets={inbox}&since={since}&limit=1000&wait_ms={wait_ms}", self.base());
         let r: Value = self.http.get(url).send().await.unwrap().json().await.unwrap();
@@ -137,7 +142,7 @@ impl Server {
     }
 
     /// Waits (bounded) until `inbox` holds at least `n` notifications; returns them all.
-    async fn inbox_until(&self, inbox: &str, n: usize) -> Vec<Value> {
+    pub(crate) async fn inbox_until(&self, inbox: &str, n: usize) -> Vec<Value> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
         let mut got: Vec<Value> = Vec::new();
         while got.len() < n {
@@ -148,18 +153,18 @@ impl Server {
         got
     }
 
-    async fn metric(&self, series: &str) -> f64 {
+    pub(crate) async fn metric(&self, series: &str) -> f64 {
         let text = self.http.get(format!("{}/metrics", self.base())).send().await.unwrap().text().await.unwrap();
         text.lines()
             .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
             .unwrap_or(0.0)
     }
 
-    async fn deep(&self) -> Value {
+    pub(crate) async fn deep(&self) -> Value {
         self.http.get(format!("{}/health/deep", self.base())).send().await.unwrap().json().await.unwrap()
     }
 
-    async fn head(&self) -> i64 {
+    pub(crate) async fn head(&self) -> i64 {
         let r: Value = self.http.get(format!("{}/health/deep", self.base())).send().await.unwrap().json().await.unwrap();
         r["head_event_id"].as_i64().unwrap()
     }

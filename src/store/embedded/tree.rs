@@ -40,8 +40,8 @@ impl TreeStore for EmbeddedStore {
     async fn tree_get(&self, path: &str) -> Result<Option<TreeEntry>, StoreError> {
         let path = path.to_owned();
         self.read(move |conn| {
-            conn.query_row("SELECT entity, hash FROM tree_entities WHERE path = ?1", [&path], |r| {
-                Ok(TreeEntry { path: path.clone(), entity: r.get(0)?, hash: r.get(1)? })
+            conn.query_row("SELECT entity, hash, changed_event FROM tree_entities WHERE path = ?1", [&path], |r| {
+                Ok(TreeEntry { path: path.clone(), entity: r.get(0)?, hash: r.get(1)?, changed_event: r.get(2)? })
             })
             .optional()
         })
@@ -97,10 +97,12 @@ impl TreeStore for EmbeddedStore {
     async fn tree_entries_below(&self, prefix: &str, limit: usize) -> Result<Vec<TreeEntry>, StoreError> {
         let (from, to) = (format!("{prefix}/"), format!("{prefix}0"));
         self.read(move |conn| {
-            let mut stmt =
-                conn.prepare_cached("SELECT path, entity, hash FROM tree_entities WHERE path > ?1 AND path < ?2 ORDER BY path LIMIT ?3")?;
-            let rows =
-                stmt.query_map(params![from, to, limit as i64], |r| Ok(TreeEntry { path: r.get(0)?, entity: r.get(1)?, hash: r.get(2)? }))?;
+            let mut stmt = conn.prepare_cached(
+                "SELECT path, entity, hash, changed_event FROM tree_entities WHERE path > ?1 AND path < ?2 ORDER BY path LIMIT ?3",
+            )?;
+            let rows = stmt.query_map(params![from, to, limit as i64], |r| {
+                Ok(TreeEntry { path: r.get(0)?, entity: r.get(1)?, hash: r.get(2)?, changed_event: r.get(3)? })
+            })?;
             rows.collect()
         })
         .await

@@ -53,8 +53,9 @@ pub(super) async fn tree_write_in(tx: &tokio_postgres::Transaction<'_>, write: T
 impl TreeStore for PostgresStore {
     async fn tree_get(&self, path: &str) -> Result<Option<TreeEntry>, StoreError> {
         let client = self.client().await?;
-        let row = client.query_opt("SELECT entity, hash FROM tree_entities WHERE path = $1", &[&path]).await.map_err(pg_error)?;
-        Ok(row.map(|r| TreeEntry { path: path.to_owned(), entity: r.get(0), hash: r.get(1) }))
+        let row =
+            client.query_opt("SELECT entity, hash, changed_event FROM tree_entities WHERE path = $1", &[&path]).await.map_err(pg_error)?;
+        Ok(row.map(|r| TreeEntry { path: path.to_owned(), entity: r.get(0), hash: r.get(1), changed_event: r.get(2) }))
     }
 
     async fn tree_below(&self, prefix: &str, limit: usize) -> Result<Vec<String>, StoreError> {
@@ -105,11 +106,11 @@ impl TreeStore for PostgresStore {
         let (from, to) = (format!("{prefix}/"), format!("{prefix}0"));
         let rows = client
             .query(
-                "SELECT path, entity, hash FROM tree_entities WHERE path > $1 AND path < $2 ORDER BY path LIMIT $3",
+                "SELECT path, entity, hash, changed_event FROM tree_entities WHERE path > $1 AND path < $2 ORDER BY path LIMIT $3",
                 &[&from, &to, &(limit as i64)],
             )
             .await
             .map_err(pg_error)?;
-        Ok(rows.iter().map(|r| TreeEntry { path: r.get(0), entity: r.get(1), hash: r.get(2) }).collect())
+        Ok(rows.iter().map(|r| TreeEntry { path: r.get(0), entity: r.get(1), hash: r.get(2), changed_event: r.get(3) }).collect())
     }
 }

@@ -1,0 +1,709 @@
+//! Mirrors (seed 000 §2.2, §5.5, §6.3): an admin writes
+//! `system/mirror/<name>` (`{peer, pattern, capability?}`) and this server
+//! reproduces the peer's entities under `pattern` in its own tree,
+//! byte-identical (same hashes).
+//!
+//! For each mirror the server holds an `include_payload` subscription at
+//! the peer, delivering to its own inbox `system/inbox/mirror/<name>` with a
+//! deliver token it signs itself, renewed before the token expires and
+//! cancelled when the mirror entity is deleted. Notifications arrive in that
+//! inbox through the peer's courier (so exactly once, in change order) and
+//! an applier consumes them from a durable cursor, applying each with CAS,
+//! never an unconditional put:
+//!
+//! - the local entity already is the reported one: nothing to do
+//!   (`unchanged`);
+//! - the local entity is the reported `previous_hash` (or absent, for a
+//!   creation): the bundled entity is written with `If-Match` on it
+//!   (`If-None-Match: *` for a creation; a deletion `If-Match` the deleted
+//!   hash) (`applied`);
+//! - otherwise, if what is here was last written by this mirror (or nothing
+//!   is here), this server missed transitions (a lost notification): it
+//!   re-reads the path at the peer and writes the peer's current bytes
+//!   with `If-Match` on the local hash (`gap_reread`), or nothing when the
+//!   peer holds what is here (`stale_rejected`);
+//! - otherwise what is here came from elsewhere (a local write, or another
+//!   mirror: the writer of a ring, or a pair's other side) and the
+//!   notification is an old lap coming round: rejected (`stale_rejected`).
+//!
+//! So a mirror only ever moves forward along the source's history: each
+//! peer of a chain, pair or ring settles each write at most once, and a
+//! stale lap changes nothing. Because the last notification of a burst can
+//! be lost too (nothing after it would reveal the gap), each mirror also
+//! reconciles every `TIDINGS_MIRROR_RECONCILE`: it re-reads the paths it
+//! knows of with the same rule.
+//!
+//! Decisions and limits: states are told apart by their hashes, so a path
+//! that returns to an earlier content while a lap is still travelling a
+//! cycle can be taken back to it (as with any hash-based CAS recipe); a
+//! stale creation lap can bring back an entity deleted meanwhile in a
+//! cycle. Paths under `system/` are never mirrored. Re-reads use plain
+//! `GET /v1/tree` at the peer, so a peer with tokens on serves mirrors
+//! their notifications but not the re-reads (the mirror then relies on
+//! the stream alone).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::courier::{jittered, now_ms};
+use super::inbox::NotificationData;
+use crate::event::{Agent, EventId, names};
+use crate::glob::Glob;
+use crate::identity::ServerIdentity;
+use crate::store::{Condition, Store, StoreError, TreeOutcome, TreeWrite};
+use crate::tree::capability::hash_of;
+use crate::tree::{Entity, EntityError, change_event, generate_id, is_hash, validate_path};
+
+/// Where mirrors are configured.
+pub const PREFIX: &str = "system/mirror/";
+/// The entity type of a mirror.
+pub const TYPE: &str = "system/mirror";
+/// Where a mirror's notifications arrive.
+const INBOX_PREFIX: &str = "system/inbox/mirror/";
+/// The owner of the appliers' cursors in the device cursor table.
+const CURSOR_OWNER: &str = "tidings:mirror";
+/// Notifications read per step.
+const BATCH: usize = 256;
+/// Most paths one mirror remembers for reconciliation.
+const MAX_KNOWN: usize = 100_000;
+/// Backoff bounds of a subscribe that failed.
+const RETRY_MIN: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// How mirrors keep up (settings).
+#[derive(Debug, Clone)]
+pub struct MirrorSettings {
+    /// Lifetime of the deliver token a mirror subscribes with; renewed at
+    /// half of it (`TIDINGS_MIRROR_TOKEN_TTL`).
+    pub token_ttl: Duration,
+    /// How often a mirror re-reads the paths it knows
+    /// (`TIDINGS_MIRROR_RECONCILE`).
+    pub reconcile: Duration,
+    /// Time allowed for one request to the peer (`TIDINGS_PEER_TIMEOUT`).
+    pub timeout: Duration,
+}
+
+/// A mirror's status, for `/health/deep`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct MirrorState {
+    /// The peer mirrored.
+    pub peer: String,
+    /// The pattern mirrored.
+    pub pattern: String,
+    /// `subscribing`, `subscribed`, `failing`.
+    pub state: &'static str,
+    /// The subscription held at the peer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscription_id: Option<String>,
+    /// Notifications applied, by outcome.
+    pub applies: BTreeMap<&'static str, u64>,
+    /// The last failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// Every mirror's status, shared with the HTTP layer.
+pub type MirrorStates = Arc<std::sync::Mutex<BTreeMap<String, MirrorState>>>;
+
+/// Checks an entity written at `path`: under [`PREFIX`] it must be a
+/// `system/mirror` named by one segment, with `peer` an identity hash,
+/// `pattern` a path pattern outside `system/`, and `capability`, when
+/// given, `{hash, included}` as the peer's `POST /v1/admin/capabilities`
+/// answered.
+pub fn check(path: &str, entity: &Entity) -> Result<(), EntityError> {
+    let Some(name) = path.strip_prefix(PREFIX) else { return Ok(()) };
+    if name.is_empty() || name.contains('/') {
+        return Err(EntityError(format!("a mirror lives at {PREFIX}<name> (one segment), not {path}")));
+    }
+    if entity.kind != TYPE {
+        return Err(EntityError(format!("an entity under {PREFIX} is of type {TYPE}")));
+    }
+    spec(name, &entity.data).map(|_| ()).map_err(EntityError)
+}
+
+/// A mirror as configured.
+#[derive(Debug, Clone, PartialEq)]
+struct Spec {
+    name: String,
+    peer: String,
+    pattern: String,
+    capability: Option<(String, Map<String, Value>)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpecData {
+    peer: String,
+    pattern: String,
+    #[serde(default)]
+    capability: Option<CapabilityData>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapabilityData {
+    hash: String,
+    #[serde(default)]
+    included: Map<String, Value>,
+}
+
+fn spec(name: &str, data: &Value) -> Result<Spec, String> {
+    let d: SpecData = serde_json::from_value(data.clone())
+        .map_err(|e| format!("a mirror's data is {{peer, pattern, capability?: {{hash, included}}}}: {e}"))?;
+    if !is_hash(&d.peer) {
+        return Err("peer is the mirrored server's identity hash (sha256:<64 hex>)".into());
+    }
+    Glob::new_path(&d.pattern).map_err(|e| format!("pattern: {e}"))?;
+    if d.pattern == "system" || d.pattern.starts_with("system/") || d.pattern.starts_with("**") {
+        return Err("a mirror's pattern must not cover system/ (start it with a path segment)".into());
+    }
+    let capability = match d.capability {
+        Some(c) if is_hash(&c.hash) && c.included.contains_key(&c.hash) => Some((c.hash, c.included)),
+        Some(_) => return Err("capability is {hash, included} with the token among the included entities".into()),
+        None => None,
+    };
+    Ok(Spec { name: name.to_owned(), peer: d.peer, pattern: d.pattern, capability })
+}
+
+/// The mirrors, run by the process that leads the engine.
+#[derive(Debug)]
+pub(super) struct Mirrors {
+    store: Arc<dyn Store>,
+    server: Arc<ServerIdentity>,
+    http: reqwest::Client,
+    settings: MirrorSettings,
+    follow: watch::Receiver<EventId>,
+    states: MirrorStates,
+}
+
+impl Mirrors {
+    pub(super) fn new(
+        store: Arc<dyn Store>,
+        server: Arc<ServerIdentity>,
+        settings: MirrorSettings,
+        follow: watch::Receiver<EventId>,
+        states: MirrorStates,
+    ) -> Self {
+        let http = reqwest::Client::builder().timeout(settings.timeout).build().unwrap_or_default();
+        Self { store, server, http, settings, follow, states }
+    }
+
+    /// Runs every configured mirror until `cancel`, re-reading the set when
+    /// `changed` fires (a change under `system/mirror/`) and every 30 s.
+    pub(super) async fn run(self, mut changed: watch::Receiver<u64>, cancel: CancellationToken) {
+        let this = Arc::new(self);
+        let mut running: HashMap<String, (Spec, CancellationToken, Arc<std::sync::atomic::AtomicBool>)> = HashMap::new();
+        loop {
+            changed.borrow_and_update();
+            match this.store.tree_entries_below(PREFIX.trim_end_matches('/'), 10_000).await {
+                Ok(entries) => {
+                    let specs: BTreeMap<String, Spec> = entries
+                        .iter()
+                        .filter_map(|e| {
+                            let name = e.path.strip_prefix(PREFIX)?;
+                            let entity: Entity = serde_json::from_str(&e.entity).ok()?;
+                            (entity.kind == TYPE).then(|| spec(name, &entity.data).ok()).flatten()
+                        })
+                        .map(|s| (s.name.clone(), s))
+                        .collect();
+                    running.retain(|name, (spec, stop, gone)| {
+                        let keep = specs.get(name) == Some(spec);
+                        if !keep {
+                            gone.store(!specs.contains_key(name), std::sync::atomic::Ordering::Relaxed);
+                            stop.cancel();
+                        }
+                        keep
+                    });
+                    for (name, spec) in specs {
+                        if running.contains_key(&name) {
+                            continue;
+                        }
+                        let (stop, gone) = (cancel.child_token(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+                        running.insert(name, (spec.clone(), stop.clone(), gone.clone()));
+                        tokio::spawn(this.clone().mirror(spec, stop, gone));
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read system/mirror/; retrying"),
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                r = changed.changed() => if r.is_err() { break },
+                _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+            }
+        }
+        for (_, (_, stop, _)) in running {
+            stop.cancel();
+        }
+    }
+
+    fn set_state(&self, name: &str, update: impl FnOnce(&mut MirrorState)) {
+        if let Ok(mut states) = self.states.lock()
+            && let Some(state) = states.get_mut(name)
+        {
+            update(state);
+        }
+    }
+
+    /// One mirror: subscribe (and renew), apply, reconcile, until `stop`;
+    /// when the mirror entity is `gone`, cancel the subscription at the peer.
+    async fn mirror(self: Arc<Self>, spec: Spec, stop: CancellationToken, gone: Arc<std::sync::atomic::AtomicBool>) {
+        if let Ok(mut states) = self.states.lock() {
+            let state = MirrorState { peer: spec.peer.clone(), pattern: spec.pattern.clone(), state: "subscribing", ..Default::default() };
+            states.insert(spec.name.clone(), state);
+        }
+        let Ok(glob) = Glob::new_path(&spec.pattern) else { return };
+        let inbox = format!("{INBOX_PREFIX}{}", spec.name);
+        let mut applier =
+            Applier { mirror: &self, spec: &spec, glob, inbox, known: BTreeSet::new(), mine: HashMap::new(), touched: Default::default() };
+        let mut cursor = loop {
+            match applier.start().await {
+                Ok(c) => break c,
+                Err(e) => {
+                    tracing::warn!(error = %e, mirror = spec.name, "cannot read the mirror's cursor; retrying");
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(RETRY_MIN) => {}
+                    }
+                }
+            }
+        };
+        // Whatever arrived while no applier ran (a restart, a takeover).
+        match applier.step(cursor).await {
+            Ok(c) => cursor = c,
+            Err(e) => tracing::warn!(error = %e, mirror = spec.name, "mirror apply step failed; retrying"),
+        }
+        let mut follow = self.follow.clone();
+        let mut subscription: Option<String> = None;
+        let mut renew_at = tokio::time::Instant::now();
+        let mut retry = RETRY_MIN;
+        let mut reconcile = tokio::time::interval(self.settings.reconcile.max(Duration::from_millis(100)));
+        reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        reconcile.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep_until(renew_at) => {
+                    match self.subscribe(&spec, &applier.inbox).await {
+                        Ok(id) => {
+                            if subscription.is_none() {
+                                // What the peer held before the subscription:
+                                // changes after it come as notifications.
+                                applier.discover().await;
+                                applier.reconcile().await;
+                            }
+                            self.set_state(&spec.name, |s| { s.state = "subscribed"; s.subscription_id = Some(id.clone()); s.last_error = None; });
+                            subscription = Some(id);
+                            retry = RETRY_MIN;
+                            renew_at = tokio::time::Instant::now() + (self.settings.token_ttl / 2).max(Duration::from_secs(5));
+                        }
+                        Err(why) => {
+                            tracing::warn!(mirror = spec.name, why, "cannot subscribe at the mirrored peer; retrying");
+                            self.set_state(&spec.name, |s| { s.state = "failing"; s.last_error = Some(why); });
+                            renew_at = tokio::time::Instant::now() + jittered(retry);
+                            retry = (retry * 2).min(RETRY_MAX);
+                        }
+                    }
+                }
+                _ = follow.changed() => {
+                    match applier.step(cursor).await {
+                        Ok(c) => cursor = c,
+                        Err(e) => tracing::warn!(error = %e, mirror = spec.name, "mirror apply step failed; retrying"),
+                    }
+                }
+                _ = reconcile.tick() => applier.reconcile().await,
+            }
+        }
+        if gone.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Some(id) = subscription
+                && let Err(why) = self.unsubscribe(&spec, &id).await
+            {
+                tracing::warn!(mirror = spec.name, why, "could not cancel the mirror's subscription; its token's expiry ends it");
+            }
+            let _ = self.store.device_forget(CURSOR_OWNER, &spec.name).await;
+            if let Ok(mut states) = self.states.lock() {
+                states.remove(&spec.name);
+            }
+        }
+    }
+
+    async fn endpoint(&self, peer: &str) -> Result<String, String> {
+        match self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await {
+            Ok(Some(entry)) => crate::peer::endpoint_of(&entry.entity).ok_or_else(|| "the peer entity has no endpoint".into()),
+            Ok(None) => Err(format!("peer {peer} is not known here ({}{peer})", crate::peer::PREFIX)),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// A signed EXECUTE on the peer's `system/subscription`.
+    fn execute(&self, spec: &Spec, operation: &str, targets: Value, params: Value, mut included: Map<String, Value>) -> Value {
+        let mut data = json!({
+            "request_id": generate_id(),
+            "uri": super::HANDLER,
+            "operation": operation,
+            "resource": {"targets": targets},
+            "params": params,
+            "author": self.server.hash(),
+        });
+        if let Some((hash, bundle)) = &spec.capability {
+            data["capability"] = json!(hash);
+            included.extend(bundle.clone());
+        }
+        let execute = Entity { kind: "system/protocol/execute".into(), data };
+        let (_, hash) = execute.canonical();
+        self.sign_into(&hash, &mut included);
+        json!({"execute": execute, "included": included})
+    }
+
+    fn sign_into(&self, target: &str, included: &mut Map<String, Value>) {
+        let signature = self.server.sign(target);
+        if let Ok(hash) = hash_of(&signature) {
+            included.insert(hash, signature);
+        }
+        included.insert(self.server.hash().to_owned(), self.server.entity().clone());
+    }
+
+    async fn post(&self, spec: &Spec, envelope: &Value) -> Result<(u16, Value), String> {
+        let endpoint = self.endpoint(&spec.peer).await?;
+        let r = self.http.post(format!("{endpoint}/v1/execute")).json(envelope).send().await.map_err(|e| e.to_string())?;
+        let status = r.status().as_u16();
+        Ok((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
+    /// Subscribes (or renews) at the peer; the subscription's id.
+    async fn subscribe(&self, spec: &Spec, inbox: &str) -> Result<String, String> {
+        let expires_at = chrono::Utc::now().timestamp_millis() + self.settings.token_ttl.as_millis() as i64;
+        let token = Entity {
+            kind: "system/capability/token".into(),
+            data: json!({
+                "granter": self.server.hash(),
+                "grantee": spec.peer,
+                "grants": [{"handler": "system/inbox", "operations": ["receive"], "resources": [inbox]}],
+                "expires_at": expires_at,
+            }),
+        };
+        let (_, token_hash) = token.canonical();
+        let mut included = Map::new();
+        self.sign_into(&token_hash, &mut included);
+        included.insert(token_hash.clone(), serde_json::to_value(&token).unwrap_or_default());
+        let params = json!({"type": "system/subscription/request", "data": {
+            "deliver_to": {"uri": format!("entity://{}/{inbox}", self.server.hash())},
+            "deliver_token": token_hash,
+            "include_payload": true,
+        }});
+        let envelope = self.execute(spec, "subscribe", json!([spec.pattern]), params, included);
+        match self.post(spec, &envelope).await? {
+            (200, body) => body["result"]["subscription_id"].as_str().map(str::to_owned).ok_or_else(|| format!("unexpected answer {body}")),
+            (303, _) => Err("the peer is at capacity for this pattern (redirected)".into()),
+            (status, body) => Err(format!("{status} {}", body["error"]["code"].as_str().unwrap_or("refused"))),
+        }
+    }
+
+    async fn unsubscribe(&self, spec: &Spec, id: &str) -> Result<(), String> {
+        let params = json!({"type": "system/subscription/cancel", "data": {"subscription_id": id}});
+        let envelope = self.execute(spec, "unsubscribe", json!([]), params, Map::new());
+        match self.post(spec, &envelope).await? {
+            (200 | 404, _) => Ok(()),
+            (status, body) => Err(format!("{status} {body}")),
+        }
+    }
+
+    /// The peer's entity at `path` now: `Some((canonical, hash))`, `None`
+    /// if nothing is there.
+    async fn reread(&self, spec: &Spec, path: &str) -> Result<Option<(String, String)>, String> {
+        let endpoint = self.endpoint(&spec.peer).await?;
+        let r = self.http.get(format!("{endpoint}/v1/tree/{path}")).send().await.map_err(|e| e.to_string())?;
+        match r.status().as_u16() {
+            404 => Ok(None),
+            200 => {
+                let body = r.text().await.map_err(|e| e.to_string())?;
+                let entity: Entity = serde_json::from_str(&body).map_err(|e| format!("the peer's entity at {path}: {e}"))?;
+                entity.check().map_err(|e| e.0)?;
+                Ok(Some(entity.canonical()))
+            }
+            status => Err(format!("GET {path} at the peer answered {status}")),
+        }
+    }
+}
+
+/// One mirror's applier state.
+struct Applier<'a> {
+    mirror: &'a Mirrors,
+    spec: &'a Spec,
+    glob: Glob,
+    inbox: String,
+    /// Paths seen in notifications or held locally: what reconciliation
+    /// re-reads.
+    known: BTreeSet<String>,
+    /// The hash this mirror last wrote at a path (a cache of "who wrote
+    /// what is here").
+    mine: HashMap<String, Option<String>>,
+    /// Paths notified since the last reconciliation: their stream is
+    /// flowing, so reconciliation leaves them alone (re-reading a path
+    /// mid-burst would jump ahead of its notifications).
+    touched: std::collections::HashSet<String>,
+}
+
+#[derive(Deserialize)]
+struct Stored {
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    payload: StoredPayload,
+}
+
+#[derive(Deserialize)]
+struct StoredPayload {
+    data: NotificationData,
+    #[serde(default)]
+    chain_id: Option<String>,
+    #[serde(default)]
+    included: Map<String, Value>,
+}
+
+impl Applier<'_> {
+    /// The cursor: stored, else the head (nothing was delivered here for a
+    /// mirror that never ran); also learns the paths held locally.
+    async fn start(&mut self) -> Result<EventId, StoreError> {
+        let store = &self.mirror.store;
+        let prefix = literal_prefix(&self.spec.pattern);
+        for entry in store.tree_entries_below(&prefix, MAX_KNOWN).await? {
+            if self.glob.matches(&entry.path) {
+                self.known.insert(entry.path);
+            }
+        }
+        if let Some(cursor) = store.device_cursor(CURSOR_OWNER, &self.spec.name).await? {
+            return Ok(cursor);
+        }
+        let head = store.head().await?;
+        store.device_ack(CURSOR_OWNER, &self.spec.name, head, now_ms()).await
+    }
+
+    fn agent(&self) -> Agent {
+        Agent { id: self.mirror.server.hash().to_owned(), kind: Some(format!("mirror:{}", self.spec.name)) }
+    }
+
+    /// Applies the inbox's notifications after `cursor`; the new cursor.
+    async fn step(&mut self, mut cursor: EventId) -> Result<EventId, StoreError> {
+        loop {
+            let (records, reached) = self.mirror.store.engine_changes(cursor, &[names::SUBSCRIPTION_NOTIFICATION], BATCH).await?;
+            for record in &records {
+                let Ok(stored) = serde_json::from_str::<Stored>(&record.body) else { continue };
+                if stored.reference.as_deref() != Some(self.inbox.as_str()) {
+                    continue;
+                }
+                self.apply(stored.payload).await?;
+            }
+            if reached != cursor {
+                cursor = self.mirror.store.device_ack(CURSOR_OWNER, &self.spec.name, reached, now_ms()).await?;
+            }
+            if records.len() < BATCH {
+                return Ok(cursor);
+            }
+        }
+    }
+
+    async fn apply(&mut self, n: StoredPayload) -> Result<(), StoreError> {
+        let path = n.data.uri.clone();
+        if !self.glob.matches(&path) || crate::tree::is_system(&path) || validate_path(&path).is_err() {
+            return Ok(());
+        }
+        if self.known.len() < MAX_KNOWN {
+            self.known.insert(path.clone());
+        }
+        if self.touched.len() < MAX_KNOWN {
+            self.touched.insert(path.clone());
+        }
+        let outcome = self.decide(&path, n).await?;
+        self.count(outcome);
+        Ok(())
+    }
+
+    /// Applies one notification for `path`; what became of it.
+    async fn decide(&mut self, path: &str, n: StoredPayload) -> Result<&'static str, StoreError> {
+        let target = if n.data.event == "deleted" { None } else { n.data.hash.clone() };
+        let local = self.mirror.store.tree_get(path).await?;
+        let here = local.as_ref().map(|e| e.hash.clone());
+        let chain_id = n.chain_id.clone().unwrap_or_else(generate_id);
+        if here == target {
+            return Ok("unchanged");
+        }
+        if here == n.data.previous_hash {
+            let bundled = match &target {
+                None => Some(None),
+                Some(h) => n
+                    .included
+                    .get(h)
+                    .and_then(|v| serde_json::from_value::<Entity>(v.clone()).ok())
+                    .map(|e| e.canonical())
+                    .filter(|(_, bundled)| bundled == h)
+                    .map(Some),
+            };
+            if let Some(bytes) = bundled {
+                let written = self.write(path, here.as_deref(), bytes, &chain_id).await?;
+                return Ok(if written { "applied" } else { "stale_rejected" });
+            }
+            // No usable bundled entity: read it instead.
+        }
+        if !self.faithful(path, local.as_ref()).await? {
+            return Ok("stale_rejected");
+        }
+        self.reread_and_apply(path, here, &chain_id).await
+    }
+
+    /// Re-reads `path` at the peer and writes its bytes over `here`.
+    async fn reread_and_apply(&mut self, path: &str, here: Option<String>, chain_id: &str) -> Result<&'static str, StoreError> {
+        Ok(match self.mirror.reread(self.spec, path).await {
+            Ok(current) if current.as_ref().map(|(_, h)| h) == here.as_ref() => "stale_rejected",
+            Ok(current) => match self.write(path, here.as_deref(), current, chain_id).await? {
+                true => "gap_reread",
+                false => "stale_rejected",
+            },
+            Err(why) => {
+                tracing::debug!(mirror = self.spec.name, why, "re-read failed; reconciliation retries it");
+                self.mirror.set_state(&self.spec.name, |s| s.last_error = Some(why));
+                "reread_failed"
+            }
+        })
+    }
+
+    /// Whether what is at `path` was put there by this mirror (or nothing
+    /// is there): then a mismatch is a gap, not a stale lap.
+    async fn faithful(&mut self, path: &str, local: Option<&crate::store::TreeEntry>) -> Result<bool, StoreError> {
+        let Some(entry) = local else { return Ok(true) };
+        if let Some(written) = self.mine.get(path) {
+            return Ok(written.as_deref() == Some(entry.hash.as_str()));
+        }
+        // Not written since this mirror started: ask the log who did.
+        let records = self.mirror.store.read_after(entry.changed_event - 1, 1).await?;
+        let Some(record) = records.first().filter(|r| r.id == entry.changed_event) else {
+            // Pruned: assume the mirror wrote it (a pure mirror is the common case).
+            return Ok(true);
+        };
+        let agent = serde_json::from_str::<Value>(&record.body).ok().map(|b| b["agent"].clone()).unwrap_or(Value::Null);
+        let ours = serde_json::to_value(self.agent()).unwrap_or_default();
+        Ok(agent == ours)
+    }
+
+    /// A CAS write of `bytes` (or a deletion) over `here`; `false` if the
+    /// path changed meanwhile.
+    async fn write(&mut self, path: &str, here: Option<&str>, bytes: Option<(String, String)>, chain_id: &str) -> Result<bool, StoreError> {
+        let condition = match here {
+            Some(h) => Condition::IfMatch(h.to_owned()),
+            None if bytes.is_none() => return Ok(true),
+            None => Condition::IfAbsent,
+        };
+        let hash = bytes.as_ref().map(|(_, h)| h.clone());
+        let write = TreeWrite {
+            path: path.to_owned(),
+            entity: bytes,
+            condition,
+            event: change_event(path, self.agent(), hash.clone(), chain_id.to_owned()),
+        };
+        let done = matches!(self.mirror.store.tree_write(write).await?, TreeOutcome::Done { .. });
+        if done {
+            self.mine.insert(path.to_owned(), hash);
+        }
+        Ok(done)
+    }
+
+    /// Learns the paths the peer holds under the pattern (its tree listing,
+    /// walked from the pattern's literal prefix, bounded).
+    async fn discover(&mut self) {
+        let Ok(endpoint) = self.mirror.endpoint(&self.spec.peer).await else { return };
+        let mut dirs = vec![literal_prefix(&self.spec.pattern)];
+        if self.glob.matches(&dirs[0]) {
+            self.known.insert(dirs[0].clone());
+        }
+        while let Some(dir) = dirs.pop() {
+            if self.known.len() >= MAX_KNOWN {
+                break;
+            }
+            let Ok(r) = self.mirror.http.get(format!("{endpoint}/v1/tree/{dir}/")).send().await else { return };
+            let Ok(listing) = r.json::<Value>().await else { return };
+            for child in listing["children"].as_array().into_iter().flatten() {
+                let Some(path) = child["path"].as_str() else { continue };
+                if crate::tree::is_system(path) || validate_path(path).is_err() {
+                    continue;
+                }
+                if child["entity"] == true && self.glob.matches(path) && self.known.len() < MAX_KNOWN {
+                    self.known.insert(path.to_owned());
+                }
+                if child["has_children"] == true && path.split('/').count() < crate::tree::MAX_DEPTH {
+                    dirs.push(path.to_owned());
+                }
+            }
+        }
+    }
+
+    /// Re-reads every known path that was not notified since the last
+    /// time at the peer, and applies what moved on: the last notification
+    /// of a burst, if it was lost, is found here.
+    async fn reconcile(&mut self) {
+        let touched = std::mem::take(&mut self.touched);
+        let paths: Vec<String> = self.known.iter().filter(|p| !touched.contains(*p)).cloned().collect();
+        for path in paths {
+            let local = match self.mirror.store.tree_get(&path).await {
+                Ok(l) => l,
+                Err(_) => return,
+            };
+            match self.faithful(&path, local.as_ref()).await {
+                Ok(true) => {}
+                _ => continue,
+            }
+            let here = local.map(|e| e.hash);
+            if let Ok(current) = self.mirror.reread(self.spec, &path).await
+                && current.as_ref().map(|(_, h)| h) != here.as_ref()
+                && let Ok(true) = self.write(&path, here.as_deref(), current, &generate_id()).await
+            {
+                self.count("gap_reread");
+            }
+        }
+    }
+
+    fn count(&self, outcome: &'static str) {
+        metrics::counter!(crate::metrics::MIRROR_APPLIES, "outcome" => outcome).increment(1);
+        self.mirror.set_state(&self.spec.name, |s| *s.applies.entry(outcome).or_default() += 1);
+    }
+}
+
+/// The segments of `pattern` before its first wildcard.
+fn literal_prefix(pattern: &str) -> String {
+    pattern.split('/').take_while(|s| !s.contains('*')).collect::<Vec<_>>().join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn mirror_entities_are_checked_only_under_the_prefix() {
+        let good = Entity { kind: TYPE.into(), data: json!({"peer": HASH, "pattern": "feeds/**"}) };
+        assert_eq!(check("system/mirror/feeds", &good), Ok(()));
+        assert_eq!(check("notes/a", &Entity { kind: "note".into(), data: json!({}) }), Ok(()));
+        for data in [
+            json!({"peer": "nohash", "pattern": "feeds/**"}),
+            json!({"peer": HASH, "pattern": "system/**"}),
+            json!({"peer": HASH, "pattern": "**"}),
+            json!({"peer": HASH, "pattern": "feeds/**", "extra": 1}),
+            json!({"peer": HASH, "pattern": "feeds/**", "capability": {"hash": HASH, "included": {}}}),
+        ] {
+            assert!(check("system/mirror/feeds", &Entity { kind: TYPE.into(), data: data.clone() }).is_err(), "{data}");
+        }
+        assert!(check("system/mirror/a/b", &good).is_err());
+        assert!(check("system/mirror/feeds", &Entity { kind: "note".into(), data: good.data.clone() }).is_err());
+    }
+
+    #[test]
+    fn the_literal_prefix_stops_at_the_first_wildcard() {
+        assert_eq!(literal_prefix("feeds/**"), "feeds");
+        assert_eq!(literal_prefix("a/b/*/c"), "a/b");
+        assert_eq!(literal_prefix("a/b"), "a/b");
+    }
+}

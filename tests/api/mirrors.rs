@@ -1,0 +1,262 @@
+//! Convergent mirrors between real `tidings` processes (seed 000 §6.3): for
+//! N = 200 external writes at one peer of a chain A→B→C, a pair A⇄B and a
+//! ring A→B→C→A, every peer settles at most 1.5 × N writes on the mirrored
+//! path and ends holding the source's latest entity byte-identical, with
+//! lossless delivery and through a proxy that acknowledges a third of the
+//! deliveries without forwarding them. A stale lap replayed to a mirror
+//! that moved on changes nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+use tidings::tree::capability::hash_of;
+
+use crate::both_stores;
+use crate::helpers::Backend;
+use crate::peers::Server;
+use crate::subscriptions::inbox_grant;
+
+both_stores!(
+    a_chain_converges,
+    a_chain_converges_under_loss,
+    a_pair_converges,
+    a_pair_converges_under_loss,
+    a_ring_converges,
+    a_ring_converges_under_loss,
+    a_stale_lap_changes_nothing,
+);
+
+/// External writes per drive.
+const N: usize = 200;
+const PATH: &str = "feeds/x";
+
+/// A test-only HTTP proxy in front of `target` that answers every third
+/// peer delivery (`receive`) itself, as a success, without forwarding it:
+/// the sender believes it delivered, the receiver never hears of it.
+struct LossyProxy {
+    base: String,
+    dropped: Arc<AtomicUsize>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+async fn lossy_proxy(target: String) -> LossyProxy {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (seen, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let http = reqwest::Client::new();
+    let counted = dropped.clone();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let (http, target, seen, dropped) = (http.clone(), target.clone(), seen.clone(), counted.clone());
+        async move {
+            let (parts, body) = request.into_parts();
+            let body = axum::body::to_bytes(body, 64 << 20).await.unwrap_or_default();
+            let receive = parts.uri.path() == "/v1/execute" && memchr(&body, br#""operation":"receive""#);
+            if receive && seen.fetch_add(1, Ordering::Relaxed) % 3 == 2 {
+                dropped.fetch_add(1, Ordering::Relaxed);
+                let answer = json!({"status": 200, "result": {"event_id": null, "duplicate": false}});
+                return axum::response::IntoResponse::into_response(axum::Json(answer));
+            }
+            let url = format!("{target}{}", parts.uri.path_and_query().map_or("", |p| p.as_str()));
+            let mut forward = http.request(parts.method, url).body(body);
+            for name in ["content-type", "x-chain-id", "if-match", "if-none-match"] {
+                if let Some(v) = parts.headers.get(name) {
+                    forward = forward.header(name, v);
+                }
+            }
+            match forward.send().await {
+                Ok(r) => {
+                    let status = r.status();
+                    let content_type = r.headers().get("content-type").cloned();
+                    let bytes = r.bytes().await.unwrap_or_default();
+                    let mut response = axum::response::IntoResponse::into_response((status, bytes));
+                    if let Some(ct) = content_type {
+                        response.headers_mut().insert("content-type", ct);
+                    }
+                    response
+                }
+                Err(_) => axum::response::IntoResponse::into_response(axum::http::StatusCode::BAD_GATEWAY),
+            }
+        }
+    });
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    LossyProxy { base, dropped, _task: task }
+}
+
+fn memchr(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Servers with mirrors along `links` (upstream, downstream), each
+/// downstream mirroring `feeds/**` from its upstream; with `loss`, every
+/// delivery to a downstream goes through its own lossy proxy.
+struct Topology {
+    servers: Vec<Server>,
+    proxies: Vec<LossyProxy>,
+}
+
+async fn topology(backend: Backend, count: usize, links: &[(usize, usize)], loss: bool) -> Topology {
+    let mut servers = Vec::new();
+    for _ in 0..count {
+        servers.push(Server::start_with(backend, &[("TIDINGS_MIRROR_RECONCILE", "1s")]).await);
+    }
+    let mut proxies = Vec::new();
+    for &(up, down) in links {
+        let (u, d) = (&servers[up], &servers[down]);
+        d.knows(u).await;
+        let endpoint = if loss {
+            let proxy = lossy_proxy(d.base().to_owned()).await;
+            let base = proxy.base.clone();
+            proxies.push(proxy);
+            base
+        } else {
+            d.base().to_owned()
+        };
+        u.knows_at(&d.hash, &endpoint).await;
+        let mirror = json!({"type": "system/mirror", "data": {"peer": u.hash, "pattern": "feeds/**"}});
+        let r = d.http.put(format!("{}/v1/tree/system/mirror/from-{up}", d.base())).json(&mirror).send().await.unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+    // Every mirror holds its subscription before the drive starts.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for &(_, down) in links {
+        loop {
+            let deep = servers[down].deep().await;
+            let mirrors = deep["mirrors"].as_array().cloned().unwrap_or_default();
+            if !mirrors.is_empty() && mirrors.iter().all(|m| m["state"] == "subscribed") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "mirrors subscribe: {deep}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Topology { servers, proxies }
+}
+
+/// The entity at `PATH` on `server` (its canonical bytes), if any.
+async fn entity(server: &Server) -> Option<String> {
+    let r = server.http.get(format!("{}/v1/tree/{PATH}", server.base())).send().await.unwrap();
+    (r.status() == 200).then_some(r.text().await.unwrap())
+}
+
+/// The `tree.*` changes on `PATH` in `server`'s log after `since`, long-polling up to `wait_ms`.
+async fn changes(server: &Server, since: i64, wait_ms: u32) -> Vec<Value> {
+    let url = format!(
+        "{}/v1/poll?types=tree.created,tree.updated,tree.deleted&targets=tree:{PATH}&since={since}&limit=1000&wait_ms={wait_ms}",
+        server.base()
+    );
+    let r: Value = server.http.get(url).send().await.unwrap().json().await.unwrap();
+    r["events"].as_array().unwrap().clone()
+}
+
+/// Every change settled on `PATH` (waits until `server` holds `latest`).
+async fn settle(server: &Server, latest: &str) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut all = changes(server, 0, 0).await;
+    while entity(server).await.as_deref() != Some(latest) {
+        assert!(Instant::now() < deadline, "{} did not converge to the latest write", server.base());
+        let since = all.last().map_or(0, |e| e["event_id"].as_i64().unwrap());
+        all.extend(changes(server, since, 2_000).await);
+    }
+    all.extend(changes(server, all.last().map_or(0, |e| e["event_id"].as_i64().unwrap()), 0).await);
+    all
+}
+
+/// Drives N writes at the first server and checks (i) and (ii) on every
+/// server; prints the settle counts and the time to converge.
+async fn drive(name: &str, topology: Topology) {
+    let source = &topology.servers[0];
+    let started = Instant::now();
+    for i in 0..N {
+        source.put(PATH, json!({"n": i})).await;
+    }
+    let latest = entity(source).await.expect("the source holds the latest write");
+    let mut counts = Vec::new();
+    for server in &topology.servers {
+        let settled = settle(server, &latest).await;
+        counts.push(settled.len());
+        assert!(settled.len() <= N * 3 / 2, "{name}: {} settled {} writes for {N} (bound 1.5 × N)", server.base(), settled.len());
+        let last = settled.last().unwrap();
+        assert_eq!(last["payload"]["hash"].as_str(), Some(hash_of(&serde_json::from_str(&latest).unwrap()).unwrap().as_str()));
+    }
+    let dropped: usize = topology.proxies.iter().map(|p| p.dropped.load(Ordering::Relaxed)).sum();
+    eprintln!(
+        "mirror drive {name}: settles per peer {counts:?} for N = {N}, converged in {} ms, {dropped} deliveries dropped",
+        started.elapsed().as_millis()
+    );
+    if !topology.proxies.is_empty() {
+        assert!(dropped > 0, "the proxies dropped deliveries");
+    }
+}
+
+const CHAIN: &[(usize, usize)] = &[(0, 1), (1, 2)];
+const PAIR: &[(usize, usize)] = &[(0, 1), (1, 0)];
+const RING: &[(usize, usize)] = &[(0, 1), (1, 2), (2, 0)];
+
+async fn a_chain_converges(backend: Backend) {
+    drive("chain", topology(backend, 3, CHAIN, false).await).await;
+}
+
+async fn a_chain_converges_under_loss(backend: Backend) {
+    drive("chain, lossy", topology(backend, 3, CHAIN, true).await).await;
+}
+
+async fn a_pair_converges(backend: Backend) {
+    drive("pair", topology(backend, 2, PAIR, false).await).await;
+}
+
+async fn a_pair_converges_under_loss(backend: Backend) {
+    drive("pair, lossy", topology(backend, 2, PAIR, true).await).await;
+}
+
+async fn a_ring_converges(backend: Backend) {
+    drive("ring", topology(backend, 3, RING, false).await).await;
+}
+
+async fn a_ring_converges_under_loss(backend: Backend) {
+    drive("ring, lossy", topology(backend, 3, RING, true).await).await;
+}
+
+async fn a_stale_lap_changes_nothing(backend: Backend) {
+    let topology = topology(backend, 2, &[(0, 1)], false).await;
+    let (a, b) = (&topology.servers[0], &topology.servers[1]);
+    let mut hashes = Vec::new();
+    for i in 0..5 {
+        hashes.push(a.put(PATH, json!({"n": i})).await);
+    }
+    let latest = entity(a).await.unwrap();
+    let before = settle(b, &latest).await.len();
+    assert_eq!(before, 5, "a one-way mirror settles exactly N");
+    // A's second notification again (as A, with a sequence B has not seen,
+    // so it is not a retry): B moved on long ago.
+    let server = tidings::identity::ServerIdentity::open(&a.key_file()).unwrap();
+    let inbox = "system/inbox/mirror/from-0";
+    let mut included = Map::new();
+    let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;
+    let token = b.mint(&a.hash, inbox_grant(inbox), expires, &mut included).await;
+    let old = json!({"type": "note", "data": {"n": 1}});
+    included.insert(hashes[1].clone(), old);
+    let uri = format!("entity://{}/{inbox}", b.hash);
+    let execute = json!({"type": "system/protocol/execute", "data": {
+        "request_id": "replayed", "uri": uri, "operation": "receive", "resource": {"targets": [uri]},
+        "params": {"type": "system/subscription/notification", "data": {
+            "subscription_id": "replayed", "event": "updated", "uri": PATH, "hash": hashes[1], "previous_hash": hashes[0]}},
+        "author": a.hash, "capability": token, "sequence": 1_000_000,
+    }});
+    let signature = server.sign(&hash_of(&execute).unwrap());
+    included.insert(hash_of(&signature).unwrap(), signature);
+    included.insert(a.hash.clone(), server.entity().clone());
+    let stale_before = b.metric("tidings_mirror_applies_total{outcome=\"stale_rejected\"}").await;
+    let r = b.http.post(format!("{}/v1/execute", b.base())).json(&json!({"execute": execute, "included": included})).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while b.metric("tidings_mirror_applies_total{outcome=\"stale_rejected\"}").await <= stale_before {
+        assert!(Instant::now() < deadline, "the mirror handles the replayed lap");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(entity(b).await.as_deref(), Some(latest.as_str()), "the stale lap is rejected");
+    assert_eq!(changes(b, 0, 0).await.len(), before, "and settles nothing");
+}
