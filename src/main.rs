@@ -78,6 +78,9 @@ async fn main() -> anyhow::Result<()> {
                 Mode::Storm => serde_json::to_value(tidings::tools::bench::storm(&args).await?)?,
                 Mode::Poll => serde_json::to_value(tidings::tools::bench::poll_bench(&args).await?)?,
                 Mode::Idle => serde_json::to_value(tidings::tools::bench::idle(&args).await?)?,
+                Mode::PeerDelivery => serde_json::to_value(tidings::tools::peers::peer_delivery(&args).await?)?,
+                Mode::MirrorDelay => serde_json::to_value(tidings::tools::peers::mirror_delay(&args).await?)?,
+                Mode::MirrorConverge => serde_json::to_value(tidings::tools::peers::mirror_converge(&args).await?)?,
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())

@@ -80,6 +80,18 @@ pub struct BenchArgs {
     /// `deliver` and `idle`: how subscribers connect to tidings.
     #[arg(long, value_enum, default_value = "sse")]
     pub transport: Transport,
+    /// Peer modes: the servers, comma-separated base URLs (source first).
+    #[arg(long, default_value = "")]
+    pub peer_urls: String,
+    /// `peer-delivery`: subscriptions the notifications are spread over.
+    #[arg(long, default_value_t = 1)]
+    pub subscriptions: usize,
+    /// `mirror-converge`: `chain` (A→B→C), `pair` (A⇄B) or `ring` (A→B→C→A).
+    #[arg(long, default_value = "chain")]
+    pub topology: String,
+    /// `mirror-converge`: drop every k-th delivery through a lossy proxy (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub loss: usize,
 }
 
 /// How `deliver` and `idle` subscribers connect.
@@ -169,6 +181,15 @@ pub enum Mode {
     /// are published: delivery latency and poll round trips; then one
     /// consumer `--events` behind reads them all in pages of 1,000.
     Poll,
+    /// `--peer-urls source,sink`: notifications per second from the
+    /// source's courier to the sink's inbox over `--subscriptions`.
+    PeerDelivery,
+    /// `--peer-urls a,b,c`: B mirrors A, C mirrors B; write-to-apply delay
+    /// at C for `--events` writes at `--rate`.
+    MirrorDelay,
+    /// `--peer-urls`: `--events` writes through a `--topology` of mirrors,
+    /// optionally lossy (`--loss k`): settles per peer, time to converge.
+    MirrorConverge,
 }
 
 /// Result of `idle`.

@@ -9,3 +9,5 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod device;
+pub mod lossy;
+pub mod peers;

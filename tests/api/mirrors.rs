@@ -6,8 +6,6 @@
 //! deliveries without forwarding them. A stale lap replayed to a mirror
 //! that moved on changes nothing.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
@@ -32,70 +30,12 @@ both_stores!(
 const N: usize = 200;
 const PATH: &str = "feeds/x";
 
-/// A test-only HTTP proxy in front of `target` that answers every third
-/// peer delivery (`receive`) itself, as a success, without forwarding it:
-/// the sender believes it delivered, the receiver never hears of it.
-struct LossyProxy {
-    base: String,
-    dropped: Arc<AtomicUsize>,
-    _task: tokio::task::JoinHandle<()>,
-}
-
-async fn lossy_proxy(target: String) -> LossyProxy {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (seen, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let http = reqwest::Client::new();
-    let counted = dropped.clone();
-    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
-        let (http, target, seen, dropped) = (http.clone(), target.clone(), seen.clone(), counted.clone());
-        async move {
-            let (parts, body) = request.into_parts();
-            let body = axum::body::to_bytes(body, 64 << 20).await.unwrap_or_default();
-            let receive = parts.uri.path() == "/v1/execute" && memchr(&body, br#""operation":"receive""#);
-            if receive && seen.fetch_add(1, Ordering::Relaxed) % 3 == 2 {
-                dropped.fetch_add(1, Ordering::Relaxed);
-                let answer = json!({"status": 200, "result": {"event_id": null, "duplicate": false}});
-                return axum::response::IntoResponse::into_response(axum::Json(answer));
-            }
-            let url = format!("{target}{}", parts.uri.path_and_query().map_or("", |p| p.as_str()));
-            let mut forward = http.request(parts.method, url).body(body);
-            for name in ["content-type", "x-chain-id", "if-match", "if-none-match"] {
-                if let Some(v) = parts.headers.get(name) {
-                    forward = forward.header(name, v);
-                }
-            }
-            match forward.send().await {
-                Ok(r) => {
-                    let status = r.status();
-                    let content_type = r.headers().get("content-type").cloned();
-                    let bytes = r.bytes().await.unwrap_or_default();
-                    let mut response = axum::response::IntoResponse::into_response((status, bytes));
-                    if let Some(ct) = content_type {
-                        response.headers_mut().insert("content-type", ct);
-                    }
-                    response
-                }
-                Err(_) => axum::response::IntoResponse::into_response(axum::http::StatusCode::BAD_GATEWAY),
-            }
-        }
-    });
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    LossyProxy { base, dropped, _task: task }
-}
-
-fn memchr(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
 /// Servers with mirrors along `links` (upstream, downstream), each
 /// downstream mirroring `feeds/**` from its upstream; with `loss`, every
 /// delivery to a downstream goes through its own lossy proxy.
 struct Topology {
     servers: Vec<Server>,
-    proxies: Vec<LossyProxy>,
+    proxies: Vec<tidings::tools::lossy::LossyProxy>,
 }
 
 async fn topology(backend: Backend, count: usize, links: &[(usize, usize)], loss: bool) -> Topology {
@@ -108,7 +48,8 @@ async fn topology(backend: Backend, count: usize, links: &[(usize, usize)], loss
         let (u, d) = (&servers[up], &servers[down]);
         d.knows(u).await;
         let endpoint = if loss {
-            let proxy = lossy_proxy(d.base().to_owned()).await;
+            // A third of the deliveries acknowledged and never forwarded.
+            let proxy = tidings::tools::lossy::start(d.base().to_owned(), 3).await.unwrap();
             let base = proxy.base.clone();
             proxies.push(proxy);
             base
@@ -182,7 +123,7 @@ async fn drive(name: &str, topology: Topology) {
         let last = settled.last().unwrap();
         assert_eq!(last["payload"]["hash"].as_str(), Some(hash_of(&serde_json::from_str(&latest).unwrap()).unwrap().as_str()));
     }
-    let dropped: usize = topology.proxies.iter().map(|p| p.dropped.load(Ordering::Relaxed)).sum();
+    let dropped: usize = topology.proxies.iter().map(|p| p.dropped()).sum();
     eprintln!(
         "mirror drive {name}: settles per peer {counts:?} for N = {N}, converged in {} ms, {dropped} deliveries dropped",
         started.elapsed().as_millis()
