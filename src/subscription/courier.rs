@@ -4,12 +4,16 @@
 //!
 //! The log is the queue. The engine appends a remote subscription's
 //! notifications to this server's log like any other; the courier runs one
-//! lane per remote subscription, and each lane reads the log from its own
-//! durable cursor (a device cursor owned by `tidings:courier`), delivers its
-//! subscription's notifications one at a time in log order, and moves the
-//! cursor past each once it is delivered or given up. A peer that is down
-//! costs one lane waiting with one notification in hand, not a backlog in
-//! memory; a lane retrying never holds up another lane or local inboxes.
+//! lane per remote subscription, which delivers its subscription's
+//! notifications one at a time in log order and moves its durable cursor (a
+//! device cursor owned by `tidings:courier`) past each once it is
+//! delivered or given up. One dispatcher reads each new notification once
+//! and hands it to its lane's bounded queue; a lane whose queue is full (it
+//! is retrying a peer that is down, or the peer is slow) is marked behind
+//! and reads the log itself from its cursor until it has caught up, then is
+//! fed again, so a peer that is down costs a bounded queue, not a backlog
+//! in memory, and a lane retrying never holds up another lane or local
+//! inboxes.
 //!
 //! A failed attempt (transport error, timeout, 5xx, 408, 429) is retried
 //! with exponential backoff and jitter up to the attempt budget
@@ -28,6 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -43,8 +48,16 @@ use crate::tree::Entity;
 
 /// The owner of the courier's cursors in the device cursor table.
 const CURSOR_OWNER: &str = crate::store::COURIER_CURSORS;
-/// Notifications read per step.
+/// Notifications a lane that is behind reads per step.
 const BATCH: usize = 256;
+/// Notifications the dispatcher reads per step.
+const DISPATCH_BATCH: usize = 512;
+/// Notifications queued for a lane before it is left to read the log itself.
+const FEED_QUEUE: usize = 256;
+/// A lane stores its cursor at most this often (a retry after a crash is
+/// recognised by the peer, so a cursor a little behind repeats nothing).
+const ACK_EVERY: Duration = Duration::from_millis(200);
+
 /// Retry backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -158,9 +171,23 @@ impl Courier {
     }
 
     /// Runs one task per lane in `lanes` until `cancel`, starting and
-    /// stopping lanes as the set changes.
+    /// stopping lanes as the set changes, and the dispatcher that feeds
+    /// them.
     pub(super) async fn run(self, mut lanes: watch::Receiver<Lanes>, cancel: CancellationToken) {
         let this = Arc::new(self);
+        let feeds: Feeds = Arc::default();
+        // Where the dispatcher starts, known before any lane: a lane reads
+        // the log itself at least up to here.
+        let mut retry = BACKOFF_MIN;
+        let start = loop {
+            match this.store.head().await {
+                Ok(h) => break h,
+                Err(_) if sleep_or_stop(&cancel, jittered(retry)).await => return,
+                Err(_) => retry = (retry * 2).min(BACKOFF_MAX),
+            }
+        };
+        let decided = Arc::new(AtomicI64::new(start));
+        let dispatcher = tokio::spawn(this.clone().dispatch(feeds.clone(), decided.clone(), cancel.clone()));
         let mut running: HashMap<String, (Lane, Stop)> = HashMap::new();
         let backlog = Arc::new(std::sync::Mutex::new(HashMap::<String, (String, EventId)>::new()));
         loop {
@@ -168,8 +195,11 @@ impl Courier {
             running.retain(|id, (lane, stop)| {
                 let keep = current.get(id).is_some_and(|l| same_lane(l, lane));
                 if !keep {
-                    stop.gone.store(!current.contains_key(id), std::sync::atomic::Ordering::Relaxed);
+                    stop.gone.store(!current.contains_key(id), Ordering::Relaxed);
                     stop.token.cancel();
+                    if let Ok(mut f) = feeds.write() {
+                        f.remove(id);
+                    }
                 }
                 keep
             });
@@ -178,8 +208,19 @@ impl Courier {
                     continue;
                 }
                 let stop = Stop { token: cancel.child_token(), gone: Arc::default() };
+                let (tx, rx) = tokio::sync::mpsc::channel(FEED_QUEUE);
+                // A new lane starts behind: it reads the log from its cursor
+                // until it reaches what the dispatcher skipped for it.
+                let feed = Arc::new(Feed {
+                    queue: tx,
+                    state: std::sync::Mutex::new(FeedState { behind: true, skipped_upto: decided.load(Ordering::SeqCst) }),
+                });
+                if let Ok(mut f) = feeds.write() {
+                    f.insert(id.clone(), feed.clone());
+                }
                 running.insert(id.clone(), (lane.clone(), stop.clone()));
-                tokio::spawn(this.clone().lane(lane.clone(), stop, backlog.clone()));
+                let fed = Fed { feed, queue: rx, decided: decided.clone() };
+                tokio::spawn(this.clone().lane(lane.clone(), stop, fed, backlog.clone()));
             }
             report_backlog(&this, &backlog, &running).await;
             tokio::select! {
@@ -191,6 +232,7 @@ impl Courier {
         for (_, (_, stop)) in running {
             stop.token.cancel();
         }
+        let _ = dispatcher.await;
         for peer in backlog.lock().map(|b| b.values().map(|(p, _)| p.clone()).collect::<Vec<_>>()).unwrap_or_default() {
             metrics::gauge!(crate::metrics::PEER_BACKLOG, "peer" => peer).set(0.0);
         }
@@ -199,11 +241,62 @@ impl Courier {
         }
     }
 
-    /// One lane: reads its subscription's notifications from its cursor and
-    /// delivers them in order, until `stop`.
-    async fn lane(self: Arc<Self>, lane: Lane, stopping: Stop, backlog: Arc<std::sync::Mutex<HashMap<String, (String, EventId)>>>) {
-        self.run_lane(&lane, &stopping.token, &backlog).await;
-        if stopping.gone.load(std::sync::atomic::Ordering::Relaxed) {
+    /// Reads every notification once, from the head at start on, and hands
+    /// each to its lane's queue; a lane whose queue is full (it is retrying,
+    /// or slow) is marked behind and reads the log itself until it is back.
+    async fn dispatch(self: Arc<Self>, feeds: Feeds, decided: Arc<AtomicI64>, cancel: CancellationToken) {
+        let mut follow = self.follow.clone();
+        let mut retry = BACKOFF_MIN;
+        let mut position = decided.load(Ordering::SeqCst);
+        while !cancel.is_cancelled() {
+            let (records, reached) = match self.store.engine_changes(position, &[names::SUBSCRIPTION_NOTIFICATION], DISPATCH_BATCH).await {
+                Ok(read) => read,
+                Err(e) => {
+                    tracing::warn!(error = %e, "courier cannot read the log; retrying");
+                    if sleep_or_stop(&cancel, jittered(retry)).await {
+                        return;
+                    }
+                    retry = (retry * 2).min(BACKOFF_MAX);
+                    continue;
+                }
+            };
+            retry = BACKOFF_MIN;
+            if !records.is_empty() {
+                let feeds = feeds.read().map(|f| f.clone()).unwrap_or_default();
+                for record in records.iter() {
+                    let Some(id) = remote_subscription(record) else { continue };
+                    let Some(feed) = feeds.get(&id) else { continue };
+                    let Ok(mut state) = feed.state.lock() else { continue };
+                    if state.behind || feed.queue.try_send(record.clone()).is_err() {
+                        state.behind = true;
+                        state.skipped_upto = record.id;
+                    }
+                }
+            }
+            position = reached;
+            decided.store(position, Ordering::SeqCst);
+            if records.len() == DISPATCH_BATCH {
+                continue;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = follow.changed() => {}
+                _ = tokio::time::sleep(SKIP_COMMIT) => {}
+            }
+        }
+    }
+
+    /// One lane: delivers its subscription's notifications in order from
+    /// its cursor, until `stop`.
+    async fn lane(
+        self: Arc<Self>,
+        lane: Lane,
+        stopping: Stop,
+        fed: Fed,
+        backlog: Arc<std::sync::Mutex<HashMap<String, (String, EventId)>>>,
+    ) {
+        self.run_lane(&lane, &stopping.token, fed, &backlog).await;
+        if stopping.gone.load(Ordering::Relaxed) {
             // The subscription is gone and takes its undelivered
             // notifications with it; its cursor no longer holds retention.
             if let Err(e) = self.store.device_forget(CURSOR_OWNER, &lane.subscription_id).await {
@@ -212,67 +305,84 @@ impl Courier {
         }
     }
 
-    /// The lane's loop, until `stop`.
-    async fn run_lane(&self, lane: &Lane, stop: &CancellationToken, backlog: &std::sync::Mutex<HashMap<String, (String, EventId)>>) {
-        let (lane, stop) = (lane.clone(), stop.clone());
-        let mut follow = self.follow.clone();
+    /// The lane's loop, until `stop`: behind, it reads the log from its
+    /// position; caught up, it takes what the dispatcher hands it.
+    async fn run_lane(
+        &self,
+        lane: &Lane,
+        stop: &CancellationToken,
+        mut fed: Fed,
+        backlog: &std::sync::Mutex<HashMap<String, (String, EventId)>>,
+    ) {
         let mut retry = BACKOFF_MIN;
         let mut position = loop {
-            match self.start(&lane).await {
+            match self.start(lane).await {
                 Ok(p) => break p,
                 Err(e) => {
                     tracing::warn!(error = %e, subscription = lane.subscription_id, "courier cannot read its cursor; retrying");
-                    if sleep_or_stop(&stop, jittered(retry)).await {
+                    if sleep_or_stop(stop, jittered(retry)).await {
                         return;
                     }
                     retry = (retry * 2).min(BACKOFF_MAX);
                 }
             }
         };
+        let mut sender = Sender::new(self, lane).await;
         let mut stored = position;
         let mut stored_at = tokio::time::Instant::now();
         while !stop.is_cancelled() {
             if let Ok(mut b) = backlog.lock() {
                 b.insert(lane.subscription_id.clone(), (lane.peer.clone(), position));
             }
-            let (records, reached) = match self.store.engine_changes(position, &[names::SUBSCRIPTION_NOTIFICATION], BATCH).await {
-                Ok(read) => read,
-                Err(e) => {
-                    tracing::warn!(error = %e, "courier cannot read the log; retrying");
-                    if sleep_or_stop(&stop, jittered(retry)).await {
-                        return;
+            if fed.behind() {
+                let (records, reached) = match self.store.engine_changes(position, &[names::SUBSCRIPTION_NOTIFICATION], BATCH).await {
+                    Ok(read) => read,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "courier cannot read the log; retrying");
+                        if sleep_or_stop(stop, jittered(retry)).await {
+                            return;
+                        }
+                        retry = (retry * 2).min(BACKOFF_MAX);
+                        continue;
                     }
-                    retry = (retry * 2).min(BACKOFF_MAX);
-                    continue;
+                };
+                retry = BACKOFF_MIN;
+                for record in &records {
+                    let Some(n) = mine(record, lane) else { continue };
+                    let Some(()) = sender.deliver(record, n, stop).await else { return };
+                    position = record.id;
                 }
-            };
-            retry = BACKOFF_MIN;
-            for record in &records {
-                let Some(stored_n) = mine(record, &lane) else { continue };
-                let Some(()) = self.deliver(&lane, record, stored_n, &stop).await else { return };
-                position = record.id;
-                if self.store.device_ack(CURSOR_OWNER, &lane.subscription_id, position, now_ms()).await.is_ok() {
-                    stored = position;
-                    stored_at = tokio::time::Instant::now();
+                position = position.max(reached);
+                if records.len() < BATCH {
+                    fed.catch_up(position);
+                }
+            } else {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    next = fed.queue.recv() => {
+                        let Some(record) = next else { break };
+                        if record.id > position {
+                            if let Some(n) = mine(&record, lane) {
+                                let Some(()) = sender.deliver(&record, n, stop).await else { return };
+                            }
+                            position = record.id;
+                        }
+                    }
+                    _ = tokio::time::sleep(SKIP_COMMIT) => {
+                        // Idle and caught up: everything the dispatcher
+                        // decided on is behind this lane.
+                        let decided = fed.decided.load(Ordering::SeqCst);
+                        if fed.queue.is_empty() && !fed.behind() {
+                            position = position.max(decided);
+                        }
+                    }
                 }
             }
-            position = reached;
-            if let Ok(mut b) = backlog.lock() {
-                b.insert(lane.subscription_id.clone(), (lane.peer.clone(), position));
-            }
-            if position != stored && stored_at.elapsed() >= SKIP_COMMIT {
+            if position != stored && stored_at.elapsed() >= ACK_EVERY {
                 if self.store.device_ack(CURSOR_OWNER, &lane.subscription_id, position, now_ms()).await.is_ok() {
                     stored = position;
                 }
                 stored_at = tokio::time::Instant::now();
-            }
-            if records.len() == BATCH {
-                continue;
-            }
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = follow.changed() => {}
-                _ = tokio::time::sleep(SKIP_COMMIT) => {}
             }
         }
         if position != stored {
@@ -293,131 +403,6 @@ impl Courier {
         self.store.device_ack(CURSOR_OWNER, &lane.subscription_id, from, now_ms()).await
     }
 
-    /// Delivers one notification, retrying per the settings; `None` if the
-    /// lane was stopped meanwhile (the notification is then left for the
-    /// next run, its cursor unmoved).
-    async fn deliver(&self, lane: &Lane, record: &Record, stored: Stored, stop: &CancellationToken) -> Option<()> {
-        let chain_id = stored.payload.chain_id.clone().unwrap_or_else(|| format!("event-{}", record.id));
-        let envelope = match self.envelope(lane, record.id, &stored).await {
-            Ok(envelope) => envelope,
-            Err(e) => {
-                tracing::warn!(error = %e, subscription = lane.subscription_id, "cannot build a delivery; giving it up");
-                self.give_up(lane, record, &stored, &chain_id, "delivery_failed").await;
-                return Some(());
-            }
-        };
-        let mut backoff = BACKOFF_MIN;
-        for attempt in 1..=self.settings.attempts.max(1) {
-            if stop.is_cancelled() {
-                return None;
-            }
-            let outcome = self.attempt(&lane.peer, &envelope, &chain_id).await;
-            match outcome {
-                Attempt::Delivered { duplicate } => {
-                    self.note(&lane.peer, |s| {
-                        s.delivered += 1;
-                        s.last_error = None;
-                        s.last_delivered_ms = Some(now_ms());
-                    });
-                    let outcome = if duplicate { "duplicate" } else { "delivered" };
-                    metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => outcome).increment(1);
-                    return Some(());
-                }
-                Attempt::Refused(code) => {
-                    tracing::warn!(code, subscription = lane.subscription_id, peer = lane.peer, "a peer refused a delivery");
-                    metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => "refused").increment(1);
-                    self.note(&lane.peer, |s| {
-                        s.lost += 1;
-                        s.last_error = Some(format!("refused: {code}"));
-                    });
-                    self.give_up(lane, record, &stored, &chain_id, &code).await;
-                    return Some(());
-                }
-                Attempt::Failed(why) => {
-                    tracing::debug!(why, attempt, subscription = lane.subscription_id, "delivery to a peer failed");
-                    self.note(&lane.peer, |s| {
-                        s.failed_attempts += 1;
-                        s.last_error = Some(why.clone());
-                    });
-                    if attempt == self.settings.attempts.max(1) {
-                        break;
-                    }
-                    metrics::counter!(crate::metrics::PEER_RETRIES).increment(1);
-                    if sleep_or_stop(stop, jittered(backoff)).await {
-                        return None;
-                    }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
-            }
-        }
-        tracing::warn!(subscription = lane.subscription_id, peer = lane.peer, "giving up a delivery after its attempts");
-        metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => "given_up").increment(1);
-        self.note(&lane.peer, |s| s.lost += 1);
-        self.give_up(lane, record, &stored, &chain_id, "delivery_failed").await;
-        Some(())
-    }
-
-    /// One POST to the peer's `/v1/execute`.
-    async fn attempt(&self, peer: &str, envelope: &Value, chain_id: &str) -> Attempt {
-        let endpoint = match self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await {
-            Ok(Some(entry)) => match crate::peer::endpoint_of(&entry.entity) {
-                Some(endpoint) => endpoint,
-                None => return Attempt::Failed("the peer entity has no endpoint".into()),
-            },
-            Ok(None) => return Attempt::Failed("the peer is not known".into()),
-            Err(e) => return Attempt::Failed(e.to_string()),
-        };
-        let sent = self.http.post(format!("{endpoint}/v1/execute")).header("x-chain-id", chain_id).json(envelope).send().await;
-        let response = match sent {
-            Ok(r) => r,
-            Err(e) => return Attempt::Failed(e.to_string()),
-        };
-        let status = response.status().as_u16();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        match status {
-            200 => Attempt::Delivered { duplicate: body["result"]["duplicate"] == true },
-            408 | 429 | 500..=599 => Attempt::Failed(format!("status {status}")),
-            _ => Attempt::Refused(body["error"]["code"].as_str().unwrap_or("delivery_refused").to_owned()),
-        }
-    }
-
-    /// The signed `receive` EXECUTE for the notification at `seq`, with the
-    /// deliver token chain, the signature, this server's identity and (for
-    /// `include_payload`) the changed entity in `included`.
-    async fn envelope(&self, lane: &Lane, seq: EventId, stored: &Stored) -> Result<Value, StoreError> {
-        let execute = Entity {
-            kind: "system/protocol/execute".into(),
-            data: json!({
-                "request_id": format!("{}-{seq}", lane.subscription_id),
-                "uri": lane.deliver_uri,
-                "operation": lane.operation,
-                "resource": {"targets": [lane.deliver_uri]},
-                "params": {"type": NOTIFICATION, "data": stored.payload.data},
-                "author": self.server.hash(),
-                "capability": lane.deliver_token,
-                "sequence": seq,
-            }),
-        };
-        let (_, execute_hash) = execute.canonical();
-        let mut included = Map::new();
-        for hash in &lane.deliver_chain {
-            if let Some(body) = self.store.content_get(hash).await?
-                && let Ok(entity) = serde_json::from_str::<Value>(&body)
-            {
-                included.insert(hash.clone(), entity);
-            }
-        }
-        if let Some(bundled) = &stored.payload.included {
-            included.extend(bundled.clone());
-        }
-        included.insert(self.server.hash().to_owned(), self.server.entity().clone());
-        let signature = self.server.sign(&execute_hash);
-        if let Ok(hash) = crate::tree::capability::hash_of(&signature) {
-            included.insert(hash, signature);
-        }
-        Ok(json!({ "execute": execute, "included": included }))
-    }
-
     /// Binds the chain-error marker of a notification given up.
     async fn give_up(&self, lane: &Lane, record: &Record, stored: &Stored, chain_id: &str, reason: &str) {
         let data = &stored.payload.data;
@@ -436,6 +421,209 @@ impl Courier {
             tracing::warn!(error = %e, "could not bind the chain-error marker of a lost delivery");
         }
     }
+}
+
+/// A lane's sending side, with the deliver token's chain cached (it is
+/// fixed for the lane's life). The peer's endpoint is looked up at every
+/// attempt, so an admin's change applies at once.
+struct Sender<'a> {
+    courier: &'a Courier,
+    lane: &'a Lane,
+    chain: Option<Map<String, Value>>,
+}
+
+impl<'a> Sender<'a> {
+    async fn new(courier: &'a Courier, lane: &'a Lane) -> Self {
+        Self { courier, lane, chain: None }
+    }
+
+    async fn endpoint(&self) -> Result<String, String> {
+        let peer = &self.lane.peer;
+        match self.courier.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await {
+            Ok(Some(entry)) => crate::peer::endpoint_of(&entry.entity).ok_or_else(|| "the peer entity has no endpoint".to_owned()),
+            Ok(None) => Err("the peer is not known".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Delivers one notification, retrying per the settings; `None` if the
+    /// lane was stopped meanwhile (the notification is then left for the
+    /// next run, its cursor unmoved).
+    async fn deliver(&mut self, record: &Record, stored: Stored, stop: &CancellationToken) -> Option<()> {
+        let (courier, lane) = (self.courier, self.lane);
+        let chain_id = stored.payload.chain_id.clone().unwrap_or_else(|| format!("event-{}", record.id));
+        let envelope = match self.envelope(record.id, &stored).await {
+            Ok(envelope) => envelope,
+            Err(e) => {
+                tracing::warn!(error = %e, subscription = lane.subscription_id, "cannot build a delivery; giving it up");
+                courier.give_up(lane, record, &stored, &chain_id, "delivery_failed").await;
+                return Some(());
+            }
+        };
+        let mut backoff = BACKOFF_MIN;
+        for attempt in 1..=courier.settings.attempts.max(1) {
+            if stop.is_cancelled() {
+                return None;
+            }
+            let outcome = self.attempt(&envelope, &chain_id).await;
+            match outcome {
+                Attempt::Delivered { duplicate } => {
+                    courier.note(&lane.peer, |s| {
+                        s.delivered += 1;
+                        s.last_error = None;
+                        s.last_delivered_ms = Some(now_ms());
+                    });
+                    let outcome = if duplicate { "duplicate" } else { "delivered" };
+                    metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => outcome).increment(1);
+                    return Some(());
+                }
+                Attempt::Refused(code) => {
+                    tracing::warn!(code, subscription = lane.subscription_id, peer = lane.peer, "a peer refused a delivery");
+                    metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => "refused").increment(1);
+                    courier.note(&lane.peer, |s| {
+                        s.lost += 1;
+                        s.last_error = Some(format!("refused: {code}"));
+                    });
+                    courier.give_up(lane, record, &stored, &chain_id, &code).await;
+                    return Some(());
+                }
+                Attempt::Failed(why) => {
+                    tracing::debug!(why, attempt, subscription = lane.subscription_id, "delivery to a peer failed");
+                    courier.note(&lane.peer, |s| {
+                        s.failed_attempts += 1;
+                        s.last_error = Some(why.clone());
+                    });
+                    if attempt == courier.settings.attempts.max(1) {
+                        break;
+                    }
+                    metrics::counter!(crate::metrics::PEER_RETRIES).increment(1);
+                    if sleep_or_stop(stop, jittered(backoff)).await {
+                        return None;
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+        tracing::warn!(subscription = lane.subscription_id, peer = lane.peer, "giving up a delivery after its attempts");
+        metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => "given_up").increment(1);
+        courier.note(&lane.peer, |s| s.lost += 1);
+        courier.give_up(lane, record, &stored, &chain_id, "delivery_failed").await;
+        Some(())
+    }
+
+    /// One POST to the peer's `/v1/execute`.
+    async fn attempt(&mut self, envelope: &Value, chain_id: &str) -> Attempt {
+        let endpoint = match self.endpoint().await {
+            Ok(endpoint) => endpoint,
+            Err(why) => return Attempt::Failed(why),
+        };
+        let sent = self.courier.http.post(format!("{endpoint}/v1/execute")).header("x-chain-id", chain_id).json(envelope).send().await;
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => return Attempt::Failed(e.to_string()),
+        };
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        match status {
+            200 => Attempt::Delivered { duplicate: body["result"]["duplicate"] == true },
+            408 | 429 | 500..=599 => Attempt::Failed(format!("status {status}")),
+            _ => Attempt::Refused(body["error"]["code"].as_str().unwrap_or("delivery_refused").to_owned()),
+        }
+    }
+
+    /// The signed `receive` EXECUTE for the notification at `seq`, with the
+    /// deliver token chain, the signature, this server's identity and (for
+    /// `include_payload`) the changed entity in `included`.
+    async fn envelope(&mut self, seq: EventId, stored: &Stored) -> Result<Value, StoreError> {
+        let (courier, lane) = (self.courier, self.lane);
+        let execute = Entity {
+            kind: "system/protocol/execute".into(),
+            data: json!({
+                "request_id": format!("{}-{seq}", lane.subscription_id),
+                "uri": lane.deliver_uri,
+                "operation": lane.operation,
+                "resource": {"targets": [lane.deliver_uri]},
+                "params": {"type": NOTIFICATION, "data": stored.payload.data},
+                "author": courier.server.hash(),
+                "capability": lane.deliver_token,
+                "sequence": seq,
+            }),
+        };
+        let (_, execute_hash) = execute.canonical();
+        if self.chain.is_none() {
+            let mut chain = Map::new();
+            for hash in &lane.deliver_chain {
+                if let Some(body) = courier.store.content_get(hash).await?
+                    && let Ok(entity) = serde_json::from_str::<Value>(&body)
+                {
+                    chain.insert(hash.clone(), entity);
+                }
+            }
+            self.chain = Some(chain);
+        }
+        let mut included = self.chain.clone().unwrap_or_default();
+        if let Some(bundled) = &stored.payload.included {
+            included.extend(bundled.clone());
+        }
+        included.insert(courier.server.hash().to_owned(), courier.server.entity().clone());
+        let signature = courier.server.sign(&execute_hash);
+        if let Ok(hash) = crate::tree::capability::hash_of(&signature) {
+            included.insert(hash, signature);
+        }
+        Ok(json!({ "execute": execute, "included": included }))
+    }
+}
+
+/// The lanes' queues, by subscription id, shared with the dispatcher.
+type Feeds = Arc<std::sync::RwLock<HashMap<String, Arc<Feed>>>>;
+
+/// A lane's queue and whether the dispatcher feeds it.
+#[derive(Debug)]
+struct Feed {
+    queue: tokio::sync::mpsc::Sender<Record>,
+    state: std::sync::Mutex<FeedState>,
+}
+
+#[derive(Debug)]
+struct FeedState {
+    /// The lane reads the log itself: the dispatcher skips it.
+    behind: bool,
+    /// The last notification the dispatcher skipped for it.
+    skipped_upto: EventId,
+}
+
+/// The lane's end of its feed.
+#[derive(Debug)]
+struct Fed {
+    feed: Arc<Feed>,
+    queue: tokio::sync::mpsc::Receiver<Record>,
+    /// Everything up to here has been offered to the lanes.
+    decided: Arc<AtomicI64>,
+}
+
+impl Fed {
+    fn behind(&self) -> bool {
+        self.feed.state.lock().map(|s| s.behind).unwrap_or(true)
+    }
+
+    /// The lane has read the log up to `position`: fed again if that covers
+    /// everything the dispatcher skipped for it.
+    fn catch_up(&self, position: EventId) {
+        if let Ok(mut state) = self.feed.state.lock()
+            && position >= state.skipped_upto
+        {
+            state.behind = false;
+        }
+    }
+}
+
+/// The subscription of a notification addressed to a remote inbox.
+fn remote_subscription(record: &Record) -> Option<String> {
+    let stored: Stored = serde_json::from_str(&record.body).ok()?;
+    if !stored.reference.as_deref().is_some_and(|r| r.starts_with("entity://")) {
+        return None;
+    }
+    stored.payload.data["subscription_id"].as_str().map(str::to_owned)
 }
 
 /// How a lane is stopped: `gone` when its subscription no longer exists.

@@ -180,6 +180,9 @@ pub(super) struct Mirrors {
     settings: MirrorSettings,
     follow: watch::Receiver<EventId>,
     states: MirrorStates,
+    /// Each running mirror's wake-up, by its inbox: the watcher reads each
+    /// new notification once and wakes only the mirror it is for.
+    wakes: std::sync::RwLock<HashMap<String, Arc<tokio::sync::Notify>>>,
 }
 
 impl Mirrors {
@@ -191,13 +194,14 @@ impl Mirrors {
         states: MirrorStates,
     ) -> Self {
         let http = reqwest::Client::builder().timeout(settings.timeout).build().unwrap_or_default();
-        Self { store, server, http, settings, follow, states }
+        Self { store, server, http, settings, follow, states, wakes: Default::default() }
     }
 
     /// Runs every configured mirror until `cancel`, re-reading the set when
     /// `changed` fires (a change under `system/mirror/`) and every 30 s.
     pub(super) async fn run(self, mut changed: watch::Receiver<u64>, cancel: CancellationToken) {
         let this = Arc::new(self);
+        let watcher = tokio::spawn(this.clone().watch_inboxes(cancel.clone()));
         let mut running: HashMap<String, (Spec, CancellationToken, Arc<std::sync::atomic::AtomicBool>)> = HashMap::new();
         loop {
             changed.borrow_and_update();
@@ -240,6 +244,47 @@ impl Mirrors {
         for (_, (_, stop, _)) in running {
             stop.cancel();
         }
+        let _ = watcher.await;
+    }
+
+    /// Reads each new notification once and wakes the mirror whose inbox it
+    /// was delivered to.
+    async fn watch_inboxes(self: Arc<Self>, cancel: CancellationToken) {
+        let mut follow = self.follow.clone();
+        let mut position = None;
+        while !cancel.is_cancelled() {
+            let at = match position {
+                Some(p) => p,
+                None => match self.store.head().await {
+                    Ok(h) => {
+                        position = Some(h);
+                        continue;
+                    }
+                    Err(_) => 0,
+                },
+            };
+            if position.is_some()
+                && let Ok((records, reached)) = self.store.engine_changes(at, &[names::SUBSCRIPTION_NOTIFICATION], 1024).await
+            {
+                let wakes = self.wakes.read().map(|w| w.clone()).unwrap_or_default();
+                for record in &records {
+                    if let Ok(stored) = serde_json::from_str::<Reference>(&record.body)
+                        && let Some(wake) = stored.reference.as_deref().and_then(|r| wakes.get(r))
+                    {
+                        wake.notify_one();
+                    }
+                }
+                position = Some(reached);
+                if records.len() == 1024 {
+                    continue;
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = follow.changed() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
     }
 
     fn set_state(&self, name: &str, update: impl FnOnce(&mut MirrorState)) {
@@ -261,6 +306,11 @@ impl Mirrors {
         let inbox = format!("{INBOX_PREFIX}{}", spec.name);
         let mut applier =
             Applier { mirror: &self, spec: &spec, glob, inbox, known: BTreeSet::new(), mine: HashMap::new(), touched: Default::default() };
+        // Registered before the first read, so no notification falls between.
+        let wake = Arc::new(tokio::sync::Notify::new());
+        if let Ok(mut wakes) = self.wakes.write() {
+            wakes.insert(applier.inbox.clone(), wake.clone());
+        }
         let mut cursor = loop {
             match applier.start().await {
                 Ok(c) => break c,
@@ -278,7 +328,6 @@ impl Mirrors {
             Ok(c) => cursor = c,
             Err(e) => tracing::warn!(error = %e, mirror = spec.name, "mirror apply step failed; retrying"),
         }
-        let mut follow = self.follow.clone();
         let mut subscription: Option<String> = None;
         let mut renew_at = tokio::time::Instant::now();
         let mut retry = RETRY_MIN;
@@ -310,7 +359,7 @@ impl Mirrors {
                         }
                     }
                 }
-                _ = follow.changed() => {
+                _ = wake.notified() => {
                     match applier.step(cursor).await {
                         Ok(c) => cursor = c,
                         Err(e) => tracing::warn!(error = %e, mirror = spec.name, "mirror apply step failed; retrying"),
@@ -318,6 +367,9 @@ impl Mirrors {
                 }
                 _ = reconcile.tick() => applier.reconcile().await,
             }
+        }
+        if let Ok(mut wakes) = self.wakes.write() {
+            wakes.remove(&applier.inbox);
         }
         if gone.load(std::sync::atomic::Ordering::Relaxed) {
             if let Some(id) = subscription
@@ -447,6 +499,13 @@ struct Applier<'a> {
     /// flowing, so reconciliation leaves them alone (re-reading a path
     /// mid-burst would jump ahead of its notifications).
     touched: std::collections::HashSet<String>,
+}
+
+/// Just the `ref` of a stored event.
+#[derive(Deserialize)]
+struct Reference {
+    #[serde(rename = "ref")]
+    reference: Option<String>,
 }
 
 #[derive(Deserialize)]
