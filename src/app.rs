@@ -122,7 +122,7 @@ async fn seed_peers(core: &Core) -> anyhow::Result<()> {
 
 impl Application {
     /// Builds every subsystem and binds the listen address.
-    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+    pub async fn build(mut settings: Settings) -> anyhow::Result<Self> {
         let auth = resolve_auth(&settings)?;
         crate::http::cors(&settings.cors_origins)?;
         let metrics = crate::metrics::install();
@@ -145,6 +145,12 @@ impl Application {
         let shutdown = CancellationToken::new();
         let listener = TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
         let addr = listener.local_addr()?;
+        // What peers are told to reach this server at.
+        if settings.public_url.is_empty() {
+            settings.public_url = format!("http://{addr}");
+        }
+        settings.public_url = settings.public_url.trim_end_matches('/').to_owned();
+        crate::peer::check_endpoint(&settings.public_url).map_err(|e| anyhow::anyhow!("TIDINGS_PUBLIC_URL: {e}"))?;
         let options = ServeOptions {
             header_timeout: settings.header_timeout,
             shutdown_timeout: settings.shutdown_timeout,

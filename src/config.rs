@@ -292,6 +292,10 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_PUBLISH_RATE", default_value_t = 0)]
     pub publish_rate: u32,
 
+    /// The URL peers reach this server at, advertised by `GET /v1/identity` (empty: `http://` + the bound address).
+    #[arg(long, env = "TIDINGS_PUBLIC_URL", default_value = "")]
+    pub public_url: String,
+
     /// Peers written into the tree at start-up: `hash=url,...` (identity hash, base URL).
     #[arg(long, env = "TIDINGS_PEERS", default_value = "", value_parser = peers)]
     pub peers: Peers,

@@ -21,11 +21,11 @@ use crate::tree::is_hash;
     get,
     path = "/v1/identity",
     tag = "tree",
-    responses((status = 200, description = "`{hash, identity: {type: \"system/identity\", data: {algorithm, public_key}}}`", body = Object))
+    responses((status = 200, description = "`{hash, identity: {type: \"system/identity\", data: {algorithm, public_key}}, endpoint}`: `endpoint` is where peers reach this server (`TIDINGS_PUBLIC_URL`)", body = Object))
 )]
 pub(crate) async fn get(State(app): State<AppState>) -> Json<Value> {
     let server = app.core().server();
-    Json(json!({ "hash": server.hash(), "identity": server.entity() }))
+    Json(json!({ "hash": server.hash(), "identity": server.entity(), "endpoint": app.settings().public_url }))
 }
 
 #[derive(Debug, Deserialize)]

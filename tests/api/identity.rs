@@ -6,7 +6,18 @@ use tidings::tree::capability::{Included, chain_grants, resolve_chain};
 use crate::both_stores;
 use crate::helpers::{Backend, spawn_app, spawn_app_with};
 
-both_stores!(identity_is_stable_and_minted_capabilities_verify, minting_is_for_admins);
+both_stores!(identity_is_stable_and_minted_capabilities_verify, minting_is_for_admins, the_identity_advertises_the_public_url);
+
+async fn the_identity_advertises_the_public_url(backend: Backend) {
+    // By default: http:// and the address the server is bound to.
+    let app = spawn_app(backend).await;
+    let id: Value = app.http.get(app.url("/v1/identity")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(id["endpoint"].as_str(), Some(app.base.as_str()), "{id}");
+    // Behind a proxy or a name, what TIDINGS_PUBLIC_URL says.
+    let app = spawn_app_with(backend, |s| s.public_url = "https://tidings.example:8443/".into()).await;
+    let id: Value = app.http.get(app.url("/v1/identity")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(id["endpoint"], "https://tidings.example:8443");
+}
 
 async fn identity_is_stable_and_minted_capabilities_verify(backend: Backend) {
     let app = spawn_app(backend).await;

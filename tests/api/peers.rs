@@ -19,6 +19,7 @@ both_stores!(
     a_delivery_given_up_binds_a_marker_and_the_next_goes_on,
     a_peer_that_is_down_holds_up_nothing_else,
     retention_keeps_what_a_peer_has_not_taken,
+    a_lane_that_falls_behind_catches_up_from_the_log,
 );
 
 /// A server process that can be killed and started again on the same port
@@ -494,4 +495,25 @@ async fn retention_keeps_what_a_peer_has_not_taken(backend: Backend) {
         assert!(tokio::time::Instant::now() < deadline, "history is pruned past the forgotten lane");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+async fn a_lane_that_falls_behind_catches_up_from_the_log(backend: Backend) {
+    let (b, c) = (Server::start(backend).await, Server::start(backend).await);
+    let a = Peer::new();
+    let inbox = "system/inbox/behind";
+    b.knows_at(&c.hash, &format!("http://127.0.0.1:{}", free_port())).await;
+    assert_eq!(subscribe_third_party(&a, &b, &c, "feeds/*", inbox).await.0, 200);
+    // More notifications than a lane's queue holds pile up while C is
+    // unreachable: the lane is left to read them from the log.
+    let mut written = Vec::new();
+    for i in 0..300 {
+        written.push(b.put("feeds/x", json!({"n": i})).await);
+    }
+    b.knows(&c).await;
+    assert_eq!(chain_of(&c.inbox_until(inbox, 300).await, &b.hash), written, "all of them, once, in order");
+    // Caught up, it is fed live again.
+    for i in 0..5 {
+        written.push(b.put("feeds/x", json!({"after": i})).await);
+    }
+    assert_eq!(chain_of(&c.inbox_until(inbox, 305).await, &b.hash), written);
 }
