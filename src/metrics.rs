@@ -67,7 +67,7 @@ pub const PEER_RECEIVED: &str = "tidings_peer_received_total";
 /// Notifications a mirror applied, by outcome.
 pub const MIRROR_APPLIES: &str = "tidings_mirror_applies_total";
 /// Outcomes of a mirror's notification: the label values of `outcome`.
-pub const MIRROR_OUTCOMES: &[&str] = &["applied", "unchanged", "stale_rejected", "gap_reread", "reread_failed"];
+pub const MIRROR_OUTCOMES: &[&str] = &["applied", "unchanged", "stale_rejected", "gap_reread", "reread_failed", "foreign_ignored"];
 
 /// Transports that deliver events.
 pub const TRANSPORTS: &[&str] = &["sse", "poll", "ws"];

@@ -512,6 +512,8 @@ struct Reference {
 struct Stored {
     #[serde(rename = "ref")]
     reference: Option<String>,
+    #[serde(default)]
+    agent: Option<Agent>,
     payload: StoredPayload,
 }
 
@@ -553,6 +555,12 @@ impl Applier<'_> {
             for record in &records {
                 let Ok(stored) = serde_json::from_str::<Stored>(&record.body) else { continue };
                 if stored.reference.as_deref() != Some(self.inbox.as_str()) {
+                    continue;
+                }
+                // Only the mirrored peer's deliveries are applied (the
+                // receiver set the agent from the verified signature).
+                if stored.agent.as_ref().is_none_or(|a| a.id != self.spec.peer) {
+                    self.count("foreign_ignored");
                     continue;
                 }
                 self.apply(stored.payload).await?;

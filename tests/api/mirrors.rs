@@ -24,6 +24,8 @@ both_stores!(
     a_ring_converges,
     a_ring_converges_under_loss,
     a_stale_lap_changes_nothing,
+    a_mirror_renews_its_subscription_and_cancels_it_when_deleted,
+    a_mirror_of_a_peer_with_tokens_on_uses_its_capability,
 );
 
 /// External writes per drive.
@@ -200,4 +202,123 @@ async fn a_stale_lap_changes_nothing(backend: Backend) {
     }
     assert_eq!(entity(b).await.as_deref(), Some(latest.as_str()), "the stale lap is rejected");
     assert_eq!(changes(b, 0, 0).await.len(), before, "and settles nothing");
+
+    // Another identity with a token for the mirror's inbox (B's admin
+    // minted it) delivers a newer-looking change: not the mirrored peer,
+    // so it is not applied.
+    let intruder = crate::subscriptions::Peer::new();
+    let mut included = Map::new();
+    let token = b.mint(&intruder.hash, inbox_grant(inbox), expires, &mut included).await;
+    let forged = json!({"type": "note", "data": {"forged": true}});
+    let forged_hash = hash_of(&forged).unwrap();
+    included.insert(forged_hash.clone(), forged);
+    let current = hash_of(&serde_json::from_str(&latest).unwrap()).unwrap();
+    let execute = json!({"type": "system/protocol/execute", "data": {
+        "request_id": "intruder", "uri": uri, "operation": "receive", "resource": {"targets": [uri]},
+        "params": {"type": "system/subscription/notification", "data": {
+            "subscription_id": "intruder", "event": "updated", "uri": PATH, "hash": forged_hash, "previous_hash": current}},
+        "author": intruder.hash, "capability": token, "sequence": 1,
+    }});
+    intruder.sign_into(&hash_of(&execute).unwrap(), &mut included);
+    let foreign_before = b.metric("tidings_mirror_applies_total{outcome=\"foreign_ignored\"}").await;
+    let r = b.http.post(format!("{}/v1/execute", b.base())).json(&json!({"execute": execute, "included": included})).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while b.metric("tidings_mirror_applies_total{outcome=\"foreign_ignored\"}").await <= foreign_before {
+        assert!(Instant::now() < deadline, "the mirror sees the foreign delivery");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(entity(b).await.as_deref(), Some(latest.as_str()), "a delivery by anyone but the peer is not applied");
+    assert_eq!(changes(b, 0, 0).await.len(), before);
+}
+
+/// Waits (bounded) until `check` holds.
+async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The mirror `name`'s entry in `server`'s `/health/deep`.
+async fn mirror_state(server: &Server, name: &str) -> Value {
+    let deep = server.deep().await;
+    deep["mirrors"].as_array().into_iter().flatten().find(|m| m["name"] == name).cloned().unwrap_or(Value::Null)
+}
+
+async fn a_mirror_renews_its_subscription_and_cancels_it_when_deleted(backend: Backend) {
+    let a = Server::start(backend).await;
+    // Tokens live 10 s, so the subscription is renewed every 5 s.
+    let b = Server::start_with(backend, &[("TIDINGS_MIRROR_TOKEN_TTL", "10s")]).await;
+    a.knows(&b).await;
+    b.knows(&a).await;
+    let mirror = json!({"type": "system/mirror", "data": {"peer": a.hash, "pattern": "feeds/**"}});
+    assert!(b.http.put(format!("{}/v1/tree/system/mirror/m", b.base())).json(&mirror).send().await.unwrap().status().is_success());
+    eventually("the mirror subscribes", || async { mirror_state(&b, "m").await["state"] == "subscribed" }).await;
+    let id = mirror_state(&b, "m").await["subscription_id"].as_str().unwrap().to_owned();
+    let at_a = format!("{}/v1/tree/system/subscription/{id}", a.base());
+    let token = |v: Value| v["data"]["deliver_token"].as_str().unwrap_or_default().to_owned();
+    let first = token(a.http.get(&at_a).send().await.unwrap().json().await.unwrap());
+    assert!(first.starts_with("sha256:"));
+    eventually("the subscription is renewed with a fresh token, same id", || async {
+        let now: Value = a.http.get(&at_a).send().await.unwrap().json().await.unwrap();
+        !token(now.clone()).is_empty() && token(now) != first
+    })
+    .await;
+    // Past the first token's expiry the subscription still delivers.
+    let latest = a.put(PATH, json!({"after": "renewal"})).await;
+    eventually("a write after the first token expired arrives", || async {
+        entity(&b).await.is_some_and(|e| hash_of(&serde_json::from_str(&e).unwrap()).unwrap() == latest)
+    })
+    .await;
+    // Deleting the mirror cancels the subscription at the peer.
+    let r = b.http.delete(format!("{}/v1/tree/system/mirror/m", b.base())).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    eventually("the peer's subscription is gone", || async { a.http.get(&at_a).send().await.unwrap().status() == 404 }).await;
+    assert_eq!(mirror_state(&b, "m").await, Value::Null, "no longer listed");
+}
+
+async fn a_mirror_of_a_peer_with_tokens_on_uses_its_capability(backend: Backend) {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let secret = "mirror-test-secret-of-enough-bytes";
+    let a = Server::start_with(backend, &[("TIDINGS_JWT_HS256_SECRET", secret)]).await;
+    let b = Server::start(backend).await;
+    let claims = json!({"sub": "ops", "exp": chrono::Utc::now().timestamp() + 600, "admin": true, "publish": ["**"], "subscribe": ["**"]});
+    let admin = encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()).unwrap()).unwrap();
+    let peer = json!({"type": "system/peer", "data": {"endpoint": b.base()}});
+    let r = a.http.put(format!("{}/v1/tree/system/peer/{}", a.base(), b.hash)).bearer_auth(&admin).json(&peer).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    b.knows(&a).await;
+    // A's admin mints B a caller capability: subscribe (and bundle) feeds/**.
+    let grants = json!([
+        {"handler": "system/subscription", "operations": ["subscribe", "unsubscribe"], "resources": ["feeds/**"]},
+        {"handler": "system/tree", "operations": ["get"], "resources": ["feeds/**"]},
+    ]);
+    let r =
+        a.http.post(format!("{}/v1/admin/capabilities", a.base())).bearer_auth(&admin).json(&json!({"grantee": b.hash, "grants": grants}));
+    let minted: Value = r.send().await.unwrap().json().await.unwrap();
+    let capability = json!({"hash": minted["hash"], "included": minted["included"]});
+    let with = json!({"type": "system/mirror", "data": {"peer": a.hash, "pattern": "feeds/**", "capability": capability}});
+    let without = json!({"type": "system/mirror", "data": {"peer": a.hash, "pattern": "other/**"}});
+    for (name, mirror) in [("with", with), ("without", without)] {
+        let r = b.http.put(format!("{}/v1/tree/system/mirror/{name}", b.base())).json(&mirror).send().await.unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+    eventually("the mirror with a capability subscribes", || async { mirror_state(&b, "with").await["state"] == "subscribed" }).await;
+    eventually("the one without is refused", || async {
+        let state = mirror_state(&b, "without").await;
+        state["state"] == "failing" && state["last_error"].as_str().is_some_and(|e| e.contains("capability_required"))
+    })
+    .await;
+    let mut latest = String::new();
+    for i in 0..3 {
+        let r = a.http.put(format!("{}/v1/tree/{PATH}", a.base())).bearer_auth(&admin).json(&json!({"type": "note", "data": {"n": i}}));
+        latest = r.send().await.unwrap().json::<Value>().await.unwrap()["hash"].as_str().unwrap().to_owned();
+    }
+    eventually("B holds A's latest", || async {
+        entity(&b).await.is_some_and(|e| hash_of(&serde_json::from_str(&e).unwrap()).unwrap() == latest)
+    })
+    .await;
+    assert_eq!(changes(&b, 0, 0).await.len(), 3, "each write applied once");
 }

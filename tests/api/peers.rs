@@ -200,8 +200,10 @@ fn chain_of(envelopes: &[Value], sender: &str) -> Vec<String> {
 }
 
 async fn third_party_delivery_reaches_the_inbox_owner(backend: Backend) {
-    let (b, c) = (Server::start(backend).await, Server::start(backend).await);
-    let a = Peer::new();
+    let (a_server, b, c) = (Server::start(backend).await, Server::start(backend).await, Server::start(backend).await);
+    // A is a server too: the test signs with its key, as A would.
+    let a = Peer::from_key_file(&a_server.key_file());
+    assert_eq!(a.hash, a_server.hash);
     let inbox = "system/inbox/sensor-data";
     // B must know where C is before it accepts an inbox there.
     let (status, body) = subscribe_third_party(&a, &b, &c, "local/sensors/*", inbox).await;
@@ -236,6 +238,8 @@ async fn third_party_delivery_reaches_the_inbox_owner(backend: Backend) {
     assert!(got.iter().all(|e| e["payload"]["data"]["subscription_id"] == sub && e["ref"] == inbox), "{got:?}");
     // Nothing of it lands at B's copy of the inbox path: B only relays.
     assert_eq!(b.inbox(inbox, 0, 0).await, Vec::<Value>::new(), "B delivers to C, not to itself");
+    assert_eq!(a_server.inbox(inbox, 0, 0).await, Vec::<Value>::new(), "A is not in the delivery path");
+    assert_eq!(a_server.metric("tidings_peer_received_total{outcome=\"appended\"}").await, 0.0);
 }
 
 /// A delivery as a server `sender` would send it, for `inbox` at `to`.

@@ -126,6 +126,17 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
+    /// The identity whose key is the PKCS#8 PEM at `path` (a server's key
+    /// file: the test then acts as that server).
+    pub(crate) fn from_key_file(path: &std::path::Path) -> Self {
+        use ed25519_dalek::pkcs8::DecodePrivateKey as _;
+        let key = SigningKey::from_pkcs8_pem(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let public = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes());
+        let entity = json!({"type": "system/identity", "data": {"algorithm": "ed25519", "public_key": public}});
+        let hash = hash_of(&entity).unwrap();
+        Peer { key, entity, hash }
+    }
+
     pub(crate) fn new() -> Self {
         let (key, entity, hash) = crate::helpers::ed25519_identity();
         Peer { key, entity, hash }
