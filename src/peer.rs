@@ -83,6 +83,30 @@ pub fn endpoint_of(entity: &str) -> Option<String> {
     (entity.kind == TYPE).then(|| entity.data["endpoint"].as_str().map(|e| e.trim_end_matches('/').to_owned()))?
 }
 
+/// Most bytes read from one answer of a peer: a peer cannot make this
+/// server buffer more.
+pub const MAX_ANSWER: usize = 16 << 20;
+
+/// Reads a peer's answer body, refusing one over [`MAX_ANSWER`].
+pub async fn read_answer(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+    if response.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
+        return Err(format!("the peer's answer is over {MAX_ANSWER} bytes"));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > MAX_ANSWER {
+            return Err(format!("the peer's answer is over {MAX_ANSWER} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// A peer's JSON answer (`null` when it is not JSON or too large).
+pub async fn read_json(response: reqwest::Response) -> serde_json::Value {
+    read_answer(response).await.ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(serde_json::Value::Null)
+}
+
 /// Parses `TIDINGS_PEERS`: `hash=url` pairs separated by commas (empty: none).
 pub fn parse_setting(value: &str) -> Result<Vec<Peer>, String> {
     let mut peers: Vec<Peer> = Vec::new();
@@ -115,6 +139,31 @@ mod tests {
         for bad in ["nohash", "sha256:12=http://h", &format!("{HASH}=ftp://h"), &format!("{HASH}=http://h,{HASH}=http://i")] {
             assert!(parse_setting(bad).is_err(), "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_peer_answer_over_the_limit_is_refused() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        // One answer with a length over the limit, one streamed without a length.
+        let app = axum::Router::new()
+            .route("/sized", axum::routing::get(|| async { vec![b'x'; MAX_ANSWER + 1] }))
+            .route(
+                "/streamed",
+                axum::routing::get(|| async {
+                    let chunks = futures_util::stream::iter((0..17).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 1 << 20])));
+                    axum::body::Body::from_stream(chunks)
+                }),
+            )
+            .route("/small", axum::routing::get(|| async { "{\"ok\":true}" }));
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let http = reqwest::Client::new();
+        for path in ["sized", "streamed"] {
+            let r = http.get(format!("{base}/{path}")).send().await.unwrap();
+            assert!(read_answer(r).await.is_err(), "{path}");
+        }
+        let r = http.get(format!("{base}/small")).send().await.unwrap();
+        assert_eq!(read_json(r).await, json!({"ok": true}));
     }
 
     #[test]

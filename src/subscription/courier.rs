@@ -523,7 +523,7 @@ impl<'a> Sender<'a> {
             Err(e) => return Attempt::Failed(e.to_string()),
         };
         let status = response.status().as_u16();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let body = crate::peer::read_json(response).await;
         match status {
             200 => Attempt::Delivered { duplicate: body["result"]["duplicate"] == true },
             408 | 429 | 500..=599 => Attempt::Failed(format!("status {status}")),

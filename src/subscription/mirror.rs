@@ -424,7 +424,7 @@ impl Mirrors {
         let endpoint = self.endpoint(&spec.peer).await?;
         let r = self.http.post(format!("{endpoint}/v1/execute")).json(envelope).send().await.map_err(|e| e.to_string())?;
         let status = r.status().as_u16();
-        Ok((status, r.json().await.unwrap_or(Value::Null)))
+        Ok((status, crate::peer::read_json(r).await))
     }
 
     /// Subscribes (or renews) at the peer; the subscription's id.
@@ -473,7 +473,7 @@ impl Mirrors {
         match r.status().as_u16() {
             404 => Ok(None),
             200 => {
-                let body = r.text().await.map_err(|e| e.to_string())?;
+                let body = String::from_utf8(crate::peer::read_answer(r).await?).map_err(|e| e.to_string())?;
                 let entity: Entity = serde_json::from_str(&body).map_err(|e| format!("the peer's entity at {path}: {e}"))?;
                 entity.check().map_err(|e| e.0)?;
                 Ok(Some(entity.canonical()))
@@ -673,6 +673,10 @@ impl Applier<'_> {
         };
         let done = matches!(self.mirror.store.tree_write(write).await?, TreeOutcome::Done { .. });
         if done {
+            // A cache: dropped whole when it is full (the log answers then).
+            if self.mine.len() >= MAX_KNOWN {
+                self.mine.clear();
+            }
             self.mine.insert(path.to_owned(), hash);
         }
         Ok(done)
@@ -691,7 +695,7 @@ impl Applier<'_> {
                 break;
             }
             let Ok(r) = self.mirror.http.get(format!("{endpoint}/v1/tree/{dir}/")).send().await else { return };
-            let Ok(listing) = r.json::<Value>().await else { return };
+            let listing = crate::peer::read_json(r).await;
             for child in listing["children"].as_array().into_iter().flatten() {
                 let Some(path) = child["path"].as_str() else { continue };
                 if crate::tree::is_system(path) || validate_path(path).is_err() {
