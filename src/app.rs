@@ -176,6 +176,7 @@ impl Application {
                     token_ttl: settings.mirror_token_ttl,
                     reconcile: settings.mirror_reconcile,
                     timeout: settings.peer_timeout,
+                    public_url: settings.public_url.clone(),
                 },
             },
         };

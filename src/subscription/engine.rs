@@ -682,6 +682,7 @@ mod tests {
             created_at: 1_000,
             limits,
             deliver_chain: vec![],
+            relay_endpoint: None,
         };
         Active {
             glob: Glob::new_path(&sub.pattern).unwrap(),

@@ -78,6 +78,8 @@ struct RequestData {
     include_payload: Option<bool>,
     #[serde(default)]
     limits: Option<Limits>,
+    #[serde(default)]
+    relay_endpoint: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -232,6 +234,11 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
     if let Err(e) = validate_path(&deliver_path) {
         return Err(ExecuteError::InvalidParams(format!("deliver_to.uri: {}", e.0)));
     }
+    if let Some(endpoint) = &request.relay_endpoint
+        && let Err(e) = crate::peer::check_endpoint(endpoint)
+    {
+        return Err(ExecuteError::InvalidParams(format!("relay_endpoint: {e}")));
+    }
     // An inbox of this server named by its full URI is stored as the path.
     let deliver_uri = if deliver_peer.is_some() { request.deliver_to.uri } else { deliver_path.clone() };
     let request = SubscribeRequest {
@@ -244,6 +251,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
         deliver_token: request.deliver_token,
         include_payload: request.include_payload.unwrap_or(false),
         limits: request.limits,
+        relay_endpoint: request.relay_endpoint.map(|e| e.trim_end_matches('/').to_owned()),
     };
     handler.subscribe(&caller, request).await
 }

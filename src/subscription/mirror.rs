@@ -87,6 +87,10 @@ pub struct MirrorSettings {
     pub reconcile: Duration,
     /// Time allowed for one request to the peer (`TIDINGS_PEER_TIMEOUT`).
     pub timeout: Duration,
+    /// Where this server is reached (`TIDINGS_PUBLIC_URL`): given as the
+    /// subscription's `relay_endpoint`, since a mirror serves what it
+    /// mirrors onwards.
+    pub public_url: String,
 }
 
 /// A mirror's status, for `/health/deep`.
@@ -447,6 +451,7 @@ impl Mirrors {
             "deliver_to": {"uri": format!("entity://{}/{inbox}", self.server.hash())},
             "deliver_token": token_hash,
             "include_payload": true,
+            "relay_endpoint": self.settings.public_url,
         }});
         let envelope = self.execute(spec, "subscribe", json!([spec.pattern]), params, included);
         match self.post(spec, &envelope).await? {

@@ -130,6 +130,11 @@ pub struct Subscription {
     /// with every delivery so the peer can verify it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deliver_chain: Vec<String>,
+    /// Where the subscriber serves what it receives onwards: offered to
+    /// later subscribers as an alternative when the prefix is at capacity
+    /// (seed 000 §8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_endpoint: Option<String>,
 }
 
 impl Subscription {
@@ -320,6 +325,8 @@ pub struct SubscribeRequest {
     pub include_payload: bool,
     /// Requested limits.
     pub limits: Option<Limits>,
+    /// Where the subscriber relays what it receives (its base URL).
+    pub relay_endpoint: Option<String>,
 }
 
 /// Who calls a handler, as dispatch established it.
@@ -506,6 +513,7 @@ impl Subscriptions {
             let renewed = Subscription {
                 deliver_token: token_hash.to_owned(),
                 deliver_chain,
+                relay_endpoint: request.relay_endpoint,
                 events: request.events,
                 include_payload: request.include_payload,
                 limits: request.limits,
@@ -526,12 +534,18 @@ impl Subscriptions {
         // 3a. Capacity for this prefix.
         let subscribers: Vec<&Subscription> = existing.iter().map(|(_, s)| s).filter(|s| s.pattern == pattern).collect();
         if self.max_per_prefix > 0 && subscribers.len() as u64 >= self.max_per_prefix {
-            let mut alternatives: Vec<&str> =
-                subscribers.iter().map(|s| s.subscriber_identity.as_str()).filter(|id| *id != caller.author).collect();
-            alternatives.sort_unstable();
-            alternatives.dedup();
-            alternatives.shuffle(&mut rand::rng());
-            alternatives.truncate(MAX_ALTERNATIVES);
+            // The subscribers that said where they relay what they receive,
+            // never the requester, each once.
+            let mut relays: Vec<(&str, &str)> = subscribers
+                .iter()
+                .filter(|s| s.subscriber_identity != caller.author)
+                .filter_map(|s| Some((s.subscriber_identity.as_str(), s.relay_endpoint.as_deref()?)))
+                .collect();
+            relays.sort_unstable();
+            relays.dedup_by_key(|(peer, _)| *peer);
+            relays.shuffle(&mut rand::rng());
+            relays.truncate(MAX_ALTERNATIVES);
+            let alternatives: Vec<Value> = relays.iter().map(|(peer, endpoint)| json!({"peer": peer, "endpoint": endpoint})).collect();
             return Ok(Executed::Redirect(json!({
                 "type": "system/subscription/redirect",
                 "data": { "reason": "at_capacity", "prefix": pattern, "alternatives": alternatives, "capacity": self.max_per_prefix }
@@ -555,6 +569,7 @@ impl Subscriptions {
             created_at: caller.now_ms,
             limits: request.limits,
             deliver_chain,
+            relay_endpoint: request.relay_endpoint,
         };
         self.store.content_put(content).await?;
         self.write(&subscription, Condition::IfAbsent, caller.chain_id).await?;

@@ -259,8 +259,10 @@ async fn a_mirror_renews_its_subscription_and_cancels_it_when_deleted(backend: B
     let id = mirror_state(&b, "m").await["subscription_id"].as_str().unwrap().to_owned();
     let at_a = format!("{}/v1/tree/system/subscription/{id}", a.base());
     let token = |v: Value| v["data"]["deliver_token"].as_str().unwrap_or_default().to_owned();
-    let first = token(a.http.get(&at_a).send().await.unwrap().json().await.unwrap());
+    let held: Value = a.http.get(&at_a).send().await.unwrap().json().await.unwrap();
+    let first = token(held.clone());
     assert!(first.starts_with("sha256:"));
+    assert_eq!(held["data"]["relay_endpoint"], b.base(), "a mirror offers itself as a relay, at its public URL");
     eventually("the subscription is renewed with a fresh token, same id", || async {
         let now: Value = a.http.get(&at_a).send().await.unwrap().json().await.unwrap();
         !token(now.clone()).is_empty() && token(now) != first

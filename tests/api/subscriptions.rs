@@ -745,20 +745,30 @@ async fn renewal_and_capacity_redirect(backend: Backend) {
     let app = spawn_app_with(backend, |s| s.max_subscribers_per_prefix = 2).await;
     let server = server_hash(&app).await;
     let (a, b, c) = (Peer::new(), Peer::new(), Peer::new());
-    let (_, first) = subscribe(&app, &server, &a, "hot/**", "system/inbox/a", json!({})).await;
+    let relay = |n: u8| json!({"relay_endpoint": format!("http://10.0.0.{n}:8080/")});
+    let (_, first) = subscribe(&app, &server, &a, "hot/**", "system/inbox/a", relay(1)).await;
     let id = first["result"]["subscription_id"].as_str().unwrap().to_owned();
-    let (status, second) = subscribe(&app, &server, &b, "hot/**", "system/inbox/b", json!({})).await;
+    let (status, second) = subscribe(&app, &server, &b, "hot/**", "system/inbox/b", relay(2)).await;
     assert_eq!(status, 200);
     let b_id = second["result"]["subscription_id"].as_str().unwrap().to_owned();
-    // At capacity: a redirect listing the current subscribers, never the requester.
+    // At capacity: a redirect listing the current subscribers as relays
+    // (where each said it serves onwards), never the requester.
     let (status, body) = subscribe(&app, &server, &c, "hot/**", "system/inbox/c", json!({})).await;
     assert_eq!(status, 303, "{body}");
     let redirect = &body["result"];
     assert_eq!(redirect["type"], "system/subscription/redirect");
     assert_eq!((redirect["data"]["reason"].as_str(), redirect["data"]["prefix"].as_str()), (Some("at_capacity"), Some("hot/**")));
     assert_eq!(redirect["data"]["capacity"], 2);
-    let alternatives: HashSet<&str> = redirect["data"]["alternatives"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-    assert_eq!(alternatives, HashSet::from([a.hash.as_str(), b.hash.as_str()]));
+    let alternatives: HashSet<(&str, &str)> = redirect["data"]["alternatives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["peer"].as_str().unwrap(), v["endpoint"].as_str().unwrap()))
+        .collect();
+    assert_eq!(alternatives, HashSet::from([(a.hash.as_str(), "http://10.0.0.1:8080"), (b.hash.as_str(), "http://10.0.0.2:8080")]));
+    // A relay endpoint must be a URL.
+    let (status, body) = subscribe(&app, &server, &c, "cold/**", "system/inbox/c", json!({"relay_endpoint": "not a url"})).await;
+    assert_eq!((status, code(&body)), (400, "invalid_params"), "{body}");
     // Another prefix has room.
     assert_eq!(subscribe(&app, &server, &c, "cold/**", "system/inbox/c", json!({})).await.0, 200);
     // A renewal is not a new subscriber: same id, fresh token.
@@ -1057,12 +1067,16 @@ async fn changes_and_notifications_cannot_be_forged(backend: Backend) {
 }
 
 async fn redirects_list_at_most_ten_shuffled_alternatives(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.max_subscribers_per_prefix = 12).await;
+    let app = spawn_app_with(backend, |s| s.max_subscribers_per_prefix = 13).await;
     let server = server_hash(&app).await;
     let peers: Vec<Peer> = (0..12).map(|_| Peer::new()).collect();
     for (i, p) in peers.iter().enumerate() {
-        assert_eq!(subscribe(&app, &server, p, "wide/**", &format!("system/inbox/w{i}"), json!({})).await.0, 200);
+        let relay = json!({"relay_endpoint": format!("http://127.0.0.1:{}", 9000 + i)});
+        assert_eq!(subscribe(&app, &server, p, "wide/**", &format!("system/inbox/w{i}"), relay).await.0, 200);
     }
+    // One more that relays nothing (capacity 13): never offered.
+    let quiet = Peer::new();
+    assert_eq!(subscribe(&app, &server, &quiet, "wide/**", "system/inbox/quiet", json!({})).await.0, 200);
     let everyone: HashSet<&str> = peers.iter().map(|p| p.hash.as_str()).collect();
     // A subscriber already on the prefix (through another inbox) is never
     // offered itself.
@@ -1070,8 +1084,9 @@ async fn redirects_list_at_most_ten_shuffled_alternatives(backend: Backend) {
     for _ in 0..3 {
         let (status, body) = subscribe(&app, &server, &peers[0], "wide/**", "system/inbox/another", json!({})).await;
         assert_eq!(status, 303, "{body}");
-        let alternatives: Vec<String> =
-            body["result"]["data"]["alternatives"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+        let offered = body["result"]["data"]["alternatives"].as_array().unwrap();
+        let alternatives: Vec<String> = offered.iter().map(|v| v["peer"].as_str().unwrap().to_owned()).collect();
+        assert!(offered.iter().all(|v| v["endpoint"].as_str().unwrap().starts_with("http://127.0.0.1:90")), "{offered:?}");
         assert_eq!(alternatives.len(), 10);
         assert!(alternatives.iter().all(|a| everyone.contains(a.as_str()) && *a != peers[0].hash), "{alternatives:?}");
         assert_eq!(alternatives.iter().collect::<HashSet<_>>().len(), 10, "no repeats");
