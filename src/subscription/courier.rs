@@ -17,7 +17,8 @@
 //!
 //! A failed attempt (transport error, timeout, 5xx, 408, 429) is retried
 //! with exponential backoff and jitter up to the attempt budget
-//! (`TIDINGS_PEER_DELIVERY_ATTEMPTS`); a refusal (any other 4xx) is final.
+//! (`TIDINGS_PEER_DELIVERY_ATTEMPTS`); any other answer than 200 is a
+//! refusal, and final.
 //! Either way the notification binds a chain-error marker (§4.7, reason the
 //! peer's error code or `delivery_failed`) and the lane goes on with the
 //! next. The receiver recognises a retry by the delivery's `sequence` (the
@@ -61,8 +62,8 @@ const ACK_EVERY: Duration = Duration::from_millis(200);
 /// Retry backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// A lane that only skips other subscriptions' notifications stores its
-/// cursor at most this often.
+/// How often an idle lane moves its position up to what the dispatcher
+/// decided, and the dispatcher polls when no wake-up came.
 const SKIP_COMMIT: Duration = Duration::from_secs(1);
 
 /// How hard the courier tries (settings).
@@ -159,7 +160,9 @@ impl Courier {
         follow: watch::Receiver<EventId>,
         states: PeerStates,
     ) -> Self {
-        let http = reqwest::Client::builder().timeout(settings.timeout).build().unwrap_or_default();
+        // A peer's redirect is not followed: deliveries go to its endpoint only.
+        let http =
+            reqwest::Client::builder().timeout(settings.timeout).redirect(reqwest::redirect::Policy::none()).build().unwrap_or_default();
         Self { store, server, http, settings, follow, states }
     }
 
@@ -235,9 +238,6 @@ impl Courier {
         let _ = dispatcher.await;
         for peer in backlog.lock().map(|b| b.values().map(|(p, _)| p.clone()).collect::<Vec<_>>()).unwrap_or_default() {
             metrics::gauge!(crate::metrics::PEER_BACKLOG, "peer" => peer).set(0.0);
-        }
-        if let Ok(mut states) = this.states.lock() {
-            states.clear();
         }
     }
 
@@ -358,6 +358,7 @@ impl Courier {
                 }
             } else {
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => break,
                     next = fed.queue.recv() => {
                         let Some(record) = next else { break };
@@ -372,7 +373,7 @@ impl Courier {
                         // Idle and caught up: everything the dispatcher
                         // decided on is behind this lane.
                         let decided = fed.decided.load(Ordering::SeqCst);
-                        if fed.queue.is_empty() && !fed.behind() {
+                        if !stop.is_cancelled() && fed.queue.is_empty() && !fed.behind() {
                             position = position.max(decided);
                         }
                     }
@@ -452,12 +453,18 @@ impl<'a> Sender<'a> {
     async fn deliver(&mut self, record: &Record, stored: Stored, stop: &CancellationToken) -> Option<()> {
         let (courier, lane) = (self.courier, self.lane);
         let chain_id = stored.payload.chain_id.clone().unwrap_or_else(|| format!("event-{}", record.id));
-        let envelope = match self.envelope(record.id, &stored).await {
-            Ok(envelope) => envelope,
-            Err(e) => {
-                tracing::warn!(error = %e, subscription = lane.subscription_id, "cannot build a delivery; giving it up");
-                courier.give_up(lane, record, &stored, &chain_id, "delivery_failed").await;
-                return Some(());
+        // A store that cannot be read now is retried, not a lost delivery.
+        let mut backoff = BACKOFF_MIN;
+        let envelope = loop {
+            match self.envelope(record.id, &stored).await {
+                Ok(envelope) => break envelope,
+                Err(e) => {
+                    tracing::warn!(error = %e, subscription = lane.subscription_id, "cannot build a delivery; retrying");
+                    if sleep_or_stop(stop, jittered(backoff)).await {
+                        return None;
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
             }
         };
         let mut backoff = BACKOFF_MIN;
@@ -527,7 +534,7 @@ impl<'a> Sender<'a> {
         match status {
             200 => Attempt::Delivered { duplicate: body["result"]["duplicate"] == true },
             408 | 429 | 500..=599 => Attempt::Failed(format!("status {status}")),
-            _ => Attempt::Refused(body["error"]["code"].as_str().unwrap_or("delivery_refused").to_owned()),
+            _ => Attempt::Refused(refusal_code(&body)),
         }
     }
 
@@ -617,6 +624,15 @@ impl Fed {
     }
 }
 
+/// A peer's error code, as a marker's `reason` (a path segment): kept when
+/// it looks like a code (`[a-z0-9_]`, at most 64 bytes), else
+/// `delivery_refused`.
+fn refusal_code(body: &Value) -> String {
+    let code = body["error"]["code"].as_str().unwrap_or("");
+    let ok = !code.is_empty() && code.len() <= 64 && code.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok { code.to_owned() } else { "delivery_refused".to_owned() }
+}
+
 /// The subscription of a notification addressed to a remote inbox.
 fn remote_subscription(record: &Record) -> Option<String> {
     let stored: Stored = serde_json::from_str(&record.body).ok()?;
@@ -701,4 +717,17 @@ pub(super) fn jittered(d: Duration) -> Duration {
 /// Now, Unix ms.
 pub(super) fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_error_code_becomes_a_marker_reason_only_if_it_looks_like_one() {
+        assert_eq!(refusal_code(&json!({"error": {"code": "capability_invalid"}})), "capability_invalid");
+        for bad in [json!({}), json!({"error": {"code": "a/b/.."}}), json!({"error": {"code": "x".repeat(65)}}), json!({"error": {"code": "Bad"}})] {
+            assert_eq!(refusal_code(&bad), "delivery_refused", "{bad}");
+        }
+    }
 }

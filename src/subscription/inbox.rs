@@ -5,7 +5,8 @@
 //! A delivery is accepted only when the author signed it (checked by
 //! dispatch), its capability is a deliver token chain rooted at this server
 //! and granted to the author, every token in it is unexpired and grants
-//! `receive` on exactly the inbox addressed, and its params are a
+//! `receive` on the inbox addressed (by its path or a pattern covering it),
+//! the EXECUTE's target is exactly that inbox, and its params are a
 //! well-formed `system/subscription/notification`. It is then appended to
 //! this server's log as a `subscription.notification` whose `ref` is the
 //! inbox, with the sending server as its agent, exactly once: the

@@ -33,6 +33,11 @@
 //! reconciles every `TIDINGS_MIRROR_RECONCILE`: it re-reads the paths it
 //! knows of with the same rule.
 //!
+//! Who wrote what is here is read from the log (the agent of the change
+//! that put it there); when retention has pruned that change it is
+//! unknown, and the entity is treated as written by someone else (never
+//! overwritten by a re-read).
+//!
 //! Decisions and limits: states are told apart by their hashes, so a path
 //! that returns to an earlier content while a lap is still travelling a
 //! cycle can be taken back to it (as with any hash-based CAS recipe); a
@@ -72,6 +77,8 @@ const CURSOR_OWNER: &str = "tidings:mirror";
 const BATCH: usize = 256;
 /// Most paths one mirror remembers for reconciliation.
 const MAX_KNOWN: usize = 100_000;
+/// Most directory listings one discovery at the peer reads.
+const MAX_LISTINGS: usize = 10_000;
 /// Backoff bounds of a subscribe that failed.
 const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
@@ -197,7 +204,9 @@ impl Mirrors {
         follow: watch::Receiver<EventId>,
         states: MirrorStates,
     ) -> Self {
-        let http = reqwest::Client::builder().timeout(settings.timeout).build().unwrap_or_default();
+        // A peer's redirect is not followed: requests go to its endpoint only.
+        let http =
+            reqwest::Client::builder().timeout(settings.timeout).redirect(reqwest::redirect::Policy::none()).build().unwrap_or_default();
         Self { store, server, http, settings, follow, states, wakes: Default::default() }
     }
 
@@ -347,8 +356,8 @@ impl Mirrors {
                             if subscription.is_none() {
                                 // What the peer held before the subscription:
                                 // changes after it come as notifications.
-                                applier.discover().await;
-                                applier.reconcile().await;
+                                applier.discover(&stop).await;
+                                applier.reconcile(&stop).await;
                             }
                             self.set_state(&spec.name, |s| { s.state = "subscribed"; s.subscription_id = Some(id.clone()); s.last_error = None; });
                             subscription = Some(id);
@@ -369,10 +378,14 @@ impl Mirrors {
                         Err(e) => tracing::warn!(error = %e, mirror = spec.name, "mirror apply step failed; retrying"),
                     }
                 }
-                _ = reconcile.tick() => applier.reconcile().await,
+                _ = reconcile.tick() => applier.reconcile(&stop).await,
             }
         }
-        if let Ok(mut wakes) = self.wakes.write() {
+        // Only this task's entry: a restarted mirror of the same name may
+        // have registered its own already.
+        if let Ok(mut wakes) = self.wakes.write()
+            && wakes.get(&applier.inbox).is_some_and(|w| Arc::ptr_eq(w, &wake))
+        {
             wakes.remove(&applier.inbox);
         }
         if gone.load(std::sync::atomic::Ordering::Relaxed) {
@@ -611,6 +624,7 @@ impl Applier<'_> {
                     .included
                     .get(h)
                     .and_then(|v| serde_json::from_value::<Entity>(v.clone()).ok())
+                    .filter(|e| e.check().is_ok())
                     .map(|e| e.canonical())
                     .filter(|(_, bundled)| bundled == h)
                     .map(Some),
@@ -653,8 +667,8 @@ impl Applier<'_> {
         // Not written since this mirror started: ask the log who did.
         let records = self.mirror.store.read_after(entry.changed_event - 1, 1).await?;
         let Some(record) = records.first().filter(|r| r.id == entry.changed_event) else {
-            // Pruned: assume the mirror wrote it (a pure mirror is the common case).
-            return Ok(true);
+            // Pruned: who wrote it is unknown, so it is not overwritten.
+            return Ok(false);
         };
         let agent = serde_json::from_str::<Value>(&record.body).ok().map(|b| b["agent"].clone()).unwrap_or(Value::Null);
         let ours = serde_json::to_value(self.agent()).unwrap_or_default();
@@ -689,27 +703,34 @@ impl Applier<'_> {
 
     /// Learns the paths the peer holds under the pattern (its tree listing,
     /// walked from the pattern's literal prefix, bounded).
-    async fn discover(&mut self) {
+    async fn discover(&mut self, stop: &CancellationToken) {
         let Ok(endpoint) = self.mirror.endpoint(&self.spec.peer).await else { return };
         let mut dirs = vec![literal_prefix(&self.spec.pattern)];
         if self.glob.matches(&dirs[0]) {
             self.known.insert(dirs[0].clone());
         }
+        // Bounded whatever the peer answers: each directory once, only
+        // below the one listed, at most MAX_LISTINGS listings.
+        let mut listed = std::collections::HashSet::new();
         while let Some(dir) = dirs.pop() {
-            if self.known.len() >= MAX_KNOWN {
+            if self.known.len() >= MAX_KNOWN || listed.len() >= MAX_LISTINGS || stop.is_cancelled() {
                 break;
+            }
+            if !listed.insert(dir.clone()) {
+                continue;
             }
             let Ok(r) = self.mirror.http.get(format!("{endpoint}/v1/tree/{dir}/")).send().await else { return };
             let listing = crate::peer::read_json(r).await;
+            let below = format!("{dir}/");
             for child in listing["children"].as_array().into_iter().flatten() {
                 let Some(path) = child["path"].as_str() else { continue };
-                if crate::tree::is_system(path) || validate_path(path).is_err() {
+                if !path.starts_with(&below) || crate::tree::is_system(path) || validate_path(path).is_err() {
                     continue;
                 }
                 if child["entity"] == true && self.glob.matches(path) && self.known.len() < MAX_KNOWN {
                     self.known.insert(path.to_owned());
                 }
-                if child["has_children"] == true && path.split('/').count() < crate::tree::MAX_DEPTH {
+                if child["has_children"] == true && path.split('/').count() < crate::tree::MAX_DEPTH && dirs.len() < MAX_LISTINGS {
                     dirs.push(path.to_owned());
                 }
             }
@@ -719,10 +740,13 @@ impl Applier<'_> {
     /// Re-reads every known path that was not notified since the last
     /// time at the peer, and applies what moved on: the last notification
     /// of a burst, if it was lost, is found here.
-    async fn reconcile(&mut self) {
+    async fn reconcile(&mut self, stop: &CancellationToken) {
         let touched = std::mem::take(&mut self.touched);
         let paths: Vec<String> = self.known.iter().filter(|p| !touched.contains(*p)).cloned().collect();
         for path in paths {
+            if stop.is_cancelled() {
+                return;
+            }
             let local = match self.mirror.store.tree_get(&path).await {
                 Ok(l) => l,
                 Err(_) => return,
