@@ -726,7 +726,9 @@ mod tests {
     #[test]
     fn a_peer_error_code_becomes_a_marker_reason_only_if_it_looks_like_one() {
         assert_eq!(refusal_code(&json!({"error": {"code": "capability_invalid"}})), "capability_invalid");
-        for bad in [json!({}), json!({"error": {"code": "a/b/.."}}), json!({"error": {"code": "x".repeat(65)}}), json!({"error": {"code": "Bad"}})] {
+        for bad in
+            [json!({}), json!({"error": {"code": "a/b/.."}}), json!({"error": {"code": "x".repeat(65)}}), json!({"error": {"code": "Bad"}})]
+        {
             assert_eq!(refusal_code(&bad), "delivery_refused", "{bad}");
         }
     }

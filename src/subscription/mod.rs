@@ -361,6 +361,8 @@ pub struct Subscriptions {
     peer_states: courier::PeerStates,
     /// Each mirror's status.
     mirror_states: mirror::MirrorStates,
+    /// For proving a peer's endpoint (`GET /v1/identity` there).
+    http: reqwest::Client,
 }
 
 impl Subscriptions {
@@ -376,6 +378,11 @@ impl Subscriptions {
             gate: tokio::sync::Mutex::new(()),
             peer_states: courier::PeerStates::default(),
             mirror_states: mirror::MirrorStates::default(),
+            http: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(5))
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap_or_default(),
         }
     }
 
@@ -478,10 +485,7 @@ impl Subscriptions {
                 )));
             }
             if self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await?.is_none() {
-                return Err(ExecuteError::UnknownPeer(format!(
-                    "this server does not know peer {peer}: an admin writes {}{peer} {{endpoint}} first",
-                    crate::peer::PREFIX
-                )));
+                self.learn_peer(peer, caller.author, request.relay_endpoint.as_deref(), caller.chain_id).await?;
             }
         }
         if !capability::in_chain(&chain, caller.author) {
@@ -576,6 +580,42 @@ impl Subscriptions {
         drop(_gate);
         self.refresh_config_logged().await;
         Ok(Executed::Done(result(&subscription, false)))
+    }
+
+    /// Learns where an unknown peer is from the request: only when the
+    /// subscriber is that peer itself (it delivers to its own inbox, as a
+    /// mirror or a relay does) and `GET /v1/identity` at its
+    /// `relay_endpoint` proves that identity; the endpoint is then written
+    /// as `system/peer/<hash>`. Nothing else a request says is trusted as an
+    /// address.
+    async fn learn_peer(&self, peer: &str, author: &str, endpoint: Option<&str>, chain_id: &str) -> Result<(), ExecuteError> {
+        let unknown = |why: &str| {
+            ExecuteError::UnknownPeer(format!(
+                "this server does not know peer {peer} ({why}): an admin writes {}{peer} {{endpoint}}, or the peer subscribes for its own inbox with a relay_endpoint that proves it",
+                crate::peer::PREFIX
+            ))
+        };
+        let Some(endpoint) = endpoint.filter(|_| author == peer) else { return Err(unknown("no proven endpoint")) };
+        let proven = match self.http.get(format!("{endpoint}/v1/identity")).send().await {
+            Ok(r) if r.status() == 200 => crate::peer::read_json(r).await["hash"] == peer,
+            _ => false,
+        };
+        if !proven {
+            return Err(unknown("its relay_endpoint does not answer GET /v1/identity with that identity"));
+        }
+        let entity = crate::peer::Peer { hash: peer.to_owned(), endpoint: endpoint.to_owned() }.entity();
+        let (canonical, hash) = entity.canonical();
+        let path = format!("{}{peer}", crate::peer::PREFIX);
+        let write = TreeWrite {
+            path: path.clone(),
+            entity: Some((canonical, hash.clone())),
+            condition: Condition::IfAbsent,
+            event: change_event(&path, self.agent(), Some(hash), chain_id.to_owned()),
+        };
+        // Lost to a concurrent write of the same peer: that one stands.
+        self.store.tree_write(write).await?;
+        tracing::info!(peer, endpoint, "learned a peer's endpoint, proven by its identity");
+        Ok(())
     }
 
     /// `unsubscribe` (§3.2).

@@ -20,6 +20,7 @@ both_stores!(
     a_peer_that_is_down_holds_up_nothing_else,
     retention_keeps_what_a_peer_has_not_taken,
     a_lane_that_falls_behind_catches_up_from_the_log,
+    a_peer_subscribing_for_its_own_inbox_is_learned_once_its_endpoint_proves_it,
 );
 
 /// A server process that can be killed and started again on the same port
@@ -520,4 +521,31 @@ async fn a_lane_that_falls_behind_catches_up_from_the_log(backend: Backend) {
         written.push(b.put("feeds/x", json!({"after": i})).await);
     }
     assert_eq!(chain_of(&c.inbox_until(inbox, 305).await, &b.hash), written);
+}
+
+async fn a_peer_subscribing_for_its_own_inbox_is_learned_once_its_endpoint_proves_it(backend: Backend) {
+    let (u, x, y) = (Server::start(backend).await, Server::start(backend).await, Server::start(backend).await);
+    // The test acts as X: U does not know it.
+    let as_x = Peer::from_key_file(&x.key_file());
+    let inbox = "system/inbox/own";
+    let subscribe = |relay: &str| {
+        let mut included = Map::new();
+        let token = as_x.grant(&u.hash, inbox_grant(inbox), None, &mut included);
+        let params =
+            json!({"deliver_to": {"uri": format!("entity://{}/{inbox}", x.hash)}, "deliver_token": token, "relay_endpoint": relay});
+        Subscribe { author: &as_x, pattern: "feeds/*", params, capability: None, included }.envelope("subscribe")
+    };
+    // An endpoint that answers as someone else proves nothing.
+    let (status, body) = execute_at(&u.http, u.base(), &subscribe(y.base())).await;
+    assert_eq!((status, code(&body)), (400, "unknown_peer"), "{body}");
+    let peer_at_u = format!("{}/v1/tree/system/peer/{}", u.base(), x.hash);
+    assert_eq!(u.http.get(&peer_at_u).send().await.unwrap().status(), 404, "nothing learned");
+    // X's own endpoint proves X: learned, and delivered to.
+    let (status, body) = execute_at(&u.http, u.base(), &subscribe(x.base())).await;
+    assert_eq!(status, 200, "{body}");
+    let learned: Value = u.http.get(&peer_at_u).send().await.unwrap().json().await.unwrap();
+    assert_eq!(learned["data"]["endpoint"], x.base());
+    let hash = u.put("feeds/a", json!({"n": 1})).await;
+    let got = x.inbox_until(inbox, 1).await;
+    assert_eq!(got[0]["payload"]["data"]["hash"], hash.as_str());
 }
