@@ -4,7 +4,9 @@
 //! byte-identical (same hashes).
 //!
 //! For each mirror the server holds an `include_payload` subscription at
-//! the peer, delivering to its own inbox `system/inbox/mirror/<name>` with a
+//! the peer (or, when the peer's capacity redirects it, at a relay the
+//! redirect offered, proven by `GET /v1/identity`, at most 10 redirects
+//! away), delivering to its own inbox `system/inbox/mirror/<name>` with a
 //! deliver token it signs itself, renewed before the token expires and
 //! cancelled when the mirror entity is deleted. Notifications arrive in that
 //! inbox through the peer's courier (so exactly once, in change order) and
@@ -79,6 +81,8 @@ const BATCH: usize = 256;
 const MAX_KNOWN: usize = 100_000;
 /// Most directory listings one discovery at the peer reads.
 const MAX_LISTINGS: usize = 10_000;
+/// Most capacity redirects followed on the way to a relay (seed 000 §8).
+const MAX_HOPS: u32 = 10;
 /// Backoff bounds of a subscribe that failed.
 const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
@@ -109,9 +113,15 @@ pub struct MirrorState {
     pub pattern: String,
     /// `subscribing`, `subscribed`, `failing`.
     pub state: &'static str,
-    /// The subscription held at the peer.
+    /// The subscription held upstream.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscription_id: Option<String>,
+    /// The server the subscription is held at: the peer, or a relay its
+    /// capacity redirect pointed to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+    /// Redirects followed to reach it (0: the peer itself).
+    pub hops: u32,
     /// Notifications applied, by outcome.
     pub applies: BTreeMap<&'static str, u64>,
     /// The last failure.
@@ -317,8 +327,16 @@ impl Mirrors {
         }
         let Ok(glob) = Glob::new_path(&spec.pattern) else { return };
         let inbox = format!("{INBOX_PREFIX}{}", spec.name);
-        let mut applier =
-            Applier { mirror: &self, spec: &spec, glob, inbox, known: BTreeSet::new(), mine: HashMap::new(), touched: Default::default() };
+        let mut applier = Applier {
+            mirror: &self,
+            spec: &spec,
+            glob,
+            inbox,
+            known: BTreeSet::new(),
+            mine: HashMap::new(),
+            touched: Default::default(),
+            upstream: spec.peer.clone(),
+        };
         // Registered before the first read, so no notification falls between.
         let wake = Arc::new(tokio::sync::Notify::new());
         if let Ok(mut wakes) = self.wakes.write() {
@@ -351,15 +369,27 @@ impl Mirrors {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep_until(renew_at) => {
-                    match self.subscribe(&spec, &applier.inbox).await {
-                        Ok(id) => {
+                    // Renewed where it is held; a first subscription starts
+                    // at the peer and may be redirected to a relay.
+                    let from = if subscription.is_some() { applier.upstream.clone() } else { spec.peer.clone() };
+                    match self.attach(&spec, &from, &applier.inbox).await {
+                        Ok((upstream, id, hops)) => {
+                            applier.upstream = upstream.clone();
                             if subscription.is_none() {
                                 // What the peer held before the subscription:
                                 // changes after it come as notifications.
                                 applier.discover(&stop).await;
                                 applier.reconcile(&stop).await;
                             }
-                            self.set_state(&spec.name, |s| { s.state = "subscribed"; s.subscription_id = Some(id.clone()); s.last_error = None; });
+                            self.set_state(&spec.name, |s| {
+                                s.state = "subscribed";
+                                s.subscription_id = Some(id.clone());
+                                s.upstream = Some(upstream.clone());
+                                if from == spec.peer {
+                                    s.hops = hops;
+                                }
+                                s.last_error = None;
+                            });
                             subscription = Some(id);
                             retry = RETRY_MIN;
                             renew_at = tokio::time::Instant::now() + (self.settings.token_ttl / 2).max(Duration::from_secs(5));
@@ -367,6 +397,8 @@ impl Mirrors {
                         Err(why) => {
                             tracing::warn!(mirror = spec.name, why, "cannot subscribe at the mirrored peer; retrying");
                             self.set_state(&spec.name, |s| { s.state = "failing"; s.last_error = Some(why); });
+                            // Started again from the peer (renewals too: the relay may be gone).
+                            subscription = None;
                             renew_at = tokio::time::Instant::now() + jittered(retry);
                             retry = (retry * 2).min(RETRY_MAX);
                         }
@@ -390,7 +422,7 @@ impl Mirrors {
         }
         if gone.load(std::sync::atomic::Ordering::Relaxed) {
             if let Some(id) = subscription
-                && let Err(why) = self.unsubscribe(&spec, &id).await
+                && let Err(why) = self.unsubscribe(&spec, &applier.upstream, &id).await
             {
                 tracing::warn!(mirror = spec.name, why, "could not cancel the mirror's subscription; its token's expiry ends it");
             }
@@ -409,8 +441,17 @@ impl Mirrors {
         }
     }
 
-    /// A signed EXECUTE on the peer's `system/subscription`.
-    fn execute(&self, spec: &Spec, operation: &str, targets: Value, params: Value, mut included: Map<String, Value>) -> Value {
+    /// A signed EXECUTE on `upstream`'s `system/subscription` (the caller
+    /// capability, minted by the peer, only travels to the peer).
+    fn execute(
+        &self,
+        spec: &Spec,
+        upstream: &str,
+        operation: &str,
+        targets: Value,
+        params: Value,
+        mut included: Map<String, Value>,
+    ) -> Value {
         let mut data = json!({
             "request_id": generate_id(),
             "uri": super::HANDLER,
@@ -419,7 +460,7 @@ impl Mirrors {
             "params": params,
             "author": self.server.hash(),
         });
-        if let Some((hash, bundle)) = &spec.capability {
+        if let Some((hash, bundle)) = spec.capability.as_ref().filter(|_| upstream == spec.peer) {
             data["capability"] = json!(hash);
             included.extend(bundle.clone());
         }
@@ -437,21 +478,21 @@ impl Mirrors {
         included.insert(self.server.hash().to_owned(), self.server.entity().clone());
     }
 
-    async fn post(&self, spec: &Spec, envelope: &Value) -> Result<(u16, Value), String> {
-        let endpoint = self.endpoint(&spec.peer).await?;
+    async fn post(&self, upstream: &str, envelope: &Value) -> Result<(u16, Value), String> {
+        let endpoint = self.endpoint(upstream).await?;
         let r = self.http.post(format!("{endpoint}/v1/execute")).json(envelope).send().await.map_err(|e| e.to_string())?;
         let status = r.status().as_u16();
         Ok((status, crate::peer::read_json(r).await))
     }
 
-    /// Subscribes (or renews) at the peer; the subscription's id.
-    async fn subscribe(&self, spec: &Spec, inbox: &str) -> Result<String, String> {
+    /// Subscribes (or renews) at `upstream`.
+    async fn subscribe(&self, spec: &Spec, upstream: &str, inbox: &str) -> Subscribed {
         let expires_at = chrono::Utc::now().timestamp_millis() + self.settings.token_ttl.as_millis() as i64;
         let token = Entity {
             kind: "system/capability/token".into(),
             data: json!({
                 "granter": self.server.hash(),
-                "grantee": spec.peer,
+                "grantee": upstream,
                 "grants": [{"handler": "system/inbox", "operations": ["receive"], "resources": [inbox]}],
                 "expires_at": expires_at,
             }),
@@ -466,18 +507,96 @@ impl Mirrors {
             "include_payload": true,
             "relay_endpoint": self.settings.public_url,
         }});
-        let envelope = self.execute(spec, "subscribe", json!([spec.pattern]), params, included);
-        match self.post(spec, &envelope).await? {
-            (200, body) => body["result"]["subscription_id"].as_str().map(str::to_owned).ok_or_else(|| format!("unexpected answer {body}")),
-            (303, _) => Err("the peer is at capacity for this pattern (redirected)".into()),
-            (status, body) => Err(format!("{status} {}", body["error"]["code"].as_str().unwrap_or("refused"))),
+        let envelope = self.execute(spec, upstream, "subscribe", json!([spec.pattern]), params, included);
+        match self.post(upstream, &envelope).await {
+            Err(why) => Subscribed::Failed(why),
+            Ok((200, body)) => match body["result"]["subscription_id"].as_str() {
+                Some(id) => Subscribed::Held(id.to_owned()),
+                None => Subscribed::Failed(format!("unexpected answer {body}")),
+            },
+            Ok((303, body)) => {
+                let offered = body["result"]["data"]["alternatives"].as_array().cloned().unwrap_or_default();
+                let alternatives = offered
+                    .iter()
+                    .take(super::MAX_ALTERNATIVES)
+                    .filter_map(|a| Some((a["peer"].as_str()?.to_owned(), a["endpoint"].as_str()?.to_owned())))
+                    .filter(|(peer, endpoint)| is_hash(peer) && crate::peer::check_endpoint(endpoint).is_ok())
+                    .collect();
+                Subscribed::Redirected(alternatives)
+            }
+            Ok((status, body)) => Subscribed::Failed(format!("{status} {}", body["error"]["code"].as_str().unwrap_or("refused"))),
         }
     }
 
-    async fn unsubscribe(&self, spec: &Spec, id: &str) -> Result<(), String> {
+    /// Subscribes at the peer, following capacity redirects to relays (a
+    /// random alternative each time, proven by `GET /v1/identity` before
+    /// it is used, another one when it refuses) for at most
+    /// [`MAX_HOPS`] redirects. The upstream reached, the subscription id
+    /// and the redirects followed.
+    async fn attach(&self, spec: &Spec, from: &str, inbox: &str) -> Result<(String, String, u32), String> {
+        use rand::seq::SliceRandom as _;
+        let (mut at, mut hops) = (from.to_owned(), 0u32);
+        let mut tried = std::collections::HashSet::from([at.clone(), self.server.hash().to_owned()]);
+        let mut pending: Vec<(String, String)> = Vec::new();
+        loop {
+            match self.subscribe(spec, &at, inbox).await {
+                Subscribed::Held(id) => return Ok((at, id, hops)),
+                Subscribed::Redirected(mut alternatives) => {
+                    hops += 1;
+                    if hops > MAX_HOPS {
+                        return Err(format!("redirected more than {MAX_HOPS} times (a redirect loop?)"));
+                    }
+                    alternatives.shuffle(&mut rand::rng());
+                    pending = alternatives;
+                }
+                // A relay that refuses: another of the alternatives.
+                Subscribed::Failed(why) if pending.is_empty() => return Err(why),
+                Subscribed::Failed(_) => {}
+            }
+            loop {
+                let Some((peer, endpoint)) = pending.pop() else { return Err("no alternative of the redirect accepted".into()) };
+                if !tried.insert(peer.clone()) {
+                    continue;
+                }
+                if self.prove(&peer, &endpoint).await {
+                    at = peer;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Whether `endpoint` answers `GET /v1/identity` as `peer`; if so, and
+    /// this server does not know `peer` yet, it learns it there.
+    async fn prove(&self, peer: &str, endpoint: &str) -> bool {
+        let proven = match self.http.get(format!("{endpoint}/v1/identity")).send().await {
+            Ok(r) if r.status() == 200 => crate::peer::read_json(r).await["hash"] == peer,
+            _ => false,
+        };
+        if proven {
+            let entity = crate::peer::Peer { hash: peer.to_owned(), endpoint: endpoint.trim_end_matches('/').to_owned() }.entity();
+            let (canonical, hash) = entity.canonical();
+            let path = format!("{}{peer}", crate::peer::PREFIX);
+            let agent = Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) };
+            let write = TreeWrite {
+                path: path.clone(),
+                entity: Some((canonical, hash.clone())),
+                condition: Condition::IfAbsent,
+                event: change_event(&path, agent, Some(hash), generate_id()),
+            };
+            // An admin's entry for that peer stays as it is.
+            if let Err(e) = self.store.tree_write(write).await {
+                tracing::warn!(error = %e, peer, "could not store a relay's endpoint");
+                return false;
+            }
+        }
+        proven
+    }
+
+    async fn unsubscribe(&self, spec: &Spec, upstream: &str, id: &str) -> Result<(), String> {
         let params = json!({"type": "system/subscription/cancel", "data": {"subscription_id": id}});
-        let envelope = self.execute(spec, "unsubscribe", json!([]), params, Map::new());
-        match self.post(spec, &envelope).await? {
+        let envelope = self.execute(spec, upstream, "unsubscribe", json!([]), params, Map::new());
+        match self.post(upstream, &envelope).await? {
             (200 | 404, _) => Ok(()),
             (status, body) => Err(format!("{status} {body}")),
         }
@@ -485,8 +604,8 @@ impl Mirrors {
 
     /// The peer's entity at `path` now: `Some((canonical, hash))`, `None`
     /// if nothing is there.
-    async fn reread(&self, spec: &Spec, path: &str) -> Result<Option<(String, String)>, String> {
-        let endpoint = self.endpoint(&spec.peer).await?;
+    async fn reread(&self, upstream: &str, path: &str) -> Result<Option<(String, String)>, String> {
+        let endpoint = self.endpoint(upstream).await?;
         let r = self.http.get(format!("{endpoint}/v1/tree/{path}")).send().await.map_err(|e| e.to_string())?;
         match r.status().as_u16() {
             404 => Ok(None),
@@ -499,6 +618,16 @@ impl Mirrors {
             status => Err(format!("GET {path} at the peer answered {status}")),
         }
     }
+}
+
+/// What a subscribe at one server came to.
+enum Subscribed {
+    /// Held there, with this id.
+    Held(String),
+    /// At capacity: these relays (`{peer, endpoint}`) serve the prefix.
+    Redirected(Vec<(String, String)>),
+    /// Refused or unreachable.
+    Failed(String),
 }
 
 /// One mirror's applier state.
@@ -517,6 +646,9 @@ struct Applier<'a> {
     /// flowing, so reconciliation leaves them alone (re-reading a path
     /// mid-burst would jump ahead of its notifications).
     touched: std::collections::HashSet<String>,
+    /// The server the subscription is held at: only its deliveries are
+    /// applied, and re-reads go there.
+    upstream: String,
 }
 
 /// Just the `ref` of a stored event.
@@ -577,7 +709,7 @@ impl Applier<'_> {
                 }
                 // Only the mirrored peer's deliveries are applied (the
                 // receiver set the agent from the verified signature).
-                if stored.agent.as_ref().is_none_or(|a| a.id != self.spec.peer) {
+                if stored.agent.as_ref().is_none_or(|a| a.id != self.upstream) {
                     self.count("foreign_ignored");
                     continue;
                 }
@@ -643,7 +775,7 @@ impl Applier<'_> {
 
     /// Re-reads `path` at the peer and writes its bytes over `here`.
     async fn reread_and_apply(&mut self, path: &str, here: Option<String>, chain_id: &str) -> Result<&'static str, StoreError> {
-        Ok(match self.mirror.reread(self.spec, path).await {
+        Ok(match self.mirror.reread(&self.upstream, path).await {
             Ok(current) if current.as_ref().map(|(_, h)| h) == here.as_ref() => "stale_rejected",
             Ok(current) => match self.write(path, here.as_deref(), current, chain_id).await? {
                 true => "gap_reread",
@@ -704,7 +836,7 @@ impl Applier<'_> {
     /// Learns the paths the peer holds under the pattern (its tree listing,
     /// walked from the pattern's literal prefix, bounded).
     async fn discover(&mut self, stop: &CancellationToken) {
-        let Ok(endpoint) = self.mirror.endpoint(&self.spec.peer).await else { return };
+        let Ok(endpoint) = self.mirror.endpoint(&self.upstream).await else { return };
         let mut dirs = vec![literal_prefix(&self.spec.pattern)];
         if self.glob.matches(&dirs[0]) {
             self.known.insert(dirs[0].clone());
@@ -756,7 +888,7 @@ impl Applier<'_> {
                 _ => continue,
             }
             let here = local.map(|e| e.hash);
-            if let Ok(current) = self.mirror.reread(self.spec, &path).await
+            if let Ok(current) = self.mirror.reread(&self.upstream, &path).await
                 && current.as_ref().map(|(_, h)| h) != here.as_ref()
                 && let Ok(true) = self.write(&path, here.as_deref(), current, &generate_id()).await
             {

@@ -26,6 +26,7 @@ both_stores!(
     a_stale_lap_changes_nothing,
     a_mirror_renews_its_subscription_and_cancels_it_when_deleted,
     a_mirror_of_a_peer_with_tokens_on_uses_its_capability,
+    a_mirror_turned_away_at_capacity_attaches_through_a_relay,
 );
 
 /// External writes per drive.
@@ -323,4 +324,47 @@ async fn a_mirror_of_a_peer_with_tokens_on_uses_its_capability(backend: Backend)
     })
     .await;
     assert_eq!(changes(&b, 0, 0).await.len(), 3, "each write applied once");
+}
+
+async fn a_mirror_turned_away_at_capacity_attaches_through_a_relay(backend: Backend) {
+    // The source takes two subscribers per prefix; three servers mirror it.
+    let source = Server::start_with(backend, &[("TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", "2")]).await;
+    let mut mirrors = Vec::new();
+    for i in 0..3 {
+        let m = Server::start(backend).await;
+        m.knows(&source).await;
+        // The source learns each mirror from its relay_endpoint; the third
+        // learns its relay from the redirect (both proven by /v1/identity).
+        let mirror = json!({"type": "system/mirror", "data": {"peer": source.hash, "pattern": "feeds/**"}});
+        assert!(m.http.put(format!("{}/v1/tree/system/mirror/feeds", m.base())).json(&mirror).send().await.unwrap().status().is_success());
+        eventually(&format!("mirror {i} subscribes"), || async { mirror_state(&m, "feeds").await["state"] == "subscribed" }).await;
+        mirrors.push(m);
+    }
+    let states: Vec<Value> = {
+        let mut v = Vec::new();
+        for m in &mirrors {
+            v.push(mirror_state(m, "feeds").await);
+        }
+        v
+    };
+    let direct = states.iter().filter(|s| s["upstream"] == source.hash.as_str()).count();
+    assert_eq!(direct, 2, "the source holds two subscribers: {states:?}");
+    let relayed = states.iter().find(|s| s["upstream"] != source.hash.as_str()).unwrap();
+    assert_eq!(relayed["hops"], 1, "{relayed}");
+    assert!(mirrors[..2].iter().any(|m| relayed["upstream"] == m.hash.as_str()), "attached to one of the first two: {relayed}");
+    let listed: Value =
+        source.http.get(format!("{}/v1/tree/system/subscription/", source.base())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(listed["children"].as_array().unwrap().len(), 2, "{listed}");
+    // Writes at the source reach all three, the third through its relay.
+    let mut latest = String::new();
+    for i in 0..20 {
+        latest = source.put(PATH, json!({"n": i})).await;
+    }
+    for m in &mirrors {
+        eventually("every mirror holds the source's latest", || async {
+            entity(m).await.is_some_and(|e| hash_of(&serde_json::from_str(&e).unwrap()).unwrap() == latest)
+        })
+        .await;
+        assert!(changes(m, 0, 0).await.len() <= 30, "at most 1.5 x N settles");
+    }
 }
