@@ -27,6 +27,7 @@ both_stores!(
     a_mirror_renews_its_subscription_and_cancels_it_when_deleted,
     a_mirror_of_a_peer_with_tokens_on_uses_its_capability,
     a_mirror_turned_away_at_capacity_attaches_through_a_relay,
+    redirects_build_a_tree_and_a_redirect_loop_ends_with_an_error,
 );
 
 /// External writes per drive.
@@ -367,4 +368,65 @@ async fn a_mirror_turned_away_at_capacity_attaches_through_a_relay(backend: Back
         .await;
         assert!(changes(m, 0, 0).await.len() <= 30, "at most 1.5 x N settles");
     }
+}
+
+/// A server that takes one subscriber per prefix.
+async fn relay(backend: Backend) -> Server {
+    Server::start_with(backend, &[("TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", "1")]).await
+}
+
+async fn mirror_of(m: &Server, upstream: &Server, name: &str) {
+    m.knows(upstream).await;
+    let mirror = json!({"type": "system/mirror", "data": {"peer": upstream.hash, "pattern": "feeds/**"}});
+    let r = m.http.put(format!("{}/v1/tree/system/mirror/{name}", m.base())).json(&mirror).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+}
+
+async fn redirects_build_a_tree_and_a_redirect_loop_ends_with_an_error(backend: Backend) {
+    // Capacity 1 everywhere: S ← M1 ← M2 ← M3, each later mirror
+    // redirected one hop further down.
+    let source = relay(backend).await;
+    let mut chain: Vec<Server> = Vec::new();
+    for i in 0..3 {
+        let m = relay(backend).await;
+        mirror_of(&m, &source, "feeds").await;
+        eventually(&format!("mirror {i} attaches"), || async { mirror_state(&m, "feeds").await["state"] == "subscribed" }).await;
+        let state = mirror_state(&m, "feeds").await;
+        assert_eq!(state["hops"], i, "{state}");
+        let expected = if i == 0 { &source.hash } else { &chain[i - 1].hash };
+        assert_eq!(state["upstream"], expected.as_str(), "{state}");
+        chain.push(m);
+    }
+    let latest = source.put(PATH, json!({"deep": true})).await;
+    let leaf = &chain[2];
+    eventually("the write reaches the leaf, two relays down", || async {
+        entity(leaf).await.is_some_and(|e| hash_of(&serde_json::from_str(&e).unwrap()).unwrap() == latest)
+    })
+    .await;
+
+    // Two relays that each redirect to the other: R1 and R2 mirror each
+    // other (each full with the other), X asks R1.
+    let (r1, r2, x) = (relay(backend).await, relay(backend).await, relay(backend).await);
+    mirror_of(&r1, &r2, "pair").await;
+    eventually("R1 holds its slot at R2", || async { mirror_state(&r1, "pair").await["state"] == "subscribed" }).await;
+    mirror_of(&r2, &r1, "pair").await;
+    eventually("R2 holds its slot at R1", || async { mirror_state(&r2, "pair").await["state"] == "subscribed" }).await;
+    mirror_of(&x, &r1, "looped").await;
+    eventually("the loop ends with a clear error", || async {
+        let state = mirror_state(&x, "looped").await;
+        state["state"] == "failing" && state["last_error"].as_str().is_some_and(|e| e.contains("no alternative"))
+    })
+    .await;
+    // And X backs off rather than looping: a handful of subscribes at R1
+    // over two seconds, not hundreds.
+    let series = "tidings_http_requests_total{route=\"/v1/execute\",status=\"303\"}";
+    let before = r1.metric(series).await;
+    assert!(before >= 1.0, "R1 redirected X (the series is read right)");
+    // An observation window, not a wait: the count in it is the assertion.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let during = r1.metric(series).await - before;
+    assert!(during <= 6.0, "{during} redirects in 2 s: X must back off");
 }
