@@ -107,6 +107,29 @@ pub async fn read_json(response: reqwest::Response) -> serde_json::Value {
     read_answer(response).await.ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(serde_json::Value::Null)
 }
 
+/// Whether `endpoint` answers `GET /v1/identity` as `peer`: how an
+/// endpoint learned from a request (a `relay_endpoint`, a redirect's
+/// alternative) is proven before it is used.
+pub async fn proves(http: &reqwest::Client, peer: &str, endpoint: &str) -> bool {
+    match http.get(format!("{endpoint}/v1/identity")).send().await {
+        Ok(r) if r.status() == 200 => read_json(r).await["hash"] == peer,
+        _ => false,
+    }
+}
+
+/// The tree write recording a proven peer: only where no entry is (an
+/// admin's stays as it is).
+pub fn learned(peer: &str, endpoint: &str, agent: crate::event::Agent, chain_id: String) -> crate::store::TreeWrite {
+    let (canonical, hash) = Peer { hash: peer.to_owned(), endpoint: endpoint.trim_end_matches('/').to_owned() }.entity().canonical();
+    let path = format!("{PREFIX}{peer}");
+    crate::store::TreeWrite {
+        event: crate::tree::change_event(&path, agent, Some(hash.clone()), chain_id),
+        path,
+        entity: Some((canonical, hash)),
+        condition: crate::store::Condition::IfAbsent,
+    }
+}
+
 /// Parses `TIDINGS_PEERS`: `hash=url` pairs separated by commas (empty: none).
 pub fn parse_setting(value: &str) -> Result<Vec<Peer>, String> {
     let mut peers: Vec<Peer> = Vec::new();

@@ -569,28 +569,17 @@ impl Mirrors {
     /// Whether `endpoint` answers `GET /v1/identity` as `peer`; if so, and
     /// this server does not know `peer` yet, it learns it there.
     async fn prove(&self, peer: &str, endpoint: &str) -> bool {
-        let proven = match self.http.get(format!("{endpoint}/v1/identity")).send().await {
-            Ok(r) if r.status() == 200 => crate::peer::read_json(r).await["hash"] == peer,
-            _ => false,
-        };
-        if proven {
-            let entity = crate::peer::Peer { hash: peer.to_owned(), endpoint: endpoint.trim_end_matches('/').to_owned() }.entity();
-            let (canonical, hash) = entity.canonical();
-            let path = format!("{}{peer}", crate::peer::PREFIX);
-            let agent = Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) };
-            let write = TreeWrite {
-                path: path.clone(),
-                entity: Some((canonical, hash.clone())),
-                condition: Condition::IfAbsent,
-                event: change_event(&path, agent, Some(hash), generate_id()),
-            };
-            // An admin's entry for that peer stays as it is.
-            if let Err(e) = self.store.tree_write(write).await {
+        if !crate::peer::proves(&self.http, peer, endpoint).await {
+            return false;
+        }
+        let agent = Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) };
+        match self.store.tree_write(crate::peer::learned(peer, endpoint, agent, generate_id())).await {
+            Ok(_) => true,
+            Err(e) => {
                 tracing::warn!(error = %e, peer, "could not store a relay's endpoint");
-                return false;
+                false
             }
         }
-        proven
     }
 
     async fn unsubscribe(&self, spec: &Spec, upstream: &str, id: &str) -> Result<(), String> {

@@ -596,24 +596,11 @@ impl Subscriptions {
             ))
         };
         let Some(endpoint) = endpoint.filter(|_| author == peer) else { return Err(unknown("no proven endpoint")) };
-        let proven = match self.http.get(format!("{endpoint}/v1/identity")).send().await {
-            Ok(r) if r.status() == 200 => crate::peer::read_json(r).await["hash"] == peer,
-            _ => false,
-        };
-        if !proven {
+        if !crate::peer::proves(&self.http, peer, endpoint).await {
             return Err(unknown("its relay_endpoint does not answer GET /v1/identity with that identity"));
         }
-        let entity = crate::peer::Peer { hash: peer.to_owned(), endpoint: endpoint.to_owned() }.entity();
-        let (canonical, hash) = entity.canonical();
-        let path = format!("{}{peer}", crate::peer::PREFIX);
-        let write = TreeWrite {
-            path: path.clone(),
-            entity: Some((canonical, hash.clone())),
-            condition: Condition::IfAbsent,
-            event: change_event(&path, self.agent(), Some(hash), chain_id.to_owned()),
-        };
         // Lost to a concurrent write of the same peer: that one stands.
-        self.store.tree_write(write).await?;
+        self.store.tree_write(crate::peer::learned(peer, endpoint, self.agent(), chain_id.to_owned())).await?;
         tracing::info!(peer, endpoint, "learned a peer's endpoint, proven by its identity");
         Ok(())
     }
