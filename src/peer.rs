@@ -117,19 +117,6 @@ pub async fn proves(http: &reqwest::Client, peer: &str, endpoint: &str) -> bool 
     }
 }
 
-/// The tree write recording a proven peer: only where no entry is (an
-/// admin's stays as it is).
-pub fn learned(peer: &str, endpoint: &str, agent: crate::event::Agent, chain_id: String) -> crate::store::TreeWrite {
-    let (canonical, hash) = Peer { hash: peer.to_owned(), endpoint: endpoint.trim_end_matches('/').to_owned() }.entity().canonical();
-    let path = format!("{PREFIX}{peer}");
-    crate::store::TreeWrite {
-        event: crate::tree::change_event(&path, agent, Some(hash.clone()), chain_id),
-        path,
-        entity: Some((canonical, hash)),
-        condition: crate::store::Condition::IfAbsent,
-    }
-}
-
 /// Parses `TIDINGS_PEERS`: `hash=url` pairs separated by commas (empty: none).
 pub fn parse_setting(value: &str) -> Result<Vec<Peer>, String> {
     let mut peers: Vec<Peer> = Vec::new();

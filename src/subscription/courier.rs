@@ -192,6 +192,7 @@ impl Courier {
         let decided = Arc::new(AtomicI64::new(start));
         let dispatcher = tokio::spawn(this.clone().dispatch(feeds.clone(), decided.clone(), cancel.clone()));
         let mut running: HashMap<String, (Lane, Stop)> = HashMap::new();
+        let mut tasks = tokio::task::JoinSet::new();
         let backlog = Arc::new(std::sync::Mutex::new(HashMap::<String, (String, EventId)>::new()));
         loop {
             let current = lanes.borrow_and_update().clone();
@@ -223,9 +224,11 @@ impl Courier {
                 }
                 running.insert(id.clone(), (lane.clone(), stop.clone()));
                 let fed = Fed { feed, queue: rx, decided: decided.clone() };
-                tokio::spawn(this.clone().lane(lane.clone(), stop, fed, backlog.clone()));
+                tasks.spawn(this.clone().lane(lane.clone(), stop, fed, backlog.clone()));
             }
             report_backlog(&this, &backlog, &running).await;
+            // Lanes that ended are reaped as they go.
+            while tasks.try_join_next().is_some() {}
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 changed = lanes.changed() => if changed.is_err() { break },
@@ -235,6 +238,8 @@ impl Courier {
         for (_, (_, stop)) in running {
             stop.token.cancel();
         }
+        // Every lane (stopped ones too) is waited for: none outlives the courier.
+        while tasks.join_next().await.is_some() {}
         let _ = dispatcher.await;
         for peer in backlog.lock().map(|b| b.values().map(|(p, _)| p.clone()).collect::<Vec<_>>()).unwrap_or_default() {
             metrics::gauge!(crate::metrics::PEER_BACKLOG, "peer" => peer).set(0.0);
@@ -472,7 +477,11 @@ impl<'a> Sender<'a> {
             if stop.is_cancelled() {
                 return None;
             }
-            let outcome = self.attempt(&envelope, &chain_id).await;
+            let outcome = tokio::select! {
+                biased;
+                _ = stop.cancelled() => return None,
+                outcome = self.attempt(&envelope, &chain_id) => outcome,
+            };
             match outcome {
                 Attempt::Delivered { duplicate } => {
                     courier.note(&lane.peer, |s| {

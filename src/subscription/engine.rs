@@ -229,7 +229,6 @@ impl Engine {
         // The courier delivers to peers while this process leads.
         self.publish_lanes(&state, &HashMap::new());
         let courier_stop = cancel.child_token();
-        let _courier = courier_stop.clone().drop_guard();
         let courier = Courier::new(
             self.store.clone(),
             self.handler.server.clone(),
@@ -237,7 +236,7 @@ impl Engine {
             self.follow.clone(),
             self.handler.peer_states.clone(),
         );
-        tokio::spawn(courier.run(self.lanes.subscribe(), courier_stop.clone()));
+        let courier = tokio::spawn(courier.run(self.lanes.subscribe(), courier_stop.clone()));
         let mirrors = super::mirror::Mirrors::new(
             self.store.clone(),
             self.handler.server.clone(),
@@ -245,17 +244,27 @@ impl Engine {
             self.follow.clone(),
             self.handler.mirror_states.clone(),
         );
-        tokio::spawn(mirrors.run(self.mirrors.subscribe(), courier_stop));
+        let mirrors = tokio::spawn(mirrors.run(self.mirrors.subscribe(), courier_stop.clone()));
+        let led = self.steps(&mut state, cancel).await;
+        // They stop with the lead, and are waited for: nothing of this
+        // engine outlives it (a restart reopens the store).
+        courier_stop.cancel();
+        let _ = tokio::join!(courier, mirrors);
+        led
+    }
+
+    /// Steps while this process leads.
+    async fn steps(&mut self, state: &mut State, cancel: &CancellationToken) -> Result<(), StepError> {
         let mut checked_lead = Instant::now();
         loop {
-            match self.step(&mut state).await? {
+            match self.step(state).await? {
                 Progress::More => continue,
                 Progress::Idle => {}
             }
             tokio::select! {
                 _ = cancel.cancelled() => {
                     if state.scanned != state.committed {
-                        self.commit(&mut state, Vec::new(), Vec::new()).await?;
+                        self.commit(state, Vec::new(), Vec::new()).await?;
                     }
                     return Ok(());
                 }

@@ -226,7 +226,9 @@ impl Mirrors {
         let this = Arc::new(self);
         let watcher = tokio::spawn(this.clone().watch_inboxes(cancel.clone()));
         let mut running: HashMap<String, (Spec, CancellationToken, Arc<std::sync::atomic::AtomicBool>)> = HashMap::new();
+        let mut tasks = tokio::task::JoinSet::new();
         loop {
+            while tasks.try_join_next().is_some() {}
             changed.borrow_and_update();
             match this.store.tree_entries_below(PREFIX.trim_end_matches('/'), 10_000).await {
                 Ok(entries) => {
@@ -253,7 +255,7 @@ impl Mirrors {
                         }
                         let (stop, gone) = (cancel.child_token(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
                         running.insert(name, (spec.clone(), stop.clone(), gone.clone()));
-                        tokio::spawn(this.clone().mirror(spec, stop, gone));
+                        tasks.spawn(this.clone().mirror(spec, stop, gone));
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read system/mirror/; retrying"),
@@ -267,6 +269,8 @@ impl Mirrors {
         for (_, (_, stop, _)) in running {
             stop.cancel();
         }
+        // Every mirror task is waited for: none outlives the lead.
+        while tasks.join_next().await.is_some() {}
         let _ = watcher.await;
     }
 
@@ -372,7 +376,12 @@ impl Mirrors {
                     // Renewed where it is held; a first subscription starts
                     // at the peer and may be redirected to a relay.
                     let from = if subscription.is_some() { applier.upstream.clone() } else { spec.peer.clone() };
-                    match self.attach(&spec, &from, &applier.inbox).await {
+                    let attached = tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => break,
+                        attached = self.attach(&spec, &from, &applier.inbox) => attached,
+                    };
+                    match attached {
                         Ok((upstream, id, hops)) => {
                             applier.upstream = upstream.clone();
                             if subscription.is_none() {
@@ -573,7 +582,7 @@ impl Mirrors {
             return false;
         }
         let agent = Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) };
-        match self.store.tree_write(crate::peer::learned(peer, endpoint, agent, generate_id())).await {
+        match self.store.tree_write(super::learned_peer(peer, endpoint, agent, generate_id())).await {
             Ok(_) => true,
             Err(e) => {
                 tracing::warn!(error = %e, peer, "could not store a relay's endpoint");

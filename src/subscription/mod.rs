@@ -600,7 +600,7 @@ impl Subscriptions {
             return Err(unknown("its relay_endpoint does not answer GET /v1/identity with that identity"));
         }
         // Lost to a concurrent write of the same peer: that one stands.
-        self.store.tree_write(crate::peer::learned(peer, endpoint, self.agent(), chain_id.to_owned())).await?;
+        self.store.tree_write(learned_peer(peer, endpoint, self.agent(), chain_id.to_owned())).await?;
         tracing::info!(peer, endpoint, "learned a peer's endpoint, proven by its identity");
         Ok(())
     }
@@ -683,6 +683,20 @@ impl Subscriptions {
         };
         self.store.tree_write(write).await?;
         Ok(())
+    }
+}
+
+/// The tree write recording a peer whose endpoint was proven (see
+/// [`crate::peer::proves`]): only where no entry is, so an admin's stays.
+fn learned_peer(peer: &str, endpoint: &str, agent: Agent, chain_id: String) -> TreeWrite {
+    let (canonical, hash) =
+        crate::peer::Peer { hash: peer.to_owned(), endpoint: endpoint.trim_end_matches('/').to_owned() }.entity().canonical();
+    let path = format!("{}{peer}", crate::peer::PREFIX);
+    TreeWrite {
+        event: change_event(&path, agent, Some(hash.clone()), chain_id),
+        path,
+        entity: Some((canonical, hash)),
+        condition: Condition::IfAbsent,
     }
 }
 
