@@ -405,14 +405,8 @@ async fn a_peer_that_is_down_holds_up_nothing_else(backend: Backend) {
     let a = Peer::new();
     // A peer that never answers (an identity whose server is not running).
     let dead = Peer::new();
-    b.knows_at(&dead.hash, &format!("http://127.0.0.1:{}", free_port())).await;
+    subscribe_to_dead_peer(&a, &b, &dead, "system/inbox/d").await;
     b.knows(&c).await;
-    let mut included = Map::new();
-    let root = dead.grant(&a.hash, inbox_grant("system/inbox/d"), None, &mut included);
-    let leaf = a.grant(&b.hash, inbox_grant("system/inbox/d"), Some(&root), &mut included);
-    let params = json!({"deliver_to": {"uri": format!("entity://{}/system/inbox/d", dead.hash)}, "deliver_token": leaf});
-    let envelope = Subscribe { author: &a, pattern: "feeds/*", params, capability: None, included }.envelope("subscribe");
-    assert_eq!(execute_at(&b.http, b.base(), &envelope).await.0, 200);
     assert_eq!(subscribe_third_party(&a, &b, &c, "feeds/*", "system/inbox/c").await.0, 200);
     let mut included = Map::new();
     let own = a.grant(&b.hash, inbox_grant("system/inbox/local"), None, &mut included);
