@@ -171,12 +171,14 @@ impl Application {
                 courier: crate::subscription::courier::CourierSettings {
                     attempts: settings.peer_delivery_attempts,
                     timeout: settings.peer_timeout,
+                    evict_after: settings.peer_evict_after,
                 },
                 mirror: crate::subscription::mirror::MirrorSettings {
                     token_ttl: settings.mirror_token_ttl,
                     reconcile: settings.mirror_reconcile,
                     timeout: settings.peer_timeout,
                     public_url: settings.public_url.clone(),
+                    repair_timeout: settings.mirror_repair_timeout,
                 },
             },
         };

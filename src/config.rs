@@ -320,6 +320,10 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_PEER_DELIVERY_ATTEMPTS", default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub peer_delivery_attempts: u32,
 
+    /// How long a remote subscription's deliveries may keep failing before the subscription is ended (0: never).
+    #[arg(long, env = "TIDINGS_PEER_EVICT_AFTER", default_value = "1h", value_parser = duration)]
+    pub peer_evict_after: Duration,
+
     /// Time allowed for one delivery attempt to a peer.
     #[arg(long, env = "TIDINGS_PEER_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub peer_timeout: Duration,
@@ -331,6 +335,10 @@ pub struct Settings {
     /// How often a mirror re-reads the paths it knows at its peer (catches a lost last notification).
     #[arg(long, env = "TIDINGS_MIRROR_RECONCILE", default_value = "1m", value_parser = duration)]
     pub mirror_reconcile: Duration,
+
+    /// How long a relay a mirror is attached through may stay unreachable before the mirror attaches elsewhere.
+    #[arg(long, env = "TIDINGS_MIRROR_REPAIR_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub mirror_repair_timeout: Duration,
 
     /// How often the store and the LISTEN connection are probed for the health gauges.
     #[arg(long, env = "TIDINGS_HEALTH_PROBE_INTERVAL", default_value = "5s", value_parser = duration)]

@@ -59,6 +59,8 @@ pub const PEER_DELIVERIES: &str = "tidings_peer_deliveries_total";
 pub const PEER_OUTCOMES: &[&str] = &["delivered", "duplicate", "refused", "given_up"];
 /// Delivery attempts to peers that failed and were retried.
 pub const PEER_RETRIES: &str = "tidings_peer_delivery_retries_total";
+/// Remote subscriptions ended because their deliveries kept failing.
+pub const PEER_EVICTIONS: &str = "tidings_peer_evictions_total";
 /// Per peer, the log events the courier's slowest lane to it is behind the head.
 pub const PEER_BACKLOG: &str = "tidings_peer_backlog_events";
 /// Deliveries received from peers, by outcome (`appended`, `duplicate`).
@@ -66,6 +68,11 @@ pub const PEER_RECEIVED: &str = "tidings_peer_received_total";
 
 /// Notifications a mirror applied, by outcome.
 pub const MIRROR_APPLIES: &str = "tidings_mirror_applies_total";
+/// Per mirror, re-attachments after its relay stopped answering.
+pub const MIRROR_REPAIRS: &str = "tidings_mirror_repairs_total";
+/// Per mirror, redirects between the mirrored peer and the server its
+/// subscription is held at (0: the peer itself).
+pub const MIRROR_HOPS: &str = "tidings_mirror_hops";
 /// Outcomes of a mirror's notification: the label values of `outcome`.
 pub const MIRROR_OUTCOMES: &[&str] = &["applied", "unchanged", "stale_rejected", "gap_reread", "reread_failed", "foreign_ignored"];
 
@@ -136,6 +143,9 @@ fn describe() {
     describe_counter!(PEER_RETRIES, Unit::Count, "Delivery attempts to peers that failed and were retried.");
     describe_gauge!(PEER_BACKLOG, Unit::Count, "Per peer, events the slowest delivery lane to it is behind the head.");
     describe_counter!(MIRROR_APPLIES, Unit::Count, "Notifications (and reconciliation re-reads) a mirror handled, by outcome.");
+    describe_counter!(PEER_EVICTIONS, Unit::Count, "Remote subscriptions ended because their deliveries kept failing.");
+    describe_counter!(MIRROR_REPAIRS, Unit::Count, "Per mirror, re-attachments after its relay stopped answering.");
+    describe_gauge!(MIRROR_HOPS, Unit::Count, "Per mirror, redirects between the mirrored peer and the server holding its subscription.");
     describe_counter!(PEER_RECEIVED, Unit::Count, "Deliveries received from peers, by outcome (appended or duplicate).");
 
     for transport in TRANSPORTS {
@@ -162,6 +172,7 @@ fn describe() {
         counter!(PEER_DELIVERIES, "outcome" => *outcome).increment(0);
     }
     counter!(PEER_RETRIES).increment(0);
+    counter!(PEER_EVICTIONS).increment(0);
     for outcome in MIRROR_OUTCOMES {
         counter!(MIRROR_APPLIES, "outcome" => *outcome).increment(0);
     }

@@ -110,8 +110,8 @@ pub async fn read_json(response: reqwest::Response) -> serde_json::Value {
 /// Whether `endpoint` answers `GET /v1/identity` as `peer`: how an
 /// endpoint learned from a request (a `relay_endpoint`, a redirect's
 /// alternative) is proven before it is used.
-pub async fn proves(http: &reqwest::Client, peer: &str, endpoint: &str) -> bool {
-    match http.get(format!("{endpoint}/v1/identity")).send().await {
+pub async fn proves(http: &reqwest::Client, peer: &str, endpoint: &str, within: std::time::Duration) -> bool {
+    match http.get(format!("{endpoint}/v1/identity")).timeout(within).send().await {
         Ok(r) if r.status() == 200 => read_json(r).await["hash"] == peer,
         _ => false,
     }

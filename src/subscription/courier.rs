@@ -44,8 +44,8 @@ use tokio_util::sync::CancellationToken;
 use super::inbox::NOTIFICATION;
 use crate::event::{EventId, names};
 use crate::identity::ServerIdentity;
-use crate::store::{Record, Store, StoreError};
-use crate::tree::Entity;
+use crate::store::{Condition, Record, Store, StoreError, TreeOutcome, TreeWrite};
+use crate::tree::{Entity, change_event};
 
 /// The owner of the courier's cursors in the device cursor table.
 const CURSOR_OWNER: &str = crate::store::COURIER_CURSORS;
@@ -74,6 +74,12 @@ pub struct CourierSettings {
     pub attempts: u32,
     /// Time allowed for one attempt (`TIDINGS_PEER_TIMEOUT`).
     pub timeout: Duration,
+    /// How long a lane's attempts may all fail before its subscription is
+    /// ended (`TIDINGS_PEER_EVICT_AFTER`; zero: never). Seed 000 §5.4 lets
+    /// a server end a subscription after delivery failures: a dead relay
+    /// would otherwise hold its slot of the prefix's capacity until its
+    /// token expires.
+    pub evict_after: Duration,
 }
 
 /// A remote subscription, as the engine hands it over.
@@ -410,6 +416,40 @@ impl Courier {
     }
 
     /// Binds the chain-error marker of a notification given up.
+    /// Ends `lane`'s subscription (seed 000 §5.4, delivery failure): its
+    /// entity is deleted unless it changed meanwhile (a renewal: the peer
+    /// is alive). Whether it was.
+    async fn evict(&self, lane: &Lane, chain_id: &str) -> bool {
+        let path = format!("{}/{}", super::DIR, lane.subscription_id);
+        let current = match self.store.tree_get(&path).await {
+            Ok(Some(entry)) => entry.hash,
+            Ok(None) => return true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read a failing subscription; evicting it later");
+                return false;
+            }
+        };
+        let agent = crate::event::Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) };
+        let write = TreeWrite {
+            path: path.clone(),
+            entity: None,
+            condition: Condition::IfMatch(current),
+            event: change_event(&path, agent, None, chain_id.to_owned()),
+        };
+        match self.store.tree_write(write).await {
+            Ok(TreeOutcome::Done { .. }) => {
+                tracing::warn!(subscription = lane.subscription_id, peer = lane.peer, "ended a subscription whose deliveries kept failing");
+                metrics::counter!(crate::metrics::PEER_EVICTIONS).increment(1);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot end a failing subscription; retrying later");
+                false
+            }
+        }
+    }
+
     async fn give_up(&self, lane: &Lane, record: &Record, stored: &Stored, chain_id: &str, reason: &str) {
         let data = &stored.payload.data;
         let marker = super::engine::Marker {
@@ -436,11 +476,13 @@ struct Sender<'a> {
     courier: &'a Courier,
     lane: &'a Lane,
     chain: Option<Map<String, Value>>,
+    /// Since when every attempt failed (none answered).
+    failing_since: Option<tokio::time::Instant>,
 }
 
 impl<'a> Sender<'a> {
     async fn new(courier: &'a Courier, lane: &'a Lane) -> Self {
-        Self { courier, lane, chain: None }
+        Self { courier, lane, chain: None, failing_since: None }
     }
 
     async fn endpoint(&self) -> Result<String, String> {
@@ -484,6 +526,7 @@ impl<'a> Sender<'a> {
             };
             match outcome {
                 Attempt::Delivered { duplicate } => {
+                    self.failing_since = None;
                     courier.note(&lane.peer, |s| {
                         s.delivered += 1;
                         s.last_error = None;
@@ -494,6 +537,7 @@ impl<'a> Sender<'a> {
                     return Some(());
                 }
                 Attempt::Refused(code) => {
+                    self.failing_since = None;
                     tracing::warn!(code, subscription = lane.subscription_id, peer = lane.peer, "a peer refused a delivery");
                     metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => "refused").increment(1);
                     courier.note(&lane.peer, |s| {
@@ -509,6 +553,14 @@ impl<'a> Sender<'a> {
                         s.failed_attempts += 1;
                         s.last_error = Some(why.clone());
                     });
+                    let since = *self.failing_since.get_or_insert_with(tokio::time::Instant::now);
+                    let evict_after = courier.settings.evict_after;
+                    if !evict_after.is_zero() && since.elapsed() >= evict_after && courier.evict(lane, &chain_id).await {
+                        // Ended: the lane stops when the engine reaches the
+                        // deletion; nothing more is sent meanwhile.
+                        stop.cancelled().await;
+                        return None;
+                    }
                     if attempt == courier.settings.attempts.max(1) {
                         break;
                     }

@@ -83,6 +83,8 @@ const MAX_KNOWN: usize = 100_000;
 const MAX_LISTINGS: usize = 10_000;
 /// Most capacity redirects followed on the way to a relay (seed 000 §8).
 const MAX_HOPS: u32 = 10;
+/// Most subscriptions at dead relays a mirror remembers to cancel.
+const MAX_ABANDONED: usize = 16;
 /// Backoff bounds of a subscribe that failed.
 const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
@@ -102,6 +104,10 @@ pub struct MirrorSettings {
     /// subscription's `relay_endpoint`, since a mirror serves what it
     /// mirrors onwards.
     pub public_url: String,
+    /// How long a relay may stay unreachable before its downstream mirrors
+    /// attach elsewhere (`TIDINGS_MIRROR_REPAIR_TIMEOUT`); the upstream is
+    /// probed four times in that span.
+    pub repair_timeout: Duration,
 }
 
 /// A mirror's status, for `/health/deep`.
@@ -122,6 +128,12 @@ pub struct MirrorState {
     pub upstream: Option<String>,
     /// Redirects followed to reach it (0: the peer itself).
     pub hops: u32,
+    /// Times this mirror re-attached because its relay stopped answering.
+    pub repairs: u64,
+    /// How long the last repair took, from the first unanswered probe to
+    /// holding a subscription elsewhere and having re-read every path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_repair_ms: Option<u64>,
     /// Notifications applied, by outcome.
     pub applies: BTreeMap<&'static str, u64>,
     /// The last failure.
@@ -369,47 +381,115 @@ impl Mirrors {
         let mut reconcile = tokio::time::interval(self.settings.reconcile.max(Duration::from_millis(100)));
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         reconcile.tick().await;
+        // Where the subscription is held, as seen from the peer: the
+        // redirects followed, and the alternatives the last redirect
+        // offered (seed 000 §8.4a: where to go first when the relay dies).
+        let (mut hops, mut alternatives) = (0u32, Vec::<Relay>::new());
+        let mut probe = tokio::time::interval((self.settings.repair_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(10)));
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Since when the upstream has not answered a probe; and, once that
+        // outlasted the repair timeout, the repair under way.
+        let (mut unanswered, mut repairing) = (None::<tokio::time::Instant>, false);
+        // Subscriptions left at relays that stopped answering: cancelled
+        // there if they answer again, forgotten when their token expires
+        // (the relay then ends them itself, seed 000 §7.3).
+        let mut abandoned: Vec<Abandoned> = Vec::new();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep_until(renew_at) => {
                     // Renewed where it is held; a first subscription starts
-                    // at the peer and may be redirected to a relay.
-                    let from = if subscription.is_some() { applier.upstream.clone() } else { spec.peer.clone() };
+                    // at the peer and may be redirected to a relay; a repair
+                    // tries the cached alternatives first, then the peer.
+                    let (from, base) = if subscription.is_some() { (applier.upstream.clone(), hops) } else { (spec.peer.clone(), 0) };
                     let attached = tokio::select! {
                         biased;
                         _ = stop.cancelled() => break,
-                        attached = self.attach(&spec, &from, &applier.inbox) => attached,
+                        attached = async {
+                            if repairing {
+                                self.reattach(&spec, &applier.upstream, &alternatives, hops, &applier.inbox).await
+                            } else {
+                                self.attach(&spec, &from, &applier.inbox).await.map(|a| a.below(base))
+                            }
+                        } => attached,
                     };
                     match attached {
-                        Ok((upstream, id, hops)) => {
-                            applier.upstream = upstream.clone();
-                            if subscription.is_none() {
-                                // What the peer held before the subscription:
-                                // changes after it come as notifications.
+                        Ok(a) => {
+                            // A first subscription, or one the upstream
+                            // ended meanwhile (a new id): what was missed is
+                            // re-read.
+                            let fresh = subscription.as_ref() != Some(&a.id);
+                            applier.upstream = a.upstream.clone();
+                            hops = a.hops;
+                            if !a.alternatives.is_empty() {
+                                alternatives = a.alternatives;
+                            }
+                            if fresh {
+                                // What the upstream holds now: changes after
+                                // the subscription come as notifications.
                                 applier.discover(&stop).await;
-                                applier.reconcile(&stop).await;
+                                applier.reread_all(&stop).await;
+                            }
+                            let repaired = std::mem::take(&mut repairing).then_some(unanswered).flatten().map(|since| since.elapsed());
+                            unanswered = None;
+                            if let Some(took) = repaired {
+                                tracing::info!(mirror = spec.name, upstream = a.upstream, took_ms = took.as_millis() as u64, "mirror repaired");
+                                metrics::counter!(crate::metrics::MIRROR_REPAIRS, "mirror" => spec.name.clone()).increment(1);
                             }
                             self.set_state(&spec.name, |s| {
                                 s.state = "subscribed";
-                                s.subscription_id = Some(id.clone());
-                                s.upstream = Some(upstream.clone());
-                                if from == spec.peer {
-                                    s.hops = hops;
-                                }
+                                s.subscription_id = Some(a.id.clone());
+                                s.upstream = Some(a.upstream.clone());
+                                s.hops = hops;
                                 s.last_error = None;
+                                if let Some(took) = repaired {
+                                    s.repairs += 1;
+                                    s.last_repair_ms = Some(took.as_millis() as u64);
+                                }
                             });
-                            subscription = Some(id);
+                            metrics::gauge!(crate::metrics::MIRROR_HOPS, "mirror" => spec.name.clone()).set(hops as f64);
+                            subscription = Some(a.id);
                             retry = RETRY_MIN;
                             renew_at = tokio::time::Instant::now() + (self.settings.token_ttl / 2).max(Duration::from_secs(5));
                         }
                         Err(why) => {
                             tracing::warn!(mirror = spec.name, why, "cannot subscribe at the mirrored peer; retrying");
                             self.set_state(&spec.name, |s| { s.state = "failing"; s.last_error = Some(why); });
-                            // Started again from the peer (renewals too: the relay may be gone).
+                            // Started again from the peer (renewals too: the
+                            // relay may be gone); a repair stays one until it
+                            // holds a subscription somewhere.
                             subscription = None;
                             renew_at = tokio::time::Instant::now() + jittered(retry);
                             retry = (retry * 2).min(RETRY_MAX);
+                        }
+                    }
+                }
+                _ = probe.tick(), if subscription.is_some() => {
+                    if self.answers(&applier.upstream).await {
+                        // Back after an outage: renewed now, in case it
+                        // ended the subscription meanwhile.
+                        if unanswered.take().is_some() {
+                            renew_at = tokio::time::Instant::now();
+                            self.set_state(&spec.name, |s| { s.state = "subscribed"; s.last_error = None; });
+                        }
+                    } else {
+                        let since = *unanswered.get_or_insert_with(tokio::time::Instant::now);
+                        let relayed = applier.upstream != spec.peer;
+                        let why = format!("the upstream {} does not answer", applier.upstream);
+                        // Only a relay is left: the peer itself has no
+                        // stand-in, its subscription resumes when it is back.
+                        if relayed && since.elapsed() >= self.settings.repair_timeout {
+                            tracing::warn!(mirror = spec.name, upstream = applier.upstream, "the relay stopped answering; attaching elsewhere");
+                            repairing = true;
+                            renew_at = tokio::time::Instant::now();
+                            if let Some(id) = subscription.take() {
+                                abandoned.truncate(MAX_ABANDONED - 1);
+                                let until = tokio::time::Instant::now() + self.settings.token_ttl;
+                                abandoned.insert(0, Abandoned { upstream: applier.upstream.clone(), id, until });
+                            }
+                            self.set_state(&spec.name, |s| { s.state = "repairing"; s.last_error = Some(why); });
+                        } else {
+                            self.set_state(&spec.name, |s| { s.state = "unreachable"; s.last_error = Some(why); });
                         }
                     }
                 }
@@ -419,7 +499,10 @@ impl Mirrors {
                         Err(e) => tracing::warn!(error = %e, mirror = spec.name, "mirror apply step failed; retrying"),
                     }
                 }
-                _ = reconcile.tick() => applier.reconcile(&stop).await,
+                _ = reconcile.tick() => {
+                    applier.reconcile(&stop).await;
+                    self.cancel_abandoned(&spec, &mut abandoned).await;
+                }
             }
         }
         // Only this task's entry: a restarted mirror of the same name may
@@ -541,21 +624,22 @@ impl Mirrors {
     /// random alternative each time, proven by `GET /v1/identity` before
     /// it is used, another one when it refuses) for at most
     /// [`MAX_HOPS`] redirects. The upstream reached, the subscription id
-    /// and the redirects followed.
-    async fn attach(&self, spec: &Spec, from: &str, inbox: &str) -> Result<(String, String, u32), String> {
+    /// the redirects followed and the alternatives of the last one.
+    async fn attach(&self, spec: &Spec, from: &str, inbox: &str) -> Result<Attached, String> {
         use rand::seq::SliceRandom as _;
         let (mut at, mut hops) = (from.to_owned(), 0u32);
         let mut tried = std::collections::HashSet::from([at.clone(), self.server.hash().to_owned()]);
-        let mut pending: Vec<(String, String)> = Vec::new();
+        let (mut pending, mut offered): (Vec<Relay>, Vec<Relay>) = Default::default();
         loop {
             match self.subscribe(spec, &at, inbox).await {
-                Subscribed::Held(id) => return Ok((at, id, hops)),
+                Subscribed::Held(id) => return Ok(Attached { upstream: at, id, hops, alternatives: offered }),
                 Subscribed::Redirected(mut alternatives) => {
                     hops += 1;
                     if hops > MAX_HOPS {
                         return Err(format!("redirected more than {MAX_HOPS} times (a redirect loop?)"));
                     }
                     alternatives.shuffle(&mut rand::rng());
+                    offered = alternatives.clone();
                     pending = alternatives;
                 }
                 // A relay that refuses: another of the alternatives.
@@ -575,10 +659,50 @@ impl Mirrors {
         }
     }
 
+    /// Attaches again after `dead` stopped answering: at one of the cached
+    /// `alternatives` (the dead relay's siblings, at its depth `hops`,
+    /// following their redirects), else at the peer, which redirects anew.
+    async fn reattach(&self, spec: &Spec, dead: &str, alternatives: &[Relay], hops: u32, inbox: &str) -> Result<Attached, String> {
+        use rand::seq::SliceRandom as _;
+        let mut cached: Vec<&(String, String)> =
+            alternatives.iter().filter(|(peer, _)| peer != dead && peer != self.server.hash() && *peer != spec.peer).collect();
+        cached.shuffle(&mut rand::rng());
+        for (peer, endpoint) in cached {
+            if self.prove(peer, endpoint).await
+                && let Ok(a) = self.attach(spec, peer, inbox).await
+            {
+                return Ok(a.below(hops));
+            }
+        }
+        self.attach(spec, &spec.peer, inbox).await
+    }
+
+    /// Whether `peer` answers `GET /v1/identity` as itself within a
+    /// quarter of the repair timeout (the probe of an upstream).
+    async fn answers(&self, peer: &str) -> bool {
+        let Ok(endpoint) = self.endpoint(peer).await else { return false };
+        let within = (self.settings.repair_timeout / 4).clamp(Duration::from_millis(50), self.settings.timeout);
+        crate::peer::proves(&self.http, peer, &endpoint, within).await
+    }
+
+    /// Cancels the abandoned subscriptions whose relay answers again;
+    /// forgets those whose token has expired.
+    async fn cancel_abandoned(&self, spec: &Spec, abandoned: &mut Vec<Abandoned>) {
+        let now = tokio::time::Instant::now();
+        abandoned.retain(|a| a.until > now);
+        let mut kept = Vec::new();
+        for a in std::mem::take(abandoned) {
+            if !self.answers(&a.upstream).await || self.unsubscribe(spec, &a.upstream, &a.id).await.is_err() {
+                kept.push(a);
+            }
+        }
+        *abandoned = kept;
+    }
+
     /// Whether `endpoint` answers `GET /v1/identity` as `peer`; if so, and
     /// this server does not know `peer` yet, it learns it there.
     async fn prove(&self, peer: &str, endpoint: &str) -> bool {
-        if !crate::peer::proves(&self.http, peer, endpoint).await {
+        if !crate::peer::proves(&self.http, peer, endpoint, self.settings.timeout).await {
             return false;
         }
         let agent = Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) };
@@ -618,12 +742,43 @@ impl Mirrors {
     }
 }
 
+/// A relay a redirect offered: its identity hash and endpoint.
+type Relay = (String, String);
+
+/// Where a mirror's subscription is held now.
+struct Attached {
+    /// The server holding it: the peer or a relay.
+    upstream: String,
+    /// Its id there.
+    id: String,
+    /// Redirects between the peer and it.
+    hops: u32,
+    /// The alternatives of the last redirect followed (none: no redirect).
+    alternatives: Vec<Relay>,
+}
+
+impl Attached {
+    /// Reached from a server `base` redirects below the peer.
+    fn below(mut self, base: u32) -> Self {
+        self.hops += base;
+        self
+    }
+}
+
+/// A subscription left at a relay that stopped answering.
+struct Abandoned {
+    upstream: String,
+    id: String,
+    /// When its deliver token expires (and the relay ends it itself).
+    until: tokio::time::Instant,
+}
+
 /// What a subscribe at one server came to.
 enum Subscribed {
     /// Held there, with this id.
     Held(String),
     /// At capacity: these relays (`{peer, endpoint}`) serve the prefix.
-    Redirected(Vec<(String, String)>),
+    Redirected(Vec<Relay>),
     /// Refused or unreachable.
     Failed(String),
 }
@@ -893,6 +1048,13 @@ impl Applier<'_> {
                 self.count("gap_reread");
             }
         }
+    }
+
+    /// Re-reads every known path at the upstream (after attaching anew:
+    /// whatever the old upstream did not deliver is found here).
+    async fn reread_all(&mut self, stop: &CancellationToken) {
+        self.touched.clear();
+        self.reconcile(stop).await;
     }
 
     fn count(&self, outcome: &'static str) {

@@ -539,10 +539,18 @@ impl Subscriptions {
         let subscribers: Vec<&Subscription> = existing.iter().map(|(_, s)| s).filter(|s| s.pattern == pattern).collect();
         if self.max_per_prefix > 0 && subscribers.len() as u64 >= self.max_per_prefix {
             // The subscribers that said where they relay what they receive,
-            // never the requester, each once.
+            // never the requester, each once; not one whose last delivery
+            // attempt here failed (a relay that died is not offered: its
+            // slot is freed when its deliveries have failed for
+            // TIDINGS_PEER_EVICT_AFTER).
+            let failing: std::collections::HashSet<String> = self
+                .peer_states
+                .lock()
+                .map(|states| states.iter().filter(|(_, s)| s.last_error.is_some()).map(|(peer, _)| peer.clone()).collect())
+                .unwrap_or_default();
             let mut relays: Vec<(&str, &str)> = subscribers
                 .iter()
-                .filter(|s| s.subscriber_identity != caller.author)
+                .filter(|s| s.subscriber_identity != caller.author && !failing.contains(&s.subscriber_identity))
                 .filter_map(|s| Some((s.subscriber_identity.as_str(), s.relay_endpoint.as_deref()?)))
                 .collect();
             relays.sort_unstable();
@@ -596,7 +604,7 @@ impl Subscriptions {
             ))
         };
         let Some(endpoint) = endpoint.filter(|_| author == peer) else { return Err(unknown("no proven endpoint")) };
-        if !crate::peer::proves(&self.http, peer, endpoint).await {
+        if !crate::peer::proves(&self.http, peer, endpoint, std::time::Duration::from_secs(5)).await {
             return Err(unknown("its relay_endpoint does not answer GET /v1/identity with that identity"));
         }
         // Lost to a concurrent write of the same peer: that one stands.

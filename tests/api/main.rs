@@ -26,4 +26,5 @@ mod stream;
 mod subscriptions;
 mod taxonomy;
 mod tree;
+mod trees;
 pub(crate) mod ws;

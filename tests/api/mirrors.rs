@@ -32,7 +32,7 @@ both_stores!(
 
 /// External writes per drive.
 const N: usize = 200;
-const PATH: &str = "feeds/x";
+pub(crate) const PATH: &str = "feeds/x";
 
 /// Servers with mirrors along `links` (upstream, downstream), each
 /// downstream mirroring `feeds/**` from its upstream; with `loss`, every
@@ -82,13 +82,13 @@ async fn topology(backend: Backend, count: usize, links: &[(usize, usize)], loss
 }
 
 /// The entity at `PATH` on `server` (its canonical bytes), if any.
-async fn entity(server: &Server) -> Option<String> {
+pub(crate) async fn entity(server: &Server) -> Option<String> {
     let r = server.http.get(format!("{}/v1/tree/{PATH}", server.base())).send().await.unwrap();
     (r.status() == 200).then_some(r.text().await.unwrap())
 }
 
 /// The `tree.*` changes on `PATH` in `server`'s log after `since`, long-polling up to `wait_ms`.
-async fn changes(server: &Server, since: i64, wait_ms: u32) -> Vec<Value> {
+pub(crate) async fn changes(server: &Server, since: i64, wait_ms: u32) -> Vec<Value> {
     let url = format!(
         "{}/v1/poll?types=tree.created,tree.updated,tree.deleted&targets=tree:{PATH}&since={since}&limit=1000&wait_ms={wait_ms}",
         server.base()
@@ -98,7 +98,7 @@ async fn changes(server: &Server, since: i64, wait_ms: u32) -> Vec<Value> {
 }
 
 /// Every change settled on `PATH` (waits until `server` holds `latest`).
-async fn settle(server: &Server, latest: &str) -> Vec<Value> {
+pub(crate) async fn settle(server: &Server, latest: &str) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut all = changes(server, 0, 0).await;
     while entity(server).await.as_deref() != Some(latest) {
@@ -235,7 +235,7 @@ async fn a_stale_lap_changes_nothing(backend: Backend) {
 }
 
 /// Waits (bounded) until `check` holds.
-async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+pub(crate) async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !check().await {
         assert!(Instant::now() < deadline, "{what}");
@@ -244,7 +244,7 @@ async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check
 }
 
 /// The mirror `name`'s entry in `server`'s `/health/deep`.
-async fn mirror_state(server: &Server, name: &str) -> Value {
+pub(crate) async fn mirror_state(server: &Server, name: &str) -> Value {
     let deep = server.deep().await;
     deep["mirrors"].as_array().into_iter().flatten().find(|m| m["name"] == name).cloned().unwrap_or(Value::Null)
 }
@@ -375,7 +375,7 @@ async fn relay(backend: Backend) -> Server {
     Server::start_with(backend, &[("TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", "1")]).await
 }
 
-async fn mirror_of(m: &Server, upstream: &Server, name: &str) {
+pub(crate) async fn mirror_of(m: &Server, upstream: &Server, name: &str) {
     m.knows(upstream).await;
     let mirror = json!({"type": "system/mirror", "data": {"peer": upstream.hash, "pattern": "feeds/**"}});
     let r = m.http.put(format!("{}/v1/tree/system/mirror/{name}", m.base())).json(&mirror).send().await.unwrap();
