@@ -71,7 +71,8 @@ fn peers(s: &str) -> Result<Peers, String> {
     crate::peer::parse_setting(s).map(Peers)
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
+/// Parses a duration setting (`250ms`, `30s`, `5m`, `7d`).
+pub fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 250ms, 30s, 5m, 7d)"))
 }
 

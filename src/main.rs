@@ -31,6 +31,9 @@ enum Command {
     Listen(ListenArgs),
     /// Publish one event.
     Publish(PublishArgs),
+    /// Subscribe to a path pattern with a key, following capacity redirects
+    /// to relays, and print the notifications.
+    Subscribe(tidings::tools::subscribe::SubscribeArgs),
     /// Work with the event-type registry.
     #[command(subcommand)]
     Registry(RegistryCommand),
@@ -81,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
                 Mode::PeerDelivery => serde_json::to_value(tidings::tools::peers::peer_delivery(&args).await?)?,
                 Mode::MirrorDelay => serde_json::to_value(tidings::tools::peers::mirror_delay(&args).await?)?,
                 Mode::MirrorConverge => serde_json::to_value(tidings::tools::peers::mirror_converge(&args).await?)?,
+                Mode::Tree => serde_json::to_value(tidings::tools::peers::tree(&args).await?)?,
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
@@ -94,6 +98,10 @@ async fn main() -> anyhow::Result<()> {
             tidings::tools::cli::listen(args).await
         }
         Command::Publish(args) => tidings::tools::cli::publish(args).await,
+        Command::Subscribe(args) => {
+            init_logs(LogFormat::Human);
+            tidings::tools::subscribe::subscribe(args).await
+        }
         Command::Registry(RegistryCommand::Check { registry }) => tidings::tools::cli::registry_check(&registry),
     }
 }

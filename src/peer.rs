@@ -4,7 +4,9 @@
 //! `TIDINGS_PEERS` (`hash=url,...`). This module owns what such an entity
 //! must be (checked on every tree write under `system/peer/`) and the
 //! setting's syntax. The endpoint is only a URL: the hash is who the peer
-//! is, proven by `GET /v1/identity` there before it is trusted.
+//! is, proven by `GET /v1/identity` there before it is trusted. It also
+//! owns how a subscriber follows capacity redirects to relays (seed 000
+//! §8.3), for mirrors and the `tidings subscribe` command alike.
 
 use serde_json::json;
 
@@ -114,6 +116,108 @@ pub async fn proves(http: &reqwest::Client, peer: &str, endpoint: &str, within: 
     match http.get(format!("{endpoint}/v1/identity")).timeout(within).send().await {
         Ok(r) if r.status() == 200 => read_json(r).await["hash"] == peer,
         _ => false,
+    }
+}
+
+/// Most capacity redirects followed on the way to a relay (seed 000 §8.3).
+pub const MAX_HOPS: u32 = 10;
+
+/// A relay a redirect offered: its identity hash and endpoint.
+pub type Relay = (String, String);
+
+/// What one subscribe request came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subscribed {
+    /// Held there, with this id.
+    Held(String),
+    /// At capacity: these relays serve the prefix.
+    Redirected(Vec<Relay>),
+    /// Refused or unreachable.
+    Failed(String),
+}
+
+/// Where a subscription ended up after [`follow_redirects`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attached {
+    /// The server holding it: the one asked first, or a relay.
+    pub upstream: String,
+    /// Its id there.
+    pub id: String,
+    /// Redirects followed to reach it.
+    pub hops: u32,
+    /// The alternatives of the last redirect followed (none: no redirect),
+    /// where to go first when the relay dies (seed 000 §8.4).
+    pub alternatives: Vec<Relay>,
+}
+
+impl Attached {
+    /// Reached from a server `base` redirects below the source.
+    pub fn below(mut self, base: u32) -> Self {
+        self.hops += base;
+        self
+    }
+}
+
+/// The alternatives of a `303` subscribe answer (`{status, result:
+/// system/subscription/redirect}`): at most `max`, each an identity hash
+/// with an endpoint that passes [`check_endpoint`].
+pub fn alternatives(answer: &serde_json::Value, max: usize) -> Vec<Relay> {
+    let offered = answer["result"]["data"]["alternatives"].as_array().map(Vec::as_slice).unwrap_or_default();
+    offered
+        .iter()
+        .take(max)
+        .filter_map(|a| Some((a["peer"].as_str()?.to_owned(), a["endpoint"].as_str()?.to_owned())))
+        .filter(|(peer, endpoint)| is_hash(peer) && check_endpoint(endpoint).is_ok())
+        .collect()
+}
+
+/// A subscriber that follows redirects: how it subscribes at one server,
+/// and how it proves (and remembers) a relay a redirect offered.
+pub trait Subscriber {
+    /// One subscribe request at the server `at` (an identity hash).
+    fn subscribe_at(&self, at: &str) -> impl Future<Output = Subscribed> + Send;
+    /// Whether `endpoint` answers `GET /v1/identity` as `peer`; if so the
+    /// subscriber can reach `peer` there from now on.
+    fn prove(&self, peer: &str, endpoint: &str) -> impl Future<Output = bool> + Send;
+}
+
+/// Subscribes at `from`, following capacity redirects (seed 000 §8.3): a
+/// random alternative each time, proven before it is used, another one of
+/// the same list when it refuses or does not prove, never a server already
+/// tried nor `own` (the subscriber itself), at most [`MAX_HOPS`]
+/// redirects. A redirect loop thus ends with an error; the caller backs
+/// off before trying again.
+pub async fn follow_redirects(from: &str, own: &str, subscriber: &(impl Subscriber + Sync)) -> Result<Attached, String> {
+    use rand::seq::SliceRandom as _;
+    let (mut at, mut hops) = (from.to_owned(), 0u32);
+    let mut tried = std::collections::HashSet::from([at.clone(), own.to_owned()]);
+    let (mut pending, mut offered): (Vec<Relay>, Vec<Relay>) = Default::default();
+    loop {
+        match subscriber.subscribe_at(&at).await {
+            Subscribed::Held(id) => return Ok(Attached { upstream: at, id, hops, alternatives: offered }),
+            Subscribed::Redirected(mut alternatives) => {
+                hops += 1;
+                if hops > MAX_HOPS {
+                    return Err(format!("redirected more than {MAX_HOPS} times (a redirect loop?)"));
+                }
+                alternatives.shuffle(&mut rand::rng());
+                offered = alternatives.clone();
+                pending = alternatives;
+            }
+            // A relay that refuses: another of the alternatives.
+            Subscribed::Failed(why) if pending.is_empty() => return Err(why),
+            Subscribed::Failed(_) => {}
+        }
+        loop {
+            let Some((peer, endpoint)) = pending.pop() else { return Err("no alternative of the redirect accepted".into()) };
+            if !tried.insert(peer.clone()) {
+                continue;
+            }
+            if subscriber.prove(&peer, &endpoint).await {
+                at = peer;
+                break;
+            }
+        }
     }
 }
 

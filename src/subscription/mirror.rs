@@ -63,6 +63,7 @@ use super::inbox::NotificationData;
 use crate::event::{Agent, EventId, names};
 use crate::glob::Glob;
 use crate::identity::ServerIdentity;
+use crate::peer::{Attached, Relay, Subscribed};
 use crate::store::{Condition, Store, StoreError, TreeOutcome, TreeWrite};
 use crate::tree::capability::hash_of;
 use crate::tree::{Entity, EntityError, change_event, generate_id, is_hash, validate_path};
@@ -81,8 +82,6 @@ const BATCH: usize = 256;
 const MAX_KNOWN: usize = 100_000;
 /// Most directory listings one discovery at the peer reads.
 const MAX_LISTINGS: usize = 10_000;
-/// Most capacity redirects followed on the way to a relay (seed 000 §8).
-const MAX_HOPS: u32 = 10;
 /// Most subscriptions at dead relays a mirror remembers to cancel.
 const MAX_ABANDONED: usize = 16;
 /// Backoff bounds of a subscribe that failed.
@@ -606,57 +605,16 @@ impl Mirrors {
                 Some(id) => Subscribed::Held(id.to_owned()),
                 None => Subscribed::Failed(format!("unexpected answer {body}")),
             },
-            Ok((303, body)) => {
-                let offered = body["result"]["data"]["alternatives"].as_array().cloned().unwrap_or_default();
-                let alternatives = offered
-                    .iter()
-                    .take(super::MAX_ALTERNATIVES)
-                    .filter_map(|a| Some((a["peer"].as_str()?.to_owned(), a["endpoint"].as_str()?.to_owned())))
-                    .filter(|(peer, endpoint)| is_hash(peer) && crate::peer::check_endpoint(endpoint).is_ok())
-                    .collect();
-                Subscribed::Redirected(alternatives)
-            }
+            Ok((303, body)) => Subscribed::Redirected(crate::peer::alternatives(&body, super::MAX_ALTERNATIVES)),
             Ok((status, body)) => Subscribed::Failed(format!("{status} {}", body["error"]["code"].as_str().unwrap_or("refused"))),
         }
     }
 
-    /// Subscribes at the peer, following capacity redirects to relays (a
-    /// random alternative each time, proven by `GET /v1/identity` before
-    /// it is used, another one when it refuses) for at most
-    /// [`MAX_HOPS`] redirects. The upstream reached, the subscription id
-    /// the redirects followed and the alternatives of the last one.
+    /// Subscribes at `from`, following capacity redirects to relays
+    /// ([`crate::peer::follow_redirects`]; each relay proven by
+    /// `GET /v1/identity` and learned here).
     async fn attach(&self, spec: &Spec, from: &str, inbox: &str) -> Result<Attached, String> {
-        use rand::seq::SliceRandom as _;
-        let (mut at, mut hops) = (from.to_owned(), 0u32);
-        let mut tried = std::collections::HashSet::from([at.clone(), self.server.hash().to_owned()]);
-        let (mut pending, mut offered): (Vec<Relay>, Vec<Relay>) = Default::default();
-        loop {
-            match self.subscribe(spec, &at, inbox).await {
-                Subscribed::Held(id) => return Ok(Attached { upstream: at, id, hops, alternatives: offered }),
-                Subscribed::Redirected(mut alternatives) => {
-                    hops += 1;
-                    if hops > MAX_HOPS {
-                        return Err(format!("redirected more than {MAX_HOPS} times (a redirect loop?)"));
-                    }
-                    alternatives.shuffle(&mut rand::rng());
-                    offered = alternatives.clone();
-                    pending = alternatives;
-                }
-                // A relay that refuses: another of the alternatives.
-                Subscribed::Failed(why) if pending.is_empty() => return Err(why),
-                Subscribed::Failed(_) => {}
-            }
-            loop {
-                let Some((peer, endpoint)) = pending.pop() else { return Err("no alternative of the redirect accepted".into()) };
-                if !tried.insert(peer.clone()) {
-                    continue;
-                }
-                if self.prove(&peer, &endpoint).await {
-                    at = peer;
-                    break;
-                }
-            }
-        }
+        crate::peer::follow_redirects(from, self.server.hash(), &Asking { mirrors: self, spec, inbox }).await
     }
 
     /// Attaches again after `dead` stopped answering: at one of the cached
@@ -742,26 +700,20 @@ impl Mirrors {
     }
 }
 
-/// A relay a redirect offered: its identity hash and endpoint.
-type Relay = (String, String);
-
-/// Where a mirror's subscription is held now.
-struct Attached {
-    /// The server holding it: the peer or a relay.
-    upstream: String,
-    /// Its id there.
-    id: String,
-    /// Redirects between the peer and it.
-    hops: u32,
-    /// The alternatives of the last redirect followed (none: no redirect).
-    alternatives: Vec<Relay>,
+/// One mirror subscribing, as [`crate::peer::follow_redirects`] drives it.
+struct Asking<'a> {
+    mirrors: &'a Mirrors,
+    spec: &'a Spec,
+    inbox: &'a str,
 }
 
-impl Attached {
-    /// Reached from a server `base` redirects below the peer.
-    fn below(mut self, base: u32) -> Self {
-        self.hops += base;
-        self
+impl crate::peer::Subscriber for Asking<'_> {
+    async fn subscribe_at(&self, at: &str) -> Subscribed {
+        self.mirrors.subscribe(self.spec, at, self.inbox).await
+    }
+
+    async fn prove(&self, peer: &str, endpoint: &str) -> bool {
+        self.mirrors.prove(peer, endpoint).await
     }
 }
 
@@ -771,16 +723,6 @@ struct Abandoned {
     id: String,
     /// When its deliver token expires (and the relay ends it itself).
     until: tokio::time::Instant,
-}
-
-/// What a subscribe at one server came to.
-enum Subscribed {
-    /// Held there, with this id.
-    Held(String),
-    /// At capacity: these relays (`{peer, endpoint}`) serve the prefix.
-    Redirected(Vec<Relay>),
-    /// Refused or unreachable.
-    Failed(String),
 }
 
 /// One mirror's applier state.

@@ -92,6 +92,10 @@ pub struct BenchArgs {
     /// `mirror-converge`: drop every k-th delivery through a lossy proxy (0: none).
     #[arg(long, default_value_t = 0)]
     pub loss: usize,
+    /// `tree`: the process ids of the `--peer-urls` servers (same order),
+    /// so the benchmark can kill one relay with SIGKILL.
+    #[arg(long, default_value = "")]
+    pub peer_pids: String,
 }
 
 /// How `deliver` and `idle` subscribers connect.
@@ -190,6 +194,11 @@ pub enum Mode {
     /// `--peer-urls`: `--events` writes through a `--topology` of mirrors,
     /// optionally lossy (`--loss k`): settles per peer, time to converge.
     MirrorConverge,
+    /// `--peer-urls source,relay,...` (servers started with a capacity per
+    /// prefix) and `--peer-pids`: every relay mirrors the source, the tree
+    /// that capacity redirects form, write-to-leaf delay for `--events` at
+    /// `--rate`, then the time from killing a relay to full repair.
+    Tree,
 }
 
 /// Result of `idle`.

@@ -1,6 +1,6 @@
 //! The tools around the server, in one binary with it but not part of it:
 //! the load generator (`tidings bench`), the terminal commands (`tail`,
-//! `publish`, `registry check`, `listen`) and the SSE and WebSocket clients
+//! `publish`, `registry check`, `listen`, `subscribe`) and the SSE and WebSocket clients
 //! they (and the tests) share. They talk to a server over HTTP like any
 //! other client; nothing in the server imports this tree (a test holds
 //! that), so the library's server modules are the server.
@@ -11,3 +11,4 @@ pub mod client;
 pub mod device;
 pub mod lossy;
 pub mod peers;
+pub mod subscribe;

@@ -1,5 +1,6 @@
 //! Benchmarks between running tidings servers (`--peer-urls`), talking to
-//! each only over HTTP as an operator and a subscriber would:
+//! each only over HTTP as an operator and a subscriber would (`tree` also
+//! kills one relay, by the process id whoever started it gave):
 //!
 //! - `peer-delivery`: notifications per second from one server's courier to
 //!   another's inbox, for `--subscriptions` subscriptions;
@@ -8,7 +9,10 @@
 //! - `mirror-converge`: `--events` writes at the first server of a
 //!   `--topology` (chain, pair, ring) of mirrors, with `--loss` dropping
 //!   every k-th delivery through a [lossy proxy](super::lossy): settles per
-//!   peer and the time until every peer holds the latest bytes.
+//!   peer and the time until every peer holds the latest bytes;
+//! - `tree`: relays mirroring a source with a capacity per prefix: the tree
+//!   the redirects form, write-to-leaf delay, and the repair after a relay
+//!   is killed.
 //!
 //! Every run works under paths of its own (`bench-<random>/...`), so runs
 //! can follow each other on the same servers.
@@ -110,7 +114,8 @@ fn grant(key: &ServerIdentity, grantee: &str, inbox: &str, parent: &str, include
     hash
 }
 
-fn sign_into(key: &ServerIdentity, target: &str, included: &mut Map<String, Value>) {
+/// Signs `target` with `key` into `included`, with `key`'s identity.
+pub(super) fn sign_into(key: &ServerIdentity, target: &str, included: &mut Map<String, Value>) {
     let signature = key.sign(target);
     if let Ok(h) = hash_of(&signature) {
         included.insert(h, signature);
@@ -339,13 +344,7 @@ pub async fn mirror_converge(args: &BenchArgs) -> anyhow::Result<ConvergeReport>
     for i in 0..n {
         latest = nodes[0].put(&path, json!({"i": i})).await?;
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    for node in &nodes {
-        while node.entity_hash(&path).await?.as_deref() != Some(latest.as_str()) {
-            anyhow::ensure!(Instant::now() < deadline, "{} did not converge", node.url);
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
+    converge(&nodes.iter().collect::<Vec<_>>(), &path, &latest).await?;
     let converge_ms = started.elapsed().as_secs_f64() * 1000.0;
     let mut settles = Vec::new();
     for node in &nodes {
@@ -362,4 +361,209 @@ pub async fn mirror_converge(args: &BenchArgs) -> anyhow::Result<ConvergeReport>
     }
     let dropped = proxies.iter().map(super::lossy::LossyProxy::dropped).sum();
     Ok(ConvergeReport { topology: args.topology.clone(), loss_every: args.loss, writes: n, settles, converge_ms, dropped })
+}
+
+/// Result of `tree`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TreeReport {
+    /// Servers mirroring the source.
+    pub relays: usize,
+    /// Servers per level below the source (the first: its direct subscribers).
+    pub per_level: Vec<usize>,
+    /// Levels below the source.
+    pub depth: usize,
+    /// Writes at the source for the delay.
+    pub writes: usize,
+    /// Servers at the deepest level, where the delay is measured.
+    pub leaves: usize,
+    /// Write at the source to its change at a leaf, over every leaf.
+    pub leaf_p50_ms: f64,
+    /// 99th percentile of the same.
+    pub leaf_p99_ms: f64,
+    /// Changes seen at the leaves, of `writes × leaves`.
+    pub leaf_changes: usize,
+    /// The level of the relay killed, and how many it served.
+    pub killed_level: usize,
+    /// Servers attached to the relay killed.
+    pub orphans: usize,
+    /// From the SIGKILL until every orphan held a subscription elsewhere.
+    pub reattach_ms: f64,
+    /// From the SIGKILL until every surviving server held the source's
+    /// latest bytes (writes go on until the orphans re-attached).
+    pub repaired_ms: f64,
+    /// Servers per level after the repair.
+    pub per_level_after: Vec<usize>,
+}
+
+impl Node {
+    /// The mirror `name`'s entry in `/health/deep`.
+    async fn mirror_state(&self, name: &str) -> anyhow::Result<Value> {
+        let deep: Value = self.http.get(format!("{}/health/deep", self.url)).send().await?.json().await?;
+        Ok(deep["mirrors"].as_array().into_iter().flatten().find(|m| m["name"] == name).cloned().unwrap_or(Value::Null))
+    }
+}
+
+/// Servers per level of `states` (a mirror's level is its hops plus one).
+fn levels(states: &[Value]) -> Vec<usize> {
+    let mut per_level = Vec::new();
+    for s in states {
+        let level = s["hops"].as_u64().unwrap_or(0) as usize;
+        if per_level.len() <= level {
+            per_level.resize(level + 1, 0);
+        }
+        per_level[level] += 1;
+    }
+    per_level
+}
+
+/// `tree`: see [`super::bench::Mode::Tree`].
+pub async fn tree(args: &BenchArgs) -> anyhow::Result<TreeReport> {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
+    let urls = nodes_arg(args, 3)?;
+    let pids: Vec<u32> = args.peer_pids.split(',').filter(|p| !p.is_empty()).map(str::parse).collect::<Result<_, _>>()?;
+    anyhow::ensure!(pids.len() == urls.len(), "--peer-pids gives one process id per --peer-urls server");
+    let mut nodes = Vec::new();
+    for url in &urls {
+        nodes.push(Node::open(&http, url).await?);
+    }
+    let (source, relays) = (nodes[0].clone(), nodes[1..].to_vec());
+    let tag = run_tag();
+    // One after the other, each attached before the next asks: the tree
+    // capacity redirects make.
+    for relay in &relays {
+        relay.knows(&source.hash, &source.url).await?;
+        relay.mirror(&tag, &source, &format!("{tag}/**")).await?;
+        relay.subscribed(&tag).await?;
+    }
+    let mut states = Vec::new();
+    for relay in &relays {
+        states.push(relay.mirror_state(&tag).await?);
+    }
+    let per_level = levels(&states);
+    let deepest = per_level.len() - 1;
+    let leaves: Vec<&Node> =
+        relays.iter().zip(&states).filter(|(_, s)| s["hops"].as_u64() == Some(deepest as u64)).map(|(r, _)| r).collect();
+
+    // Write-to-leaf delay: a stream of the path's changes at every leaf.
+    let path = format!("{tag}/x");
+    let n = args.events as usize;
+    let done = tokio_util::sync::CancellationToken::new();
+    let mut watchers = Vec::new();
+    for leaf in &leaves {
+        let url = format!("{}/v1/stream?types=tree.created,tree.updated&targets=tree:{path}", leaf.url);
+        let mut stream = super::client::connect(&http, &url, None).await?;
+        let done = done.clone();
+        watchers.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            loop {
+                let event = tokio::select! {
+                    _ = done.cancelled() => break,
+                    event = stream.next_event() => event,
+                };
+                let Some(event) = event else { break };
+                let at = Instant::now();
+                if let Some(hash) =
+                    serde_json::from_str::<Value>(&event.data).ok().and_then(|e| e["payload"]["hash"].as_str().map(str::to_owned))
+                {
+                    seen.push((hash, at));
+                }
+            }
+            seen
+        }));
+    }
+    let mut sent = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate.max(1.0)));
+    let mut latest = String::new();
+    for i in 0..n {
+        tick.tick().await;
+        let at = Instant::now();
+        latest = source.put(&path, json!({"i": i})).await?;
+        sent.insert(latest.clone(), at);
+    }
+    converge(&leaves, &path, &latest).await?;
+    done.cancel();
+    let mut delays = Vec::new();
+    for watcher in watchers {
+        for (hash, at) in watcher.await? {
+            if let Some(t) = sent.get(&hash) {
+                delays.push(at.saturating_duration_since(*t).as_secs_f64() * 1000.0);
+            }
+        }
+    }
+    delays.sort_by(f64::total_cmp);
+    let pct = |p: f64| delays.get(((delays.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN);
+    let (leaf_p50_ms, leaf_p99_ms) = (pct(0.5), pct(0.99));
+
+    // Repair: the relay serving the most is killed while writes go on.
+    let served = |r: &Node| states.iter().filter(|s| s["upstream"] == r.hash.as_str()).count();
+    let victim = (0..relays.len()).max_by_key(|&i| (served(&relays[i]), std::cmp::Reverse(i))).unwrap_or(0);
+    let orphans: Vec<&Node> =
+        relays.iter().zip(&states).filter(|(_, s)| s["upstream"] == relays[victim].hash.as_str()).map(|(r, _)| r).collect();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writer = {
+        let (source, path, stop, rate) = (source.clone(), path.clone(), stop.clone(), args.rate.max(1.0));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            let mut i = 0;
+            while !stop.is_cancelled() {
+                tick.tick().await;
+                source.put(&path, json!({"after": i})).await?;
+                i += 1;
+            }
+            anyhow::Ok(())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let killed = Instant::now();
+    let status = tokio::process::Command::new("kill").args(["-KILL", &pids[victim + 1].to_string()]).status().await?;
+    anyhow::ensure!(status.success(), "could not kill the relay");
+    let deadline = killed + Duration::from_secs(300);
+    for orphan in &orphans {
+        loop {
+            let s = orphan.mirror_state(&tag).await?;
+            if s["state"] == "subscribed" && s["upstream"] != relays[victim].hash.as_str() && s["repairs"].as_u64() >= Some(1) {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{} did not re-attach: {s}", orphan.url);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let reattach_ms = killed.elapsed().as_secs_f64() * 1000.0;
+    stop.cancel();
+    writer.await??;
+    let latest = source.entity_hash(&path).await?.unwrap_or_default();
+    let survivors: Vec<&Node> = relays.iter().enumerate().filter(|(i, _)| *i != victim).map(|(_, r)| r).collect();
+    converge(&survivors, &path, &latest).await?;
+    let repaired_ms = killed.elapsed().as_secs_f64() * 1000.0;
+    let mut after = Vec::new();
+    for s in &survivors {
+        after.push(s.mirror_state(&tag).await?);
+    }
+    Ok(TreeReport {
+        relays: relays.len(),
+        depth: per_level.len(),
+        per_level,
+        writes: n,
+        leaves: leaves.len(),
+        leaf_p50_ms,
+        leaf_p99_ms,
+        leaf_changes: delays.len(),
+        killed_level: states[victim]["hops"].as_u64().unwrap_or(0) as usize + 1,
+        orphans: orphans.len(),
+        reattach_ms,
+        repaired_ms,
+        per_level_after: levels(&after),
+    })
+}
+
+/// Waits until every one of `nodes` holds `hash` at `path`.
+async fn converge(nodes: &[&Node], path: &str, hash: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for node in nodes {
+        while node.entity_hash(path).await?.as_deref() != Some(hash) {
+            anyhow::ensure!(Instant::now() < deadline, "{} did not converge", node.url);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    Ok(())
 }

@@ -19,6 +19,7 @@ both_stores!(
     six_mirrors_of_a_capacity_two_source_form_a_tree,
     a_relay_killed_mid_drive_is_repaired_by_its_downstream,
     a_dead_relay_s_slot_is_freed_and_its_orphan_attaches_at_the_source,
+    the_subscribe_command_follows_a_redirect_to_a_relay,
 );
 
 /// Writes per drive.
@@ -203,4 +204,48 @@ async fn a_dead_relay_s_slot_is_freed_and_its_orphan_attaches_at_the_source(back
     let latest = entity(&source).await.unwrap();
     settle(&b, &latest).await;
     assert_eq!(entity(&b).await.as_deref(), Some(latest.as_str()));
+}
+
+async fn the_subscribe_command_follows_a_redirect_to_a_relay(backend: Backend) {
+    use tokio::io::AsyncBufReadExt as _;
+    // S takes one subscriber, R (mirroring S) holds that slot.
+    let env: &[(&'static str, &str)] = &[("TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", "1")];
+    let (source, relay) = (Server::start_with(backend, env).await, Server::start_with(backend, env).await);
+    mirror_of(&relay, &source, "feeds").await;
+    eventually("R attached", || async { mirror_state(&relay, "feeds").await["state"] == "subscribed" }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("cli.key");
+    let mut cli = tokio::process::Command::new(env!("CARGO_BIN_EXE_tidings"))
+        .args(["subscribe", "feeds/**", "--url", source.base(), "--key", key.to_str().unwrap(), "--json", "--count", "2"])
+        .kill_on_drop(true)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(cli.stderr.take().unwrap()).lines();
+    let said = loop {
+        let line = tokio::time::timeout(Duration::from_secs(20), stderr.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the command says where it subscribed");
+        if line.contains("subscribed at") {
+            break line;
+        }
+    };
+    assert!(said.contains(&relay.hash) && said.contains("after 1 redirect"), "{said}");
+    for path in ["feeds/a", "feeds/b"] {
+        source.put(path, json!({"at": path})).await;
+    }
+    let mut stdout = tokio::io::BufReader::new(cli.stdout.take().unwrap()).lines();
+    let mut uris = Vec::new();
+    while let Ok(Ok(Some(line))) = tokio::time::timeout(Duration::from_secs(30), stdout.next_line()).await {
+        let envelope: Value = serde_json::from_str(&line).unwrap();
+        uris.push(envelope["payload"]["data"]["uri"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(uris, ["feeds/a", "feeds/b"], "the relay's notifications, in order");
+    assert!(cli.wait().await.unwrap().success(), "stops after --count notifications");
+    let held: Value = relay.http.get(format!("{}/v1/tree/system/subscription/", relay.base())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(held["children"].as_array().unwrap().len(), 1, "the relay holds the command's subscription: {held}");
 }
