@@ -73,6 +73,9 @@ pub const MIRROR_REPAIRS: &str = "tidings_mirror_repairs_total";
 /// Per mirror, redirects between the mirrored peer and the server its
 /// subscription is held at (0: the peer itself).
 pub const MIRROR_HOPS: &str = "tidings_mirror_hops";
+/// Per mirror, 1 for the server its subscription is held at (`upstream`),
+/// 0 for the ones it was held at before.
+pub const MIRROR_UPSTREAM: &str = "tidings_mirror_upstream";
 /// Outcomes of a mirror's notification: the label values of `outcome`.
 pub const MIRROR_OUTCOMES: &[&str] = &["applied", "unchanged", "stale_rejected", "gap_reread", "reread_failed", "foreign_ignored"];
 
@@ -146,6 +149,7 @@ fn describe() {
     describe_counter!(PEER_EVICTIONS, Unit::Count, "Remote subscriptions ended because their deliveries kept failing.");
     describe_counter!(MIRROR_REPAIRS, Unit::Count, "Per mirror, re-attachments after its relay stopped answering.");
     describe_gauge!(MIRROR_HOPS, Unit::Count, "Per mirror, redirects between the mirrored peer and the server holding its subscription.");
+    describe_gauge!(MIRROR_UPSTREAM, Unit::Count, "Per mirror, 1 for the server holding its subscription, 0 for earlier ones.");
     describe_counter!(PEER_RECEIVED, Unit::Count, "Deliveries received from peers, by outcome (appended or duplicate).");
 
     for transport in TRANSPORTS {

@@ -393,6 +393,8 @@ impl Mirrors {
         // there if they answer again, forgotten when their token expires
         // (the relay then ends them itself, seed 000 §7.3).
         let mut abandoned: Vec<Abandoned> = Vec::new();
+        // The upstream the metrics show as current.
+        let mut previous: Option<String> = None;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -447,6 +449,13 @@ impl Mirrors {
                                 }
                             });
                             metrics::gauge!(crate::metrics::MIRROR_HOPS, "mirror" => spec.name.clone()).set(hops as f64);
+                            if previous.as_deref() != Some(a.upstream.as_str()) {
+                                if let Some(p) = previous.take() {
+                                    metrics::gauge!(crate::metrics::MIRROR_UPSTREAM, "mirror" => spec.name.clone(), "upstream" => p).set(0.0);
+                                }
+                                metrics::gauge!(crate::metrics::MIRROR_UPSTREAM, "mirror" => spec.name.clone(), "upstream" => a.upstream.clone()).set(1.0);
+                                previous = Some(a.upstream.clone());
+                            }
                             subscription = Some(a.id);
                             retry = RETRY_MIN;
                             renew_at = tokio::time::Instant::now() + (self.settings.token_ttl / 2).max(Duration::from_secs(5));

@@ -147,8 +147,13 @@ async fn a_relay_killed_mid_drive_is_repaired_by_its_downstream(backend: Backend
         let repairs = m.metric("tidings_mirror_repairs_total{mirror=\"feeds\"}").await;
         assert_eq!(repairs, if orphans.contains(&i) { 1.0 } else { 0.0 }, "{s}");
         assert_eq!(m.metric("tidings_mirror_hops{mirror=\"feeds\"}").await, s["hops"].as_f64().unwrap(), "{s}");
+        let upstream = |hash: &str| format!("tidings_mirror_upstream{{mirror=\"feeds\",upstream=\"{hash}\"}}");
+        assert_eq!(m.metric(&upstream(s["upstream"].as_str().unwrap())).await, 1.0, "{s}");
         if orphans.contains(&i) {
             repair_ms.push(s["last_repair_ms"].as_u64().unwrap());
+            let old = format!("tidings_mirror_upstream{{mirror=\"feeds\",upstream=\"{victim_hash}\"}}");
+            let text = m.http.get(format!("{}/metrics", m.base())).send().await.unwrap().text().await.unwrap();
+            assert!(text.lines().any(|l| l == format!("{old} 0")), "the dead relay is shown as no longer the upstream");
         }
     }
     eprintln!(
@@ -161,8 +166,12 @@ async fn a_relay_killed_mid_drive_is_repaired_by_its_downstream(backend: Backend
 async fn a_dead_relay_s_slot_is_freed_and_its_orphan_attaches_at_the_source(backend: Backend) {
     // One subscriber per prefix: S ← A ← B, so B's only cached alternative
     // is A itself and S is full with A's subscription.
-    let env: &[(&'static str, &str)] =
-        &[("TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", "1"), ("TIDINGS_MIRROR_REPAIR_TIMEOUT", "1s"), ("TIDINGS_PEER_EVICT_AFTER", "2s")];
+    let env: &[(&'static str, &str)] = &[
+        ("TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", "1"),
+        ("TIDINGS_MIRROR_REPAIR_TIMEOUT", "1s"),
+        ("TIDINGS_PEER_EVICT_AFTER", "2s"),
+        ("TIDINGS_MIRROR_RECONCILE", "1s"),
+    ];
     let source = Server::start_with(backend, env).await;
     let mut a = Server::start_with(backend, env).await;
     let b = Server::start_with(backend, env).await;
@@ -204,6 +213,16 @@ async fn a_dead_relay_s_slot_is_freed_and_its_orphan_attaches_at_the_source(back
     let latest = entity(&source).await.unwrap();
     settle(&b, &latest).await;
     assert_eq!(entity(&b).await.as_deref(), Some(latest.as_str()));
+
+    // A comes back: the subscription B left there is cancelled by B (its
+    // reconciliation tick), not left to deliver until its token expires.
+    a.restart().await;
+    let a = &a;
+    let held_at_a = || async move {
+        let listed: Value = a.http.get(format!("{}/v1/tree/system/subscription/", a.base())).send().await.unwrap().json().await.unwrap();
+        listed["children"].as_array().map_or(0, Vec::len)
+    };
+    eventually("B cancels its subscription at A", || async { held_at_a().await == 0 }).await;
 }
 
 async fn the_subscribe_command_follows_a_redirect_to_a_relay(backend: Backend) {
