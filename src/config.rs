@@ -180,6 +180,14 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_MAX_BATCH", default_value_t = 10_000)]
     pub max_batch: usize,
 
+    /// Most events committed together by one group commit of concurrent publishes.
+    #[arg(long, env = "TIDINGS_PUBLISH_GROUP_EVENTS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub publish_group_events: u32,
+
+    /// How long a group commit waits for more publishes once it has one (0: only those queued meanwhile).
+    #[arg(long, env = "TIDINGS_PUBLISH_GROUP_DELAY", default_value = "0ms", value_parser = duration)]
+    pub publish_group_delay: Duration,
+
     /// Longest `filter=` JSON, in bytes.
     #[arg(long, env = "TIDINGS_MAX_FILTER_BYTES", default_value = "16KiB", value_parser = byte_size)]
     pub max_filter_bytes: usize,

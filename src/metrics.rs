@@ -59,6 +59,8 @@ pub const PEER_DELIVERIES: &str = "tidings_peer_deliveries_total";
 pub const PEER_OUTCOMES: &[&str] = &["delivered", "duplicate", "refused", "given_up"];
 /// Delivery attempts to peers that failed and were retried.
 pub const PEER_RETRIES: &str = "tidings_peer_delivery_retries_total";
+/// Events per group commit of publishes (groups of two requests or more).
+pub const PUBLISH_GROUP_EVENTS: &str = "tidings_publish_group_events";
 /// Remote subscriptions ended because their deliveries kept failing.
 pub const PEER_EVICTIONS: &str = "tidings_peer_evictions_total";
 /// Per peer, the log events the courier's slowest lane to it is behind the head.
@@ -101,6 +103,7 @@ pub fn install() -> PrometheusHandle {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(QUEUE_DEPTH.into()), DEPTH_BUCKETS))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(PUBLISH_GROUP_EVENTS.into()), DEPTH_BUCKETS))
                 .expect("bucket lists are non-empty")
                 .build_recorder();
             let handle = recorder.handle();
@@ -146,6 +149,7 @@ fn describe() {
     describe_counter!(PEER_RETRIES, Unit::Count, "Delivery attempts to peers that failed and were retried.");
     describe_gauge!(PEER_BACKLOG, Unit::Count, "Per peer, events the slowest delivery lane to it is behind the head.");
     describe_counter!(MIRROR_APPLIES, Unit::Count, "Notifications (and reconciliation re-reads) a mirror handled, by outcome.");
+    describe_histogram!(PUBLISH_GROUP_EVENTS, Unit::Count, "Events per group commit of publishes (groups of two requests or more).");
     describe_counter!(PEER_EVICTIONS, Unit::Count, "Remote subscriptions ended because their deliveries kept failing.");
     describe_counter!(MIRROR_REPAIRS, Unit::Count, "Per mirror, re-attachments after its relay stopped answering.");
     describe_gauge!(MIRROR_HOPS, Unit::Count, "Per mirror, redirects between the mirrored peer and the server holding its subscription.");
@@ -187,6 +191,7 @@ fn describe() {
     counter!(HTTP_REQUESTS, "route" => "/metrics", "status" => "200").increment(0);
     // Registering a histogram renders it with empty buckets; no fake sample.
     let _ = (histogram!(QUEUE_DEPTH), histogram!(BROKER_LAG), histogram!(DELIVERY_LATENCY), histogram!(CONSUMER_LAG));
+    let _ = histogram!(PUBLISH_GROUP_EVENTS);
 }
 
 /// Zero-initialises the per-type publish counter for each registered type.

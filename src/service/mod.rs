@@ -48,6 +48,7 @@ pub struct Core {
 struct Inner {
     settings: Settings,
     store: Arc<dyn Store>,
+    appender: crate::store::group::GroupCommit,
     broker: Broker,
     registry: Arc<Registry>,
     limits: Arc<limits::Limits>,
@@ -76,11 +77,17 @@ pub struct CoreParts {
 }
 
 impl Core {
-    /// Bundles the handles.
+    /// Bundles the handles and starts the publish group committer (so it
+    /// is called inside the runtime).
     pub fn new(parts: CoreParts) -> Self {
         let CoreParts { settings, store, broker, registry, server, subscriptions, shutdown } = parts;
         let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
-        Self { inner: Arc::new(Inner { settings, store, broker, registry, limits, server, subscriptions, shutdown }) }
+        let group = crate::store::group::GroupSettings {
+            max_events: settings.publish_group_events as usize,
+            max_delay: settings.publish_group_delay,
+        };
+        let appender = crate::store::group::GroupCommit::start(store.clone(), group);
+        Self { inner: Arc::new(Inner { settings, store, appender, broker, registry, limits, server, subscriptions, shutdown }) }
     }
 
     /// Settings.
@@ -91,6 +98,11 @@ impl Core {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
+    }
+
+    /// Publishes' appends, group-committed.
+    pub fn appender(&self) -> &crate::store::group::GroupCommit {
+        &self.inner.appender
     }
 
     /// The broker.

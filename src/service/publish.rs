@@ -191,7 +191,9 @@ pub async fn publish(core: &Core, caller: &Identity, body: &[u8]) -> Result<Vec<
     core.limits().take_publish(caller, events)?;
     let labels: Vec<String> =
         records.iter().map(|r| if registry.contains(&r.event_type) { r.event_type.clone() } else { "unregistered".to_owned() }).collect();
-    let ids = core.store().append(records).await?;
+    // Group-committed with the publishes in flight alongside (one
+    // transaction and one fsync for all of them).
+    let ids = core.appender().append(records).await?;
     for label in labels {
         metrics::counter!(m::EVENTS_PUBLISHED, "type" => label).increment(1);
     }

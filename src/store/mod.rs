@@ -15,6 +15,7 @@
 //! concrete store.
 
 pub mod embedded;
+pub mod group;
 pub mod postgres;
 
 use std::sync::Arc;

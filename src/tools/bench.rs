@@ -593,39 +593,64 @@ pub struct ThroughputReport {
     pub seconds: f64,
     /// events / seconds.
     pub events_per_second: f64,
+    /// `publish`: requests answered with an error (or not at all).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed: Option<u64>,
+    /// `publish`: time from sending a request to its answer, median.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_p50_ms: Option<f64>,
+    /// `publish`: the same, 99th percentile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_p99_ms: Option<f64>,
 }
 
 /// Closed-loop publish throughput: `concurrency` publishers, `batch` events
 /// per request, for `duration`.
 pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputReport> {
-    let http = reqwest::Client::new();
+    let http = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency.max(1)).build()?;
     let url = format!("{}/v1/events", args.url);
-    let events = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + args.duration;
     let workers: Vec<_> = (0..args.concurrency)
         .map(|_| {
-            let (http, url, events, batch, event_type) = (http.clone(), url.clone(), events.clone(), args.batch, args.event_type.clone());
+            let (http, url, batch, event_type) = (http.clone(), url.clone(), args.batch, args.event_type.clone());
             tokio::spawn(async move {
                 let one = json!({"event_type": event_type, "payload": {"weight": 1}});
                 let body = if batch == 1 { one } else { json!({"events": vec![one; batch]}) };
-                let body = serde_json::to_vec(&body).expect("serialisable");
+                let body = bytes::Bytes::from(serde_json::to_vec(&body).expect("serialisable"));
+                let (mut answered, mut failed) = (Vec::new(), 0u64);
                 while Instant::now() < deadline {
+                    let sent = Instant::now();
                     let r = http.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
-                    if r.is_ok_and(|r| r.status() == 201) {
-                        events.fetch_add(batch as u64, Ordering::Relaxed);
+                    match r {
+                        Ok(r) if r.status() == 201 => answered.push(sent.elapsed().as_secs_f64() * 1000.0),
+                        _ => failed += 1,
                     }
                 }
+                (answered, failed)
             })
         })
         .collect();
+    let (mut answered, mut failed) = (Vec::new(), 0);
     for w in workers {
-        w.await?;
+        let (a, f) = w.await?;
+        answered.extend(a);
+        failed += f;
     }
     let seconds = start.elapsed().as_secs_f64();
-    let events = events.load(Ordering::Relaxed);
+    let events = answered.len() as u64 * args.batch as u64;
+    answered.sort_by(f64::total_cmp);
+    let pct = |p: f64| answered.get(((answered.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied();
     let mode = if args.batch == 1 { "publish_single" } else { "publish_batched" };
-    Ok(ThroughputReport { mode, events, seconds, events_per_second: events as f64 / seconds })
+    Ok(ThroughputReport {
+        mode,
+        events,
+        seconds,
+        events_per_second: events as f64 / seconds,
+        failed: Some(failed),
+        answer_p50_ms: pct(0.5),
+        answer_p99_ms: pct(0.99),
+    })
 }
 
 /// Replay throughput: publishes `events` in batches of 1,000, then times one
@@ -652,7 +677,15 @@ pub async fn replay_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRep
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    Ok(ThroughputReport { mode: "replay", events: got, seconds, events_per_second: got as f64 / seconds })
+    Ok(ThroughputReport {
+        mode: "replay",
+        events: got,
+        seconds,
+        events_per_second: got as f64 / seconds,
+        failed: None,
+        answer_p50_ms: None,
+        answer_p99_ms: None,
+    })
 }
 
 async fn head(http: &reqwest::Client, url: &str) -> anyhow::Result<i64> {

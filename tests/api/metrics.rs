@@ -34,6 +34,7 @@ const CATALOG: &[&str] = &[
     "tidings_peer_evictions_total",
     "tidings_peer_received_total",
     "tidings_mirror_applies_total",
+    "tidings_publish_group_events",
 ];
 
 /// Families with a series per peer or per mirror, so exported once there

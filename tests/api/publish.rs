@@ -12,7 +12,8 @@ both_stores!(
     oversized_bodies_and_payloads,
     a_publish_whose_client_left_commits_and_is_counted,
     bodies_that_never_arrive_time_out,
-    limits_on_batches_filters_and_poll_scans
+    limits_on_batches_filters_and_poll_scans,
+    concurrent_publishes_are_committed_together_with_gap_free_ids,
 );
 
 async fn single_and_batch(backend: Backend) {
@@ -282,4 +283,55 @@ async fn limits_on_batches_filters_and_poll_scans(backend: Backend) {
     assert_eq!((status, deep["status"].as_str(), deep["head_event_id"].as_i64()), (200, Some("ok"), Some(wanted)), "{deep}");
     assert!(deep["events"]["broker_lag_ms"].is_u64(), "{deep}");
     assert_eq!(deep["broker_position"], wanted, "{deep}");
+}
+
+async fn concurrent_publishes_are_committed_together_with_gap_free_ids(backend: Backend) {
+    // A group waits up to 300 ms for company, so the concurrent requests
+    // below share commits (a lone publish would not wait: nothing else is
+    // queued when it arrives).
+    let server = crate::peers::Server::start_with(backend, &[("TIDINGS_PUBLISH_GROUP_DELAY", "300ms")]).await;
+    let before = server.head().await;
+    let url = format!("{}/v1/events", server.base());
+    let requests = (0..32).map(|i| {
+        let (http, url) = (server.http.clone(), url.clone());
+        async move {
+            // Every fourth request is invalid: refused before it joins a
+            // group, and its neighbours are committed all the same.
+            let event_type = if i % 4 == 3 { "Not A Name" } else { "comment.posted" };
+            let body = json!({"events": [{"event_type": event_type, "payload": {"n": i, "k": 0}}, {"event_type": "comment.posted", "payload": {"n": i, "k": 1}}]});
+            let r = http.post(&url).json(&body).send().await.unwrap();
+            (i, r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    });
+    let answers = futures_util::future::join_all(requests).await;
+    let mut ids = Vec::new();
+    let mut expected = std::collections::BTreeMap::new();
+    for (i, status, body) in &answers {
+        if i % 4 == 3 {
+            assert_eq!(*status, 422, "{body}");
+            assert_eq!(body["error"], "invalid_event_name", "{body}");
+            continue;
+        }
+        assert_eq!(*status, 201, "{body}");
+        let got: Vec<i64> = body["event_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1], got[0] + 1, "a request's events are consecutive: {got:?}");
+        expected.insert(got[0], (*i, 0));
+        expected.insert(got[1], (*i, 1));
+        ids.extend(got);
+    }
+    ids.sort_unstable();
+    let want: Vec<i64> = (before + 1..=before + 48).collect();
+    assert_eq!(ids, want, "24 requests of 2 events: ids gap-free from the head, none twice");
+    assert_eq!(server.head().await, before + 48, "the refused requests stored nothing");
+    // The log holds each event under the id its request was answered with.
+    let r: Value =
+        server.http.get(format!("{}/v1/poll?since={before}&limit=100", server.base())).send().await.unwrap().json().await.unwrap();
+    for event in r["events"].as_array().unwrap() {
+        let id = event["event_id"].as_i64().unwrap();
+        let (i, k) = expected[&id];
+        assert_eq!((event["payload"]["n"].as_i64(), event["payload"]["k"].as_i64()), (Some(i), Some(k)), "{event}");
+    }
+    assert_eq!(r["events"].as_array().unwrap().len(), 48);
+    assert!(server.metric("tidings_publish_group_events_count").await >= 1.0, "requests were committed together");
 }
