@@ -184,13 +184,14 @@ pub trait Subscriber {
 /// Subscribes at `from`, following capacity redirects (seed 000 §8.3): a
 /// random alternative each time, proven before it is used, another one of
 /// the same list when it refuses or does not prove, never a server already
-/// tried nor `own` (the subscriber itself), at most [`MAX_HOPS`]
-/// redirects. A redirect loop thus ends with an error; the caller backs
-/// off before trying again.
-pub async fn follow_redirects(from: &str, own: &str, subscriber: &(impl Subscriber + Sync)) -> Result<Attached, String> {
+/// tried nor `own` (the subscriber itself) nor one of `avoid` (a relay
+/// known dead), at most [`MAX_HOPS`] redirects. A redirect loop thus ends
+/// with an error; the caller backs off before trying again.
+pub async fn follow_redirects(from: &str, own: &str, avoid: &[&str], subscriber: &(impl Subscriber + Sync)) -> Result<Attached, String> {
     use rand::seq::SliceRandom as _;
     let (mut at, mut hops) = (from.to_owned(), 0u32);
-    let mut tried = std::collections::HashSet::from([at.clone(), own.to_owned()]);
+    let mut tried: std::collections::HashSet<String> = avoid.iter().map(|a| (*a).to_owned()).collect();
+    tried.extend([at.clone(), own.to_owned()]);
     let (mut pending, mut offered): (Vec<Relay>, Vec<Relay>) = Default::default();
     loop {
         match subscriber.subscribe_at(&at).await {

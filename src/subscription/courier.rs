@@ -123,6 +123,9 @@ pub struct PeerState {
     /// When an attempt last succeeded, Unix ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_delivered_ms: Option<i64>,
+    /// Whether the last attempt got no answer (a transport failure, a
+    /// timeout, a 5xx): such a subscriber is not offered as a relay.
+    pub unreachable: bool,
 }
 
 /// The courier's view of every peer it delivers to, shared with the HTTP
@@ -415,14 +418,20 @@ impl Courier {
         self.store.device_ack(CURSOR_OWNER, &lane.subscription_id, from, now_ms()).await
     }
 
-    /// Binds the chain-error marker of a notification given up.
     /// Ends `lane`'s subscription (seed 000 §5.4, delivery failure): its
-    /// entity is deleted unless it changed meanwhile (a renewal: the peer
-    /// is alive). Whether it was.
+    /// entity is deleted only while it still holds the lane's deliver token
+    /// (a renewal rotates the token: the peer is alive, and the renewed
+    /// subscription stays). Whether it is gone.
     async fn evict(&self, lane: &Lane, chain_id: &str) -> bool {
         let path = format!("{}/{}", super::DIR, lane.subscription_id);
         let current = match self.store.tree_get(&path).await {
-            Ok(Some(entry)) => entry.hash,
+            Ok(Some(entry)) => {
+                let renewed = super::Subscription::from_json(&entry.entity).is_none_or(|s| s.deliver_token != lane.deliver_token);
+                if renewed {
+                    return false;
+                }
+                entry.hash
+            }
             Ok(None) => return true,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read a failing subscription; evicting it later");
@@ -450,6 +459,7 @@ impl Courier {
         }
     }
 
+    /// Binds the chain-error marker of a notification given up.
     async fn give_up(&self, lane: &Lane, record: &Record, stored: &Stored, chain_id: &str, reason: &str) {
         let data = &stored.payload.data;
         let marker = super::engine::Marker {
@@ -529,6 +539,7 @@ impl<'a> Sender<'a> {
                     self.failing_since = None;
                     courier.note(&lane.peer, |s| {
                         s.delivered += 1;
+                        s.unreachable = false;
                         s.last_error = None;
                         s.last_delivered_ms = Some(now_ms());
                     });
@@ -542,6 +553,7 @@ impl<'a> Sender<'a> {
                     metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => "refused").increment(1);
                     courier.note(&lane.peer, |s| {
                         s.lost += 1;
+                        s.unreachable = false;
                         s.last_error = Some(format!("refused: {code}"));
                     });
                     courier.give_up(lane, record, &stored, &chain_id, &code).await;
@@ -551,6 +563,7 @@ impl<'a> Sender<'a> {
                     tracing::debug!(why, attempt, subscription = lane.subscription_id, "delivery to a peer failed");
                     courier.note(&lane.peer, |s| {
                         s.failed_attempts += 1;
+                        s.unreachable = true;
                         s.last_error = Some(why.clone());
                     });
                     let since = *self.failing_since.get_or_insert_with(tokio::time::Instant::now);

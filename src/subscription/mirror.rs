@@ -8,7 +8,11 @@
 //! redirect offered, proven by `GET /v1/identity`, at most 10 redirects
 //! away), delivering to its own inbox `system/inbox/mirror/<name>` with a
 //! deliver token it signs itself, renewed before the token expires and
-//! cancelled when the mirror entity is deleted. Notifications arrive in that
+//! cancelled when the mirror entity is deleted. A mirror held at a relay
+//! probes it and, when it stops answering for
+//! `TIDINGS_MIRROR_REPAIR_TIMEOUT`, attaches elsewhere (a cached
+//! alternative of its redirect, else the peer anew) and re-reads every path
+//! it knows (seed 000 §8.4). Notifications arrive in that
 //! inbox through the peer's courier (so exactly once, in change order) and
 //! an applier consumes them from a durable cursor, applying each with CAS,
 //! never an unconditional put:
@@ -393,8 +397,8 @@ impl Mirrors {
         // there if they answer again, forgotten when their token expires
         // (the relay then ends them itself, seed 000 §7.3).
         let mut abandoned: Vec<Abandoned> = Vec::new();
-        // The upstream the metrics show as current.
-        let mut previous: Option<String> = None;
+        // The upstream the metrics show as current, and every one shown.
+        let (mut previous, mut shown) = (None::<String>, Vec::<String>::new());
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -410,7 +414,7 @@ impl Mirrors {
                             if repairing {
                                 self.reattach(&spec, &applier.upstream, &alternatives, hops, &applier.inbox).await
                             } else {
-                                self.attach(&spec, &from, &applier.inbox).await.map(|a| a.below(base))
+                                self.attach(&spec, &from, &applier.inbox, &[]).await.map(|a| a.below(base))
                             }
                         } => attached,
                     };
@@ -421,6 +425,8 @@ impl Mirrors {
                             // re-read.
                             let fresh = subscription.as_ref() != Some(&a.id);
                             applier.upstream = a.upstream.clone();
+                            // Held there again: nothing of it to cancel.
+                            abandoned.retain(|x| x.upstream != a.upstream);
                             hops = a.hops;
                             if !a.alternatives.is_empty() {
                                 alternatives = a.alternatives;
@@ -449,12 +455,23 @@ impl Mirrors {
                                 }
                             });
                             metrics::gauge!(crate::metrics::MIRROR_HOPS, "mirror" => spec.name.clone()).set(hops as f64);
-                            if previous.as_deref() != Some(a.upstream.as_str()) {
+                            // One series per upstream held at, at most
+                            // MAX_ABANDONED of them, then "other": relays come
+                            // from redirects, so their number is not ours.
+                            let label = if shown.contains(&a.upstream) || shown.len() < MAX_ABANDONED {
+                                a.upstream.clone()
+                            } else {
+                                "other".to_owned()
+                            };
+                            if previous.as_deref() != Some(label.as_str()) {
                                 if let Some(p) = previous.take() {
                                     metrics::gauge!(crate::metrics::MIRROR_UPSTREAM, "mirror" => spec.name.clone(), "upstream" => p).set(0.0);
                                 }
-                                metrics::gauge!(crate::metrics::MIRROR_UPSTREAM, "mirror" => spec.name.clone(), "upstream" => a.upstream.clone()).set(1.0);
-                                previous = Some(a.upstream.clone());
+                                metrics::gauge!(crate::metrics::MIRROR_UPSTREAM, "mirror" => spec.name.clone(), "upstream" => label.clone()).set(1.0);
+                                if !shown.contains(&label) {
+                                    shown.push(label.clone());
+                                }
+                                previous = Some(label);
                             }
                             subscription = Some(a.id);
                             retry = RETRY_MIN;
@@ -466,14 +483,21 @@ impl Mirrors {
                             // Started again from the peer (renewals too: the
                             // relay may be gone); a repair stays one until it
                             // holds a subscription somewhere.
-                            subscription = None;
+                            if let Some(id) = subscription.take() {
+                                Abandoned::push(&mut abandoned, &applier.upstream, id, self.settings.token_ttl);
+                            }
                             renew_at = tokio::time::Instant::now() + jittered(retry);
                             retry = (retry * 2).min(RETRY_MAX);
                         }
                     }
                 }
                 _ = probe.tick(), if subscription.is_some() => {
-                    if self.answers(&applier.upstream).await {
+                    let answers = tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => break,
+                        answers = self.answers(&applier.upstream) => answers,
+                    };
+                    if answers {
                         // Back after an outage: renewed now, in case it
                         // ended the subscription meanwhile.
                         if unanswered.take().is_some() {
@@ -491,9 +515,7 @@ impl Mirrors {
                             repairing = true;
                             renew_at = tokio::time::Instant::now();
                             if let Some(id) = subscription.take() {
-                                abandoned.truncate(MAX_ABANDONED - 1);
-                                let until = tokio::time::Instant::now() + self.settings.token_ttl;
-                                abandoned.insert(0, Abandoned { upstream: applier.upstream.clone(), id, until });
+                                Abandoned::push(&mut abandoned, &applier.upstream, id, self.settings.token_ttl);
                             }
                             self.set_state(&spec.name, |s| { s.state = "repairing"; s.last_error = Some(why); });
                         } else {
@@ -509,7 +531,11 @@ impl Mirrors {
                 }
                 _ = reconcile.tick() => {
                     applier.reconcile(&stop).await;
-                    self.cancel_abandoned(&spec, &mut abandoned).await;
+                    tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => break,
+                        _ = self.cancel_abandoned(&spec, &mut abandoned) => {}
+                    }
                 }
             }
         }
@@ -622,8 +648,8 @@ impl Mirrors {
     /// Subscribes at `from`, following capacity redirects to relays
     /// ([`crate::peer::follow_redirects`]; each relay proven by
     /// `GET /v1/identity` and learned here).
-    async fn attach(&self, spec: &Spec, from: &str, inbox: &str) -> Result<Attached, String> {
-        crate::peer::follow_redirects(from, self.server.hash(), &Asking { mirrors: self, spec, inbox }).await
+    async fn attach(&self, spec: &Spec, from: &str, inbox: &str, avoid: &[&str]) -> Result<Attached, String> {
+        crate::peer::follow_redirects(from, self.server.hash(), avoid, &Asking { mirrors: self, spec, inbox }).await
     }
 
     /// Attaches again after `dead` stopped answering: at one of the cached
@@ -636,31 +662,46 @@ impl Mirrors {
         cached.shuffle(&mut rand::rng());
         for (peer, endpoint) in cached {
             if self.prove(peer, endpoint).await
-                && let Ok(a) = self.attach(spec, peer, inbox).await
+                && let Ok(a) = self.attach(spec, peer, inbox, &[dead]).await
             {
                 return Ok(a.below(hops));
             }
         }
-        self.attach(spec, &spec.peer, inbox).await
+        self.attach(spec, &spec.peer, inbox, &[dead]).await
     }
 
     /// Whether `peer` answers `GET /v1/identity` as itself within a
     /// quarter of the repair timeout (the probe of an upstream).
     async fn answers(&self, peer: &str) -> bool {
         let Ok(endpoint) = self.endpoint(peer).await else { return false };
-        let within = (self.settings.repair_timeout / 4).clamp(Duration::from_millis(50), self.settings.timeout);
+        let within = (self.settings.repair_timeout / 4).min(self.settings.timeout).max(Duration::from_millis(50));
         crate::peer::proves(&self.http, peer, &endpoint, within).await
     }
 
-    /// Cancels the abandoned subscriptions whose relay answers again;
-    /// forgets those whose token has expired.
+    /// Cancels the abandoned subscriptions whose relay answers again (all
+    /// probed at once); forgets those whose token has expired. (One at a
+    /// server attached to again is dropped from the list then: a renewal
+    /// keeps the id, so it is the live subscription.)
     async fn cancel_abandoned(&self, spec: &Spec, abandoned: &mut Vec<Abandoned>) {
         let now = tokio::time::Instant::now();
         abandoned.retain(|a| a.until > now);
+        let answering = futures_util::future::join_all(abandoned.iter().map(|a| self.answers(&a.upstream))).await;
         let mut kept = Vec::new();
-        for a in std::mem::take(abandoned) {
-            if !self.answers(&a.upstream).await || self.unsubscribe(spec, &a.upstream, &a.id).await.is_err() {
+        for (a, answers) in std::mem::take(abandoned).into_iter().zip(answering) {
+            if !answers {
                 kept.push(a);
+                continue;
+            }
+            match self.unsubscribe(spec, &a.upstream, &a.id).await {
+                Ok(()) => tracing::info!(
+                    mirror = spec.name,
+                    upstream = a.upstream,
+                    "cancelled the subscription left at a relay that answers again"
+                ),
+                Err(why) => {
+                    tracing::debug!(mirror = spec.name, upstream = a.upstream, why, "could not cancel a subscription left at a relay yet");
+                    kept.push(a);
+                }
             }
         }
         *abandoned = kept;
@@ -732,6 +773,15 @@ struct Abandoned {
     id: String,
     /// When its deliver token expires (and the relay ends it itself).
     until: tokio::time::Instant,
+}
+
+impl Abandoned {
+    /// Remembers subscription `id` left at `upstream` (the newest first,
+    /// at most [`MAX_ABANDONED`]).
+    fn push(abandoned: &mut Vec<Abandoned>, upstream: &str, id: String, token_ttl: Duration) {
+        abandoned.truncate(MAX_ABANDONED - 1);
+        abandoned.insert(0, Abandoned { upstream: upstream.to_owned(), id, until: tokio::time::Instant::now() + token_ttl });
+    }
 }
 
 /// One mirror's applier state.

@@ -539,14 +539,15 @@ impl Subscriptions {
         let subscribers: Vec<&Subscription> = existing.iter().map(|(_, s)| s).filter(|s| s.pattern == pattern).collect();
         if self.max_per_prefix > 0 && subscribers.len() as u64 >= self.max_per_prefix {
             // The subscribers that said where they relay what they receive,
-            // never the requester, each once; not one whose last delivery
-            // attempt here failed (a relay that died is not offered: its
-            // slot is freed when its deliveries have failed for
-            // TIDINGS_PEER_EVICT_AFTER).
+            // never the requester, each once; not one the last delivery
+            // attempt here got no answer from (a relay that died is not
+            // offered; its slot is freed once its deliveries have failed
+            // for TIDINGS_PEER_EVICT_AFTER). Only the process leading the
+            // engine delivers, so only it knows.
             let failing: std::collections::HashSet<String> = self
                 .peer_states
                 .lock()
-                .map(|states| states.iter().filter(|(_, s)| s.last_error.is_some()).map(|(peer, _)| peer.clone()).collect())
+                .map(|states| states.iter().filter(|(_, s)| s.unreachable).map(|(peer, _)| peer.clone()).collect())
                 .unwrap_or_default();
             let mut relays: Vec<(&str, &str)> = subscribers
                 .iter()

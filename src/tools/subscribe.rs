@@ -57,6 +57,9 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Failed reconnects to the server holding the subscription before
 /// starting again at the source.
 const RECONNECTS: u32 = 3;
+/// A stream quiet this long (three default heartbeats) is checked: kept if
+/// its server answers `GET /v1/identity`, else reconnected.
+const IDLE: Duration = Duration::from_secs(45);
 
 /// Runs `tidings subscribe` until `--count` notifications were printed.
 pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
@@ -76,11 +79,18 @@ pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
         heads: Mutex::default(),
     };
     let (mut from, mut printed, mut backoff) = (source.clone(), 0u64, Duration::from_millis(250));
+    // Where the last stream stopped: renewed at the same server, it goes
+    // on from there (nothing that arrived meanwhile is skipped).
+    let mut resume: Option<(String, Option<i64>)> = None;
     loop {
-        let attached = crate::peer::follow_redirects(&from, key.hash(), &session).await;
+        let attached = crate::peer::follow_redirects(&from, key.hash(), &[], &session).await;
         let (a, since) = match attached {
             Ok(a) => {
-                let since = session.head(&a.upstream);
+                let head = session.head(&a.upstream);
+                let since = match resume.take() {
+                    Some((at, Some(since))) if at == a.upstream => Some(since),
+                    _ => head,
+                };
                 (a, since)
             }
             Err(why) => {
@@ -97,9 +107,13 @@ pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
         eprintln!("subscribed at {} ({endpoint}) after {} redirect(s): subscription {}", a.upstream, a.hops, a.id);
         match session.follow(&stream, &a, &endpoint, since, &mut printed).await? {
             Followed::Done => return Ok(()),
-            Followed::Renew => from = a.upstream,
-            Followed::Lost(why) => {
+            Followed::Renew(since) => {
+                resume = Some((a.upstream.clone(), since));
+                from = a.upstream;
+            }
+            Followed::Lost(why, since) => {
                 eprintln!("{why}; starting again at the source");
+                resume = Some((a.upstream, since));
                 from = source.clone();
             }
         }
@@ -110,10 +124,10 @@ pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
 enum Followed {
     /// `--count` reached.
     Done,
-    /// Time to renew the subscription there.
-    Renew,
-    /// The server stopped answering.
-    Lost(String),
+    /// Time to renew the subscription there; the last id printed.
+    Renew(Option<i64>),
+    /// The server stopped answering; the last id printed.
+    Lost(String, Option<i64>),
 }
 
 struct Session<'a> {
@@ -220,7 +234,7 @@ impl Session<'_> {
         let mut failures = 0;
         loop {
             let connected = tokio::select! {
-                _ = tokio::time::sleep_until(renew_at) => return Ok(Followed::Renew),
+                _ = tokio::time::sleep_until(renew_at) => return Ok(Followed::Renew(since)),
                 c = client::connect(http, &url, since) => c,
             };
             let mut reader = match connected {
@@ -228,19 +242,26 @@ impl Session<'_> {
                 Err(e) => {
                     failures += 1;
                     if failures >= RECONNECTS {
-                        return Ok(Followed::Lost(format!("{} does not answer: {e}", attached.upstream)));
+                        return Ok(Followed::Lost(format!("{} does not answer: {e}", attached.upstream), since));
                     }
                     tokio::time::sleep(Duration::from_millis(250 << failures)).await;
                     continue;
                 }
             };
-            failures = 0;
             loop {
                 let next = tokio::select! {
-                    _ = tokio::time::sleep_until(renew_at) => return Ok(Followed::Renew),
-                    next = reader.next_event() => next,
+                    _ = tokio::time::sleep_until(renew_at) => return Ok(Followed::Renew(since)),
+                    next = tokio::time::timeout(IDLE, reader.next_event()) => next,
                 };
-                let Some(event) = next else { break };
+                let event = match next {
+                    Ok(Some(event)) => event,
+                    Ok(None) => break,
+                    // Quiet: a stream that carries nothing for a while is
+                    // kept if its server still answers.
+                    Err(_) if crate::peer::proves(&self.api, &attached.upstream, endpoint, TIMEOUT).await => continue,
+                    Err(_) => break,
+                };
+                failures = 0;
                 if event.event.is_some() {
                     continue;
                 }
@@ -265,6 +286,13 @@ impl Session<'_> {
                     return Ok(Followed::Done);
                 }
             }
+            // The stream ended (or went silent with its server): again
+            // after a pause, and elsewhere after a few in a row.
+            failures += 1;
+            if failures >= RECONNECTS {
+                return Ok(Followed::Lost(format!("{} keeps ending the stream", attached.upstream), since));
+            }
+            tokio::time::sleep(Duration::from_millis(250 << failures)).await;
         }
     }
 }

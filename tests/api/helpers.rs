@@ -314,7 +314,21 @@ pub(crate) async fn spawn_process(envs: &[(&str, String)]) -> Process {
 
 /// [`spawn_process`] on a given port (a restart that clients find again).
 pub(crate) async fn spawn_process_at(envs: &[(&str, String)], port: u16) -> Process {
-    let child = process_command(envs, port).spawn().expect("starting tidings");
+    let mut child = process_command(envs, port).spawn().expect("starting tidings");
+    // Its log is read as it comes (a full pipe would stall the server),
+    // and shown with TIDINGS_TEST_SERVER_LOG=1.
+    if let Some(stderr) = child.stderr.take() {
+        let show = std::env::var_os("TIDINGS_TEST_SERVER_LOG").is_some();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt as _;
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if show {
+                    eprintln!("[{port}] {line}");
+                }
+            }
+        });
+    }
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     for _ in 0..200 {
