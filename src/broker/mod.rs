@@ -74,12 +74,16 @@ pub struct FrameData {
     pub recorded_ms: i64,
     /// The one transport rendering of this event, built by its first client.
     rendered: OnceLock<Bytes>,
+    /// Its SSE frame (`id:`, `data:`), built by its first SSE client: an
+    /// SSE frame is spliced around nothing, so every stream writes the
+    /// same shared bytes.
+    sse: OnceLock<Bytes>,
 }
 
 impl Frame {
     /// A frame for event `id` with its envelope.
     pub fn new(id: EventId, envelope: Bytes, recorded_ms: i64) -> Self {
-        Self(Arc::new(FrameData { id, envelope, recorded_ms, rendered: OnceLock::new() }))
+        Self(Arc::new(FrameData { id, envelope, recorded_ms, rendered: OnceLock::new(), sse: OnceLock::new() }))
     }
 
     /// The event as `render` frames it, built once per event and shared by
@@ -87,6 +91,12 @@ impl Frame {
     /// `stream.event`); the first `render` given is the one kept.
     pub fn rendered(&self, render: fn(&FrameData) -> Bytes) -> Bytes {
         self.0.rendered.get_or_init(|| render(&self.0)).clone()
+    }
+
+    /// The event as an SSE stream writes it (`render`), built once per
+    /// event and shared by every stream it is sent to.
+    pub fn sse(&self, render: fn(&FrameData) -> Bytes) -> Bytes {
+        self.0.sse.get_or_init(|| render(&self.0)).clone()
     }
 
     /// The frame of a parsed event (the envelope is shared, not copied).

@@ -25,7 +25,7 @@ use serde_json::json;
 use super::AppState;
 use super::caller::{Caller, Params};
 use super::error::ApiError;
-use crate::broker::Frame;
+use crate::broker::{Frame, FrameData};
 use crate::event::{EventId, names};
 use crate::filter::{Filter, FilterQuery};
 use crate::server::Connection;
@@ -85,11 +85,16 @@ pub(crate) async fn stream(
     let session = Session::open(core, filter, start, options).await?;
 
     let retry_ms = u32::try_from(app.settings().sse_retry.as_millis()).unwrap_or(u32::MAX);
-    let state = SseState { session, retry_ms, phase: Phase::Start };
+    let state = SseState { session, retry_ms, phase: Phase::Start, pending: Vec::new().into_iter() };
     // The session is awaited right in the stream's step, with no helper
     // future in between: an idle stream is this one future.
     let body = futures_util::stream::unfold(state, |mut s| async move {
         loop {
+            // One chunk per event, each the event's shared SSE frame: the
+            // connection writes the chunks that are ready in one go.
+            if let Some(frame) = s.pending.next() {
+                return Some((Ok(frame.sse(event_frame)), s));
+            }
             if let Some(chunk) = s.first_or_done() {
                 return chunk.map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), s));
             }
@@ -115,6 +120,8 @@ struct SseState {
     session: Session,
     retry_ms: u32,
     phase: Phase,
+    /// The events of a delivery not written yet.
+    pending: std::vec::IntoIter<Frame>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -149,7 +156,8 @@ impl SseState {
         Some(match item {
             Item::Events { frames, replayed } => {
                 record_delivery("sse", &frames, replayed);
-                Some(events_chunk(&frames))
+                self.pending = frames.into_iter();
+                return None;
             }
             Item::Gap(gap) => Some(gap_frame(gap)),
             Item::Heartbeat => Some(Bytes::from_static(b":\n\n")),
@@ -178,18 +186,14 @@ impl SseState {
     }
 }
 
-/// Events as SSE frames, in one buffer: `id: N`, `data: <envelope>`.
-fn events_chunk(frames: &[Frame]) -> Bytes {
-    let len = frames.iter().map(|f| f.envelope.len() + 40).sum();
-    let mut out = BytesMut::with_capacity(len);
-    let mut id = itoa::Buffer::new();
-    for frame in frames {
-        out.put_slice(b"id: ");
-        out.put_slice(id.format(frame.id).as_bytes());
-        out.put_slice(b"\ndata: ");
-        out.put_slice(&frame.envelope);
-        out.put_slice(b"\n\n");
-    }
+/// An event as an SSE frame: `id: N`, `data: <envelope>`.
+fn event_frame(frame: &FrameData) -> Bytes {
+    let mut out = BytesMut::with_capacity(frame.envelope.len() + 40);
+    out.put_slice(b"id: ");
+    out.put_slice(itoa::Buffer::new().format(frame.id).as_bytes());
+    out.put_slice(b"\ndata: ");
+    out.put_slice(&frame.envelope);
+    out.put_slice(b"\n\n");
     out.freeze()
 }
 
@@ -231,7 +235,7 @@ mod tests {
     fn an_event_frame_is_id_then_data_with_the_envelope() {
         let body = crate::event::tests::sample_body();
         let event = Event::from_stored(42, &body.to_json(), 0).unwrap();
-        let frame = events_chunk(&[Frame::of(&event)]);
+        let frame = Frame::of(&event).sse(event_frame);
         assert!(frame.starts_with(b"id: 42\ndata: {\"envelope_version\":1,\"event_id\":42,\"event_type\""));
         assert!(frame.ends_with(b"}\n\n"));
         assert_eq!(frame, sse_frame(Some(42), None, &event.envelope));

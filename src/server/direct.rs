@@ -220,8 +220,41 @@ async fn write_response(
                 if data.is_empty() {
                     continue;
                 }
+                // Whatever else is ready leaves in the same write (one
+                // syscall per delivery round, not per event, under load).
+                let (mut more, mut ended) = (Vec::new(), false);
+                while more.len() < MAX_GATHER {
+                    match futures_util::FutureExt::now_or_never(body.frame()) {
+                        Some(Some(Ok(frame))) => {
+                            if let Ok(data) = frame.into_data()
+                                && !data.is_empty()
+                            {
+                                more.push(data);
+                            }
+                        }
+                        Some(Some(Err(_)) | None) => {
+                            ended = true;
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                let write = async {
+                    if more.is_empty() { write_frame(&mut writer, data, exact.is_none()).await } else { write_frames(&mut writer, data, &more, exact.is_none()).await }
+                };
+                let mut write = std::pin::pin!(write);
+                // Most writes complete at once (the socket buffer has room):
+                // the deadline's timer is only armed for one that waits, not
+                // registered and removed for every write of every stream.
+                if let Some(done) = futures_util::future::poll_immediate(write.as_mut()).await {
+                    done?;
+                    if ended {
+                        break;
+                    }
+                    continue;
+                }
                 tokio::select! {
-                    r = tokio::time::timeout(write_timeout, write_frame(&mut writer, data, exact.is_none())) => match r {
+                    r = tokio::time::timeout(write_timeout, write) => match r {
                         Ok(r) => r?,
                         Err(_) => {
                             // The client took no bytes for the slow-client
@@ -234,6 +267,9 @@ async fn write_response(
                         }
                     },
                     _ = kill.cancelled() => return Ok(()),
+                }
+                if ended {
+                    break;
                 }
             }
             // The client closed its side (or sent something after its
@@ -262,6 +298,37 @@ async fn write_frame(writer: &mut tokio::net::tcp::WriteHalf<'_>, data: Bytes, c
     let mut buf = bytes::Buf::chain(bytes::Buf::chain(&size[..len], data), &b"\r\n"[..]);
     while buf.has_remaining() {
         writer.write_buf(&mut buf).await?;
+    }
+    Ok(())
+}
+
+/// Most frames gathered into one write.
+const MAX_GATHER: usize = 64;
+
+/// Several frames in one vectored write: with chunked encoding, one chunk
+/// holding them all (each is a whole SSE event, so the stream reads the
+/// same).
+async fn write_frames(writer: &mut tokio::net::tcp::WriteHalf<'_>, first: Bytes, more: &[Bytes], chunked: bool) -> io::Result<()> {
+    use std::io::IoSlice;
+    let total = first.len() + more.iter().map(Bytes::len).sum::<usize>();
+    let mut size = [0u8; 18];
+    let len = if chunked { hex_size(total, &mut size) } else { 0 };
+    let mut slices = Vec::with_capacity(more.len() + 3);
+    if chunked {
+        slices.push(IoSlice::new(&size[..len]));
+    }
+    slices.push(IoSlice::new(&first));
+    slices.extend(more.iter().map(|f| IoSlice::new(f)));
+    if chunked {
+        slices.push(IoSlice::new(b"\r\n"));
+    }
+    let mut bufs = &mut slices[..];
+    while !bufs.is_empty() {
+        let n = writer.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
     }
     Ok(())
 }

@@ -273,6 +273,20 @@ impl Stream {
 pub(crate) struct Process {
     pub(crate) child: tokio::process::Child,
     pub(crate) base: String,
+    /// Everything it wrote to stderr, read as it comes (see [`Process::log`]).
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Process {
+    /// Stops it (SIGKILL) and returns everything it logged.
+    pub(crate) async fn kill_and_log(mut self) -> String {
+        let _ = self.child.kill().await;
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.await;
+        }
+        self.log.lock().unwrap().clone()
+    }
 }
 
 pub(crate) fn free_port() -> u16 {
@@ -316,9 +330,10 @@ pub(crate) async fn spawn_process(envs: &[(&str, String)]) -> Process {
 pub(crate) async fn spawn_process_at(envs: &[(&str, String)], port: u16) -> Process {
     let mut child = process_command(envs, port).spawn().expect("starting tidings");
     // Its log is read as it comes (a full pipe would stall the server),
-    // and shown with TIDINGS_TEST_SERVER_LOG=1.
-    if let Some(stderr) = child.stderr.take() {
-        let show = std::env::var_os("TIDINGS_TEST_SERVER_LOG").is_some();
+    // kept (the last 4 MiB) and shown with TIDINGS_TEST_SERVER_LOG=1.
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = child.stderr.take().map(|stderr| {
+        let (show, log) = (std::env::var_os("TIDINGS_TEST_SERVER_LOG").is_some(), log.clone());
         tokio::spawn(async move {
             use tokio::io::AsyncBufReadExt as _;
             let mut lines = tokio::io::BufReader::new(stderr).lines();
@@ -326,16 +341,22 @@ pub(crate) async fn spawn_process_at(envs: &[(&str, String)], port: u16) -> Proc
                 if show {
                     eprintln!("[{port}] {line}");
                 }
+                let mut log = log.lock().unwrap();
+                if log.len() > 4 << 20 {
+                    log.clear();
+                }
+                log.push_str(&line);
+                log.push('\n');
             }
-        });
-    }
+        })
+    });
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     for _ in 0..200 {
         if let Ok(r) = http.get(format!("{base}/health")).send().await
             && r.status() == 200
         {
-            return Process { child, base };
+            return Process { child, base, log, reader };
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -386,10 +386,7 @@ async fn tokens_never_reach_the_logs(backend: Backend) {
             assert_eq!(r.status() == 200, t == &good, "{name} carries the token on a stream");
         }
     }
-    let mut child = server.child;
-    child.start_kill().unwrap();
-    let output = child.wait_with_output().await.unwrap();
-    let logs = String::from_utf8_lossy(&output.stderr);
+    let logs = server.kill_and_log().await;
     assert!(logs.contains("access_token=REDACTED"), "requests were logged, with the query redacted:\n{logs}");
     for t in [&good, &bad] {
         assert!(!logs.contains(t.as_str()), "a token reached the logs");
