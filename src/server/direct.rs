@@ -134,7 +134,8 @@ fn build(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
 /// client still sends for a moment so the answer is not lost to a reset.
 pub(super) async fn refuse(mut stream: TcpStream, response: Response<Body>, kill: &CancellationToken, write_timeout: Duration) {
     count_refusal(response.status().as_u16());
-    if write_response(&mut stream, response, kill, write_timeout).await.is_err() {
+    let (head, body, exact) = head_of(response);
+    if write_response(&mut stream, head, body, exact, kill, write_timeout).await.is_err() {
         return;
     }
     let drain = async {
@@ -153,31 +154,30 @@ pub(super) async fn refuse(mut stream: TcpStream, response: Response<Body>, kill
 /// Serves one stream request on `stream`, then closes it.
 pub(super) async fn serve(
     mut stream: TcpStream,
-    mut request: Request<Body>,
+    mut request: Box<Request<Body>>,
     connection: Connection,
     router: Router,
     write_timeout: Duration,
 ) {
     let kill = connection.kill_token();
     request.extensions_mut().insert(connection);
-    // Boxed: the handler's future is gone once it answered, and an idle
-    // stream's task does not keep room for it for the stream's life.
-    let response = match Box::pin(router.oneshot(request)).await {
+    // Boxed, like the request: the handler's future is gone once it
+    // answered, and an idle stream's task keeps no room for either.
+    let response = match Box::pin(router.oneshot(*request)).await {
         Ok(r) => r,
         Err(e) => match e {},
     };
+    let (head, body, exact) = head_of(response);
     let _ = tokio::select! {
-        r = write_response(&mut stream, response, &kill, write_timeout) => r,
+        r = write_response(&mut stream, head, body, exact, &kill, write_timeout) => r,
         _ = kill.cancelled() => Ok(()),
     };
 }
 
-async fn write_response(
-    stream: &mut TcpStream,
-    response: Response<Body>,
-    kill: &CancellationToken,
-    write_timeout: Duration,
-) -> io::Result<()> {
+/// The response's head as bytes, and its body: the response itself (its
+/// header map, some 1.2 KiB) is gone before the first write, so an idle
+/// stream's task neither keeps it nor room for it.
+fn head_of(response: Response<Body>) -> (Vec<u8>, Body, Option<u64>) {
     let (parts, body) = response.into_parts();
     let exact = http_body::Body::size_hint(&body).exact();
     let mut head = Vec::with_capacity(256);
@@ -203,9 +203,17 @@ async fn write_response(
         Some(len) => head.extend_from_slice(format!("content-length: {len}\r\nconnection: close\r\n\r\n").as_bytes()),
         None => head.extend_from_slice(b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"),
     }
-    // The head is written once: its header map (some 1.2 KiB) is not kept
-    // for the stream's life.
-    drop(parts);
+    (head, body, exact)
+}
+
+async fn write_response(
+    stream: &mut TcpStream,
+    head: Vec<u8>,
+    body: Body,
+    exact: Option<u64>,
+    kill: &CancellationToken,
+    write_timeout: Duration,
+) -> io::Result<()> {
     stream.write_all(&head).await?;
     drop(head);
     let (mut reader, mut writer) = stream.split();

@@ -153,7 +153,7 @@ async fn serve_connection(
     };
     match first {
         direct::First::Gone => {}
-        direct::First::Stream(request) => direct::serve(stream, *request, connection, router, options.write_timeout).await,
+        direct::First::Stream(request) => direct::serve(stream, request, connection, router, options.write_timeout).await,
         // A connection's task is sized for its largest state for as long as
         // it lives: the refusal (a response and its write, 4.6 KiB) and
         // hyper's connection are boxed so an idle stream's task holds only
