@@ -274,6 +274,11 @@ pub struct PollReport {
     pub catch_up_events_per_second: f64,
 }
 
+/// The nearest-rank `p` quantile of `sorted` (ascending); `None` if empty.
+pub(super) fn nearest_rank(sorted: &[f64], p: f64) -> Option<f64> {
+    sorted.get(((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied()
+}
+
 fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -640,7 +645,7 @@ pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRe
     let seconds = start.elapsed().as_secs_f64();
     let events = answered.len() as u64 * args.batch as u64;
     answered.sort_by(f64::total_cmp);
-    let pct = |p: f64| answered.get(((answered.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied();
+    let pct = |p: f64| nearest_rank(&answered, p);
     let mode = if args.batch == 1 { "publish_single" } else { "publish_batched" };
     Ok(ThroughputReport {
         mode,

@@ -282,7 +282,7 @@ pub async fn mirror_delay(args: &BenchArgs) -> anyhow::Result<MirrorDelayReport>
     }
     writer.await??;
     delays.sort_by(f64::total_cmp);
-    let pct = |p: f64| delays.get(((delays.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN);
+    let pct = |p: f64| super::bench::nearest_rank(&delays, p).unwrap_or(f64::NAN);
     Ok(MirrorDelayReport { writes: n, applied_at_c: delays.len(), p50_ms: pct(0.5), p99_ms: pct(0.99), max_ms: pct(1.0) })
 }
 
@@ -491,7 +491,7 @@ pub async fn tree(args: &BenchArgs) -> anyhow::Result<TreeReport> {
         }
     }
     delays.sort_by(f64::total_cmp);
-    let pct = |p: f64| delays.get(((delays.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN);
+    let pct = |p: f64| super::bench::nearest_rank(&delays, p).unwrap_or(f64::NAN);
     let (leaf_p50_ms, leaf_p99_ms) = (pct(0.5), pct(0.99));
 
     // Repair: the relay serving the most is killed while writes go on.
