@@ -415,8 +415,8 @@ impl Broker {
             for event in &events {
                 // Only clients the index names are checked, with the full filter
                 // (minus the type check when the index already settled it).
-                clients.index.candidates(&event.body.event_type, &mut candidates);
                 let input = MatchInput::new(&event.body);
+                clients.index.candidates(&input, &mut candidates);
                 let mut frame = None;
                 for &(id, slot, type_matched) in &candidates {
                     if !slot.filter.matches_after_types(&input, type_matched) || evict.iter().any(|(e, _)| *e == id) {

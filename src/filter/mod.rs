@@ -234,6 +234,12 @@ impl Filter {
         &self.types
     }
 
+    /// The field equality the payload rule requires, if the broker can
+    /// index the filter by it ([`payload::Equality`]).
+    pub fn payload_equality(&self) -> Option<&payload::Equality> {
+        self.payload.as_ref()?.equality()
+    }
+
     /// Whether `event` passes every field of this filter.
     pub fn matches(&self, event: &EventBody) -> bool {
         self.matches_input(&MatchInput::new(event))
@@ -286,7 +292,13 @@ impl<'a> MatchInput<'a> {
         Self { body, payload: std::cell::OnceCell::new() }
     }
 
-    fn payload(&self) -> Option<&datalogic_rs::ParsedData> {
+    /// The event.
+    pub fn body(&self) -> &'a EventBody {
+        self.body
+    }
+
+    /// The payload in the rule evaluator's form, converted on first use.
+    pub fn payload(&self) -> Option<&datalogic_rs::ParsedData> {
         self.payload.get_or_init(|| payload::prepare(&self.body.payload)).as_ref()
     }
 }

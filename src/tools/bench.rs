@@ -562,8 +562,8 @@ pub fn fanout_compare(args: &BenchArgs) -> anyhow::Result<FanoutReport> {
     let (mut matched, start) = (0u64, Instant::now());
     for n in 0..rounds {
         let event = &events[(n % 100) as usize];
-        index.candidates(&event.event_type, &mut candidates);
         let input = crate::filter::MatchInput::new(event);
+        index.candidates(&input, &mut candidates);
         matched += candidates.iter().filter(|&&(_, &i, typed)| filters[i].matches_after_types(&input, typed)).count() as u64;
     }
     let indexed = start.elapsed().as_secs_f64();

@@ -7,7 +7,13 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::helpers::{Backend, TestApp, spawn_app};
 
-both_stores!(spec_4_3_types_and_agents, spec_4_4_targets, spec_4_5_payload_rule, bad_filters_open_no_stream);
+both_stores!(
+    spec_4_3_types_and_agents,
+    spec_4_4_targets,
+    spec_4_5_payload_rule,
+    clients_told_apart_by_a_field_get_their_own_events,
+    bad_filters_open_no_stream
+);
 
 /// `?filter=<url-encoded JSON>` (and `since` when given).
 fn query(filter: &Value, since: Option<i64>) -> String {
@@ -82,6 +88,70 @@ async fn spec_4_5_payload_rule(backend: Backend) {
         expected
     })
     .await;
+}
+
+/// Rules that require a field to equal a constant are what the broker
+/// indexes by (the field's value, not every rule per event): each client
+/// still gets exactly the events its rule is true for, with JsonLogic's
+/// coercions (`3 == "3"`, `1 == true`), live and on replay.
+async fn clients_told_apart_by_a_field_get_their_own_events(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rules = [
+        json!({"==": [{"var": "user"}, "ann"]}),
+        json!({"==": [{"var": "user"}, "bob"]}),
+        json!({"and": [{"==": [3, {"var": "room.n"}]}, {"var": "ok"}]}),
+        json!({"===": [{"var": "room.n"}, 3]}),
+        json!({"==": [{"var": "flag"}, 1]}),
+    ];
+    let filters: Vec<Value> = rules.iter().map(|r| json!({"types": ["chat.*"], "payload": r})).collect();
+    let mut live = Vec::new();
+    for filter in &filters {
+        live.push(app.stream(&query(filter, None), None).await);
+    }
+    let payloads = [
+        json!({"user": "ann"}),
+        json!({"user": "bob", "room": {"n": 3}, "ok": true}),
+        json!({"room": {"n": "3"}, "ok": 1}),
+        json!({"room": {"n": "3"}, "ok": false}),
+        json!({"user": "carl", "flag": true}),
+        json!({"user": "ann", "flag": "1"}),
+        json!({"flag": "one", "room": {"n": [3]}}),
+    ];
+    // Which rules each payload satisfies, by index into `rules`.
+    let satisfies: [&[usize]; 7] = [&[0], &[1, 2, 3], &[2], &[], &[4], &[0, 4], &[]];
+    let mut expected: Vec<Vec<i64>> = vec![Vec::new(); rules.len()];
+    for (payload, rules) in payloads.iter().zip(satisfies) {
+        let id = publish(&app, json!({"event_type": "chat.posted", "payload": payload})).await;
+        for &r in rules {
+            expected[r].push(id);
+        }
+        // The same payload under another type matches no one.
+        publish(&app, json!({"event_type": "mail.sent", "payload": payload})).await;
+    }
+    // Each stream's last expected event comes after every other, so an
+    // event leaked to it would show before that one.
+    for (payload, list) in [
+        json!({"user": "ann"}),
+        json!({"user": "bob"}),
+        json!({"room": {"n": 3}, "ok": true}),
+        json!({"room": {"n": 3}}),
+        json!({"flag": 1}),
+    ]
+    .into_iter()
+    .zip(&mut expected)
+    {
+        list.push(publish(&app, json!({"event_type": "chat.posted", "payload": payload})).await);
+    }
+    // The fences of rules 2 and 3 satisfy both of them.
+    let fence_2 = expected[2].last().copied().unwrap();
+    let fence_3 = expected[3].pop().unwrap();
+    expected[3].push(fence_2);
+    expected[3].push(fence_3);
+    for ((filter, stream), want) in filters.iter().zip(&mut live).zip(&expected) {
+        assert_eq!(&stream.ids(want.len()).await, want, "live delivery of {filter}");
+        let mut replay = app.stream(&query(filter, Some(0)), None).await;
+        assert_eq!(&replay.ids(want.len()).await, want, "replay of {filter}");
+    }
 }
 
 async fn bad_filters_open_no_stream(backend: Backend) {
