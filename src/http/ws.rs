@@ -9,7 +9,7 @@
 //! Library: axum's `ws` (tokio-tungstenite underneath): the upgrade runs
 //! through the same router, middleware and caller extraction as every
 //! route, and exposes tungstenite's buffer sizes, which are tuned here: a
-//! 1 KiB read buffer instead of 128 KiB (device messages are small; a
+//! 256-byte read buffer instead of 128 KiB (device messages are small; a
 //! larger one grows it), and no write buffer of tungstenite's own, which
 //! would keep its largest size for the life of the connection. Instead the
 //! connection gathers the frames of one delivery until the flush that ends
@@ -92,7 +92,7 @@ pub(crate) async fn upgrade(
     };
     let settings = app.settings();
     let ws =
-        ws.read_buffer_size(1024).write_buffer_size(0).max_message_size(settings.ws_max_message).max_frame_size(settings.ws_max_message);
+        ws.read_buffer_size(256).write_buffer_size(0).max_message_size(settings.ws_max_message).max_frame_size(settings.ws_max_message);
     // A refused token is answered on the socket (one error frame, then
     // close 1000), as the protocol says, rather than as an HTTP refusal.
     let caller = caller.map(|c| c.0).map_err(|_| "unauthorized");

@@ -7,9 +7,11 @@
 //! is most of what an idle stream costs. Here the request head is read into
 //! a small buffer that is freed once parsed, the request goes through the
 //! same router (middleware, auth, handlers), and the response is written
-//! with chunked encoding straight from the body's frames (each frame is one
-//! vectored write of the chunk size, the shared frame bytes and the CRLF:
-//! no copy, no per-connection buffer). After the stream ends the connection
+//! with chunked encoding straight from the body's frames (the frames ready
+//! at once are one chunk, one vectored write of the chunk size, the shared
+//! frame bytes and the CRLF: no copy, no per-connection buffer), tried
+//! without waiting; only a write the socket cannot take whole waits, in a
+//! boxed future with its deadline. After the stream ends the connection
 //! is closed; clients reconnect anyway.
 //!
 //! Every other first request (and HTTP/1.0, and anything that does not
@@ -206,70 +208,47 @@ fn head_of(response: Response<Body>) -> (Vec<u8>, Body, Option<u64>) {
     (head, body, exact)
 }
 
-async fn write_response(
-    stream: &mut TcpStream,
+/// Writes the response: the head, then the body's frames as they come.
+///
+/// A stream spends its life waiting here, and its task is sized for the
+/// largest state of this function for as long as it lives, so the loop
+/// keeps almost nothing across its wait: one poll function waits for the
+/// body's next frames (gathering every frame already ready, so one write
+/// carries a whole delivery round under load) or for the client to close;
+/// the write is tried at once without waiting (it nearly always completes:
+/// the socket buffer has room), and only a write that has to wait becomes
+/// a boxed future with its deadline.
+#[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice for its whole life (see the body)")]
+fn write_response<'a>(
+    stream: &'a mut TcpStream,
     head: Vec<u8>,
     body: Body,
     exact: Option<u64>,
-    kill: &CancellationToken,
+    kill: &'a CancellationToken,
     write_timeout: Duration,
-) -> io::Result<()> {
-    stream.write_all(&head).await?;
-    drop(head);
-    let (mut reader, mut writer) = stream.split();
-    let mut body = std::pin::pin!(body);
-    let mut scratch = [0u8; 64];
-    loop {
-        tokio::select! {
-            frame = body.frame() => {
-                let data = match frame {
-                    Some(Ok(frame)) => match frame.into_data() {
-                        Ok(data) => data,
-                        Err(_) => continue, // trailers: none are sent
-                    },
-                    Some(Err(_)) => return Ok(()),
-                    None => break,
-                };
-                if data.is_empty() {
-                    continue;
-                }
-                // Whatever else is ready leaves in the same write (one
-                // syscall per delivery round, not per event, under load).
-                let (mut more, mut ended) = (Vec::new(), false);
-                while more.len() < MAX_GATHER {
-                    match futures_util::FutureExt::now_or_never(body.frame()) {
-                        Some(Some(Ok(frame))) => {
-                            if let Ok(data) = frame.into_data()
-                                && !data.is_empty()
-                            {
-                                more.push(data);
-                            }
-                        }
-                        Some(Some(Err(_)) | None) => {
-                            ended = true;
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                let write = async {
-                    if more.is_empty() { write_frame(&mut writer, data, exact.is_none()).await } else { write_frames(&mut writer, data, &more, exact.is_none()).await }
-                };
-                let mut write = std::pin::pin!(write);
-                // Most writes complete at once (the socket buffer has room):
-                // the deadline's timer is only armed for one that waits, not
-                // registered and removed for every write of every stream.
-                if let Some(done) = futures_util::future::poll_immediate(write.as_mut()).await {
-                    done?;
-                    if ended {
-                        break;
-                    }
-                    continue;
-                }
-                // Boxed: a waiting write is rare, and its timer would
-                // otherwise take room in every stream's task for its life.
+) -> impl Future<Output = io::Result<()>> + 'a {
+    // A plain function returning a block: an async function keeps its
+    // arguments twice (as given and as bound), for its whole life.
+    async move {
+        stream.write_all(&head).await?;
+        drop(head);
+        let chunked = exact.is_none();
+        let mut body = std::pin::pin!(body);
+        loop {
+            let (frames, ended) = match std::future::poll_fn(|cx| next_step(cx, stream, body.as_mut())).await {
+                Step::Frames(frames, ended) => (frames, ended),
+                Step::End => break,
+                Step::Closed => return Ok(()),
+            };
+            let rest = match try_write(stream, &frames, chunked) {
+                Ok(rest) => rest,
+                Err(_) => return Ok(()),
+            };
+            if let Some(rest) = rest {
+                // Boxed: a waiting write is rare, and its state and timer
+                // would otherwise take room in every stream's task.
                 tokio::select! {
-                    r = Box::pin(tokio::time::timeout(write_timeout, write)) => match r {
+                    r = Box::pin(tokio::time::timeout(write_timeout, write_rest(stream, rest))) => match r {
                         Ok(r) => r?,
                         Err(_) => {
                             // The client took no bytes for the slow-client
@@ -283,67 +262,142 @@ async fn write_response(
                     },
                     _ = kill.cancelled() => return Ok(()),
                 }
-                if ended {
-                    break;
-                }
             }
-            // The client closed its side (or sent something after its
-            // request, which a stream ignores).
-            read = reader.read(&mut scratch) => match read {
-                Ok(0) | Err(_) => return Ok(()),
-                Ok(_) => {}
-            },
+            if ended {
+                break;
+            }
         }
+        if chunked {
+            stream.write_all(b"0\r\n\r\n").await?;
+        }
+        stream.shutdown().await
     }
-    if exact.is_none() {
-        writer.write_all(b"0\r\n\r\n").await?;
-    }
-    writer.shutdown().await
 }
 
-/// One frame: with chunked encoding, `<hex size>\r\n<data>\r\n` in one
-/// vectored write.
-async fn write_frame(writer: &mut tokio::net::tcp::WriteHalf<'_>, data: Bytes, chunked: bool) -> io::Result<()> {
-    if !chunked {
-        let mut data = data;
-        return writer.write_all_buf(&mut data).await;
+/// What the stream does next.
+enum Step {
+    /// Frames to write (every one that was ready, at most [`MAX_GATHER`]);
+    /// `true` when the body ended after them.
+    Frames(Vec<Bytes>, bool),
+    /// The body ended.
+    End,
+    /// The client closed its side (or the connection failed).
+    Closed,
+}
+
+/// Polls for the client closing and for the body's next frames.
+fn next_step(cx: &mut Context<'_>, stream: &TcpStream, mut body: Pin<&mut Body>) -> Poll<Step> {
+    // Anything the client sends after its request is read and ignored; the
+    // end of its side ends the stream. A client that keeps sending is read
+    // a bounded amount per poll (and the task woken to go on), so it
+    // cannot hold the task here.
+    let mut reads = 0;
+    while stream.poll_read_ready(cx).is_ready() {
+        if reads == 16 {
+            cx.waker().wake_by_ref();
+            break;
+        }
+        reads += 1;
+        let mut scratch = [0u8; 64];
+        match stream.try_read(&mut scratch) {
+            Ok(0) => return Poll::Ready(Step::Closed),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Poll::Ready(Step::Closed),
+        }
     }
-    let mut size = [0u8; 18];
-    let len = hex_size(data.len(), &mut size);
-    let mut buf = bytes::Buf::chain(bytes::Buf::chain(&size[..len], data), &b"\r\n"[..]);
-    while buf.has_remaining() {
-        writer.write_buf(&mut buf).await?;
+    let mut frames = Vec::new();
+    while frames.len() < MAX_GATHER {
+        match http_body::Body::poll_frame(body.as_mut(), cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                // Trailers: none are sent.
+                if let Ok(data) = frame.into_data()
+                    && !data.is_empty()
+                {
+                    frames.push(data);
+                }
+            }
+            Poll::Ready(Some(Err(_)) | None) if frames.is_empty() => return Poll::Ready(Step::End),
+            Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(Step::Frames(frames, true)),
+            Poll::Pending => break,
+        }
     }
-    Ok(())
+    if frames.is_empty() { Poll::Pending } else { Poll::Ready(Step::Frames(frames, false)) }
 }
 
 /// Most frames gathered into one write.
 const MAX_GATHER: usize = 64;
 
-/// Several frames in one vectored write: with chunked encoding, one chunk
-/// holding them all (each is a whole SSE event, so the stream reads the
-/// same).
-async fn write_frames(writer: &mut tokio::net::tcp::WriteHalf<'_>, first: Bytes, more: &[Bytes], chunked: bool) -> io::Result<()> {
+/// Writes `frames` without waiting, in one vectored write when the socket
+/// takes it all (with chunked encoding, one chunk holding them all: each is
+/// a whole SSE event, so the stream reads the same). Returns what is left
+/// when the socket would block.
+fn try_write(stream: &TcpStream, frames: &[Bytes], chunked: bool) -> io::Result<Option<Vec<Bytes>>> {
     use std::io::IoSlice;
-    let total = first.len() + more.iter().map(Bytes::len).sum::<usize>();
+    let total: usize = frames.iter().map(Bytes::len).sum();
     let mut size = [0u8; 18];
     let len = if chunked { hex_size(total, &mut size) } else { 0 };
-    let mut slices = Vec::with_capacity(more.len() + 3);
+    let mut slices = Vec::with_capacity(frames.len() + 2);
     if chunked {
         slices.push(IoSlice::new(&size[..len]));
     }
-    slices.push(IoSlice::new(&first));
-    slices.extend(more.iter().map(|f| IoSlice::new(f)));
+    slices.extend(frames.iter().map(|f| IoSlice::new(f)));
     if chunked {
         slices.push(IoSlice::new(b"\r\n"));
     }
+    let mut written = 0;
     let mut bufs = &mut slices[..];
     while !bufs.is_empty() {
-        let n = writer.write_vectored(bufs).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
+        match stream.try_write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                written += n;
+                IoSlice::advance_slices(&mut bufs, n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
         }
-        IoSlice::advance_slices(&mut bufs, n);
+    }
+    if bufs.is_empty() {
+        return Ok(None);
+    }
+    // What is left, as owned pieces: the chunk size, the frames, the CRLF.
+    let mut rest = Vec::with_capacity(frames.len() + 2);
+    if chunked {
+        rest.push(Bytes::copy_from_slice(&size[..len]));
+    }
+    rest.extend(frames.iter().cloned());
+    if chunked {
+        rest.push(Bytes::from_static(b"\r\n"));
+    }
+    consume(&mut rest, written);
+    Ok(Some(rest))
+}
+
+/// Drops the first `n` bytes of `pieces`.
+fn consume(pieces: &mut Vec<Bytes>, mut n: usize) {
+    pieces.retain_mut(|piece| {
+        let k = n.min(piece.len());
+        piece.advance(k);
+        n -= k;
+        !piece.is_empty()
+    });
+}
+
+/// Writes `rest` once the socket takes it.
+async fn write_rest(stream: &TcpStream, mut rest: Vec<Bytes>) -> io::Result<()> {
+    use std::io::IoSlice;
+    while !rest.is_empty() {
+        stream.writable().await?;
+        let slices: Vec<IoSlice<'_>> = rest.iter().map(|b| IoSlice::new(b)).collect();
+        let n = match stream.try_write_vectored(&slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
+        drop(slices);
+        consume(&mut rest, n);
     }
     Ok(())
 }
@@ -626,6 +680,38 @@ mod tests {
         let mut got = vec![0u8; big.len()];
         peer.read_exact(&mut got).await.unwrap();
         assert_eq!(got, big);
+    }
+
+    /// A write the socket cannot take whole leaves the rest, to the byte,
+    /// for the waiting write: the client reads exactly the chunks sent.
+    #[tokio::test]
+    async fn a_write_that_would_block_leaves_exactly_the_rest() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let frames: Vec<Bytes> = (0..64u8).map(|i| Bytes::from(vec![b'a' + i % 26; 7_001 + i as usize])).collect();
+        let mut expected = Vec::new();
+        let mut rests = 0;
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            peer.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        // Rounds of 64 frames (450 KiB) until one does not fit in the
+        // socket's buffers, which the client is not reading yet.
+        for _ in 0..64 {
+            let total: usize = frames.iter().map(Bytes::len).sum();
+            expected.extend_from_slice(format!("{total:x}\r\n").as_bytes());
+            frames.iter().for_each(|f| expected.extend_from_slice(f));
+            expected.extend_from_slice(b"\r\n");
+            if let Some(rest) = try_write(&server, &frames, true).unwrap() {
+                rests += 1;
+                write_rest(&server, rest).await.unwrap();
+            }
+        }
+        assert!(rests > 0, "the socket's buffers filled at least once");
+        drop(server);
+        assert_eq!(reader.await.unwrap(), expected);
     }
 
     #[test]

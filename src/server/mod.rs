@@ -127,7 +127,9 @@ pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions,
         };
         let _ = stream.set_nodelay(true);
         let connection = Connection { kill: force.child_token(), peer };
-        tracker.spawn(serve_connection(stream, connection, router.clone(), options.clone(), refusals.clone(), shutdown.clone()));
+        let task =
+            serve_connection(stream, connection, router.clone(), options.clone(), refusals.clone(), shutdown.clone(), tracker.clone());
+        tracker.spawn(task);
     }
     drop(listener);
     tracker.close();
@@ -145,6 +147,7 @@ async fn serve_connection(
     options: ServeOptions,
     refusals: Arc<direct::Refusals>,
     shutdown: CancellationToken,
+    tracker: TaskTracker,
 ) {
     let header_timeout = options.header_timeout;
     let first = tokio::select! {
@@ -153,11 +156,16 @@ async fn serve_connection(
     };
     match first {
         direct::First::Gone => {}
-        direct::First::Stream(request) => direct::serve(stream, request, connection, router, options.write_timeout).await,
-        // A connection's task is sized for its largest state for as long as
-        // it lives: the refusal (a response and its write, 4.6 KiB) and
-        // hyper's connection are boxed so an idle stream's task holds only
-        // the stream's state.
+        // A stream goes on in a task of its own, sized for the stream alone:
+        // this one (2.7 KiB, whatever its largest state) ends here. Spawned
+        // on the same tracker, before this task ends, so a shutdown waits
+        // for it.
+        direct::First::Stream(request) => {
+            tracker.spawn(direct::serve(stream, request, connection, router, options.write_timeout));
+        }
+        // The refusal (a response and its write, 4.6 KiB) and hyper's
+        // connection are boxed: a connection's task is sized for its largest
+        // state for as long as it lives.
         direct::First::Refused(refusal) => {
             Box::pin(direct::refuse(stream, (options.refuse)(refusal), &connection.kill, options.write_timeout)).await
         }
