@@ -180,11 +180,11 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_MAX_BATCH", default_value_t = 10_000)]
     pub max_batch: usize,
 
-    /// Most events committed together by one group commit of concurrent publishes.
+    /// Most events committed together by one group commit of concurrent publishes (or tree writes).
     #[arg(long, env = "TIDINGS_PUBLISH_GROUP_EVENTS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub publish_group_events: u32,
 
-    /// How long a group commit waits for more publishes once it has one (0: only those queued meanwhile).
+    /// How long a group commit waits for more publishes (or tree writes) once it has one (0: only those queued meanwhile).
     #[arg(long, env = "TIDINGS_PUBLISH_GROUP_DELAY", default_value = "0ms", value_parser = duration)]
     pub publish_group_delay: Duration,
 

@@ -74,7 +74,7 @@ async fn main() -> anyhow::Result<()> {
             init_logs(LogFormat::Human);
             let report = match args.mode {
                 Mode::Deliver => serde_json::to_value(tidings::tools::bench::run(args).await?)?,
-                Mode::Publish => serde_json::to_value(tidings::tools::bench::publish_throughput(&args).await?)?,
+                Mode::Publish | Mode::TreeWrite => serde_json::to_value(tidings::tools::bench::publish_throughput(&args).await?)?,
                 Mode::Replay => serde_json::to_value(tidings::tools::bench::replay_throughput(&args).await?)?,
                 Mode::Fanout => serde_json::to_value(tidings::tools::bench::fanout_compare(&args)?)?,
                 Mode::ListenLoss => serde_json::to_value(tidings::tools::bench::listen_loss(&args).await?)?,

@@ -59,7 +59,7 @@ pub const PEER_DELIVERIES: &str = "tidings_peer_deliveries_total";
 pub const PEER_OUTCOMES: &[&str] = &["delivered", "duplicate", "refused", "given_up"];
 /// Delivery attempts to peers that failed and were retried.
 pub const PEER_RETRIES: &str = "tidings_peer_delivery_retries_total";
-/// Events per group commit of publishes (groups of two requests or more).
+/// Events per group commit, by `kind` (`publish`, `tree`: groups of two requests or more).
 pub const PUBLISH_GROUP_EVENTS: &str = "tidings_publish_group_events";
 /// Remote subscriptions ended because their deliveries kept failing.
 pub const PEER_EVICTIONS: &str = "tidings_peer_evictions_total";
@@ -149,7 +149,11 @@ fn describe() {
     describe_counter!(PEER_RETRIES, Unit::Count, "Delivery attempts to peers that failed and were retried.");
     describe_gauge!(PEER_BACKLOG, Unit::Count, "Per peer, events the slowest delivery lane to it is behind the head.");
     describe_counter!(MIRROR_APPLIES, Unit::Count, "Notifications (and reconciliation re-reads) a mirror handled, by outcome.");
-    describe_histogram!(PUBLISH_GROUP_EVENTS, Unit::Count, "Events per group commit of publishes (groups of two requests or more).");
+    describe_histogram!(
+        PUBLISH_GROUP_EVENTS,
+        Unit::Count,
+        "Events per group commit, by kind: publish or tree (groups of two requests or more)."
+    );
     describe_counter!(PEER_EVICTIONS, Unit::Count, "Remote subscriptions ended because their deliveries kept failing.");
     describe_counter!(MIRROR_REPAIRS, Unit::Count, "Per mirror, re-attachments after its relay stopped answering.");
     describe_gauge!(MIRROR_HOPS, Unit::Count, "Per mirror, redirects between the mirrored peer and the server holding its subscription.");

@@ -48,7 +48,8 @@ pub struct Core {
 struct Inner {
     settings: Settings,
     store: Arc<dyn Store>,
-    appender: crate::store::group::GroupCommit,
+    appender: crate::store::group::GroupCommit<crate::store::group::Publishes>,
+    tree_writer: crate::store::group::GroupCommit<crate::store::group::TreeWrites>,
     broker: Broker,
     registry: Arc<Registry>,
     limits: Arc<limits::Limits>,
@@ -77,8 +78,8 @@ pub struct CoreParts {
 }
 
 impl Core {
-    /// Bundles the handles and starts the publish group committer (so it
-    /// is called inside the runtime).
+    /// Bundles the handles and starts the group committers of publishes
+    /// and tree writes (so it is called inside the runtime).
     pub fn new(parts: CoreParts) -> Self {
         let CoreParts { settings, store, broker, registry, server, subscriptions, shutdown } = parts;
         let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
@@ -87,7 +88,11 @@ impl Core {
             max_delay: settings.publish_group_delay,
         };
         let appender = crate::store::group::GroupCommit::start(store.clone(), group);
-        Self { inner: Arc::new(Inner { settings, store, appender, broker, registry, limits, server, subscriptions, shutdown }) }
+        // Tree writes are grouped within the same bounds.
+        let tree_writer = crate::store::group::GroupCommit::start(store.clone(), group);
+        Self {
+            inner: Arc::new(Inner { settings, store, appender, tree_writer, broker, registry, limits, server, subscriptions, shutdown }),
+        }
     }
 
     /// Settings.
@@ -101,8 +106,13 @@ impl Core {
     }
 
     /// Publishes' appends, group-committed.
-    pub fn appender(&self) -> &crate::store::group::GroupCommit {
+    pub fn appender(&self) -> &crate::store::group::GroupCommit<crate::store::group::Publishes> {
         &self.inner.appender
+    }
+
+    /// Tree writes (`PUT` and `DELETE` of a path), group-committed.
+    pub fn tree_writer(&self) -> &crate::store::group::GroupCommit<crate::store::group::TreeWrites> {
+        &self.inner.tree_writer
     }
 
     /// The broker.

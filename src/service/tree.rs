@@ -204,7 +204,7 @@ pub async fn put(
         condition,
         event: change_event(path, agent(caller), Some(hash.clone()), chain_id),
     };
-    let outcome = core.store().tree_write(write).await?;
+    let outcome = core.tree_writer().submit(write).await?;
     written(core, path, outcome, Some(hash))
 }
 
@@ -225,7 +225,7 @@ pub fn check_write(caller: &Identity, path: &str, delete: bool) -> Result<(), Tr
 pub async fn delete(core: &Core, caller: &Identity, path: &str, condition: Condition, chain_id: String) -> Result<Written, TreeError> {
     check_write(caller, path, true)?;
     let write = TreeWrite { path: path.to_owned(), entity: None, condition, event: change_event(path, agent(caller), None, chain_id) };
-    let outcome = core.store().tree_write(write).await?;
+    let outcome = core.tree_writer().submit(write).await?;
     written(core, path, outcome, None)
 }
 

@@ -1,21 +1,24 @@
-//! Group commit for publishes: appends that arrive while a commit is in
-//! flight are written together in the next transaction, one head-row lock,
-//! one insert, one NOTIFY and one fsync for all of them, instead of one
+//! Group commit for publishes and tree writes: requests that arrive while a
+//! commit is in flight are written together in the next transaction, one
+//! head-row lock, one NOTIFY and one fsync for all of them, instead of one
 //! transaction (and one fsync queued behind the head row) per request.
 //!
-//! One committer task takes the first waiting append, then whatever else is
-//! already queued, up to [`GroupSettings::max_events`] (and, with
-//! [`GroupSettings::max_delay`], waits that long for more), and appends
-//! them as one batch: ids stay gap-free and in commit order, each request
-//! gets the ids of its own records, and each is answered only once the
-//! whole group is durable. Validation happens before a request joins (the
-//! service checks every event first), so a group only fails for a reason of
-//! the store's; then each member is appended again on its own, so a
-//! request that cannot be stored fails alone and its neighbours do not
-//! (when the store is unreachable every member is answered `503` at once
-//! rather than each waiting for it in turn).
-//! With no concurrency nothing waits: a lone publish is committed at once.
-//! The queue is bounded, so publishers beyond it wait for room (back
+//! One committer task per kind takes the first waiting request, then
+//! whatever else is already queued, up to [`GroupSettings::max_events`]
+//! (and, with [`GroupSettings::max_delay`], waits that long for more), and
+//! commits them as one batch: ids stay gap-free and in commit order, each
+//! request gets its own answer (a publish its ids, a tree write its
+//! outcome: tree writes in a group apply in order, each seeing those before
+//! it, and one whose condition fails changes nothing while the others go
+//! on), and each is answered only once the whole group is durable.
+//! Validation happens before a request joins (the services check every
+//! event and entity first), so a group only fails for a reason of the
+//! store's; then each member is committed again on its own, so a request
+//! that cannot be stored fails alone and its neighbours do not (when the
+//! store is unreachable every member is answered `503` at once rather than
+//! each waiting for it in turn).
+//! With no concurrency nothing waits: a lone request is committed at once.
+//! The queue is bounded, so requests beyond it wait for room (back
 //! pressure, no unbounded memory).
 
 use std::sync::Arc;
@@ -23,7 +26,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{NewRecord, Store, StoreError};
+use super::{NewRecord, Store, StoreError, TreeOutcome, TreeWrite};
 use crate::event::EventId;
 
 /// Appends waiting for the committer, at most.
@@ -40,56 +43,135 @@ pub struct GroupSettings {
     pub max_delay: Duration,
 }
 
-/// One request's records and where its ids go.
-struct Job {
-    records: Vec<NewRecord>,
-    answer: oneshot::Sender<Result<Vec<EventId>, StoreError>>,
+/// A kind of request the committer groups.
+#[async_trait::async_trait]
+pub trait Grouped: Send + Sync + 'static {
+    /// One request.
+    type Request: Clone + Send + 'static;
+    /// Its answer.
+    type Answer: Send + 'static;
+    /// The `kind` label of its groups in `tidings_publish_group_events`.
+    const KIND: &'static str;
+    /// The events a request appends (what the group bound counts).
+    fn events(request: &Self::Request) -> usize;
+    /// Commits one request alone.
+    async fn alone(store: &dyn Store, request: Self::Request) -> Result<Self::Answer, StoreError>;
+    /// Commits several in one transaction: each one's answer, in order.
+    async fn together(store: &dyn Store, requests: Vec<Self::Request>) -> Result<Vec<Self::Answer>, StoreError>;
 }
 
-/// The group committer's handle.
-#[derive(Debug, Clone)]
-pub struct GroupCommit {
-    jobs: mpsc::Sender<Job>,
-}
+/// Publishes: a request is its records, its answer their ids.
+#[derive(Debug)]
+pub struct Publishes;
 
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Job").field("records", &self.records.len()).finish()
+#[async_trait::async_trait]
+impl Grouped for Publishes {
+    type Request = Vec<NewRecord>;
+    type Answer = Vec<EventId>;
+    const KIND: &'static str = "publish";
+
+    fn events(request: &Self::Request) -> usize {
+        request.len()
+    }
+
+    async fn alone(store: &dyn Store, request: Self::Request) -> Result<Self::Answer, StoreError> {
+        store.append(request).await
+    }
+
+    async fn together(store: &dyn Store, requests: Vec<Self::Request>) -> Result<Vec<Self::Answer>, StoreError> {
+        let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+        let ids = store.append(requests.into_iter().flatten().collect()).await?;
+        let mut ids = ids.into_iter();
+        Ok(sizes.into_iter().map(|size| ids.by_ref().take(size).collect()).collect())
     }
 }
 
-impl GroupCommit {
+/// Tree writes: a request is one write, its answer the write's outcome.
+#[derive(Debug)]
+pub struct TreeWrites;
+
+#[async_trait::async_trait]
+impl Grouped for TreeWrites {
+    type Request = TreeWrite;
+    type Answer = TreeOutcome;
+    const KIND: &'static str = "tree";
+
+    fn events(_: &Self::Request) -> usize {
+        1
+    }
+
+    async fn alone(store: &dyn Store, request: Self::Request) -> Result<Self::Answer, StoreError> {
+        store.tree_write(request).await
+    }
+
+    async fn together(store: &dyn Store, requests: Vec<Self::Request>) -> Result<Vec<Self::Answer>, StoreError> {
+        store.tree_write_many(requests).await
+    }
+}
+
+/// One request and where its answer goes.
+struct Job<G: Grouped> {
+    request: G::Request,
+    answer: oneshot::Sender<Result<G::Answer, StoreError>>,
+}
+
+/// A group committer's handle.
+pub struct GroupCommit<G: Grouped> {
+    jobs: mpsc::Sender<Job<G>>,
+}
+
+impl<G: Grouped> Clone for GroupCommit<G> {
+    fn clone(&self) -> Self {
+        Self { jobs: self.jobs.clone() }
+    }
+}
+
+impl<G: Grouped> std::fmt::Debug for GroupCommit<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit").field("kind", &std::any::type_name::<G>()).finish_non_exhaustive()
+    }
+}
+
+impl<G: Grouped> GroupCommit<G> {
     /// Starts the committer on `store` (it ends when the last handle is
     /// dropped, after committing what was queued).
     pub fn start(store: Arc<dyn Store>, settings: GroupSettings) -> Self {
         let (jobs, queue) = mpsc::channel(QUEUE);
-        tokio::spawn(commit_groups(store, settings, queue));
+        tokio::spawn(commit_groups::<G>(store, settings, queue));
         Self { jobs }
     }
 
+    /// Commits `request` in the next group; its answer once the group is
+    /// durable.
+    pub async fn submit(&self, request: G::Request) -> Result<G::Answer, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        let stopped = || StoreError::Unavailable("the group committer has stopped".into());
+        self.jobs.send(Job { request, answer }).await.map_err(|_| stopped())?;
+        answered.await.map_err(|_| stopped())?
+    }
+}
+
+impl GroupCommit<Publishes> {
     /// Appends `records` in the next group; their ids, in order, once the
     /// group is durable.
     pub async fn append(&self, records: Vec<NewRecord>) -> Result<Vec<EventId>, StoreError> {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let (answer, answered) = oneshot::channel();
-        let stopped = || StoreError::Unavailable("the publish committer has stopped".into());
-        self.jobs.send(Job { records, answer }).await.map_err(|_| stopped())?;
-        answered.await.map_err(|_| stopped())?
+        self.submit(records).await
     }
 }
 
-async fn commit_groups(store: Arc<dyn Store>, settings: GroupSettings, mut queue: mpsc::Receiver<Job>) {
+async fn commit_groups<G: Grouped>(store: Arc<dyn Store>, settings: GroupSettings, mut queue: mpsc::Receiver<Job<G>>) {
     let max_events = settings.max_events.max(1);
     while let Some(first) = queue.recv().await {
-        let mut events = first.records.len();
+        let mut events = G::events(&first.request);
         let mut group = vec![first];
         // What queued while the last commit was in flight.
         while events < max_events {
             match queue.try_recv() {
                 Ok(job) => {
-                    events += job.records.len();
+                    events += G::events(&job.request);
                     group.push(job);
                 }
                 Err(_) => break,
@@ -100,41 +182,39 @@ async fn commit_groups(store: Arc<dyn Store>, settings: GroupSettings, mut queue
             while events < max_events {
                 match tokio::time::timeout_at(until, queue.recv()).await {
                     Ok(Some(job)) => {
-                        events += job.records.len();
+                        events += G::events(&job.request);
                         group.push(job);
                     }
                     _ => break,
                 }
             }
         }
-        commit(store.as_ref(), group, events).await;
+        commit::<G>(store.as_ref(), group, events).await;
     }
 }
 
-/// Appends `group` as one batch and answers each member with its ids; if
-/// the batch fails, each member is appended alone.
-async fn commit(store: &dyn Store, group: Vec<Job>, events: usize) {
+/// Commits `group` as one batch and answers each member; if the batch
+/// fails, each member is committed alone.
+async fn commit<G: Grouped>(store: &dyn Store, group: Vec<Job<G>>, events: usize) {
     if group.len() == 1 {
         let job = group.into_iter().next().expect("one member");
-        let _ = job.answer.send(store.append(job.records).await);
+        let _ = job.answer.send(G::alone(store, job.request).await);
         return;
     }
-    let mut batch = Vec::with_capacity(events);
-    let mut sizes = Vec::with_capacity(group.len());
-    let mut answers = Vec::with_capacity(group.len());
-    let mut kept = Vec::with_capacity(group.len());
-    for job in group {
-        sizes.push(job.records.len());
-        batch.extend(job.records.iter().cloned());
-        kept.push(job.records);
-        answers.push(job.answer);
-    }
-    metrics::histogram!(crate::metrics::PUBLISH_GROUP_EVENTS).record(events as f64);
-    match store.append(batch).await {
-        Ok(ids) => {
-            let mut ids = ids.into_iter();
-            for (size, answer) in sizes.into_iter().zip(answers) {
-                let _ = answer.send(Ok(ids.by_ref().take(size).collect()));
+    metrics::histogram!(crate::metrics::PUBLISH_GROUP_EVENTS, "kind" => G::KIND).record(events as f64);
+    let (requests, answers): (Vec<G::Request>, Vec<_>) = group.into_iter().map(|job| (job.request, job.answer)).unzip();
+    match G::together(store, requests.clone()).await {
+        Ok(outcomes) if outcomes.len() == answers.len() => {
+            for (outcome, answer) in outcomes.into_iter().zip(answers) {
+                let _ = answer.send(Ok(outcome));
+            }
+        }
+        Ok(outcomes) => {
+            // A store that answers for fewer or more than it was given.
+            tracing::error!(given = answers.len(), answered = outcomes.len(), "a group commit's answers do not match its requests");
+            let why = "the store answered a group commit wrongly";
+            for answer in answers {
+                let _ = answer.send(Err(StoreError::Unavailable(why.into())));
             }
         }
         // The store is down: each member would wait for it in turn; all
@@ -145,9 +225,9 @@ async fn commit(store: &dyn Store, group: Vec<Job>, events: usize) {
             }
         }
         Err(e) => {
-            tracing::debug!(error = %e, members = kept.len(), "a publish group failed; appending its members one by one");
-            for (records, answer) in kept.into_iter().zip(answers) {
-                let _ = answer.send(store.append(records).await);
+            tracing::debug!(error = %e, members = answers.len(), "a group commit failed; committing its members one by one");
+            for (request, answer) in requests.into_iter().zip(answers) {
+                let _ = answer.send(G::alone(store, request).await);
             }
         }
     }

@@ -150,6 +150,7 @@ pub enum Condition {
 
 /// A tree write: a put (`entity` is the canonical JSON and its hash) or a
 /// delete (`entity` is `None`).
+#[derive(Clone)]
 pub struct TreeWrite {
     /// The path.
     pub path: String,
@@ -408,6 +409,12 @@ pub trait TreeStore: Send + Sync + std::fmt::Debug + 'static {
     /// Applies a write and appends its change event in one transaction;
     /// writes to one path are serialised, so their events are in commit order.
     async fn tree_write(&self, write: TreeWrite) -> Result<TreeOutcome, StoreError>;
+
+    /// Applies `writes` in order in one transaction, as if one after the
+    /// other (a write sees those before it; one whose condition fails
+    /// changes nothing and the others go on): each write's outcome, in
+    /// order. An error fails them all and stores nothing.
+    async fn tree_write_many(&self, writes: Vec<TreeWrite>) -> Result<Vec<TreeOutcome>, StoreError>;
 
     /// Stores content-addressed entities (hash, canonical JSON); idempotent.
     async fn content_put(&self, entities: Vec<(String, String)>) -> Result<(), StoreError>;

@@ -166,6 +166,9 @@ pub enum Mode {
     Deliver,
     /// Append throughput, closed loop.
     Publish,
+    /// Tree-write throughput, closed loop: `--concurrency` writers each
+    /// `PUT` one entity at a time, over 100 paths of their own.
+    TreeWrite,
     /// One client resuming far behind.
     Replay,
     /// In-process: filter matching for `--clients` distinct filters, 1% of
@@ -614,21 +617,29 @@ pub struct ThroughputReport {
 pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputReport> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency.max(1)).build()?;
     let url = format!("{}/v1/events", args.url);
+    let tree = args.mode == Mode::TreeWrite;
     let start = Instant::now();
     let deadline = start + args.duration;
     let workers: Vec<_> = (0..args.concurrency)
-        .map(|_| {
-            let (http, url, batch, event_type) = (http.clone(), url.clone(), args.batch, args.event_type.clone());
+        .map(|w| {
+            let (http, url, batch, event_type, base) = (http.clone(), url.clone(), args.batch, args.event_type.clone(), args.url.clone());
             tokio::spawn(async move {
                 let one = json!({"event_type": event_type, "payload": {"weight": 1}});
                 let body = if batch == 1 { one } else { json!({"events": vec![one; batch]}) };
                 let body = bytes::Bytes::from(serde_json::to_vec(&body).expect("serialisable"));
                 let (mut answered, mut failed) = (Vec::new(), 0u64);
+                let mut n = 0u64;
                 while Instant::now() < deadline {
                     let sent = Instant::now();
-                    let r = http.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
+                    let r = if tree {
+                        n += 1;
+                        let entity = json!({"type": "bench", "data": {"n": n}});
+                        http.put(format!("{base}/v1/tree/bench/w{w}/{}", n % 100)).json(&entity).send().await
+                    } else {
+                        http.post(&url).header("content-type", "application/json").body(body.clone()).send().await
+                    };
                     match r {
-                        Ok(r) if r.status() == 201 => answered.push(sent.elapsed().as_secs_f64() * 1000.0),
+                        Ok(r) if r.status().is_success() => answered.push(sent.elapsed().as_secs_f64() * 1000.0),
                         _ => failed += 1,
                     }
                 }
@@ -646,7 +657,13 @@ pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRe
     let events = answered.len() as u64 * args.batch as u64;
     answered.sort_by(f64::total_cmp);
     let pct = |p: f64| nearest_rank(&answered, p);
-    let mode = if args.batch == 1 { "publish_single" } else { "publish_batched" };
+    let mode = if tree {
+        "tree_write"
+    } else if args.batch == 1 {
+        "publish_single"
+    } else {
+        "publish_batched"
+    };
     Ok(ThroughputReport {
         mode,
         events,

@@ -134,8 +134,9 @@ pub enum ChangeKind {
 
 /// Builds the change event of a tree write from what the write found: the
 /// store calls it inside the write's transaction, so the event and the
-/// change commit together. The store knows nothing of event names.
-pub type ChangeEvent = Box<dyn FnOnce(ChangeKind, Option<&str>) -> EventBody + Send>;
+/// change commit together. The store knows nothing of event names. Shared
+/// (`Fn`, not `FnOnce`), so a write whose group failed can be tried alone.
+pub type ChangeEvent = std::sync::Arc<dyn Fn(ChangeKind, Option<&str>) -> EventBody + Send + Sync>;
 
 /// The event type of a change.
 pub fn change_type(kind: ChangeKind) -> &'static str {
@@ -164,7 +165,7 @@ pub fn change_visibility(path: &str) -> Visibility {
 /// `{uri, hash?, previous_hash?, chain_id}`, `ref` `tree:<path>`.
 pub fn change_event(path: &str, agent: Agent, hash: Option<String>, chain_id: String) -> ChangeEvent {
     let path = path.to_owned();
-    Box::new(move |kind, previous: Option<&str>| {
+    std::sync::Arc::new(move |kind, previous: Option<&str>| {
         let mut payload = serde_json::json!({ "uri": path });
         if let Some(h) = &hash {
             payload["hash"] = serde_json::json!(h);
@@ -176,7 +177,7 @@ pub fn change_event(path: &str, agent: Agent, hash: Option<String>, chain_id: St
         EventBody {
             event_type: change_type(kind).to_owned(),
             reference: Some(event_ref(&path)),
-            agent: Some(agent),
+            agent: Some(agent.clone()),
             session_id: None,
             occurred_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
             payload,

@@ -14,6 +14,7 @@ both_stores!(
     bad_paths_and_entities_store_nothing,
     change_events_chain_hashes,
     concurrent_cas_writers_keep_the_chain,
+    concurrent_writes_are_committed_together_each_with_its_own_outcome,
     peers_are_seeded_from_settings_and_checked_on_every_write
 );
 
@@ -230,6 +231,101 @@ async fn concurrent_cas_writers_keep_the_chain(backend: Backend) {
         assert_eq!(e["payload"].get("previous_hash").cloned(), previous, "the chain is unbroken");
         previous = Some(e["payload"]["hash"].clone());
     }
+}
+
+/// Tree writes that arrive together are committed in groups (one
+/// transaction, one fsync), and each still gets the outcome it would have
+/// had alone, in commit order: of eight writes with the same `If-Match`
+/// exactly one wins and the others see its hash; of four create-only
+/// writes one creates; invalid bodies are refused before they join and
+/// store nothing; every accepted write is one event, ids gap-free.
+async fn concurrent_writes_are_committed_together_each_with_its_own_outcome(backend: Backend) {
+    let server = crate::peers::Server::start_with(backend, &[("TIDINGS_PUBLISH_GROUP_DELAY", "300ms")]).await;
+    let base = server.base().to_owned();
+    let put = |path: String, body: Value, header: Option<(&'static str, String)>| {
+        let (http, base) = (server.http.clone(), base.clone());
+        async move {
+            let mut r = http.put(format!("{base}/v1/tree/{path}")).json(&body);
+            if let Some((k, v)) = header {
+                r = r.header(k, v);
+            }
+            let r = r.send().await.unwrap();
+            (path, r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (_, status, first) = put("g/shared".into(), json!({"type": "note", "data": {"v": 0}}), None).await;
+    assert_eq!(status, 201, "{first}");
+    let h0 = first["hash"].as_str().unwrap().to_owned();
+    let (_, status, _) = put("g/gone".into(), json!({"type": "note", "data": {"v": 0}}), None).await;
+    assert_eq!(status, 201);
+    let before = server.head().await;
+    let mut writes = Vec::new();
+    for i in 0..16 {
+        writes.push(put(format!("g/p{i}"), json!({"type": "note", "data": {"i": i}}), None));
+    }
+    for i in 0..8 {
+        writes.push(put("g/shared".into(), json!({"type": "note", "data": {"v": 1, "by": i}}), Some(("if-match", format!("\"{h0}\"")))));
+    }
+    for i in 0..4 {
+        writes.push(put("g/new".into(), json!({"type": "note", "data": {"by": i}}), Some(("if-none-match", "*".to_owned()))));
+    }
+    for i in 0..4 {
+        writes.push(put(format!("g/bad{i}"), json!({"type": "note"}), None));
+    }
+    // Unconditional writes to one path: all apply, one after the other.
+    for i in 0..4 {
+        writes.push(put("g/same".into(), json!({"type": "note", "data": {"by": i}}), None));
+    }
+    let gone = {
+        let (http, base) = (server.http.clone(), base.clone());
+        async move { http.delete(format!("{base}/v1/tree/g/gone")).send().await.unwrap().status().as_u16() }
+    };
+    let (answers, gone) = tokio::join!(futures_util::future::join_all(writes), gone);
+    assert_eq!(gone, 200);
+    let count = |path: &str, status: u16| answers.iter().filter(|(p, s, _)| p.starts_with(path) && *s == status).count();
+    assert_eq!(count("g/p", 201), 16, "{answers:?}");
+    assert_eq!((count("g/shared", 200), count("g/shared", 409)), (1, 7), "{answers:?}");
+    assert_eq!((count("g/new", 201), count("g/new", 409)), (1, 3), "{answers:?}");
+    assert_eq!(count("g/bad", 400), 4, "{answers:?}");
+    // The losers of the shared path saw the winner's hash.
+    let winner = answers.iter().find(|(p, s, _)| p == "g/shared" && *s == 200).unwrap();
+    assert_eq!(winner.2["previous_hash"], h0.as_str());
+    for (_, _, body) in answers.iter().filter(|(p, s, _)| p == "g/shared" && *s == 409) {
+        assert_eq!(body["current_hash"], winner.2["hash"], "{body}");
+    }
+    assert_eq!(count("g/same", 201) + count("g/same", 200), 4, "{answers:?}");
+    // 23 accepted writes, 23 events, gap-free from the head; the refused
+    // and the mismatched stored nothing.
+    assert_eq!(server.head().await, before + 23);
+    let r: Value =
+        server.http.get(format!("{base}/v1/poll?since={before}&limit=100&types=tree.*")).send().await.unwrap().json().await.unwrap();
+    let events = r["events"].as_array().unwrap();
+    let ids: Vec<i64> = events.iter().map(|e| e["event_id"].as_i64().unwrap()).collect();
+    assert_eq!(ids, (before + 1..=before + 23).collect::<Vec<_>>());
+    let mut uris: Vec<&str> = events.iter().map(|e| e["payload"]["uri"].as_str().unwrap()).collect();
+    uris.sort_unstable();
+    let mut want: Vec<String> = (0..16).map(|i| format!("g/p{i}")).collect();
+    want.extend(["g/new", "g/shared", "g/gone", "g/same", "g/same", "g/same", "g/same"].map(String::from));
+    want.sort_unstable();
+    assert_eq!(uris, want);
+    // Each answer names its own event; one path's events chain their
+    // hashes in commit order, and the path holds the last one's entity.
+    for (path, _, body) in answers.iter().filter(|(_, s, _)| *s == 200 || *s == 201) {
+        let event = events.iter().find(|e| e["event_id"] == body["event_id"]).unwrap_or_else(|| panic!("{body}"));
+        assert_eq!((event["payload"]["uri"].as_str(), &event["payload"]["hash"]), (Some(path.as_str()), &body["hash"]));
+    }
+    let same: Vec<&Value> = events.iter().filter(|e| e["payload"]["uri"] == "g/same").collect();
+    assert_eq!(same[0]["payload"].get("previous_hash"), None, "{:?}", same[0]);
+    for pair in same.windows(2) {
+        assert_eq!(pair[1]["payload"]["previous_hash"], pair[0]["payload"]["hash"]);
+    }
+    let r = server.http.get(format!("{base}/v1/tree/g/same")).send().await.unwrap();
+    assert_eq!(r.headers()["etag"].to_str().unwrap(), format!("\"{}\"", same[3]["payload"]["hash"].as_str().unwrap()));
+    let r = server.http.get(format!("{base}/v1/tree/g/gone")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let r = server.http.get(format!("{base}/v1/tree/g/bad0")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(server.metric("tidings_publish_group_events_count{kind=\"tree\"}").await >= 1.0, "writes were committed together");
 }
 
 /// `TIDINGS_PEERS` writes `system/peer/<hash>` entities at start-up, once

@@ -77,6 +77,23 @@ impl TreeStore for EmbeddedStore {
         Ok(outcome)
     }
 
+    async fn tree_write_many(&self, writes: Vec<TreeWrite>) -> Result<Vec<TreeOutcome>, StoreError> {
+        let outcomes = self
+            .write(move |conn| {
+                let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let outcomes = writes.into_iter().map(|write| tree_write_in(&tx, write)).collect::<rusqlite::Result<Vec<_>>>()?;
+                if outcomes.iter().any(|o| matches!(o, TreeOutcome::Done { .. })) {
+                    tx.commit()?;
+                }
+                Ok(outcomes)
+            })
+            .await?;
+        if outcomes.iter().any(|o| matches!(o, TreeOutcome::Done { .. })) {
+            self.wake();
+        }
+        Ok(outcomes)
+    }
+
     async fn content_put(&self, entities: Vec<(String, String)>) -> Result<(), StoreError> {
         self.write(move |conn| {
             let tx = conn.transaction()?;

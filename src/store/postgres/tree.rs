@@ -3,6 +3,7 @@
 //! appended in the same transaction.
 
 use super::*;
+use std::collections::HashMap;
 
 /// One writer per tree path at a time (held to the end of the transaction).
 pub(super) const PATH_LOCK_SQL: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 7324002))";
@@ -49,6 +50,118 @@ pub(super) async fn tree_write_in(tx: &tokio_postgres::Transaction<'_>, write: T
     Ok(TreeOutcome::Done { kind, previous_hash: current, event_id })
 }
 
+/// A path's state after a group: its entity (and hash), or none, and the
+/// event of the write that left it so.
+type FinalState<'a> = (Option<&'a (String, String)>, i64);
+
+/// A group of tree writes inside `tx`, in a fixed number of round trips
+/// whatever its size: every path's lock (in one order, before the head
+/// row's, so two groups, or a group and a lone write, never wait on each
+/// other in a cycle), the current hashes in one read, each write decided in
+/// order against what the writes before it left (as if applied one after
+/// the other), then one append of every change event, one upsert of every
+/// path's final entity, one delete, and the content kept.
+async fn tree_write_many_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    writes: Vec<TreeWrite>,
+) -> Result<Vec<TreeOutcome>, tokio_postgres::Error> {
+    let mut paths: Vec<&str> = writes.iter().map(|w| w.path.as_str()).collect();
+    paths.sort_unstable();
+    paths.dedup();
+    // In the order given (the paths' order): `unnest` yields an array's
+    // elements in order.
+    tx.execute("SELECT pg_advisory_xact_lock(hashtextextended(p, 7324002)) FROM unnest($1::text[]) AS p", &[&paths]).await?;
+    let rows = tx.query("SELECT path, hash FROM tree_entities WHERE path = ANY($1)", &[&paths]).await?;
+    let mut current: HashMap<String, Option<String>> = rows.into_iter().map(|r| (r.get(0), Some(r.get(1)))).collect();
+    // Decided in order; `applied` holds each accepted write's index into
+    // the change events, in order.
+    let (mut types, mut bodies, mut previous) = (Vec::new(), Vec::new(), Vec::new());
+    let mut decided = Vec::with_capacity(writes.len());
+    for write in &writes {
+        let here = current.get(&write.path).cloned().flatten();
+        match write.decide(here.as_deref()) {
+            Ok(kind) => {
+                let record = NewRecord::event(&(write.event)(kind, here.as_deref()));
+                types.push(record.event_type);
+                bodies.push(record.body);
+                if let Some(h) = &here {
+                    previous.push(h.clone());
+                }
+                current.insert(write.path.clone(), write.entity.as_ref().map(|(_, hash)| hash.clone()));
+                decided.push(Ok((kind, here, types.len() as i64)));
+            }
+            Err(outcome) => decided.push(Err(outcome)),
+        }
+    }
+    if types.is_empty() {
+        // Every write was refused: nothing to store.
+        return Ok(decided.into_iter().filter_map(Result::err).collect());
+    }
+    if !previous.is_empty() {
+        // The change events name the replaced entities: keep them as long.
+        tx.execute("UPDATE tidings_content SET stored_ms = (extract(epoch FROM now()) * 1000)::bigint WHERE hash = ANY($1)", &[&previous])
+            .await?;
+    }
+    let base: i64 = tx.query_one(APPEND_SQL, &[&types, &bodies]).await?.get(0);
+    // Each path's final state: the last accepted write to it.
+    let mut last: HashMap<&str, FinalState<'_>> = HashMap::new();
+    for (write, d) in writes.iter().zip(&decided) {
+        if let Ok((_, _, n)) = d {
+            last.insert(write.path.as_str(), (write.entity.as_ref(), base + n));
+        }
+    }
+    let (mut up_paths, mut up_entities, mut up_hashes, mut up_events, mut gone) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (path, (entity, event_id)) in &last {
+        match entity {
+            Some((entity, hash)) => {
+                up_paths.push(*path);
+                up_entities.push(entity.as_str());
+                up_hashes.push(hash.as_str());
+                up_events.push(*event_id);
+            }
+            None => gone.push(*path),
+        }
+    }
+    if !up_paths.is_empty() {
+        tx.execute(
+            "INSERT INTO tree_entities (path, entity, hash, changed_event)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+             ON CONFLICT (path) DO UPDATE SET entity = EXCLUDED.entity, hash = EXCLUDED.hash, changed_event = EXCLUDED.changed_event",
+            &[&up_paths, &up_entities, &up_hashes, &up_events],
+        )
+        .await?;
+    }
+    if !gone.is_empty() {
+        tx.execute("DELETE FROM tree_entities WHERE path = ANY($1)", &[&gone]).await?;
+    }
+    // Every entity written, also one replaced later in the group (its
+    // change event names it).
+    let mut content: HashMap<&str, &str> = HashMap::new();
+    for (write, d) in writes.iter().zip(&decided) {
+        if let (Ok(_), Some((entity, hash))) = (d, &write.entity) {
+            content.insert(hash.as_str(), entity.as_str());
+        }
+    }
+    if !content.is_empty() {
+        let (hashes, entities): (Vec<&str>, Vec<&str>) = content.into_iter().unzip();
+        tx.execute(
+            "INSERT INTO tidings_content (hash, body, stored_ms, pinned)
+             SELECT h, b, (extract(epoch FROM now()) * 1000)::bigint, false FROM unnest($1::text[], $2::text[]) AS t(h, b)
+             ON CONFLICT (hash) DO UPDATE SET stored_ms = EXCLUDED.stored_ms",
+            &[&hashes, &entities],
+        )
+        .await?;
+    }
+    Ok(decided
+        .into_iter()
+        .map(|d| match d {
+            Ok((kind, previous_hash, n)) => TreeOutcome::Done { kind, previous_hash, event_id: base + n },
+            Err(outcome) => outcome,
+        })
+        .collect())
+}
+
 #[async_trait]
 impl TreeStore for PostgresStore {
     async fn tree_get(&self, path: &str) -> Result<Option<TreeEntry>, StoreError> {
@@ -78,6 +191,16 @@ impl TreeStore for PostgresStore {
             tx.commit().await.map_err(pg_error)?;
         }
         Ok(outcome)
+    }
+
+    async fn tree_write_many(&self, writes: Vec<TreeWrite>) -> Result<Vec<TreeOutcome>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        let outcomes = tree_write_many_in(&tx, writes).await.map_err(pg_error)?;
+        if outcomes.iter().any(|o| matches!(o, TreeOutcome::Done { .. })) {
+            tx.commit().await.map_err(pg_error)?;
+        }
+        Ok(outcomes)
     }
 
     async fn content_put(&self, entities: Vec<(String, String)>) -> Result<(), StoreError> {
