@@ -147,7 +147,8 @@ impl Application {
         let addr = listener.local_addr()?;
         // What peers are told to reach this server at.
         if settings.public_url.is_empty() {
-            settings.public_url = format!("http://{addr}");
+            let scheme = if settings.tls_cert_file.is_some() { "https" } else { "http" };
+            settings.public_url = format!("{scheme}://{addr}");
         }
         settings.public_url = settings.public_url.trim_end_matches('/').to_owned();
         crate::peer::check_endpoint(&settings.public_url).map_err(|e| anyhow::anyhow!("TIDINGS_PUBLIC_URL: {e}"))?;
@@ -159,6 +160,10 @@ impl Application {
             // the slow-client timeout, closed by force after the grace.
             write_timeout: settings.slow_client_timeout + settings.eviction_grace,
             refuse: crate::http::head_refusal,
+            tls: match (&settings.tls_cert_file, &settings.tls_key_file) {
+                (Some(cert), Some(key)) => Some(crate::server::tls::load(cert, key).context("loading the TLS certificate")?),
+                _ => None,
+            },
         };
         let retention = (settings.retention, settings.retention_interval);
         let consumer_ttl = settings.consumer_ttl;

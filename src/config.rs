@@ -128,6 +128,15 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
+    /// PEM certificate chain: with `TIDINGS_TLS_KEY_FILE`, the listener
+    /// speaks HTTPS (HTTP/2 and HTTP/1.1, by ALPN) instead of plain HTTP.
+    #[arg(long, env = "TIDINGS_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+
+    /// PEM private key of `TIDINGS_TLS_CERT_FILE` (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "TIDINGS_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<std::path::PathBuf>,
+
     /// PostgreSQL URL; unset means the embedded store in the data directory.
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: Option<String>,

@@ -1,6 +1,6 @@
-//! The HTTP/1.1 server loop: accepts connections, serves each on its own
-//! task (with hyper, or for event streams on the `direct` path), and owns
-//! their lifecycle.
+//! The server loop: accepts connections, serves each on its own task (with
+//! hyper, or for event streams on the `direct` path; over TLS with hyper,
+//! HTTP/2 or HTTP/1.1 by ALPN), and owns their lifecycle.
 //!
 //! Why not `axum::serve`: tidings must be able to close *one* connection by
 //! force (a slow SSE client whose socket no longer drains) and to bound a
@@ -26,6 +26,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 mod direct;
+pub mod tls;
 
 /// Longest request target (path and query) accepted: room for the longest
 /// filter (`TIDINGS_FILTER_MAX_BYTES`, 16 KiB) percent-encoded, and below
@@ -100,6 +101,9 @@ pub struct ServeOptions {
     pub write_timeout: Duration,
     /// The answer to a head over the limits (the HTTP layer's JSON error).
     pub refuse: fn(HeadRefusal) -> axum::response::Response,
+    /// Serve HTTPS with this configuration ([`tls::load`]) instead of
+    /// plain HTTP.
+    pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
 }
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops
@@ -150,6 +154,10 @@ async fn serve_connection(
     tracker: TaskTracker,
 ) {
     let header_timeout = options.header_timeout;
+    if let Some(tls) = options.tls.clone() {
+        let io = direct::Rewind::new(bytes::Bytes::new(), stream, refusals, options.write_timeout);
+        return Box::pin(serve_tls(io, tls, connection, router, header_timeout, shutdown)).await;
+    }
     let first = tokio::select! {
         first = tokio::time::timeout(header_timeout, direct::sniff(&mut stream, options.direct)) => first.unwrap_or(direct::First::Gone),
         _ = connection.kill.cancelled() => return,
@@ -176,6 +184,80 @@ async fn serve_connection(
     }
 }
 
+/// Serves a TLS connection with hyper: HTTP/2 when the client offered it
+/// (ALPN), else HTTP/1.1 (with upgrades: a WebSocket works on the TLS port).
+/// The write deadline is kept below TLS ([`direct::Rewind`]). On HTTP/2 each
+/// request gets a kill token of its own, a child of the connection's: the
+/// broker ending one slow stream resets that stream, not the others
+/// sharing the connection.
+async fn serve_tls(
+    io: direct::Rewind,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    connection: Connection,
+    router: Router,
+    header_timeout: Duration,
+    shutdown: CancellationToken,
+) {
+    let accept = tokio_rustls::TlsAcceptor::from(tls).accept(io);
+    let stream = tokio::select! {
+        accepted = tokio::time::timeout(header_timeout, accept) => match accepted {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => return,
+        },
+        _ = connection.kill.cancelled() => return,
+    };
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    let kill = connection.kill.clone();
+    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        let mut connection = connection.clone();
+        if h2 {
+            connection.kill = connection.kill.child_token();
+        }
+        request.extensions_mut().insert(connection);
+        let router = router.clone();
+        async move { router.oneshot(request.map(Body::new)).await.map_err(|e: Infallible| match e {}) }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true).max_headers(2 * MAX_HEADERS);
+    builder.http2().timer(TokioTimer::new());
+    let conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(stream), service));
+    drive(conn, |c| c.graceful_shutdown(), &shutdown, &kill).await;
+}
+
+/// Drives a hyper connection until it ends: on `shutdown` it shuts down
+/// gracefully (requests in flight finish; streams end on the same token),
+/// on `kill` it is dropped at once.
+async fn drive<F, E>(
+    mut conn: std::pin::Pin<&mut F>,
+    graceful: fn(std::pin::Pin<&mut F>),
+    shutdown: &CancellationToken,
+    kill: &CancellationToken,
+) where
+    F: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            _ = shutdown.cancelled(), if !draining => {
+                graceful(conn.as_mut());
+                draining = true;
+            }
+            _ = kill.cancelled() => break,
+        }
+    }
+}
+
 async fn serve_hyper(io: direct::Rewind, connection: Connection, router: Router, header_timeout: Duration, shutdown: CancellationToken) {
     let kill = connection.kill.clone();
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
@@ -191,22 +273,6 @@ async fn serve_hyper(io: direct::Rewind, connection: Connection, router: Router,
     // hard limits gets hyper's empty `431`.
     builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true).max_headers(2 * MAX_HEADERS);
     // Upgrades (WebSocket) hand the connection to the handler after a 101.
-    let conn = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
-    let mut conn = pin!(conn);
-    let mut draining = false;
-    loop {
-        tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-                break;
-            }
-            _ = shutdown.cancelled(), if !draining => {
-                conn.as_mut().graceful_shutdown();
-                draining = true;
-            }
-            _ = kill.cancelled() => break,
-        }
-    }
+    let conn = pin!(builder.serve_connection(TokioIo::new(io), service).with_upgrades());
+    drive(conn, |c| c.graceful_shutdown(), &shutdown, &kill).await;
 }

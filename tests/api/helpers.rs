@@ -350,6 +350,23 @@ pub(crate) async fn spawn_process_at(envs: &[(&str, String)], port: u16) -> Proc
             }
         })
     });
+    if envs.iter().any(|(k, _)| *k == "TIDINGS_TLS_CERT_FILE") {
+        // HTTPS: ready once `/health` answers over TLS (the tests' own
+        // HTTP client speaks plain HTTP only; curl is the TLS client).
+        let base = format!("https://127.0.0.1:{port}");
+        for _ in 0..200 {
+            let out = tokio::process::Command::new("curl")
+                .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
+                .arg(format!("{base}/health"))
+                .output()
+                .await;
+            if out.is_ok_and(|o| o.stdout == b"200") {
+                return Process { child, base, log, reader };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("tidings did not become ready over TLS");
+    }
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     for _ in 0..200 {

@@ -25,6 +25,7 @@ mod store;
 mod stream;
 mod subscriptions;
 mod taxonomy;
+mod tls;
 mod tree;
 mod trees;
 pub(crate) mod ws;
