@@ -120,6 +120,37 @@ async fn seed_peers(core: &Core) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Reads the TLS certificate and key again on every `SIGHUP` (a renewed
+/// certificate is put in place, then the server told): new connections get
+/// it, open ones keep theirs. A pair that does not load is logged and the
+/// one in use stays.
+async fn reload_on_hangup(certificates: Arc<crate::server::tls::Certificates>, shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGHUP handler: the TLS certificate is read only at start-up");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            got = hangups.recv() => if got.is_none() { return },
+        }
+        match certificates.reload() {
+            Ok(()) => {
+                metrics::counter!(crate::metrics::TLS_RELOADS, "outcome" => "ok").increment(1);
+                tracing::info!("TLS certificate reloaded");
+            }
+            Err(e) => {
+                metrics::counter!(crate::metrics::TLS_RELOADS, "outcome" => "failed").increment(1);
+                tracing::warn!(error = %e, "the TLS certificate did not reload; the one in use stays");
+            }
+        }
+    }
+}
+
 impl Application {
     /// Builds every subsystem and binds the listen address.
     pub async fn build(mut settings: Settings) -> anyhow::Result<Self> {
@@ -161,7 +192,11 @@ impl Application {
             write_timeout: settings.slow_client_timeout + settings.eviction_grace,
             refuse: crate::http::head_refusal,
             tls: match (&settings.tls_cert_file, &settings.tls_key_file) {
-                (Some(cert), Some(key)) => Some(crate::server::tls::load(cert, key).context("loading the TLS certificate")?),
+                (Some(cert), Some(key)) => {
+                    let (config, certificates) = crate::server::tls::load(cert, key).context("loading the TLS certificate")?;
+                    tokio::spawn(reload_on_hangup(certificates, shutdown.clone()));
+                    Some(config)
+                }
                 _ => None,
             },
         };

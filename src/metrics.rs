@@ -59,6 +59,8 @@ pub const PEER_DELIVERIES: &str = "tidings_peer_deliveries_total";
 pub const PEER_OUTCOMES: &[&str] = &["delivered", "duplicate", "refused", "given_up"];
 /// Delivery attempts to peers that failed and were retried.
 pub const PEER_RETRIES: &str = "tidings_peer_delivery_retries_total";
+/// TLS certificate reloads (`SIGHUP`), by `outcome` (`ok`, `failed`).
+pub const TLS_RELOADS: &str = "tidings_tls_reloads_total";
 /// Events per group commit, by `kind` (`publish`, `tree`: groups of two requests or more).
 pub const PUBLISH_GROUP_EVENTS: &str = "tidings_publish_group_events";
 /// Remote subscriptions ended because their deliveries kept failing.
@@ -149,6 +151,7 @@ fn describe() {
     describe_counter!(PEER_RETRIES, Unit::Count, "Delivery attempts to peers that failed and were retried.");
     describe_gauge!(PEER_BACKLOG, Unit::Count, "Per peer, events the slowest delivery lane to it is behind the head.");
     describe_counter!(MIRROR_APPLIES, Unit::Count, "Notifications (and reconciliation re-reads) a mirror handled, by outcome.");
+    describe_counter!(TLS_RELOADS, Unit::Count, "TLS certificate reloads (SIGHUP), by outcome.");
     describe_histogram!(
         PUBLISH_GROUP_EVENTS,
         Unit::Count,
@@ -185,6 +188,9 @@ fn describe() {
     }
     counter!(PEER_RETRIES).increment(0);
     counter!(PEER_EVICTIONS).increment(0);
+    for outcome in ["ok", "failed"] {
+        counter!(TLS_RELOADS, "outcome" => outcome).increment(0);
+    }
     for outcome in MIRROR_OUTCOMES {
         counter!(MIRROR_APPLIES, "outcome" => *outcome).increment(0);
     }

@@ -12,6 +12,7 @@ both_stores!(every_family_from_start_up_and_promtool_accepts_it);
 
 const CATALOG: &[&str] = &[
     "tidings_events_published_total",
+    "tidings_tls_reloads_total",
     "tidings_events_delivered_total",
     "tidings_clients_connected",
     "tidings_clients_dropped_total",

@@ -1,6 +1,8 @@
 //! HTTPS on the listener (`TIDINGS_TLS_CERT_FILE` / `TIDINGS_TLS_KEY_FILE`):
 //! curl over HTTP/2 and over HTTP/1.1 streams events and resumes with
-//! `Last-Event-ID`, and plain HTTP is not answered on the TLS port.
+//! `Last-Event-ID`, plain HTTP is not answered on the TLS port, and
+//! `SIGHUP` swaps the certificate for new connections while open streams
+//! go on.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -10,25 +12,19 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 use crate::both_stores;
 use crate::helpers::{Backend, Process, free_port, process_store, spawn_process_at};
 
-both_stores!(curl_streams_and_resumes_over_http2_and_http1);
+both_stores!(curl_streams_and_resumes_over_http2_and_http1, sighup_reloads_the_certificate_and_open_streams_go_on);
 
 /// A self-signed certificate for 127.0.0.1 and its key, in `dir`.
-fn certificate(dir: &std::path::Path) -> (String, String) {
+pub(crate) fn certificate(dir: &std::path::Path) -> (String, String) {
+    certificate_named(dir, "tidings-test")
+}
+
+/// The same with common name `cn` (what a client's handshake log shows).
+fn certificate_named(dir: &std::path::Path, cn: &str) -> (String, String) {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let status = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=tidings-test",
-        ])
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj"])
+        .arg(format!("/CN={cn}"))
         .args(["-addext", "subjectAltName=IP:127.0.0.1"])
         .arg("-keyout")
         .arg(&key)
@@ -138,4 +134,67 @@ async fn curl_streams_and_resumes_over_http2_and_http1(backend: Backend) {
     // The server is still serving.
     assert_eq!(publish(&base, 5).await, fourth + 1);
     drop(server);
+}
+
+/// The common name of the certificate a new connection to `base` is shown.
+async fn served_name(base: &str) -> String {
+    let out = tokio::process::Command::new("curl").args(["-skv", "-o", "/dev/null"]).arg(format!("{base}/health")).output().await.unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    log.lines().find_map(|l| l.trim().strip_prefix("*  subject: CN=").map(str::to_owned)).unwrap_or_else(|| panic!("{log}"))
+}
+
+/// One sample of the reloads counter, from `/metrics` over HTTPS.
+async fn reloads(base: &str, outcome: &str) -> f64 {
+    let out = tokio::process::Command::new("curl").arg("-sk").arg(format!("{base}/metrics")).output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let series = format!("tidings_tls_reloads_total{{outcome=\"{outcome}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(series.as_str())).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// Sends SIGHUP to the server (this test's own child, by its pid) and waits
+/// until the reloads counter for `outcome` has moved past what it was.
+async fn hang_up(server: &Process, base: &str, outcome: &str) {
+    let before = reloads(base, outcome).await;
+    let pid = server.child.id().expect("running").to_string();
+    assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    for _ in 0..200 {
+        if reloads(base, outcome).await > before {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no {outcome} reload was counted");
+}
+
+async fn sighup_reloads_the_certificate_and_open_streams_go_on(backend: Backend) {
+    let (mut envs, _dir) = process_store(backend).await;
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate_named(certs.path(), "tidings-first");
+    envs.push(("TIDINGS_TLS_CERT_FILE", cert.clone()));
+    envs.push(("TIDINGS_TLS_KEY_FILE", key.clone()));
+    let server = spawn_process_at(&envs, free_port()).await;
+    let base = server.base.clone();
+    assert_eq!(served_name(&base).await, "tidings-first");
+    let first = publish(&base, 1).await;
+    let mut h2 = CurlStream::open(&base, "--http2", first - 1);
+    let mut h1 = CurlStream::open(&base, "--http1.1", first - 1);
+    assert_eq!((h2.ids(1).await, h1.ids(1).await), (vec![first], vec![first]));
+    // A renewed pair is put in place, then the server is told.
+    let renewed = tempfile::tempdir().unwrap();
+    let (new_cert, new_key) = certificate_named(renewed.path(), "tidings-second");
+    std::fs::copy(&new_cert, &cert).unwrap();
+    std::fs::copy(&new_key, &key).unwrap();
+    hang_up(&server, &base, "ok").await;
+    assert_eq!(served_name(&base).await, "tidings-second", "new connections see the new certificate");
+    // Streams opened before the reload keep flowing.
+    let second = publish(&base, 2).await;
+    assert_eq!((h2.ids(1).await, h1.ids(1).await), (vec![second], vec![second]));
+    // A pair that does not load is refused and the one in use stays.
+    std::fs::write(&key, "not a key").unwrap();
+    hang_up(&server, &base, "failed").await;
+    assert_eq!(served_name(&base).await, "tidings-second");
+    let third = publish(&base, 3).await;
+    assert_eq!((h2.ids(1).await, h1.ids(1).await), (vec![third], vec![third]));
+    h2.stop().await;
+    h1.stop().await;
 }
