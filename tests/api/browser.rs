@@ -12,7 +12,41 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 use crate::both_stores;
 use crate::helpers::{Backend, free_port, process_store, spawn_process_at};
 
-both_stores!(live_page_shows_events_and_resumes_after_restart_and_reload, live_page_over_websocket_resumes_after_restart_and_reload);
+both_stores!(
+    live_page_shows_events_and_resumes_after_restart_and_reload,
+    live_page_over_websocket_resumes_after_restart_and_reload,
+    twelve_event_sources_on_one_origin_all_receive_over_http2
+);
+
+/// Twelve `EventSource`s on one origin (`tests/browser/twelve_streams.mjs`):
+/// over HTTPS the browser speaks HTTP/2, all twelve open and every one
+/// receives the event the page publishes; over plain HTTP/1.1, in the same
+/// run, the browser opens six (its per-origin limit) and the page's own
+/// publish never leaves it.
+async fn twelve_event_sources_on_one_origin_all_receive_over_http2(backend: Backend) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/twelve_streams.mjs");
+    let (mut tls_envs, _tls_dir) = process_store(backend).await;
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key) = crate::tls::certificate(certs.path());
+    tls_envs.push(("TIDINGS_TLS_CERT_FILE", cert));
+    tls_envs.push(("TIDINGS_TLS_KEY_FILE", key));
+    let tls = spawn_process_at(&tls_envs, free_port()).await;
+    let (plain_envs, _plain_dir) = process_store(backend).await;
+    let plain = spawn_process_at(&plain_envs, free_port()).await;
+    let out = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::process::Command::new("node").arg(script).arg(&tls.base).arg(&plain.base).kill_on_drop(true).output(),
+    )
+    .await
+    .expect("the browser run ends")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary =
+        stdout.lines().find_map(|l| l.strip_prefix("OK ")).unwrap_or_else(|| panic!("{stdout}{}", String::from_utf8_lossy(&out.stderr)));
+    let seen: serde_json::Value = serde_json::from_str(summary).unwrap();
+    assert_eq!(seen["tls"], serde_json::json!({"opened": 12, "published": true, "receivedBy": 12}), "{seen}");
+    assert_eq!((&seen["plain"]["opened"], &seen["plain"]["published"]), (&serde_json::json!(6), &serde_json::json!(false)), "{seen}");
+}
 
 async fn live_page_shows_events_and_resumes_after_restart_and_reload(backend: Backend) {
     drive_live_page(backend, "sse").await;
