@@ -1,6 +1,7 @@
-//! `GET /v1/identity` (the server's identity entity and hash) and
-//! `POST /v1/admin/capabilities` (mints a server-rooted capability token,
-//! admin only when authentication is on).
+//! `GET /v1/identity` (the server's identity entity and hash),
+//! `GET /v1/me` (the caller as the server sees it: what its token grants)
+//! and `POST /v1/admin/capabilities` (mints a server-rooted capability
+//! token, admin only when authentication is on).
 
 use axum::Json;
 use axum::body::Body;
@@ -15,6 +16,32 @@ use super::error::ApiError;
 use crate::glob::Glob;
 use crate::tree::capability::hash_of;
 use crate::tree::is_hash;
+
+/// The caller as the server sees it: its identity and what its token
+/// grants (never the token itself). The console uses it to show admins
+/// their actions and everyone else a read-only view; the grants are
+/// enforced by every endpoint either way.
+#[utoipa::path(
+    get,
+    path = "/v1/me",
+    tag = "operations",
+    responses(
+        (status = 200, description = "`{sub, authenticated, admin, visibility, publish: [glob], subscribe: [glob]}`", body = Object),
+        (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
+pub(crate) async fn me(Caller(caller): Caller) -> Json<Value> {
+    let globs = |g: &[Glob]| g.iter().map(|g| g.as_str().to_owned()).collect::<Vec<_>>();
+    Json(json!({
+        "sub": caller.sub,
+        "authenticated": caller.authenticated,
+        "admin": caller.admin,
+        "visibility": caller.visibility,
+        "publish": globs(&caller.publish),
+        "subscribe": globs(&caller.subscribe),
+    }))
+}
 
 /// The server's identity.
 #[utoipa::path(

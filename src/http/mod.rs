@@ -134,6 +134,7 @@ pub fn router(state: AppState) -> Router {
     let cors = cors(&state.settings().cors_origins).ok().flatten();
     let (router, api) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(ops::live_page))
+        .routes(routes!(ops::client_module))
         .routes(routes!(events::publish))
         .routes(routes!(sse::stream))
         .routes(routes!(ws::upgrade))
@@ -147,6 +148,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(ops::metrics))
         .routes(routes!(openapi::document))
         .routes(routes!(identity::get))
+        .routes(routes!(identity::me))
         .routes(routes!(identity::mint))
         .routes(routes!(execute::execute))
         .routes(routes!(tree::root))

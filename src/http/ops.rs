@@ -12,11 +12,37 @@ use serde_json::{Value, json};
 
 use super::AppState;
 
-/// The live page: a filter builder and a live list of envelopes, embedded
-/// in the binary (no build step).
-#[utoipa::path(get, path = "/", tag = "operations", responses((status = 200, description = "The live page (HTML)", content_type = "text/html", body = String)))]
+/// The operator console: the live list of events with a filter builder,
+/// the server's state, consumers, peers, subscriptions, the tree and a
+/// publish form, embedded in the binary (no build step). The page needs no
+/// token; everything it reads does.
+#[utoipa::path(get, path = "/", tag = "operations", responses((status = 200, description = "The operator console (HTML)", content_type = "text/html", body = String)))]
 pub(crate) async fn live_page() -> Response {
-    ([(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"))], include_str!("assets/live.html")).into_response()
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"))], include_str!("assets/console.html")).into_response()
+}
+
+/// The JavaScript client (`clients/js`, compiled), so a page can
+/// `import { stream } from "/tidings.js"` with no build step. Code, not data:
+/// like the live page it needs no token. Revalidated on every load
+/// (`no-cache` with an `ETag` of the build), so an upgraded server is picked
+/// up at once.
+#[utoipa::path(get, path = "/tidings.js", tag = "operations", responses(
+    (status = 200, description = "The JavaScript client (an ES module)", content_type = "text/javascript", body = String),
+    (status = 304, description = "Not modified (`If-None-Match`)"),
+))]
+pub(crate) async fn client_module(request_headers: axum::http::HeaderMap) -> Response {
+    const MODULE: &str = include_str!("../../clients/js/dist/tidings.js");
+    static ETAG: std::sync::LazyLock<HeaderValue> = std::sync::LazyLock::new(|| {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(MODULE.as_bytes());
+        HeaderValue::from_str(&format!("\"{}\"", hex::encode(&digest[..8]))).expect("hex is a valid header value")
+    });
+    let fresh = request_headers.get(header::IF_NONE_MATCH).is_some_and(|v| v.as_bytes() == ETAG.as_bytes());
+    let head = [(header::CACHE_CONTROL, HeaderValue::from_static("no-cache")), (header::ETAG, ETAG.clone())];
+    if fresh {
+        return (StatusCode::NOT_MODIFIED, head).into_response();
+    }
+    (head, [(header::CONTENT_TYPE, HeaderValue::from_static("text/javascript; charset=utf-8"))], MODULE).into_response()
 }
 
 /// Liveness: the process serves HTTP.

@@ -46,6 +46,10 @@ pub(super) enum First {
     /// Anything else, its head read whole: hand the connection to hyper
     /// with these bytes first.
     Other(Bytes),
+    /// The HTTP/2 connection preface (h2c with prior knowledge, as proxies
+    /// speak it): hand the connection to hyper's HTTP/2 with these bytes
+    /// first.
+    H2c(Bytes),
     /// A head over the limits: answer this refusal and close.
     Refused(HeadRefusal),
     /// The client went away (or sent nothing in time).
@@ -72,6 +76,7 @@ pub(super) async fn sniff(stream: &mut TcpStream, direct: fn(&str) -> bool) -> F
         if let Some(first) = parse_head(head.as_slice(), direct) {
             return match first {
                 Parsed::Other => First::Other(head.into()),
+                Parsed::H2c => First::H2c(head.into()),
                 Parsed::Done(first) => first,
             };
         }
@@ -82,12 +87,23 @@ pub(super) async fn sniff(stream: &mut TcpStream, direct: fn(&str) -> bool) -> F
 enum Parsed {
     /// Hand the head to hyper.
     Other,
+    /// The HTTP/2 preface: hand the connection to hyper's HTTP/2.
+    H2c,
     Done(First),
 }
+
+/// What an HTTP/2 client with prior knowledge sends first (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Parses `head` (on the stack of a plain function: the header array is
 /// 3 KiB); `None` while it is incomplete.
 fn parse_head(head: &[u8], direct: fn(&str) -> bool) -> Option<Parsed> {
+    if head.starts_with(H2_PREFACE) {
+        return Some(Parsed::H2c);
+    }
+    if H2_PREFACE.starts_with(head) {
+        return None;
+    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(head) {

@@ -1,6 +1,7 @@
 //! The server loop: accepts connections, serves each on its own task (with
 //! hyper, or for event streams on the `direct` path; over TLS with hyper,
-//! HTTP/2 or HTTP/1.1 by ALPN), and owns their lifecycle.
+//! HTTP/2 or HTTP/1.1 by ALPN; HTTP/2 with prior knowledge, h2c, with
+//! hyper too), and owns their lifecycle.
 //!
 //! Why not `axum::serve`: tidings must be able to close *one* connection by
 //! force (a slow SSE client whose socket no longer drains) and to bound a
@@ -181,15 +182,19 @@ async fn serve_connection(
             let io = direct::Rewind::new(read, stream, refusals, options.write_timeout);
             Box::pin(serve_hyper(io, connection, router, header_timeout, shutdown)).await
         }
+        // h2c with prior knowledge (what a proxy in front of tidings speaks
+        // when it talks HTTP/2 without TLS): always on, it costs HTTP/1.1
+        // clients nothing.
+        direct::First::H2c(read) => {
+            let io = direct::Rewind::new(read, stream, refusals, options.write_timeout);
+            Box::pin(serve_auto(TokioIo::new(io), true, connection, router, header_timeout, shutdown)).await
+        }
     }
 }
 
 /// Serves a TLS connection with hyper: HTTP/2 when the client offered it
 /// (ALPN), else HTTP/1.1 (with upgrades: a WebSocket works on the TLS port).
-/// The write deadline is kept below TLS ([`direct::Rewind`]). On HTTP/2 each
-/// request gets a kill token of its own, a child of the connection's: the
-/// broker ending one slow stream resets that stream, not the others
-/// sharing the connection.
+/// The write deadline is kept below TLS ([`direct::Rewind`]).
 async fn serve_tls(
     io: direct::Rewind,
     tls: Arc<tokio_rustls::rustls::ServerConfig>,
@@ -211,6 +216,19 @@ async fn serve_tls(
         _ = connection.kill.cancelled() => return,
     };
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    serve_auto(TokioIo::new(stream), h2, connection, router, header_timeout, shutdown).await;
+}
+
+/// Serves a connection with hyper's automatic builder: HTTP/2 when the
+/// client speaks it (`h2`: negotiated by ALPN, or the prior-knowledge
+/// preface), else HTTP/1.1 with upgrades. On HTTP/2 each request gets a
+/// kill token of its own, a child of the connection's: the broker ending
+/// one slow stream resets that stream, not the others sharing the
+/// connection.
+async fn serve_auto<I>(io: I, h2: bool, connection: Connection, router: Router, header_timeout: Duration, shutdown: CancellationToken)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let kill = connection.kill.clone();
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         let mut connection = connection.clone();
@@ -224,7 +242,7 @@ async fn serve_tls(
     let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true).max_headers(2 * MAX_HEADERS);
     builder.http2().timer(TokioTimer::new());
-    let conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(stream), service));
+    let conn = pin!(builder.serve_connection_with_upgrades(io, service));
     drive(conn, |c| c.graceful_shutdown(), &shutdown, &kill).await;
 }
 

@@ -96,6 +96,62 @@ pub struct BenchArgs {
     /// so the benchmark can kill one relay with SIGKILL.
     #[arg(long, default_value = "")]
     pub peer_pids: String,
+    /// Trust this PEM certificate (a test CA, or a self-signed server
+    /// certificate) for an `https://` `--url`.
+    #[arg(long)]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// `deliver` and `idle` over SSE: the HTTP version of the subscribers.
+    /// `1`: HTTP/1.1, a connection per stream. `2`: HTTP/2 (over `https://`
+    /// by ALPN, over `http://` with prior knowledge), with
+    /// `--streams-per-connection` streams sharing each connection.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub http_version: u8,
+    /// With `--http-version 2`: streams per connection.
+    #[arg(long, default_value_t = 100)]
+    pub streams_per_connection: usize,
+}
+
+/// An HTTP/1.1 client that trusts `--ca-file`, keeping `idle` connections
+/// per host.
+fn http1(args: &BenchArgs, idle: usize) -> anyhow::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder().http1_only().pool_max_idle_per_host(idle);
+    if let Some(path) = &args.ca_file {
+        builder = builder.add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(path)?)?);
+    }
+    Ok(builder.build()?)
+}
+
+/// The clients SSE subscribers stream over: one HTTP/1.1 client (a
+/// connection per stream), or with `--http-version 2` one HTTP/2 client per
+/// `--streams-per-connection` streams (each client holds one connection,
+/// its streams multiplexed on it).
+struct StreamClients(Vec<reqwest::Client>, usize);
+
+impl StreamClients {
+    fn new(args: &BenchArgs) -> anyhow::Result<Self> {
+        if args.http_version == 1 {
+            return Ok(Self(vec![http1(args, 0)?], usize::MAX));
+        }
+        let per = args.streams_per_connection.max(1);
+        let clients = (0..args.clients.div_ceil(per).max(1))
+            .map(|_| {
+                let mut builder = reqwest::Client::builder().pool_max_idle_per_host(1);
+                if args.url.starts_with("http://") {
+                    builder = builder.http2_prior_knowledge();
+                }
+                if let Some(path) = &args.ca_file {
+                    builder = builder.add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(path)?)?);
+                }
+                Ok(builder.build()?)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self(clients, per))
+    }
+
+    /// The client stream `i` goes over.
+    fn for_stream(&self, i: usize) -> &reqwest::Client {
+        &self.0[(i / self.1).min(self.0.len() - 1)]
+    }
 }
 
 /// How `deliver` and `idle` subscribers connect.
@@ -226,12 +282,13 @@ fn proc_rss_kib(pid: u32) -> Option<u64> {
 pub async fn idle(args: &BenchArgs) -> anyhow::Result<IdleReport> {
     let pid = args.server_pid.ok_or_else(|| anyhow::anyhow!("--server-pid is required"))?;
     let before = proc_rss_kib(pid).ok_or_else(|| anyhow::anyhow!("cannot read the RSS of {pid}"))?;
-    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
+    let http = http1(args, 0)?;
+    let streams = StreamClients::new(args)?;
     let key = crate::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
     let filter = json!({"types": [args.event_type]});
     let mut held = Vec::with_capacity(args.clients);
     for i in 0..args.clients {
-        held.push(Subscriber::open(args, &http, &key, i, &filter).await?);
+        held.push(Subscriber::open(args, streams.for_stream(i), &key, i, &filter).await?);
     }
     if args.warm_events > 0 {
         let events: Vec<Value> = (0..args.warm_events).map(|_| json!({"event_type": args.event_type, "payload": {}})).collect();
@@ -763,7 +820,8 @@ fn proc_peak_rss_kib(pid: u32) -> Option<u64> {
 
 /// Runs one bench and returns its report.
 pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
-    let http = reqwest::Client::builder().pool_max_idle_per_host(256).build()?;
+    let http = http1(&args, 256)?;
+    let streams = StreamClients::new(&args)?;
     let received: Arc<Vec<AtomicU64>> = Arc::new((0..args.clients).map(|_| AtomicU64::new(0)).collect());
     let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
     let mut tasks = Vec::new();
@@ -776,7 +834,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         } else {
             json!({"types": [args.event_type]})
         };
-        let mut subscriber = Subscriber::open(&args, &http, &key, i, &filter).await?;
+        let mut subscriber = Subscriber::open(&args, streams.for_stream(i), &key, i, &filter).await?;
         let received = received.clone();
         let latencies = latencies.clone();
         let done = done.clone();

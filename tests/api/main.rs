@@ -10,6 +10,7 @@ mod delivery;
 mod durability;
 mod filters;
 mod identity;
+mod js_client;
 mod layers;
 mod metrics;
 mod mirrors;

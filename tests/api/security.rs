@@ -7,7 +7,7 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use serde_json::{Value, json};
 
 use crate::both_stores;
-use crate::helpers::{Backend, TestApp, spawn_app_with};
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
 
 both_stores!(
     bad_tokens_are_401,
@@ -19,7 +19,8 @@ both_stores!(
     publish_rate_counts_every_event,
     cors_origins,
     tokens_never_reach_the_logs,
-    public_key_tokens
+    public_key_tokens,
+    the_caller_sees_what_its_token_grants
 );
 
 pub(crate) const SECRET: &str = "a-test-secret-of-enough-bytes";
@@ -441,4 +442,41 @@ async fn public_key_tokens(backend: Backend) {
             assert_eq!(status, 401, "{public:?}: {body}");
         }
     }
+}
+
+/// `GET /v1/me` answers what the caller's token grants (never the token);
+/// without a token it is `401`, and with authentication off the caller is
+/// the local admin.
+async fn the_caller_sees_what_its_token_grants(backend: Backend) {
+    let app = secured(backend).await;
+    let me = |token: Option<String>| {
+        let mut r = app.http.get(app.url("/v1/me"));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    assert_eq!(
+        me(Some(admin())).await,
+        (200, json!({"sub": "ops", "authenticated": true, "admin": true, "visibility": "admin", "publish": ["**"], "subscribe": ["**"]}))
+    );
+    let reader = token("viewer", json!({"subscribe": ["comment.*"], "visibility": "reviewer_only"}));
+    let (status, body) = me(Some(reader.clone())).await;
+    assert_eq!(
+        (status, &body),
+        (
+            200,
+            &json!({"sub": "viewer", "authenticated": true, "admin": false, "visibility": "reviewer_only", "publish": [], "subscribe": ["comment.*"]})
+        )
+    );
+    assert!(!body.to_string().contains(&reader));
+    let (status, body) = me(None).await;
+    assert_eq!((status, body["error"].as_str()), (401, Some("unauthorized")));
+
+    let open = spawn_app(backend).await;
+    let local: Value = open.http.get(open.url("/v1/me")).send().await.unwrap().json().await.unwrap();
+    assert_eq!((&local["admin"], &local["authenticated"]), (&json!(true), &json!(false)));
 }

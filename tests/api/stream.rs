@@ -176,12 +176,14 @@ async fn heartbeat_and_live_page(backend: Backend) {
         seen.extend_from_slice(&chunk);
     }
     assert!(seen.starts_with(b"retry: 2000\n\n"));
-    // The live page is served from the binary.
+    // The console is served from the binary, and follows through the
+    // client module the server serves too.
     let r = app.http.get(app.url("/")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
     let html = r.text().await.unwrap();
-    assert!(html.contains("new EventSource(\"/v1/stream?\""));
+    assert!(html.contains(r#"from "/tidings.js";"#), "the console imports the client");
+    assert!(html.contains(r#"transport: "eventsource""#), "its live list follows over EventSource");
 }
 
 /// Streams are written by tidings itself (chunked frames); HTTP/1.0 and

@@ -3,7 +3,8 @@
 // then expects "RESTARTED <id>" (the id of an event published right after
 // the restart); prints "OK <json>" when every check passed. A third
 // argument "ws" runs the same checks with the page on its WebSocket
-// transport.
+// transport. The base may be https:// (a test certificate, which the
+// browser is told to accept and Node trusts through NODE_EXTRA_CA_CERTS).
 import { chromium } from "playwright-core";
 import readline from "node:readline";
 
@@ -31,13 +32,17 @@ const browser = await chromium.launch({
   executablePath: "/usr/bin/chromium",
   headless: true,
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"],
+         "--disable-component-update", "--disable-sync", "--ignore-certificate-errors"],
 });
 try {
   const page = await browser.newPage();
   const filter = encodeURIComponent(JSON.stringify({ types: ["comment.*"] }));
   await page.goto(`${base}/?filter=${filter}${transport === "ws" ? "&transport=ws" : ""}`);
   await waitOpen(page);
+  if (base.startsWith("https:")) {
+    const protocol = await page.evaluate(() => performance.getEntriesByType("navigation")[0].nextHopProtocol);
+    if (protocol !== "h2") throw new Error(`over HTTPS the page came over ${protocol}, expected h2`);
+  }
   // The page follows on the transport asked for, and only on it.
   const metrics = await (await fetch(`${base}/metrics`)).text();
   for (const t of ["sse", "ws"]) {

@@ -1,0 +1,300 @@
+/**
+ * The JavaScript client of tidings, for browsers and Node (20 or later), with
+ * no runtime dependencies.
+ *
+ * - {@link stream}: a live stream of envelopes over Server-Sent Events that
+ *   resumes after any disconnect from the last id it delivered, and surfaces
+ *   the server's notices (`system.replay_gap`, `system.client_dropped_slow`).
+ * - {@link poll}, {@link Consumer}: one-shot and long polls, and durable
+ *   consumers whose cursor moves only when you acknowledge.
+ * - {@link connect}: the WebSocket device transport (JSON-RPC 2.0): hello,
+ *   an auth signed with a WebCrypto Ed25519 key, catch-up, realtime, acks,
+ *   and reconnection with backoff that carries the cursor; never a retry
+ *   after a rejection.
+ * - {@link publish}: `POST /v1/events`.
+ *
+ * The module is also served by every tidings server at `/tidings.js`, so a
+ * page can `import { stream } from "/tidings.js"` with no build step.
+ *
+ * @module
+ */
+/** Who may see an event. */
+export type Visibility = "public" | "reviewer_only" | "admin";
+/** The agent an event is attributed to. */
+export interface Agent {
+    id: string;
+    kind: string;
+}
+/** A typed relation from an event to something it concerns. */
+export interface Link {
+    rel: string;
+    ref: string;
+}
+/** An event as the server delivers it (envelope version 1). */
+export interface Envelope<Payload = Record<string, unknown>> {
+    envelope_version: number;
+    /** Assigned by the server: increasing, the resume point of every transport. */
+    event_id: number;
+    event_type: string;
+    ref?: string | null;
+    agent?: Agent | null;
+    session_id?: string | null;
+    occurred_at: string;
+    payload: Payload;
+    links: Link[];
+    visibility: Visibility;
+}
+/** What a client asks for; fields are AND-combined, values within one OR-combined. */
+export interface Filter {
+    /** Globs over dotted event types: `*` is one segment, `**` one or more. */
+    types?: string[];
+    agents?: string[];
+    /** Matches an event's `ref` or any of its `links[].ref`. */
+    targets?: string[];
+    /** A JsonLogic rule over the payload, evaluated by the server. */
+    payload?: unknown;
+}
+/** An event to publish: the server assigns the id (and the time, by default). */
+export interface NewEvent {
+    event_type: string;
+    ref?: string;
+    agent?: Agent;
+    session_id?: string;
+    payload?: Record<string, unknown>;
+    links?: Link[];
+    visibility?: Visibility;
+    occurred_at?: string;
+}
+/** A resume point the server could not serve whole: resume from `available_from`. */
+export interface ReplayGap {
+    requested: number;
+    available_from: number;
+    head: number;
+}
+/** The server closed a stream that fell behind; the client resumes from `last_event_id`. */
+export interface DroppedNotice {
+    reason: "queue_full" | "no_progress";
+    last_event_id: number | null;
+    queue: number;
+}
+/** Where a stream or connection is. */
+export type State = "connecting" | "open" | "closed";
+/**
+ * A request the server refused, with its stable error code: `status` is the
+ * HTTP status (0 for a refusal that came as a WebSocket JSON-RPC error or
+ * close, where `rpcCode` or `closeCode` says which).
+ */
+export declare class TidingsError extends Error {
+    /** The HTTP status, or 0. */
+    readonly status: number;
+    /** The stable error code (`invalid_filter`, `unauthorized`, ...). */
+    readonly code: string;
+    /** The whole error body as the server sent it. */
+    readonly body: unknown;
+    /** The JSON-RPC error code, for a WebSocket refusal. */
+    readonly rpcCode: number | undefined;
+    /** The WebSocket close code, for a connection closed as a refusal. */
+    readonly closeCode: number | undefined;
+    constructor(status: number, code: string, message: string, body?: unknown, extra?: {
+        rpcCode?: number;
+        closeCode?: number;
+    });
+}
+/** Where the server is and how to reach it. */
+export interface ClientOptions {
+    /** The server's base URL; in a page, the page's own origin by default. */
+    url?: string | URL;
+    /** A bearer token (JWT), when the server has authentication on. */
+    token?: string;
+    /** A `fetch` to use instead of the global one. */
+    fetch?: typeof fetch;
+}
+/** Reconnection delay: doubles from `initialMs` up to `maxMs`, with jitter in [½, 1]. */
+export interface Backoff {
+    initialMs?: number;
+    maxMs?: number;
+}
+/** Publishes one event or a batch (all or nothing); resolves to the assigned ids. */
+export declare function publish(events: NewEvent | NewEvent[], options?: ClientOptions): Promise<number[]>;
+/** How {@link stream} is told what happens. */
+export interface StreamOptions extends ClientOptions {
+    /**
+     * Where to start: events after this id are replayed first. Without it the
+     * stream is live only. After a reconnect the stream always resumes after
+     * the last event it delivered.
+     */
+    since?: number;
+    /** Each event, in id order, at most once. On the `fetch` transport the next event waits for a returned promise. */
+    onEvent: (event: Envelope) => void | Promise<void>;
+    /** The resume point was older than the retained history (or past the head). */
+    onGap?: (gap: ReplayGap) => void;
+    /** The server dropped this stream for falling behind; it resumes by itself. */
+    onDropped?: (notice: DroppedNotice) => void;
+    /** Any other named notice the server sends. */
+    onNotice?: (type: string, data: unknown) => void;
+    /** A refusal (bad filter, bad token, forbidden type): the stream is closed and not retried. */
+    onError?: (error: TidingsError) => void;
+    onState?: (state: State) => void;
+    /**
+     * `eventsource`: the platform's `EventSource` (the default where there is
+     * one and no token; a token then goes as `access_token` in the query).
+     * `fetch`: a reader over `fetch` (the default in Node, or with a token: it
+     * sends `Authorization`); it applies backpressure, because the next event
+     * is read only once `onEvent` has returned.
+     */
+    transport?: "eventsource" | "fetch";
+    /** An `EventSource` to use instead of the global one. */
+    EventSource?: typeof EventSource;
+    /** Reconnection delay after an error (a stream the server ends resumes after its `retry:` hint). */
+    backoff?: Backoff;
+}
+/** A running stream. */
+export interface Stream {
+    /** The id of the last event delivered, the point a reconnect resumes after. */
+    readonly lastEventId: number | null;
+    readonly state: State;
+    /** Stops the stream for good. */
+    close(): void;
+}
+/**
+ * Follows the events that match `filter`, live, resuming after any
+ * disconnect from the last event delivered: nothing missed, nothing twice.
+ */
+export declare function stream(filter: Filter, options: StreamOptions): Stream;
+/** A poll: `since` (exclusive), or a durable `consumer_id`, or neither (from the head). */
+export interface PollRequest {
+    filter?: Filter;
+    since?: number;
+    consumer_id?: string;
+    /** At most this many events (the server caps it). */
+    limit?: number;
+    /** Hold the request open up to this long until an event matches. */
+    wait_ms?: number;
+}
+/** One page of a poll. */
+export interface PollPage {
+    events: Envelope[];
+    /** Where the next poll starts (and what to acknowledge once these are handled). */
+    next_since: number;
+    has_more: boolean;
+}
+/** One poll of `POST /v1/poll`. */
+export declare function poll(request: PollRequest, options?: ClientOptions): Promise<PollPage>;
+/** What {@link Consumer.run} does between pages. */
+export interface RunOptions {
+    /** Events per page. */
+    limit?: number;
+    /** Long-poll time per request (default 25 s). */
+    wait_ms?: number;
+    /** Stops the loop (after the page in hand is handled and acknowledged). */
+    signal?: AbortSignal;
+    backoff?: Backoff;
+}
+/**
+ * A durable consumer: the server keeps its filter and a cursor that moves
+ * only on {@link Consumer.ack}, so a worker that stops resumes where its last
+ * acknowledgement left it, and two workers sharing an id are safe.
+ */
+export declare class Consumer {
+    readonly id: string;
+    readonly filter: Filter;
+    private readonly options;
+    /** Acknowledged up to here (as far as this object knows). */
+    cursor: number | null;
+    constructor(id: string, filter?: Filter, options?: ClientOptions);
+    /** The next page after the stored cursor (or after `since`, which also confirms it). */
+    next(request?: Omit<PollRequest, "consumer_id" | "filter">): Promise<PollPage>;
+    /** Confirms everything up to `cursor`; the server never moves it backwards or past the head. */
+    ack(cursor: number): Promise<number>;
+    /** Removes the consumer and its cursor from the server. */
+    delete(): Promise<void>;
+    /**
+     * Long-polls and hands each event to `handler`, acknowledging a page once
+     * every event of it is handled; a handler that throws stops the loop with
+     * that page unacknowledged (so it comes again). Transient errors are
+     * retried with backoff; a refusal rejects.
+     */
+    run(handler: (event: Envelope) => void | Promise<void>, options?: RunOptions): Promise<void>;
+}
+/** A `system/identity` entity: the public half of a device key. */
+export interface Identity {
+    type: "system/identity";
+    data: {
+        algorithm: "ed25519";
+        public_key: string;
+    };
+}
+/** A device's Ed25519 key: what signs its auth and acks. */
+export interface DeviceKey {
+    identity: Identity;
+    privateKey: CryptoKey;
+}
+/** A device key as JWKs, to keep (in IndexedDB, a file, a keychain) and import again. */
+export interface DeviceKeyJwk {
+    private: JsonWebKey;
+    public: JsonWebKey;
+}
+/** A new device key, and its JWKs to keep. */
+export declare function createDeviceKey(): Promise<{
+    key: DeviceKey;
+    jwk: DeviceKeyJwk;
+}>;
+/** A device key from the JWKs {@link createDeviceKey} gave. */
+export declare function importDeviceKey(jwk: DeviceKeyJwk): Promise<DeviceKey>;
+/**
+ * RFC 8785 canonical JSON of a JSON value: object keys sorted by UTF-16 code
+ * units, no whitespace, numbers and strings as ECMAScript writes them, which
+ * is what the RFC specifies.
+ */
+export declare function canonicalJson(value: unknown): string;
+/** The `origin_proof` of a signed call: the key's signature over `sha256:<hex>` of the canonical `{method, body, nonce}`. */
+export declare function originProof(key: DeviceKey, method: string, body: unknown, nonce: string): Promise<{
+    identity: Identity;
+    signature: string;
+}>;
+/** How {@link connect} is told what happens. */
+export interface ConnectOptions extends ClientOptions {
+    /** This device's id: with the key's identity, it names the cursor on the server. */
+    deviceId: string;
+    key: DeviceKey;
+    filter?: Filter;
+    /**
+     * Where a device the server does not know yet starts (exclusive); a known
+     * device resumes from its stored cursor. Without it a new device starts at
+     * the head.
+     */
+    cursor?: number;
+    /** Each event in seq order, at most once; it is acknowledged once the returned promise resolves. */
+    onEvent: (seq: number, event: Envelope) => void | Promise<void>;
+    onGap?: (gap: ReplayGap) => void;
+    /** The server confirmed the device's cursor up to here. */
+    onAck?: (cursor: number) => void;
+    onState?: (state: State) => void;
+    /** A refusal (bad proof, bad token, invalid filter, protocol close): closed, never retried. */
+    onRejected?: (error: TidingsError) => void;
+    /** Catch-up page size. */
+    pageSize?: number;
+    backoff?: Backoff;
+    /** A `WebSocket` to use instead of the global one. */
+    WebSocket?: typeof WebSocket;
+}
+/** A device connection that reconnects by itself. */
+export interface Connection {
+    /** The highest seq delivered to `onEvent`. */
+    readonly highWater: number;
+    /** The cursor the server confirmed last (`null` before the first answer). */
+    readonly cursor: number | null;
+    readonly state: State;
+    /** Resolves once the connection is caught up (and again is after each reconnect). */
+    ready(): Promise<void>;
+    close(): void;
+}
+/**
+ * Connects a device over `GET /v1/ws` (seed 003): authenticates with an
+ * Ed25519 proof over the server's nonce, catches up from the stored cursor
+ * with `sync.delta`, then follows realtime `stream.event`s; acknowledges
+ * what `onEvent` handled; reconnects with backoff carrying its cursor after a
+ * lost connection, a slow-consumer close or a shutdown, and never after a
+ * rejection.
+ */
+export declare function connect(options: ConnectOptions): Connection;

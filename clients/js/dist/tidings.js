@@ -1,0 +1,761 @@
+/**
+ * The JavaScript client of tidings, for browsers and Node (20 or later), with
+ * no runtime dependencies.
+ *
+ * - {@link stream}: a live stream of envelopes over Server-Sent Events that
+ *   resumes after any disconnect from the last id it delivered, and surfaces
+ *   the server's notices (`system.replay_gap`, `system.client_dropped_slow`).
+ * - {@link poll}, {@link Consumer}: one-shot and long polls, and durable
+ *   consumers whose cursor moves only when you acknowledge.
+ * - {@link connect}: the WebSocket device transport (JSON-RPC 2.0): hello,
+ *   an auth signed with a WebCrypto Ed25519 key, catch-up, realtime, acks,
+ *   and reconnection with backoff that carries the cursor; never a retry
+ *   after a rejection.
+ * - {@link publish}: `POST /v1/events`.
+ *
+ * The module is also served by every tidings server at `/tidings.js`, so a
+ * page can `import { stream } from "/tidings.js"` with no build step.
+ *
+ * @module
+ */
+/**
+ * A request the server refused, with its stable error code: `status` is the
+ * HTTP status (0 for a refusal that came as a WebSocket JSON-RPC error or
+ * close, where `rpcCode` or `closeCode` says which).
+ */
+export class TidingsError extends Error {
+    /** The HTTP status, or 0. */
+    status;
+    /** The stable error code (`invalid_filter`, `unauthorized`, ...). */
+    code;
+    /** The whole error body as the server sent it. */
+    body;
+    /** The JSON-RPC error code, for a WebSocket refusal. */
+    rpcCode;
+    /** The WebSocket close code, for a connection closed as a refusal. */
+    closeCode;
+    constructor(status, code, message, body, extra = {}) {
+        super(message || code);
+        this.name = "TidingsError";
+        this.status = status;
+        this.code = code;
+        this.body = body;
+        this.rpcCode = extra.rpcCode;
+        this.closeCode = extra.closeCode;
+    }
+}
+function baseUrl(options) {
+    if (options.url !== undefined)
+        return new URL(String(options.url));
+    const here = globalThis.location;
+    if (here)
+        return new URL(here.origin);
+    throw new TypeError("tidings: no url given, and not in a page");
+}
+function endpoint(options, path, query = {}) {
+    const url = new URL(path, baseUrl(options));
+    for (const [name, value] of Object.entries(query))
+        if (value !== undefined)
+            url.searchParams.set(name, value);
+    return url;
+}
+function fetcher(options) {
+    const f = options.fetch ?? globalThis.fetch;
+    if (!f)
+        throw new TypeError("tidings: no fetch available");
+    return f.bind(globalThis);
+}
+function headers(options, extra = {}) {
+    return options.token ? { ...extra, authorization: `Bearer ${options.token}` } : extra;
+}
+function filterQuery(filter) {
+    return Object.keys(filter).length ? JSON.stringify(filter) : undefined;
+}
+/** Reads a refusal's `{error, message}` body into a {@link TidingsError}. */
+async function refusal(response) {
+    let body = undefined;
+    try {
+        body = await response.json();
+    }
+    catch {
+        // Not JSON (a proxy's page, say): the status alone speaks.
+    }
+    const b = (body ?? {});
+    const code = typeof b.error === "string" ? b.error : `http_${response.status}`;
+    const message = typeof b.message === "string" ? b.message : response.statusText;
+    return new TidingsError(response.status, code, message, body);
+}
+async function call(options, method, url, body) {
+    const init = { method, headers: headers(options, body === undefined ? {} : { "content-type": "application/json" }) };
+    if (body !== undefined)
+        init.body = JSON.stringify(body);
+    const response = await fetcher(options)(url, init);
+    if (!response.ok)
+        throw await refusal(response);
+    return (response.status === 204 ? undefined : await response.json());
+}
+/** A refusal the same request would meet again: not retried. */
+function isFinal(status) {
+    return status >= 400 && status < 500 && status !== 408 && status !== 429;
+}
+const sleep = (ms, signal) => new Promise((resolve) => {
+    if (signal.aborted)
+        return resolve();
+    const timer = setTimeout(done, ms);
+    signal.addEventListener("abort", done, { once: true });
+    function done() {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", done);
+        resolve();
+    }
+});
+class Delay {
+    backoff;
+    next;
+    constructor(backoff) {
+        this.backoff = backoff;
+        this.next = backoff.initialMs;
+    }
+    take() {
+        const ms = this.next * (0.5 + Math.random() / 2);
+        this.next = Math.min(this.next * 2, this.backoff.maxMs);
+        return ms;
+    }
+    reset() {
+        this.next = this.backoff.initialMs;
+    }
+}
+const delay = (b = {}) => new Delay({ initialMs: b.initialMs ?? 250, maxMs: b.maxMs ?? 10_000 });
+// ---------------------------------------------------------------------------
+// Publishing
+/** Publishes one event or a batch (all or nothing); resolves to the assigned ids. */
+export async function publish(events, options = {}) {
+    const body = Array.isArray(events) ? { events } : events;
+    const answer = await call(options, "POST", endpoint(options, "/v1/events"), body);
+    return answer.event_ids;
+}
+const NOTICES = ["system.replay_gap", "system.client_dropped_slow"];
+/**
+ * Follows the events that match `filter`, live, resuming after any
+ * disconnect from the last event delivered: nothing missed, nothing twice.
+ */
+export function stream(filter, options) {
+    const ES = options.EventSource ?? globalThis.EventSource;
+    const transport = options.transport ?? (ES && !options.token ? "eventsource" : "fetch");
+    const s = new StreamState(filter, options);
+    if (transport === "eventsource") {
+        if (!ES)
+            throw new TypeError("tidings: no EventSource available; use transport: \"fetch\"");
+        s.overEventSource(ES);
+    }
+    else {
+        void s.overFetch();
+    }
+    return s;
+}
+class StreamState {
+    filter;
+    options;
+    lastEventId = null;
+    state = "connecting";
+    stop = new AbortController();
+    source = null;
+    delay;
+    constructor(filter, options) {
+        this.filter = filter;
+        this.options = options;
+        this.delay = delay(options.backoff);
+    }
+    close() {
+        this.stop.abort();
+        this.source?.close();
+        this.setState("closed");
+    }
+    setState(state) {
+        if (this.state === state || (this.state === "closed" && this.stop.signal.aborted))
+            return;
+        this.state = state;
+        this.options.onState?.(state);
+    }
+    url(accessToken) {
+        const from = this.lastEventId ?? this.options.since;
+        return endpoint(this.options, "/v1/stream", {
+            filter: filterQuery(this.filter),
+            since: from === undefined ? undefined : String(from),
+            access_token: accessToken ? this.options.token : undefined,
+        });
+    }
+    /** One frame of the stream; resolves once its handler has. */
+    async frame(event, data, id) {
+        if (event === "message") {
+            const envelope = JSON.parse(data);
+            const seq = id !== undefined && id !== "" ? Number(id) : envelope.event_id;
+            if (this.lastEventId !== null && seq <= this.lastEventId)
+                return;
+            this.lastEventId = seq;
+            await this.options.onEvent(envelope);
+        }
+        else if (event === "system.replay_gap") {
+            this.options.onGap?.(JSON.parse(data));
+        }
+        else if (event === "system.client_dropped_slow") {
+            this.options.onDropped?.(JSON.parse(data));
+        }
+        else {
+            let value = data;
+            try {
+                value = JSON.parse(data);
+            }
+            catch {
+                // A notice whose data is not JSON goes on as text.
+            }
+            this.options.onNotice?.(event, value);
+        }
+    }
+    overEventSource(ES) {
+        if (this.stop.signal.aborted)
+            return;
+        this.setState("connecting");
+        const es = new ES(this.url(true).toString());
+        this.source = es;
+        // Frames are handled in order even when a handler is async.
+        let chain = Promise.resolve();
+        const handle = (event) => (m) => {
+            chain = chain.then(() => this.frame(event, m.data, m.lastEventId)).catch(report);
+        };
+        es.onopen = () => {
+            this.delay.reset();
+            this.setState("open");
+        };
+        es.onmessage = handle("message");
+        for (const name of NOTICES)
+            es.addEventListener(name, handle(name));
+        es.onerror = () => {
+            if (this.stop.signal.aborted)
+                return;
+            // Still CONNECTING: EventSource retries by itself with Last-Event-ID.
+            if (es.readyState !== ES.CLOSED)
+                return this.setState("connecting");
+            // Closed for good: a refusal (any non-200) or a wrong content type.
+            // EventSource does not say which; one request with fetch does.
+            es.close();
+            void this.diagnose(ES);
+        };
+    }
+    async diagnose(ES) {
+        const probe = new AbortController();
+        const stop = () => probe.abort();
+        this.stop.signal.addEventListener("abort", stop, { once: true });
+        let final = null;
+        try {
+            const response = await fetcher(this.options)(this.url(true), { headers: { accept: "text/event-stream" }, signal: probe.signal });
+            if (!response.ok && isFinal(response.status))
+                final = await refusal(response);
+        }
+        catch {
+            // Unreachable: try again after the delay.
+        }
+        finally {
+            probe.abort();
+            this.stop.signal.removeEventListener("abort", stop);
+        }
+        if (final)
+            return this.refused(final);
+        this.setState("connecting");
+        await sleep(this.delay.take(), this.stop.signal);
+        this.overEventSource(ES);
+    }
+    refused(error) {
+        this.stop.abort();
+        this.state = "closed";
+        this.options.onState?.("closed");
+        this.options.onError?.(error);
+    }
+    async overFetch() {
+        const signal = this.stop.signal;
+        while (!signal.aborted) {
+            this.setState("connecting");
+            let wait;
+            try {
+                const response = await fetcher(this.options)(this.url(false), {
+                    headers: headers(this.options, { accept: "text/event-stream" }),
+                    signal,
+                    cache: "no-store",
+                });
+                if (!response.ok) {
+                    const error = await refusal(response);
+                    if (isFinal(response.status))
+                        return this.refused(error);
+                    throw error;
+                }
+                if (!response.body)
+                    throw new TypeError("tidings: a stream response without a body");
+                this.delay.reset();
+                this.setState("open");
+                const retry = await this.read(response.body);
+                // The server ended the stream (a drop, a shutdown): come back after
+                // its hint, jittered by the server itself at shutdown.
+                wait = retry ?? this.delay.take();
+            }
+            catch (error) {
+                if (signal.aborted)
+                    return;
+                report(error);
+                wait = this.delay.take();
+            }
+            if (signal.aborted)
+                return;
+            this.setState("connecting");
+            await sleep(wait, signal);
+        }
+    }
+    /** Reads frames until the body ends; resolves to the last `retry:` hint. */
+    async read(body) {
+        const reader = body.getReader();
+        const parser = new SseParser();
+        try {
+            for (;;) {
+                const { done, value } = await reader.read();
+                if (done)
+                    break;
+                for (const f of parser.push(value))
+                    await this.frame(f.event, f.data, f.id);
+            }
+        }
+        finally {
+            reader.releaseLock();
+        }
+        return parser.retry;
+    }
+}
+function report(error) {
+    // A handler's own exception or a lost connection: shown, not fatal.
+    if (typeof console !== "undefined" && !(error instanceof DOMException && error.name === "AbortError"))
+        console.warn("tidings:", error);
+}
+/** The event-stream parser of the HTML standard (§9.2.6), fed with bytes. */
+class SseParser {
+    /** The last `retry:` value, in milliseconds. */
+    retry;
+    decoder = new TextDecoder();
+    buffer = "";
+    data = [];
+    event = "";
+    id;
+    lastId;
+    push(bytes) {
+        this.buffer += this.decoder.decode(bytes, { stream: true });
+        const frames = [];
+        let start = 0;
+        for (;;) {
+            const lf = this.buffer.indexOf("\n", start);
+            const cr = this.buffer.indexOf("\r", start);
+            let end;
+            let next;
+            if (cr !== -1 && (lf === -1 || cr < lf)) {
+                // A CR at the very end may be the first half of a CRLF.
+                if (cr === this.buffer.length - 1)
+                    break;
+                end = cr;
+                next = this.buffer[cr + 1] === "\n" ? cr + 2 : cr + 1;
+            }
+            else if (lf !== -1) {
+                end = lf;
+                next = lf + 1;
+            }
+            else {
+                break;
+            }
+            const frame = this.line(this.buffer.slice(start, end));
+            if (frame)
+                frames.push(frame);
+            start = next;
+        }
+        this.buffer = this.buffer.slice(start);
+        return frames;
+    }
+    line(line) {
+        if (line === "") {
+            const frame = this.data.length ? { event: this.event || "message", data: this.data.join("\n"), id: this.id ?? this.lastId } : null;
+            if (this.id !== undefined)
+                this.lastId = this.id;
+            this.data = [];
+            this.event = "";
+            this.id = undefined;
+            return frame;
+        }
+        if (line.startsWith(":"))
+            return null;
+        const colon = line.indexOf(":");
+        const field = colon === -1 ? line : line.slice(0, colon);
+        let value = colon === -1 ? "" : line.slice(colon + 1);
+        if (value.startsWith(" "))
+            value = value.slice(1);
+        if (field === "data")
+            this.data.push(value);
+        else if (field === "event")
+            this.event = value;
+        else if (field === "id" && !value.includes("\0"))
+            this.id = value;
+        else if (field === "retry" && /^\d+$/.test(value))
+            this.retry = Number(value);
+        return null;
+    }
+}
+/** One poll of `POST /v1/poll`. */
+export async function poll(request, options = {}) {
+    return call(options, "POST", endpoint(options, "/v1/poll"), request);
+}
+/**
+ * A durable consumer: the server keeps its filter and a cursor that moves
+ * only on {@link Consumer.ack}, so a worker that stops resumes where its last
+ * acknowledgement left it, and two workers sharing an id are safe.
+ */
+export class Consumer {
+    id;
+    filter;
+    options;
+    /** Acknowledged up to here (as far as this object knows). */
+    cursor = null;
+    constructor(id, filter = {}, options = {}) {
+        this.id = id;
+        this.filter = filter;
+        this.options = options;
+    }
+    /** The next page after the stored cursor (or after `since`, which also confirms it). */
+    async next(request = {}) {
+        const body = { ...request, consumer_id: this.id };
+        if (Object.keys(this.filter).length)
+            body.filter = this.filter;
+        return poll(body, this.options);
+    }
+    /** Confirms everything up to `cursor`; the server never moves it backwards or past the head. */
+    async ack(cursor) {
+        const answer = await call(this.options, "POST", endpoint(this.options, `/v1/consumers/${encodeURIComponent(this.id)}/ack`), { cursor });
+        this.cursor = answer.cursor;
+        return answer.cursor;
+    }
+    /** Removes the consumer and its cursor from the server. */
+    async delete() {
+        await call(this.options, "DELETE", endpoint(this.options, `/v1/consumers/${encodeURIComponent(this.id)}`));
+    }
+    /**
+     * Long-polls and hands each event to `handler`, acknowledging a page once
+     * every event of it is handled; a handler that throws stops the loop with
+     * that page unacknowledged (so it comes again). Transient errors are
+     * retried with backoff; a refusal rejects.
+     */
+    async run(handler, options = {}) {
+        const d = delay(options.backoff);
+        while (!options.signal?.aborted) {
+            let page;
+            try {
+                page = await this.next({ wait_ms: options.wait_ms ?? 25_000, ...(options.limit ? { limit: options.limit } : {}) });
+            }
+            catch (error) {
+                if (error instanceof TidingsError && isFinal(error.status))
+                    throw error;
+                await sleep(d.take(), options.signal ?? new AbortController().signal);
+                continue;
+            }
+            d.reset();
+            for (const event of page.events)
+                await handler(event);
+            if (this.cursor === null || page.next_since > this.cursor)
+                await this.ack(page.next_since);
+        }
+    }
+}
+const b64 = (bytes) => {
+    let s = "";
+    for (const b of new Uint8Array(bytes))
+        s += String.fromCharCode(b);
+    return btoa(s);
+};
+const hex = (bytes) => [...new Uint8Array(bytes)].map((b) => b.toString(16).padStart(2, "0")).join("");
+async function fromPair(privateKey, publicKey) {
+    const raw = await crypto.subtle.exportKey("raw", publicKey);
+    return { privateKey, identity: { type: "system/identity", data: { algorithm: "ed25519", public_key: b64(raw) } } };
+}
+/** A new device key, and its JWKs to keep. */
+export async function createDeviceKey() {
+    const pair = (await crypto.subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]));
+    const jwk = { private: await crypto.subtle.exportKey("jwk", pair.privateKey), public: await crypto.subtle.exportKey("jwk", pair.publicKey) };
+    return { key: await fromPair(pair.privateKey, pair.publicKey), jwk };
+}
+/** A device key from the JWKs {@link createDeviceKey} gave. */
+export async function importDeviceKey(jwk) {
+    const privateKey = await crypto.subtle.importKey("jwk", jwk.private, { name: "Ed25519" }, false, ["sign"]);
+    const publicKey = await crypto.subtle.importKey("jwk", jwk.public, { name: "Ed25519" }, true, ["verify"]);
+    return fromPair(privateKey, publicKey);
+}
+/**
+ * RFC 8785 canonical JSON of a JSON value: object keys sorted by UTF-16 code
+ * units, no whitespace, numbers and strings as ECMAScript writes them, which
+ * is what the RFC specifies.
+ */
+export function canonicalJson(value) {
+    if (Array.isArray(value))
+        return `[${value.map(canonicalJson).join(",")}]`;
+    if (value !== null && typeof value === "object") {
+        const o = value;
+        const keys = Object.keys(o)
+            .filter((k) => o[k] !== undefined)
+            .sort();
+        return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(",")}}`;
+    }
+    if (typeof value === "number" && !Number.isFinite(value))
+        throw new TypeError("tidings: a non-finite number has no JSON form");
+    return JSON.stringify(value);
+}
+/** The `origin_proof` of a signed call: the key's signature over `sha256:<hex>` of the canonical `{method, body, nonce}`. */
+export async function originProof(key, method, body, nonce) {
+    const encoder = new TextEncoder();
+    const digest = await crypto.subtle.digest("SHA-256", encoder.encode(canonicalJson({ method, body, nonce })));
+    const signature = await crypto.subtle.sign({ name: "Ed25519" }, key.privateKey, encoder.encode(`sha256:${hex(digest)}`));
+    return { identity: key.identity, signature: b64(signature) };
+}
+/** Close codes after which the same connection would be refused again. */
+const REFUSING_CLOSES = new Set([1002, 1003, 1007, 1008, 1009]);
+/**
+ * Connects a device over `GET /v1/ws` (seed 003): authenticates with an
+ * Ed25519 proof over the server's nonce, catches up from the stored cursor
+ * with `sync.delta`, then follows realtime `stream.event`s; acknowledges
+ * what `onEvent` handled; reconnects with backoff carrying its cursor after a
+ * lost connection, a slow-consumer close or a shutdown, and never after a
+ * rejection.
+ */
+export function connect(options) {
+    const WS = options.WebSocket ?? globalThis.WebSocket;
+    if (!WS)
+        throw new TypeError("tidings: no WebSocket available (Node 20 needs --experimental-websocket)");
+    const c = new DeviceConnection(options, WS);
+    c.open();
+    return c;
+}
+class Lost extends Error {
+}
+class DeviceConnection {
+    options;
+    WS;
+    highWater = 0;
+    cursor = null;
+    state = "connecting";
+    stopped = false;
+    socket = null;
+    delay;
+    waiters = [];
+    caughtUp = false;
+    constructor(options, WS) {
+        this.options = options;
+        this.WS = WS;
+        this.delay = delay(options.backoff);
+        if (options.cursor !== undefined)
+            this.highWater = options.cursor;
+    }
+    ready() {
+        if (this.caughtUp)
+            return Promise.resolve();
+        return new Promise((resolve) => this.waiters.push(resolve));
+    }
+    close() {
+        this.stopped = true;
+        this.socket?.close(1000);
+        this.setState("closed");
+    }
+    setState(state) {
+        if (this.state === state)
+            return;
+        this.state = state;
+        this.options.onState?.(state);
+    }
+    open() {
+        if (this.stopped)
+            return;
+        this.setState("connecting");
+        this.caughtUp = false;
+        const url = endpoint(this.options, "/v1/ws", { access_token: this.options.token });
+        url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+        const socket = new this.WS(url.toString());
+        this.socket = socket;
+        const pending = new Map();
+        let nextId = 1;
+        let rejection = null;
+        let nonce = "";
+        let hello = false;
+        // Messages are handled one at a time, in order.
+        let chain = Promise.resolve();
+        // Realtime events that arrive while catch-up runs wait here; duplicates
+        // of catch-up are dropped by the high-water mark.
+        const rpc = (method, params) => new Promise((resolve, reject) => {
+            if (socket.readyState !== this.WS.OPEN)
+                return reject(new Lost());
+            const id = nextId++;
+            pending.set(id, { resolve, reject });
+            socket.send(JSON.stringify({ jsonrpc: "2.0", id, method, params }));
+        });
+        let acking = false;
+        let ackWanted = 0;
+        const ack = async (seq) => {
+            ackWanted = Math.max(ackWanted, seq);
+            if (acking)
+                return;
+            acking = true;
+            try {
+                while (ackWanted > (this.cursor ?? 0) && !this.stopped) {
+                    const body = { seq: ackWanted };
+                    const answer = (await rpc("stream.ack", { body, origin_proof: await originProof(this.options.key, "stream.ack", body, nonce) }));
+                    this.cursor = Math.max(this.cursor ?? 0, answer.cursor);
+                    this.options.onAck?.(this.cursor);
+                    if (answer.cursor < body.seq)
+                        break; // capped at the head: nothing more to confirm now
+                }
+            }
+            catch {
+                // The connection went; the next one resumes from the stored cursor.
+            }
+            finally {
+                acking = false;
+            }
+        };
+        const take = async (seq, event) => {
+            if (seq <= this.highWater)
+                return;
+            this.highWater = seq;
+            await this.options.onEvent(seq, event);
+        };
+        const gap = (g) => this.options.onGap?.(g);
+        const handshake = async () => {
+            const body = { device_id: this.options.deviceId };
+            if (this.options.filter && Object.keys(this.options.filter).length)
+                body.filter = this.options.filter;
+            // The high-water mark goes along: a device whose acks never landed
+            // would otherwise start at the head, past what came while it was away.
+            if (this.highWater > 0)
+                body.cursor = this.highWater;
+            const { head_seq: head, cursor } = (await rpc("stream.auth", { body, origin_proof: await originProof(this.options.key, "stream.auth", body, nonce) }));
+            this.cursor = cursor;
+            let from = Math.max(cursor, 0);
+            while (from < head) {
+                const page = (await rpc("sync.delta", { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 }));
+                if (page.gap)
+                    gap(page.gap);
+                for (const item of page.items)
+                    await take(item.seq, item.event);
+                void ack(this.highWater);
+                if (page.next_since <= from && !page.has_more)
+                    break;
+                from = page.next_since;
+                if (!page.has_more && from >= head)
+                    break;
+            }
+            this.delay.reset();
+            this.caughtUp = true;
+            this.setState("open");
+            for (const w of this.waiters.splice(0))
+                w();
+        };
+        socket.onmessage = (m) => {
+            let msg;
+            try {
+                msg = JSON.parse(String(m.data));
+            }
+            catch {
+                return;
+            }
+            // Answers settle at once (catch-up awaits them); notifications queue.
+            if (msg.method === undefined) {
+                const error = msg.error ? new TidingsError(0, msg.error.data?.code ?? "rpc_error", msg.error.message, msg.error, { rpcCode: msg.error.code }) : null;
+                if (msg.id === null || msg.id === undefined) {
+                    // About the connection (a refused token or proof): a rejection.
+                    if (error) {
+                        rejection = error;
+                        for (const p of pending.values())
+                            p.reject(error);
+                        pending.clear();
+                    }
+                    return;
+                }
+                const p = pending.get(msg.id);
+                if (!p)
+                    return;
+                pending.delete(msg.id);
+                if (error)
+                    p.reject(error);
+                else
+                    p.resolve(msg.result);
+                return;
+            }
+            const params = msg.params ?? {};
+            if (msg.method === "stream.hello") {
+                nonce = String(params.nonce);
+                hello = true;
+                // Realtime events queue behind the catch-up (the server sends none
+                // before it, but the order holds either way).
+                chain = handshake().catch((error) => {
+                    if (error instanceof TidingsError) {
+                        rejection = error;
+                        socket.close(1000);
+                    }
+                });
+                return;
+            }
+            chain = chain
+                .then(async () => {
+                if (msg.method === "stream.event") {
+                    const seq = Number(params.seq);
+                    await take(seq, params.event);
+                    void ack(seq);
+                }
+                else if (msg.method === "stream.gap") {
+                    gap(params);
+                }
+            })
+                .catch(report);
+        };
+        socket.onclose = (e) => {
+            for (const p of pending.values())
+                p.reject(new Lost());
+            pending.clear();
+            if (this.socket !== socket)
+                return;
+            if (this.stopped)
+                return this.setState("closed");
+            if (!hello && !rejection) {
+                // Refused before the protocol began: a browser does not show the
+                // upgrade's status, so one plain request asks (401/403 are final).
+                void this.diagnose(url).then((refused) => (refused ? this.rejected(refused) : this.retry()));
+                return;
+            }
+            if (rejection || REFUSING_CLOSES.has(e.code)) {
+                return this.rejected(rejection ?? new TidingsError(0, e.reason || "protocol_error", `closed with ${e.code}`, undefined, { closeCode: e.code }));
+            }
+            this.retry();
+        };
+    }
+    retry() {
+        if (this.stopped)
+            return;
+        this.setState("connecting");
+        setTimeout(() => this.open(), this.delay.take());
+    }
+    rejected(error) {
+        this.stopped = true;
+        this.setState("closed");
+        this.options.onRejected?.(error);
+    }
+    async diagnose(url) {
+        const http = new URL(url);
+        http.protocol = http.protocol === "wss:" ? "https:" : "http:";
+        try {
+            const response = await fetcher(this.options)(http, { headers: headers(this.options) });
+            if (response.status === 401 || response.status === 403)
+                return refusal(response);
+            await response.body?.cancel();
+        }
+        catch {
+            // Unreachable: retried.
+        }
+        return null;
+    }
+}

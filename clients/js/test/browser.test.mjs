@@ -1,0 +1,71 @@
+// The scenarios of test/scenarios.mjs in headless Chromium, one page each,
+// in Node's test runner. The page is opened on the origin of a proxy in
+// front of the server and imports the client the way users do, from the
+// server's own `/tidings.js`; the scenarios module is handed to the page by
+// the browser driver. Publishing, /health/deep and the proxy's controls run
+// here in Node. Needs TIDINGS_URL and TIDINGS_SLOW_URL like node.test.mjs.
+import { test, after } from "node:test";
+import { readFile } from "node:fs/promises";
+import { chromium } from "playwright-core";
+import * as lib from "../dist/tidings.js";
+import { scenarios } from "./scenarios.mjs";
+import { proxy } from "./proxy.mjs";
+
+const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL };
+if (!servers.main || !servers.slow) throw new Error("set TIDINGS_URL and TIDINGS_SLOW_URL");
+const proxies = { main: await proxy(servers.main), slow: await proxy(servers.slow) };
+const source = await readFile(new URL("./scenarios.mjs", import.meta.url), "utf8");
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+  headless: true,
+  args: ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+after(async () => {
+  await browser.close();
+  await Promise.all(Object.values(proxies).map((p) => p.close()));
+});
+
+for (const s of scenarios.filter((s) => !s.node)) {
+  test(`chromium: ${s.name}`, { timeout: 60_000 }, async () => {
+    const p = proxies[s.server];
+    const url = servers[s.server];
+    const page = await browser.newPage();
+    const logs = [];
+    page.on("console", (m) => logs.push(`${m.type()}: ${m.text()}`));
+    page.on("pageerror", (e) => logs.push(`pageerror: ${e.message}`));
+    try {
+      await page.route("**/__test/scenarios.mjs", (route) => route.fulfill({ contentType: "text/javascript", body: source }));
+      await page.exposeFunction("__publish", (event) => lib.publish(event, { url }));
+      await page.exposeFunction("__deep", async () => (await fetch(new URL("/health/deep", url))).json());
+      await page.exposeFunction("__drop", () => p.drop());
+      await page.exposeFunction("__requests", (prefix) => p.requests(prefix));
+      await page.exposeFunction("__stall", () => p.stall());
+      await page.exposeFunction("__unstall", () => p.unstall());
+      await page.goto(`${p.url}/health`);
+      const outcome = await page.evaluate(async (name) => {
+        const lib = await import("/tidings.js");
+        const { scenarios } = await import("/__test/scenarios.mjs");
+        const env = {
+          url: location.origin,
+          publish: (event) => window.__publish(event),
+          deep: () => window.__deep(),
+          drop: () => window.__drop(),
+          stall: () => window.__stall(),
+          unstall: () => window.__unstall(),
+          // Counted in Node: a promise here, awaited by the scenarios.
+          requests: (prefix) => window.__requests(prefix),
+          runtime: "chromium",
+        };
+        try {
+          await scenarios.find((s) => s.name === name).run(lib, env);
+          return null;
+        } catch (e) {
+          return String(e && e.stack ? e.stack : e);
+        }
+      }, s.name);
+      if (outcome) throw new Error(`${outcome}\n${logs.join("\n")}`);
+    } finally {
+      await page.close();
+    }
+  });
+}

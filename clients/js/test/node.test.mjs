@@ -1,0 +1,29 @@
+// The scenarios of test/scenarios.mjs in Node's test runner, against the
+// compiled client (dist/tidings.js). The servers come from the environment:
+// TIDINGS_URL (a tidings server) and TIDINGS_SLOW_URL (one with a small
+// client queue and a short slow-client timeout); tests/api/js_client.rs
+// starts both, on each store, and runs this file.
+import { test, after } from "node:test";
+import * as lib from "../dist/tidings.js";
+import { scenarios } from "./scenarios.mjs";
+import { proxy } from "./proxy.mjs";
+
+const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL };
+if (!servers.main || !servers.slow) throw new Error("set TIDINGS_URL and TIDINGS_SLOW_URL");
+const proxies = { main: await proxy(servers.main), slow: await proxy(servers.slow) };
+after(() => Promise.all(Object.values(proxies).map((p) => p.close())));
+
+/** What the runner does for a scenario, straight against the server. */
+export function direct(url) {
+  return {
+    publish: (event) => lib.publish(event, { url }),
+    deep: async () => (await fetch(new URL("/health/deep", url))).json(),
+  };
+}
+
+for (const s of scenarios.filter((s) => !s.browser)) {
+  test(s.name, { timeout: 60_000 }, () => {
+    const p = proxies[s.server];
+    return s.run(lib, { url: p.url, drop: () => p.drop(), stall: () => p.stall(), unstall: () => p.unstall(), requests: (prefix) => p.requests(prefix), ...direct(servers[s.server]), runtime: "node" });
+  });
+}

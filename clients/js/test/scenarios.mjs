@@ -1,0 +1,505 @@
+// The client's behaviour, written once and run twice: in Node
+// (test/node.test.mjs, Node's test runner) and in headless Chromium
+// (test/browser.mjs). Each scenario gets the client module and an `env`:
+//   env.url      the server the scenario talks to, through a TCP proxy;
+//   env.drop()   cuts every connection through that proxy (a lost network);
+//   env.stall(), env.unstall() hold back, then let go, what the proxy's open
+//                connections send to the client (a network too slow);
+//   env.requests(prefix) how many requests whose line starts with prefix
+//                went through the proxy so far;
+//   env.runtime  "node" or "chromium".
+//   env.publish(event) publishes straight to the server, env.deep() reads
+//   its /health/deep (both done by the runner, in Node);
+// Scenarios tell their events apart from everyone else's with a payload
+// field (`run`), so they can share a server. Waits are on events, each with
+// a deadline.
+
+const DEADLINE_MS = 20_000;
+
+function fail(message) {
+  throw new Error(message);
+}
+function equal(actual, expected, what) {
+  const a = JSON.stringify(actual);
+  const e = JSON.stringify(expected);
+  if (a !== e) fail(`${what}: expected ${e}, got ${a}`);
+}
+function ok(condition, what) {
+  if (!condition) fail(what);
+}
+
+/** Resolves when `predicate()` holds, checked on every `signal()`; rejects at the deadline. */
+function waiter() {
+  const waits = [];
+  return {
+    signal() {
+      for (const w of [...waits]) {
+        if (w.predicate()) {
+          waits.splice(waits.indexOf(w), 1);
+          clearTimeout(w.timer);
+          w.resolve();
+        }
+      }
+    },
+    until(predicate, what) {
+      if (predicate()) return Promise.resolve();
+      return new Promise((resolve, reject) => {
+        const w = { predicate, resolve };
+        w.timer = setTimeout(() => {
+          waits.splice(waits.indexOf(w), 1);
+          reject(new Error(`timed out waiting for ${what}`));
+        }, DEADLINE_MS);
+        waits.push(w);
+      });
+    },
+  };
+}
+
+const tag = () => `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`;
+const byRun = (run) => ({ payload: { "==": [{ var: "run" }, run] } });
+
+async function publishRun(env, run, n, extra = {}) {
+  const ids = [];
+  // One at a time, straight to the server (not through the proxy the
+  // client under test uses), as a live producer's would be.
+  for (let i = 0; i < n; i++) ids.push(...(await env.publish({ event_type: "comment.posted", payload: { run, i, ...extra } })));
+  return ids;
+}
+
+/** Replay from `since`, then live; typed envelopes, in order, once each. */
+async function replayThenLive(lib, env, transport) {
+  const run = tag();
+  const w = waiter();
+  const got = [];
+  const states = [];
+  const first = await publishRun(env, run, 3);
+  const s = lib.stream(byRun(run), {
+    url: env.url,
+    since: first[0] - 1,
+    transport,
+    onEvent: (e) => {
+      got.push(e);
+      w.signal();
+    },
+    onState: (state) => {
+      states.push(state);
+      w.signal();
+    },
+  });
+  try {
+    await w.until(() => got.length >= 3, "the replayed events");
+    const live = await publishRun(env, run, 2);
+    await w.until(() => got.length >= 5, "the live events");
+    equal(
+      got.map((e) => e.event_id),
+      [...first, ...live],
+      "ids",
+    );
+    equal(
+      got.map((e) => [e.envelope_version, e.event_type, e.payload.run, e.payload.i, e.visibility]),
+      [0, 1, 2, 0, 1].map((i) => [1, "comment.posted", run, i, "public"]),
+      "envelopes",
+    );
+    equal(s.lastEventId, live[1], "lastEventId");
+    ok(states.includes("open"), `went open: ${states}`);
+  } finally {
+    s.close();
+  }
+  equal(s.state, "closed", "state after close");
+}
+
+/** A lost connection: the stream comes back by itself, from its last id. */
+async function resumesAfterLostConnection(lib, env, transport) {
+  const run = tag();
+  const w = waiter();
+  const got = [];
+  let opened = 0;
+  const s = lib.stream(byRun(run), {
+    url: env.url,
+    transport,
+    backoff: { initialMs: 50, maxMs: 200 },
+    onEvent: (e) => {
+      got.push(e.event_id);
+      w.signal();
+    },
+    onState: (state) => {
+      if (state === "open") opened++;
+      w.signal();
+    },
+  });
+  try {
+    await w.until(() => opened === 1, "the stream to open");
+    const before = await publishRun(env, run, 1);
+    await w.until(() => got.length === 1, "the first event");
+    await env.drop();
+    // Published while the client is away.
+    const away = await publishRun(env, run, 2);
+    await w.until(() => opened === 2, "the stream to come back");
+    const after = await publishRun(env, run, 1);
+    await w.until(() => got.length >= 4, "every event");
+    equal(got, [...before, ...away, ...after], "nothing missed, nothing twice");
+  } finally {
+    s.close();
+  }
+}
+
+/** A resume point past the head: `system.replay_gap` reaches onGap, then live events flow. */
+async function replayGap(lib, env, transport) {
+  const run = tag();
+  const w = waiter();
+  const gaps = [];
+  const got = [];
+  const head = (await env.deep()).head_event_id;
+  const since = head + 1_000_000;
+  const s = lib.stream(byRun(run), {
+    url: env.url,
+    since,
+    transport,
+    onGap: (g) => {
+      gaps.push(g);
+      w.signal();
+    },
+    onEvent: (e) => {
+      got.push(e.event_id);
+      w.signal();
+    },
+  });
+  try {
+    await w.until(() => gaps.length === 1, "the replay gap");
+    ok(gaps[0].requested === since && gaps[0].head >= head && gaps[0].available_from >= 1, `gap ${JSON.stringify(gaps[0])}`);
+    const live = await publishRun(env, run, 1);
+    await w.until(() => got.length === 1, "a live event after the gap");
+    equal(got, live, "the live event");
+  } finally {
+    s.close();
+  }
+}
+
+/**
+ * A client that stops taking events (its handler does not return) is
+ * dropped by the server with `system.client_dropped_slow`; once the handler
+ * returns, the client sees the notice, resumes from its last id and gets
+ * every event exactly once, in order. Needs the server with the small queue.
+ */
+async function slowDropThenLosslessResume(lib, env) {
+  const run = tag();
+  const w = waiter();
+  const got = [];
+  const dropped = [];
+  let release;
+  const blocked = new Promise((r) => (release = r));
+  let opened = 0;
+  const s = lib.stream(byRun(run), {
+    url: env.url,
+    transport: "fetch",
+    backoff: { initialMs: 50, maxMs: 200 },
+    onEvent: async (e) => {
+      got.push(e.event_id);
+      w.signal();
+      if (got.length === 1) await blocked;
+    },
+    onDropped: (d) => {
+      dropped.push(d);
+      w.signal();
+    },
+    onState: (state) => {
+      if (state === "open") opened++;
+      w.signal();
+    },
+  });
+  try {
+    await w.until(() => opened === 1, "the stream to open");
+    const blob = "x".repeat(60_000);
+    const published = [];
+    // Enough bytes to fill every buffer between the server and the handler.
+    for (let i = 0; i < 400; i++) {
+      published.push(...(await publishRun(env, run, 1, { blob })));
+      if (i % 4 === 3 && (await env.deep()).events.in_flight_subscriptions === 0) break;
+    }
+    equal((await env.deep()).events.in_flight_subscriptions, 0, "the stalled stream was dropped");
+    const after = await publishRun(env, run, 2);
+    release();
+    await w.until(() => dropped.length === 1, "the drop notice");
+    equal(dropped[0].reason, "queue_full", "reason");
+    await w.until(() => got.length >= published.length + after.length, "every event after the resume");
+    equal(got, [...published, ...after], "every event exactly once, in order");
+    ok(opened >= 2, "the stream reconnected");
+  } finally {
+    release();
+    s.close();
+  }
+}
+
+/**
+ * A network too slow for the stream: the server drops the client with
+ * `system.client_dropped_slow` while bytes are held back; once they flow,
+ * the client sees what was sent, the notice, resumes from its last id and
+ * gets every event exactly once, in order. Needs the server with the small
+ * queue.
+ */
+async function slowNetworkDropThenLosslessResume(lib, env, transport) {
+  const run = tag();
+  const w = waiter();
+  const got = [];
+  const dropped = [];
+  let opened = 0;
+  const s = lib.stream(byRun(run), {
+    url: env.url,
+    transport,
+    backoff: { initialMs: 50, maxMs: 200 },
+    onEvent: (e) => {
+      got.push(e.event_id);
+      w.signal();
+    },
+    onDropped: (d) => {
+      dropped.push(d);
+      w.signal();
+    },
+    onState: (state) => {
+      if (state === "open") opened++;
+      w.signal();
+    },
+  });
+  let stalled = false;
+  try {
+    await w.until(() => opened === 1, "the stream to open");
+    const published = await publishRun(env, run, 1);
+    await w.until(() => got.length === 1, "the first event");
+    await env.stall();
+    stalled = true;
+    const blob = "x".repeat(60_000);
+    for (let i = 0; i < 400; i++) {
+      published.push(...(await publishRun(env, run, 1, { blob })));
+      if (i % 4 === 3 && (await env.deep()).events.in_flight_subscriptions === 0) break;
+    }
+    equal((await env.deep()).events.in_flight_subscriptions, 0, "the stalled stream was dropped");
+    const after = await publishRun(env, run, 2);
+    await env.unstall();
+    stalled = false;
+    await w.until(() => dropped.length === 1, "the drop notice");
+    ok(["queue_full", "no_progress"].includes(dropped[0].reason), `reason ${dropped[0].reason}`);
+    await w.until(() => got.length >= published.length + after.length, "every event after the resume");
+    equal(got, [...published, ...after], "every event exactly once, in order");
+    ok(opened >= 2, "the stream reconnected");
+  } finally {
+    if (stalled) await env.unstall();
+    s.close();
+  }
+}
+
+/** A refused filter: onError with the stable code, closed, no retry. */
+async function refusedFilter(lib, env, transport) {
+  const w = waiter();
+  const errors = [];
+  const before = await env.requests("GET /v1/stream");
+  const s = lib.stream(
+    { payload: { no_such_operator: [1] } },
+    {
+      url: env.url,
+      transport,
+      backoff: { initialMs: 10, maxMs: 10 },
+      onEvent: () => fail("no event for a refused filter"),
+      onError: (e) => {
+        errors.push(e);
+        w.signal();
+      },
+    },
+  );
+  await w.until(() => errors.length === 1, "the refusal");
+  equal([errors[0].status, errors[0].code, s.state], [400, "invalid_filter", "closed"], "the refusal");
+  const settled = await env.requests("GET /v1/stream");
+  ok(settled > before, "the stream was asked for");
+  // A retry would come within the 10 ms backoff.
+  await new Promise((r) => setTimeout(r, 300));
+  equal(await env.requests("GET /v1/stream"), settled, "no request after the refusal");
+}
+
+/** Polls, and a durable consumer whose cursor moves only on ack. */
+async function pollAndConsumer(lib, env) {
+  const run = tag();
+  const filter = byRun(run);
+  const id = `js-${run}`;
+  const c = new lib.Consumer(id, filter, { url: env.url });
+  const empty = await c.next({ wait_ms: 0 });
+  equal(empty.events, [], "a new consumer starts at the head");
+  // A batch through the client's own publish.
+  const ids = await lib.publish([0, 1, 2].map((i) => ({ event_type: "comment.posted", payload: { run, i } })), { url: env.url });
+  equal(ids.length, 3, "a batch publish answers every id");
+  const page = await c.next({ limit: 2 });
+  equal(
+    page.events.map((e) => e.event_id),
+    ids.slice(0, 2),
+    "the first page",
+  );
+  ok(page.has_more, "has_more");
+  // Not acknowledged: the same page comes again.
+  equal(
+    (await c.next({ limit: 2 })).events.map((e) => e.event_id),
+    ids.slice(0, 2),
+    "unacknowledged page again",
+  );
+  equal(await c.ack(page.next_since), page.next_since, "ack");
+  // Another worker with the same consumer id goes on from the cursor.
+  const other = new lib.Consumer(id, filter, { url: env.url });
+  const handled = [];
+  const stop = new AbortController();
+  const running = other.run(
+    (e) => {
+      handled.push(e.event_id);
+      if (handled.length === 2) stop.abort();
+    },
+    { signal: stop.signal, wait_ms: 5_000 },
+  );
+  const later = await publishRun(env, run, 1);
+  await running;
+  equal(handled, [ids[2], later[0]], "the run loop from the stored cursor");
+  equal(other.cursor, later[0], "the loop acknowledged what it handled");
+  // Stateless polls: from `since`, and a long poll that an event ends.
+  equal(
+    (await lib.poll({ filter, since: ids[0] }, { url: env.url })).events.map((e) => e.event_id),
+    [ids[1], ids[2], later[0]],
+    "poll from since",
+  );
+  const waiting = lib.poll({ filter, since: later[0], wait_ms: 10_000 }, { url: env.url });
+  const woke = await publishRun(env, run, 1);
+  equal(
+    (await waiting).events.map((e) => e.event_id),
+    woke,
+    "long poll",
+  );
+  await c.delete();
+  try {
+    await c.ack(1);
+    fail("ack of a deleted consumer");
+  } catch (e) {
+    equal([e.status, e.code], [404, "consumer_not_found"], "ack after delete");
+  }
+}
+
+/**
+ * The WebSocket device: catch-up from a given cursor, realtime, acks; after
+ * a lost connection it reconnects by itself and gets what it missed once;
+ * a new connection of the same device (no local state at all) resumes from
+ * the cursor the server stored from its acks.
+ */
+async function websocketResumesFromAckedCursor(lib, env) {
+  const run = tag();
+  const w = waiter();
+  const { key, jwk } = await lib.createDeviceKey();
+  const deviceId = `js-${run}`;
+  const got = [];
+  let opened = 0;
+  const before = await publishRun(env, run, 2);
+  const options = {
+    url: env.url,
+    deviceId,
+    key,
+    filter: byRun(run),
+    backoff: { initialMs: 50, maxMs: 200 },
+    onEvent: (seq, e) => {
+      got.push([seq, e.event_id]);
+      w.signal();
+    },
+    onAck: () => w.signal(),
+    onState: (state) => {
+      if (state === "open") opened++;
+      w.signal();
+    },
+  };
+  const c = lib.connect({ ...options, cursor: before[0] - 1 });
+  try {
+    await c.ready();
+    await w.until(() => got.length === 2, "the catch-up");
+    const live = await publishRun(env, run, 2);
+    await w.until(() => got.length === 4, "the realtime events");
+    equal(
+      got.map(([seq, id]) => (seq === id ? seq : `${seq}!=${id}`)),
+      [...before, ...live],
+      "seq is the event id",
+    );
+    await w.until(() => c.cursor === live[1], "the acks");
+    await env.drop();
+    const away = await publishRun(env, run, 2);
+    await w.until(() => opened >= 2 && got.length >= 6, "the reconnect and what it missed");
+    equal(
+      got.map(([seq]) => seq),
+      [...before, ...live, ...away],
+      "nothing missed, nothing twice",
+    );
+    await w.until(() => c.cursor === away[1], "the acks after the reconnect");
+  } finally {
+    c.close();
+  }
+  // The same device from scratch: no high-water mark, no cursor given.
+  const later = await publishRun(env, run, 1);
+  const fresh = [];
+  const again = lib.connect({
+    ...options,
+    key: await lib.importDeviceKey(jwk),
+    onEvent: (seq) => {
+      fresh.push(seq);
+      w.signal();
+    },
+  });
+  try {
+    await again.ready();
+    await w.until(() => fresh.length >= 1, "the event after the stored cursor");
+    equal(fresh, later, "resumed from the acknowledged cursor");
+  } finally {
+    again.close();
+  }
+}
+
+/** A refused handshake (an invalid filter): onRejected, closed, never retried. */
+async function websocketRejectionIsNotRetried(lib, env) {
+  const w = waiter();
+  const { key } = await lib.createDeviceKey();
+  const rejected = [];
+  const before = await env.requests("GET /v1/ws");
+  const c = lib.connect({
+    url: env.url,
+    deviceId: "js-rejected",
+    key,
+    filter: { payload: { no_such_operator: [1] } },
+    backoff: { initialMs: 10, maxMs: 10 },
+    onEvent: () => fail("no event"),
+    onRejected: (e) => {
+      rejected.push(e);
+      w.signal();
+    },
+  });
+  await w.until(() => rejected.length === 1, "the rejection");
+  equal([rejected[0].code, c.state], ["invalid_filter", "closed"], "rejection");
+  const settled = await env.requests("GET /v1/ws");
+  await new Promise((r) => setTimeout(r, 300));
+  equal(await env.requests("GET /v1/ws"), settled, "no reconnect after a rejection");
+  equal(settled - before, 1, "one upgrade");
+}
+
+/** Canonical JSON as RFC 8785 has it (the form every proof signs). */
+async function canonicalJson(lib) {
+  equal(lib.canonicalJson({ b: [1, 2.5, "x"], a: { d: null, c: true }, "\u00e9": 1e21, "\u20ac": 1, "\ud83d\ude00": 0.1 }), '{"a":{"c":true,"d":null},"b":[1,2.5,"x"],"é":1e+21,"€":1,"😀":0.1}', "canonical");
+}
+
+// `browser: true`: Chromium only (Node has no EventSource); `node: true`:
+// Node only.
+export const scenarios = [
+  { name: "canonical JSON follows RFC 8785", server: "main", run: (lib) => canonicalJson(lib) },
+  { name: "stream (fetch): replay from since, then live, typed envelopes", server: "main", run: (lib, env) => replayThenLive(lib, env, "fetch") },
+  { name: "stream (EventSource): replay from since, then live", server: "main", browser: true, run: (lib, env) => replayThenLive(lib, env, "eventsource") },
+  { name: "stream (default transport): replay from since, then live", server: "main", run: (lib, env) => replayThenLive(lib, env, undefined) },
+  { name: "stream (fetch): a lost connection resumes from the last id", server: "main", run: (lib, env) => resumesAfterLostConnection(lib, env, "fetch") },
+  { name: "stream (EventSource): a lost connection resumes from the last id", server: "main", browser: true, run: (lib, env) => resumesAfterLostConnection(lib, env, "eventsource") },
+  { name: "stream (fetch): a replay gap reaches onGap, then live", server: "main", run: (lib, env) => replayGap(lib, env, "fetch") },
+  { name: "stream (EventSource): a replay gap reaches onGap, then live", server: "main", browser: true, run: (lib, env) => replayGap(lib, env, "eventsource") },
+  // Chromium reads a fetch body into memory whether or not the page reads
+  // it, so a handler that does not return slows only Node's reader.
+  { name: "stream (fetch): a handler that does not return is dropped, then resumes losslessly", server: "slow", node: true, run: (lib, env) => slowDropThenLosslessResume(lib, env) },
+  { name: "stream (fetch): a slow network is dropped, then resumes losslessly", server: "slow", run: (lib, env) => slowNetworkDropThenLosslessResume(lib, env, "fetch") },
+  { name: "stream (EventSource): a slow network is dropped, then resumes losslessly", server: "slow", browser: true, run: (lib, env) => slowNetworkDropThenLosslessResume(lib, env, "eventsource") },
+  { name: "stream (fetch): a refused filter is reported, not retried", server: "main", run: (lib, env) => refusedFilter(lib, env, "fetch") },
+  { name: "stream (EventSource): a refused filter is reported, not retried", server: "main", browser: true, run: (lib, env) => refusedFilter(lib, env, "eventsource") },
+  { name: "poll and a durable consumer", server: "main", run: (lib, env) => pollAndConsumer(lib, env) },
+  { name: "websocket: a reconnect resumes from the acked cursor", server: "main", run: (lib, env) => websocketResumesFromAckedCursor(lib, env) },
+  { name: "websocket: a rejection is not retried", server: "main", run: (lib, env) => websocketRejectionIsNotRetried(lib, env) },
+];
