@@ -58,6 +58,40 @@ function waiter() {
 const tag = () => `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`;
 const byRun = (run) => ({ payload: { "==": [{ var: "run" }, run] } });
 
+/**
+ * A stream of `run`'s events that records what reaches its callbacks:
+ * `got` (ids), `gaps`, `dropped`, `opened` (times it went open), and `w`
+ * to wait on them. `options.onEvent(e)` runs after an event is recorded.
+ */
+function watch(lib, env, run, options = {}) {
+  const w = waiter();
+  const seen = { got: [], gaps: [], dropped: [], opened: 0, w };
+  const { onEvent, ...rest } = options;
+  seen.s = lib.stream(byRun(run), {
+    url: env.url,
+    backoff: { initialMs: 50, maxMs: 200 },
+    ...rest,
+    onEvent: async (e) => {
+      seen.got.push(e.event_id);
+      w.signal();
+      if (onEvent) await onEvent(e);
+    },
+    onGap: (g) => {
+      seen.gaps.push(g);
+      w.signal();
+    },
+    onDropped: (d) => {
+      seen.dropped.push(d);
+      w.signal();
+    },
+    onState: (state) => {
+      if (state === "open") seen.opened++;
+      w.signal();
+    },
+  });
+  return seen;
+}
+
 async function publishRun(env, run, n, extra = {}) {
   const ids = [];
   // One at a time, straight to the server (not through the proxy the
@@ -111,67 +145,38 @@ async function replayThenLive(lib, env, transport) {
 /** A lost connection: the stream comes back by itself, from its last id. */
 async function resumesAfterLostConnection(lib, env, transport) {
   const run = tag();
-  const w = waiter();
-  const got = [];
-  let opened = 0;
-  const s = lib.stream(byRun(run), {
-    url: env.url,
-    transport,
-    backoff: { initialMs: 50, maxMs: 200 },
-    onEvent: (e) => {
-      got.push(e.event_id);
-      w.signal();
-    },
-    onState: (state) => {
-      if (state === "open") opened++;
-      w.signal();
-    },
-  });
+  const v = watch(lib, env, run, { transport });
   try {
-    await w.until(() => opened === 1, "the stream to open");
+    await v.w.until(() => v.opened === 1, "the stream to open");
     const before = await publishRun(env, run, 1);
-    await w.until(() => got.length === 1, "the first event");
+    await v.w.until(() => v.got.length === 1, "the first event");
     await env.drop();
     // Published while the client is away.
     const away = await publishRun(env, run, 2);
-    await w.until(() => opened === 2, "the stream to come back");
+    await v.w.until(() => v.opened === 2, "the stream to come back");
     const after = await publishRun(env, run, 1);
-    await w.until(() => got.length >= 4, "every event");
-    equal(got, [...before, ...away, ...after], "nothing missed, nothing twice");
+    await v.w.until(() => v.got.length >= 4, "every event");
+    equal(v.got, [...before, ...away, ...after], "nothing missed, nothing twice");
   } finally {
-    s.close();
+    v.s.close();
   }
 }
 
 /** A resume point past the head: `system.replay_gap` reaches onGap, then live events flow. */
 async function replayGap(lib, env, transport) {
   const run = tag();
-  const w = waiter();
-  const gaps = [];
-  const got = [];
   const head = (await env.deep()).head_event_id;
   const since = head + 1_000_000;
-  const s = lib.stream(byRun(run), {
-    url: env.url,
-    since,
-    transport,
-    onGap: (g) => {
-      gaps.push(g);
-      w.signal();
-    },
-    onEvent: (e) => {
-      got.push(e.event_id);
-      w.signal();
-    },
-  });
+  const v = watch(lib, env, run, { since, transport });
   try {
-    await w.until(() => gaps.length === 1, "the replay gap");
-    ok(gaps[0].requested === since && gaps[0].head >= head && gaps[0].available_from >= 1, `gap ${JSON.stringify(gaps[0])}`);
+    await v.w.until(() => v.gaps.length === 1, "the replay gap");
+    const gap = v.gaps[0];
+    ok(gap.requested === since && gap.head >= head && gap.available_from >= 1, `gap ${JSON.stringify(gap)}`);
     const live = await publishRun(env, run, 1);
-    await w.until(() => got.length === 1, "a live event after the gap");
-    equal(got, live, "the live event");
+    await v.w.until(() => v.got.length === 1, "a live event after the gap");
+    equal(v.got, live, "the live event");
   } finally {
-    s.close();
+    v.s.close();
   }
 }
 
@@ -183,51 +188,46 @@ async function replayGap(lib, env, transport) {
  */
 async function slowDropThenLosslessResume(lib, env) {
   const run = tag();
-  const w = waiter();
-  const got = [];
-  const dropped = [];
   let release;
   const blocked = new Promise((r) => (release = r));
-  let opened = 0;
-  const s = lib.stream(byRun(run), {
-    url: env.url,
+  let calls = 0;
+  const v = watch(lib, env, run, {
     transport: "fetch",
-    backoff: { initialMs: 50, maxMs: 200 },
-    onEvent: async (e) => {
-      got.push(e.event_id);
-      w.signal();
-      if (got.length === 1) await blocked;
-    },
-    onDropped: (d) => {
-      dropped.push(d);
-      w.signal();
-    },
-    onState: (state) => {
-      if (state === "open") opened++;
-      w.signal();
+    onEvent: async () => {
+      if (++calls === 1) await blocked;
     },
   });
   try {
-    await w.until(() => opened === 1, "the stream to open");
-    const blob = "x".repeat(60_000);
-    const published = [];
-    // Enough bytes to fill every buffer between the server and the handler.
-    for (let i = 0; i < 400; i++) {
-      published.push(...(await publishRun(env, run, 1, { blob })));
-      if (i % 4 === 3 && (await env.deep()).events.in_flight_subscriptions === 0) break;
-    }
-    equal((await env.deep()).events.in_flight_subscriptions, 0, "the stalled stream was dropped");
+    await v.w.until(() => v.opened === 1, "the stream to open");
+    const published = await stallUntilDropped(env, run);
     const after = await publishRun(env, run, 2);
     release();
-    await w.until(() => dropped.length === 1, "the drop notice");
-    equal(dropped[0].reason, "queue_full", "reason");
-    await w.until(() => got.length >= published.length + after.length, "every event after the resume");
-    equal(got, [...published, ...after], "every event exactly once, in order");
-    ok(opened >= 2, "the stream reconnected");
+    await expectLosslessResume(v, [...published, ...after]);
   } finally {
     release();
-    s.close();
+    v.s.close();
   }
+}
+
+/** Publishes big events until the server has dropped its only stream; their ids. */
+async function stallUntilDropped(env, run, published = []) {
+  const blob = "x".repeat(60_000);
+  // Enough bytes to fill every buffer between the server and the client.
+  for (let i = 0; i < 400; i++) {
+    published.push(...(await publishRun(env, run, 1, { blob })));
+    if (i % 4 === 3 && (await env.deep()).events.in_flight_subscriptions === 0) break;
+  }
+  equal((await env.deep()).events.in_flight_subscriptions, 0, "the stalled stream was dropped");
+  return published;
+}
+
+/** After a drop: the notice, a reconnect, and `expected` exactly once, in order. */
+async function expectLosslessResume(v, expected) {
+  await v.w.until(() => v.dropped.length === 1, "the drop notice");
+  ok(["queue_full", "no_progress"].includes(v.dropped[0].reason), `reason ${v.dropped[0].reason}`);
+  await v.w.until(() => v.got.length >= expected.length, "every event after the resume");
+  equal(v.got, expected, "every event exactly once, in order");
+  ok(v.opened >= 2, "the stream reconnected");
 }
 
 /**
@@ -239,51 +239,22 @@ async function slowDropThenLosslessResume(lib, env) {
  */
 async function slowNetworkDropThenLosslessResume(lib, env, transport) {
   const run = tag();
-  const w = waiter();
-  const got = [];
-  const dropped = [];
-  let opened = 0;
-  const s = lib.stream(byRun(run), {
-    url: env.url,
-    transport,
-    backoff: { initialMs: 50, maxMs: 200 },
-    onEvent: (e) => {
-      got.push(e.event_id);
-      w.signal();
-    },
-    onDropped: (d) => {
-      dropped.push(d);
-      w.signal();
-    },
-    onState: (state) => {
-      if (state === "open") opened++;
-      w.signal();
-    },
-  });
+  const v = watch(lib, env, run, { transport });
   let stalled = false;
   try {
-    await w.until(() => opened === 1, "the stream to open");
-    const published = await publishRun(env, run, 1);
-    await w.until(() => got.length === 1, "the first event");
+    await v.w.until(() => v.opened === 1, "the stream to open");
+    const first = await publishRun(env, run, 1);
+    await v.w.until(() => v.got.length === 1, "the first event");
     await env.stall();
     stalled = true;
-    const blob = "x".repeat(60_000);
-    for (let i = 0; i < 400; i++) {
-      published.push(...(await publishRun(env, run, 1, { blob })));
-      if (i % 4 === 3 && (await env.deep()).events.in_flight_subscriptions === 0) break;
-    }
-    equal((await env.deep()).events.in_flight_subscriptions, 0, "the stalled stream was dropped");
+    const published = await stallUntilDropped(env, run, first);
     const after = await publishRun(env, run, 2);
     await env.unstall();
     stalled = false;
-    await w.until(() => dropped.length === 1, "the drop notice");
-    ok(["queue_full", "no_progress"].includes(dropped[0].reason), `reason ${dropped[0].reason}`);
-    await w.until(() => got.length >= published.length + after.length, "every event after the resume");
-    equal(got, [...published, ...after], "every event exactly once, in order");
-    ok(opened >= 2, "the stream reconnected");
+    await expectLosslessResume(v, [...published, ...after]);
   } finally {
     if (stalled) await env.unstall();
-    s.close();
+    v.s.close();
   }
 }
 
