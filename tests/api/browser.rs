@@ -57,11 +57,14 @@ async fn twelve_event_sources_on_one_origin_all_receive_over_http2(backend: Back
 /// chart, the event list with pretty payloads, a durable consumer and its
 /// lag, a tree entity (its secret-named field hidden), the publish form (and
 /// a refusal it shows) and pause/resume without loss, all read back from the
-/// page; as a reader, no admin action and no system/ access.
+/// page, and a peer known from the settings in the peers panel; as a
+/// reader, no admin action and no system/ access.
 async fn console_shows_real_values_and_is_read_only_for_non_admins(backend: Backend) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/console.mjs");
     let (mut envs, _dir) = process_store(backend).await;
     envs.push(("TIDINGS_JWT_HS256_SECRET", crate::security::SECRET.to_owned()));
+    // A peer known from the settings: the peers panel shows it.
+    envs.push(("TIDINGS_PEERS", format!("sha256:{}=http://127.0.0.1:9", "ab".repeat(32))));
     let server = spawn_process_at(&envs, free_port()).await;
     let admin =
         crate::security::token("ops", serde_json::json!({"admin": true, "publish": ["**"], "subscribe": ["**"], "visibility": "admin"}));

@@ -44,6 +44,9 @@ try {
   await waitText(page, "state", "open");
   check(!(await page.isHidden("#tab-publish")), "an admin has the publish tab");
 
+  // What the server published by itself at start-up (the seeded peer's entity).
+  const metrics = await (await fetch(`${base}/metrics`)).text();
+  const before = metrics.split("\n").filter((l) => l.startsWith("tidings_events_published_total")).reduce((n, l) => n + Number(l.split(" ").pop()), 0);
   // A durable consumer (at the head), three events, two more streams and a device.
   await api("/v1/poll", admin, { method: "POST", body: JSON.stringify({ consumer_id: "console-test", filter: { types: ["comment.*"] } }) });
   const ids = [];
@@ -61,7 +64,7 @@ try {
   await waitText(page, "stat-store", store);
   await waitText(page, "stat-database", "up");
   await waitText(page, "stat-head", String(ids[2]));
-  await waitText(page, "stat-published-total", "3");
+  await waitText(page, "stat-published-total", String(before + 3));
   await waitText(page, "stat-clients-sse", "3");
   await waitText(page, "stat-clients-ws", "1");
   await page.waitForFunction(() => Number(document.getElementById("chart").dataset.max) > 0, null, T);
@@ -89,9 +92,14 @@ try {
   const entity = await textOf(page, "tree-entity");
   check(!entity.includes("s3cr3t-value") && entity.includes("(hidden)"), `secret shown: ${entity}`);
 
-  // Subscriptions and peers render (none configured here).
+  // Subscriptions and peers: the peer the server was started with.
   await page.click("#tab-subscriptions");
-  await page.waitForFunction(() => document.getElementById("peers-rows").textContent.includes("No peers"), null, T);
+  const peer = `sha256:${"ab".repeat(32)}`;
+  await page.waitForFunction((peer) => document.getElementById("peers-rows").textContent.includes(peer), peer, T);
+  const peerRow = await page.$eval("#peers-rows tr", (tr) => [...tr.children].map((td) => td.textContent));
+  check(peerRow[0] === peer && peerRow[1] === "http://127.0.0.1:9", `peer row ${peerRow}`);
+  await page.waitForFunction(() => document.getElementById("mirrors-rows").textContent.includes("No mirrors"), null, T);
+  await page.waitForFunction(() => /subscription/.test(document.getElementById("subscriptions-note").textContent), null, T);
 
   // The publish form.
   await page.click("#tab-publish");
