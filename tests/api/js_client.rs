@@ -1,9 +1,10 @@
 //! The JavaScript client (`clients/js`): its scenarios
 //! (`clients/js/test/scenarios.mjs`) run in Node's test runner and in
 //! headless Chromium against real servers on each store: replay and live,
-//! a lost connection, a replay gap, a slow-client drop with a lossless
-//! resume, refusals that are not retried, polls and durable consumers, and
-//! the WebSocket device resuming from its acknowledged cursor. The compiled
+//! a lost connection, a replay gap, a server swapped for one with a shorter
+//! log, a handler that throws, a slow-client drop with a lossless resume,
+//! refusals that are not retried, polls and durable consumers, and the
+//! WebSocket device resuming from its acknowledged cursor. The compiled
 //! module in `clients/js/dist` (what the server embeds and serves at
 //! `/tidings.js`) must be what the TypeScript compiles to.
 //! `scripts/test` installs the node modules (`npm ci` in `clients/js`).
@@ -31,6 +32,9 @@ async fn client_scenarios_pass_in_node_and_in_chromium(backend: Backend) {
         ("TIDINGS_EVICTION_GRACE", "30s".to_owned()),
     ]);
     let slow = spawn_process_at(&slow_envs, free_port()).await;
+    // Only the server-swap scenarios publish here: its ids stay low.
+    let (other_envs, _other_dir) = process_store(backend).await;
+    let other = spawn_process_at(&other_envs, free_port()).await;
     for (runner, flags) in [("test/node.test.mjs", &["--experimental-websocket"][..]), ("test/browser.test.mjs", &[][..])] {
         let out = tokio::time::timeout(
             Duration::from_secs(240),
@@ -41,6 +45,7 @@ async fn client_scenarios_pass_in_node_and_in_chromium(backend: Backend) {
                 .current_dir(CLIENT)
                 .env("TIDINGS_URL", &main.base)
                 .env("TIDINGS_SLOW_URL", &slow.base)
+                .env("TIDINGS_OTHER_URL", &other.base)
                 .kill_on_drop(true)
                 .output(),
         )

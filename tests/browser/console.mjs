@@ -136,6 +136,20 @@ try {
     await page.screenshot({ path: shot });
   }
 
+  // The token left the address (it lives in the tab's sessionStorage).
+  check(!page.url().includes(admin) && !page.url().includes("access_token"), `the address keeps the token: ${page.url()}`);
+  // Paused before anything matched: what comes meanwhile still arrives on resume.
+  const quiet = await browser.newPage();
+  await quiet.goto(`${base}/?access_token=${admin}&filter=${encodeURIComponent(JSON.stringify({ types: ["comment.*"], payload: { "==": [{ var: "step" }, "quiet"] } }))}`);
+  await waitText(quiet, "state", "open");
+  await quiet.click("#pause");
+  await waitText(quiet, "state", "paused");
+  const whilePaused = await publish(admin, { step: "quiet" });
+  await quiet.click("#pause");
+  await waitFor(quiet, whilePaused);
+  check(JSON.stringify(await shown(quiet)) === JSON.stringify([whilePaused]), "the quiet page shows the one event");
+  await quiet.close();
+
   // A reader: the same console, read-only.
   const ro = await browser.newPage();
   await ro.goto(`${base}/?access_token=${reader}&refresh=500&filter=${encodeURIComponent(JSON.stringify({ types: ["comment.*"] }))}&since=0`);

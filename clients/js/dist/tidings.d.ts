@@ -124,7 +124,12 @@ export interface StreamOptions extends ClientOptions {
      * the last event it delivered.
      */
     since?: number;
-    /** Each event, in id order, at most once. On the `fetch` transport the next event waits for a returned promise. */
+    /**
+     * Each event, in id order, once. On `fetch` the next event waits for a
+     * returned promise, and a handler that throws ends the connection: the
+     * event comes again after the reconnect. On `eventsource` the exception
+     * is reported and the stream goes on.
+     */
     onEvent: (event: Envelope) => void | Promise<void>;
     /** The resume point was older than the retained history (or past the head). */
     onGap?: (gap: ReplayGap) => void;
@@ -264,7 +269,11 @@ export interface ConnectOptions extends ClientOptions {
      * the head.
      */
     cursor?: number;
-    /** Each event in seq order, at most once; it is acknowledged once the returned promise resolves. */
+    /**
+     * Each event in seq order, once; it is acknowledged once the returned
+     * promise resolves. A handler that throws ends the connection, and the
+     * event comes again after the reconnect.
+     */
     onEvent: (seq: number, event: Envelope) => void | Promise<void>;
     onGap?: (gap: ReplayGap) => void;
     /** The server confirmed the device's cursor up to here. */

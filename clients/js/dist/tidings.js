@@ -142,6 +142,10 @@ const NOTICES = ["system.replay_gap", "system.client_dropped_slow"];
 export function stream(filter, options) {
     const ES = options.EventSource ?? globalThis.EventSource;
     const transport = options.transport ?? (ES && !options.token ? "eventsource" : "fetch");
+    // A missing url or fetch is the caller's mistake: said now, never retried.
+    endpoint(options, "/v1/stream");
+    if (transport === "fetch")
+        fetcher(options);
     const s = new StreamState(filter, options);
     if (transport === "eventsource") {
         if (!ES)
@@ -160,6 +164,8 @@ class StreamState {
     state = "connecting";
     stop = new AbortController();
     source = null;
+    /** Frames are handled one at a time, in order, across reconnects too. */
+    chain = Promise.resolve();
     delay;
     constructor(filter, options) {
         this.filter = filter;
@@ -187,16 +193,26 @@ class StreamState {
     }
     /** One frame of the stream; resolves once its handler has. */
     async frame(event, data, id) {
+        if (this.stop.signal.aborted)
+            return;
         if (event === "message") {
             const envelope = JSON.parse(data);
             const seq = id !== undefined && id !== "" ? Number(id) : envelope.event_id;
             if (this.lastEventId !== null && seq <= this.lastEventId)
                 return;
-            this.lastEventId = seq;
+            // Past it only once the handler is done: on `fetch`, a handler that
+            // throws ends the connection and the event comes again.
             await this.options.onEvent(envelope);
+            this.lastEventId = seq;
         }
         else if (event === "system.replay_gap") {
-            this.options.onGap?.(JSON.parse(data));
+            const gap = JSON.parse(data);
+            // A resume point past the head (a server that lost its log, another
+            // server's ids): the stream goes on from the head, and what comes
+            // after it is new, whatever ids this client saw before.
+            if (this.lastEventId !== null && gap.requested > gap.head)
+                this.lastEventId = gap.head;
+            this.options.onGap?.(gap);
         }
         else if (event === "system.client_dropped_slow") {
             this.options.onDropped?.(JSON.parse(data));
@@ -218,10 +234,8 @@ class StreamState {
         this.setState("connecting");
         const es = new ES(this.url(true).toString());
         this.source = es;
-        // Frames are handled in order even when a handler is async.
-        let chain = Promise.resolve();
         const handle = (event) => (m) => {
-            chain = chain.then(() => this.frame(event, m.data, m.lastEventId)).catch(report);
+            this.chain = this.chain.then(() => this.frame(event, m.data, m.lastEventId)).catch(report);
         };
         es.onopen = () => {
             this.delay.reset();
@@ -276,10 +290,15 @@ class StreamState {
         while (!signal.aborted) {
             this.setState("connecting");
             let wait;
+            // This connection's own: whatever ends it (a handler's exception
+            // too) closes the response, not just the reading.
+            const connection = new AbortController();
+            const end = () => connection.abort();
+            signal.addEventListener("abort", end, { once: true });
             try {
                 const response = await fetcher(this.options)(this.url(false), {
                     headers: headers(this.options, { accept: "text/event-stream" }),
-                    signal,
+                    signal: connection.signal,
                     cache: "no-store",
                 });
                 if (!response.ok) {
@@ -302,6 +321,10 @@ class StreamState {
                     return;
                 report(error);
                 wait = this.delay.take();
+            }
+            finally {
+                connection.abort();
+                signal.removeEventListener("abort", end);
             }
             if (signal.aborted)
                 return;
@@ -461,8 +484,19 @@ export class Consumer {
             d.reset();
             for (const event of page.events)
                 await handler(event);
-            if (this.cursor === null || page.next_since > this.cursor)
-                await this.ack(page.next_since);
+            while (this.cursor === null || page.next_since > this.cursor) {
+                try {
+                    await this.ack(page.next_since);
+                }
+                catch (error) {
+                    if (error instanceof TidingsError && isFinal(error.status))
+                        throw error;
+                    // Stopped: the page stays unacknowledged and comes again.
+                    if (options.signal?.aborted)
+                        return;
+                    await sleep(d.take(), options.signal ?? new AbortController().signal);
+                }
+            }
         }
     }
 }
@@ -518,6 +552,12 @@ export async function originProof(key, method, body, nonce) {
 /** Close codes after which the same connection would be refused again. */
 const REFUSING_CLOSES = new Set([1002, 1003, 1007, 1008, 1009]);
 /**
+ * JSON-RPC errors the same request would meet again (invalid request or
+ * params, unauthenticated, forbidden): final. Others (the store
+ * unavailable, too many streams, an internal error) are retried.
+ */
+const FINAL_RPC_ERRORS = new Set([-32600, -32601, -32602, -32001, -32003]);
+/**
  * Connects a device over `GET /v1/ws` (seed 003): authenticates with an
  * Ed25519 proof over the server's nonce, catches up from the stored cursor
  * with `sync.delta`, then follows realtime `stream.event`s; acknowledges
@@ -529,6 +569,8 @@ export function connect(options) {
     const WS = options.WebSocket ?? globalThis.WebSocket;
     if (!WS)
         throw new TypeError("tidings: no WebSocket available (Node 20 needs --experimental-websocket)");
+    // A missing url is the caller's mistake: said now, never retried.
+    endpoint(options, "/v1/ws");
     const c = new DeviceConnection(options, WS);
     c.open();
     return c;
@@ -546,6 +588,10 @@ class DeviceConnection {
     delay;
     waiters = [];
     caughtUp = false;
+    /** The refusal that stopped the connection, if one did. */
+    rejection = null;
+    /** Messages are handled one at a time, in order, across reconnects too. */
+    chain = Promise.resolve();
     constructor(options, WS) {
         this.options = options;
         this.WS = WS;
@@ -556,12 +602,25 @@ class DeviceConnection {
     ready() {
         if (this.caughtUp)
             return Promise.resolve();
-        return new Promise((resolve) => this.waiters.push(resolve));
+        if (this.stopped)
+            return Promise.reject(this.rejection ?? new Error("tidings: the connection is closed"));
+        return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
     }
     close() {
         this.stopped = true;
+        this.caughtUp = false;
         this.socket?.close(1000);
         this.setState("closed");
+        this.settle(new Error("tidings: the connection was closed"));
+    }
+    /** Resolves the `ready()` waiters, or rejects them with `error`. */
+    settle(error) {
+        for (const w of this.waiters.splice(0)) {
+            if (error === undefined)
+                w.resolve();
+            else
+                w.reject(error);
+        }
     }
     setState(state) {
         if (this.state === state)
@@ -583,8 +642,9 @@ class DeviceConnection {
         let rejection = null;
         let nonce = "";
         let hello = false;
-        // Messages are handled one at a time, in order.
-        let chain = Promise.resolve();
+        // Set once a handler failed on this connection: what it still brings is
+        // dropped, and the next connection resumes before the failed event.
+        let broken = false;
         // Realtime events that arrive while catch-up runs wait here; duplicates
         // of catch-up are dropped by the high-water mark.
         const rpc = (method, params) => new Promise((resolve, reject) => {
@@ -619,10 +679,12 @@ class DeviceConnection {
             }
         };
         const take = async (seq, event) => {
-            if (seq <= this.highWater)
+            if (this.stopped || seq <= this.highWater)
                 return;
-            this.highWater = seq;
+            // Past it (and acknowledged) only once the handler is done: a handler
+            // that throws ends the connection, and the event comes again.
             await this.options.onEvent(seq, event);
+            this.highWater = seq;
         };
         const gap = (g) => this.options.onGap?.(g);
         const handshake = async () => {
@@ -635,6 +697,10 @@ class DeviceConnection {
                 body.cursor = this.highWater;
             const { head_seq: head, cursor } = (await rpc("stream.auth", { body, origin_proof: await originProof(this.options.key, "stream.auth", body, nonce) }));
             this.cursor = cursor;
+            // A high-water mark past the head (a server that lost its log, or
+            // another server's ids): what comes after the head is new.
+            if (this.highWater > head)
+                this.highWater = Math.min(cursor, head);
             let from = Math.max(cursor, 0);
             while (from < head) {
                 const page = (await rpc("sync.delta", { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 }));
@@ -652,9 +718,9 @@ class DeviceConnection {
             this.delay.reset();
             this.caughtUp = true;
             this.setState("open");
-            for (const w of this.waiters.splice(0))
-                w();
+            this.settle();
         };
+        const finalRpc = (error) => error.rpcCode !== undefined && FINAL_RPC_ERRORS.has(error.rpcCode);
         socket.onmessage = (m) => {
             let msg;
             try {
@@ -667,12 +733,16 @@ class DeviceConnection {
             if (msg.method === undefined) {
                 const error = msg.error ? new TidingsError(0, msg.error.data?.code ?? "rpc_error", msg.error.message, msg.error, { rpcCode: msg.error.code }) : null;
                 if (msg.id === null || msg.id === undefined) {
-                    // About the connection (a refused token or proof): a rejection.
+                    // About the connection: a refused token is final; anything else
+                    // (the live session could not open) ends this connection and the
+                    // next one tries again.
                     if (error) {
-                        rejection = error;
+                        if (finalRpc(error))
+                            rejection = error;
                         for (const p of pending.values())
                             p.reject(error);
                         pending.clear();
+                        socket.close(1000);
                     }
                     return;
                 }
@@ -692,26 +762,41 @@ class DeviceConnection {
                 hello = true;
                 // Realtime events queue behind the catch-up (the server sends none
                 // before it, but the order holds either way).
-                chain = handshake().catch((error) => {
-                    if (error instanceof TidingsError) {
+                this.chain = this.chain
+                    .then(handshake)
+                    .catch((error) => {
+                    if (error instanceof Lost)
+                        return;
+                    // A refusal is final; anything else (a transient error, a
+                    // handler that threw) ends this connection and the next one
+                    // resumes from the cursor.
+                    if (error instanceof TidingsError && finalRpc(error))
                         rejection = error;
-                        socket.close(1000);
-                    }
+                    else
+                        report(error);
+                    broken = true;
+                    socket.close(1000);
                 });
                 return;
             }
-            chain = chain
+            this.chain = this.chain
                 .then(async () => {
+                if (broken)
+                    return;
                 if (msg.method === "stream.event") {
                     const seq = Number(params.seq);
                     await take(seq, params.event);
-                    void ack(seq);
+                    void ack(this.highWater);
                 }
                 else if (msg.method === "stream.gap") {
                     gap(params);
                 }
             })
-                .catch(report);
+                .catch((error) => {
+                broken = true;
+                report(error);
+                socket.close(1000);
+            });
         };
         socket.onclose = (e) => {
             for (const p of pending.values())
@@ -719,6 +804,7 @@ class DeviceConnection {
             pending.clear();
             if (this.socket !== socket)
                 return;
+            this.caughtUp = false;
             if (this.stopped)
                 return this.setState("closed");
             if (!hello && !rejection) {
@@ -740,8 +826,10 @@ class DeviceConnection {
         setTimeout(() => this.open(), this.delay.take());
     }
     rejected(error) {
+        this.rejection = error;
         this.stopped = true;
         this.setState("closed");
+        this.settle(error);
         this.options.onRejected?.(error);
     }
     async diagnose(url) {

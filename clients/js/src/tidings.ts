@@ -237,7 +237,12 @@ export interface StreamOptions extends ClientOptions {
    * the last event it delivered.
    */
   since?: number;
-  /** Each event, in id order, at most once. On the `fetch` transport the next event waits for a returned promise. */
+  /**
+   * Each event, in id order, once. On `fetch` the next event waits for a
+   * returned promise, and a handler that throws ends the connection: the
+   * event comes again after the reconnect. On `eventsource` the exception
+   * is reported and the stream goes on.
+   */
   onEvent: (event: Envelope) => void | Promise<void>;
   /** The resume point was older than the retained history (or past the head). */
   onGap?: (gap: ReplayGap) => void;
@@ -280,6 +285,9 @@ const NOTICES = ["system.replay_gap", "system.client_dropped_slow"] as const;
 export function stream(filter: Filter, options: StreamOptions): Stream {
   const ES = options.EventSource ?? (globalThis as { EventSource?: typeof EventSource }).EventSource;
   const transport = options.transport ?? (ES && !options.token ? "eventsource" : "fetch");
+  // A missing url or fetch is the caller's mistake: said now, never retried.
+  endpoint(options, "/v1/stream");
+  if (transport === "fetch") fetcher(options);
   const s = new StreamState(filter, options);
   if (transport === "eventsource") {
     if (!ES) throw new TypeError("tidings: no EventSource available; use transport: \"fetch\"");
@@ -295,6 +303,8 @@ class StreamState implements Stream {
   state: State = "connecting";
   private readonly stop = new AbortController();
   private source: EventSource | null = null;
+  /** Frames are handled one at a time, in order, across reconnects too. */
+  private chain: Promise<void> = Promise.resolve();
   private readonly delay: Delay;
 
   constructor(
@@ -327,14 +337,22 @@ class StreamState implements Stream {
 
   /** One frame of the stream; resolves once its handler has. */
   private async frame(event: string, data: string, id: string | undefined): Promise<void> {
+    if (this.stop.signal.aborted) return;
     if (event === "message") {
       const envelope = JSON.parse(data) as Envelope;
       const seq = id !== undefined && id !== "" ? Number(id) : envelope.event_id;
       if (this.lastEventId !== null && seq <= this.lastEventId) return;
-      this.lastEventId = seq;
+      // Past it only once the handler is done: on `fetch`, a handler that
+      // throws ends the connection and the event comes again.
       await this.options.onEvent(envelope);
+      this.lastEventId = seq;
     } else if (event === "system.replay_gap") {
-      this.options.onGap?.(JSON.parse(data) as ReplayGap);
+      const gap = JSON.parse(data) as ReplayGap;
+      // A resume point past the head (a server that lost its log, another
+      // server's ids): the stream goes on from the head, and what comes
+      // after it is new, whatever ids this client saw before.
+      if (this.lastEventId !== null && gap.requested > gap.head) this.lastEventId = gap.head;
+      this.options.onGap?.(gap);
     } else if (event === "system.client_dropped_slow") {
       this.options.onDropped?.(JSON.parse(data) as DroppedNotice);
     } else {
@@ -353,10 +371,8 @@ class StreamState implements Stream {
     this.setState("connecting");
     const es = new ES(this.url(true).toString());
     this.source = es;
-    // Frames are handled in order even when a handler is async.
-    let chain: Promise<void> = Promise.resolve();
     const handle = (event: string) => (m: MessageEvent) => {
-      chain = chain.then(() => this.frame(event, m.data as string, m.lastEventId)).catch(report);
+      this.chain = this.chain.then(() => this.frame(event, m.data as string, m.lastEventId)).catch(report);
     };
     es.onopen = () => {
       this.delay.reset();
@@ -407,10 +423,15 @@ class StreamState implements Stream {
     while (!signal.aborted) {
       this.setState("connecting");
       let wait: number;
+      // This connection's own: whatever ends it (a handler's exception
+      // too) closes the response, not just the reading.
+      const connection = new AbortController();
+      const end = () => connection.abort();
+      signal.addEventListener("abort", end, { once: true });
       try {
         const response = await fetcher(this.options)(this.url(false), {
           headers: headers(this.options, { accept: "text/event-stream" }),
-          signal,
+          signal: connection.signal,
           cache: "no-store",
         });
         if (!response.ok) {
@@ -429,6 +450,9 @@ class StreamState implements Stream {
         if (signal.aborted) return;
         report(error);
         wait = this.delay.take();
+      } finally {
+        connection.abort();
+        signal.removeEventListener("abort", end);
       }
       if (signal.aborted) return;
       this.setState("connecting");
@@ -617,7 +641,16 @@ export class Consumer {
       }
       d.reset();
       for (const event of page.events) await handler(event);
-      if (this.cursor === null || page.next_since > this.cursor) await this.ack(page.next_since);
+      while (this.cursor === null || page.next_since > this.cursor) {
+        try {
+          await this.ack(page.next_since);
+        } catch (error) {
+          if (error instanceof TidingsError && isFinal(error.status)) throw error;
+          // Stopped: the page stays unacknowledged and comes again.
+          if (options.signal?.aborted) return;
+          await sleep(d.take(), options.signal ?? new AbortController().signal);
+        }
+      }
     }
   }
 }
@@ -707,7 +740,11 @@ export interface ConnectOptions extends ClientOptions {
    * the head.
    */
   cursor?: number;
-  /** Each event in seq order, at most once; it is acknowledged once the returned promise resolves. */
+  /**
+   * Each event in seq order, once; it is acknowledged once the returned
+   * promise resolves. A handler that throws ends the connection, and the
+   * event comes again after the reconnect.
+   */
   onEvent: (seq: number, event: Envelope) => void | Promise<void>;
   onGap?: (gap: ReplayGap) => void;
   /** The server confirmed the device's cursor up to here. */
@@ -738,6 +775,13 @@ export interface Connection {
 const REFUSING_CLOSES = new Set([1002, 1003, 1007, 1008, 1009]);
 
 /**
+ * JSON-RPC errors the same request would meet again (invalid request or
+ * params, unauthenticated, forbidden): final. Others (the store
+ * unavailable, too many streams, an internal error) are retried.
+ */
+const FINAL_RPC_ERRORS = new Set([-32600, -32601, -32602, -32001, -32003]);
+
+/**
  * Connects a device over `GET /v1/ws` (seed 003): authenticates with an
  * Ed25519 proof over the server's nonce, catches up from the stored cursor
  * with `sync.delta`, then follows realtime `stream.event`s; acknowledges
@@ -748,6 +792,8 @@ const REFUSING_CLOSES = new Set([1002, 1003, 1007, 1008, 1009]);
 export function connect(options: ConnectOptions): Connection {
   const WS = options.WebSocket ?? (globalThis as { WebSocket?: typeof WebSocket }).WebSocket;
   if (!WS) throw new TypeError("tidings: no WebSocket available (Node 20 needs --experimental-websocket)");
+  // A missing url is the caller's mistake: said now, never retried.
+  endpoint(options, "/v1/ws");
   const c = new DeviceConnection(options, WS);
   c.open();
   return c;
@@ -767,8 +813,12 @@ class DeviceConnection implements Connection {
   private stopped = false;
   private socket: WebSocket | null = null;
   private readonly delay: Delay;
-  private readonly waiters: (() => void)[] = [];
+  private readonly waiters: { resolve: () => void; reject: (error: unknown) => void }[] = [];
   private caughtUp = false;
+  /** The refusal that stopped the connection, if one did. */
+  private rejection: TidingsError | null = null;
+  /** Messages are handled one at a time, in order, across reconnects too. */
+  private chain: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly options: ConnectOptions,
@@ -780,13 +830,24 @@ class DeviceConnection implements Connection {
 
   ready(): Promise<void> {
     if (this.caughtUp) return Promise.resolve();
-    return new Promise((resolve) => this.waiters.push(resolve));
+    if (this.stopped) return Promise.reject(this.rejection ?? new Error("tidings: the connection is closed"));
+    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
   }
 
   close(): void {
     this.stopped = true;
+    this.caughtUp = false;
     this.socket?.close(1000);
     this.setState("closed");
+    this.settle(new Error("tidings: the connection was closed"));
+  }
+
+  /** Resolves the `ready()` waiters, or rejects them with `error`. */
+  private settle(error?: unknown): void {
+    for (const w of this.waiters.splice(0)) {
+      if (error === undefined) w.resolve();
+      else w.reject(error);
+    }
   }
 
   private setState(state: State): void {
@@ -808,8 +869,9 @@ class DeviceConnection implements Connection {
     let rejection: TidingsError | null = null;
     let nonce = "";
     let hello = false;
-    // Messages are handled one at a time, in order.
-    let chain: Promise<void> = Promise.resolve();
+    // Set once a handler failed on this connection: what it still brings is
+    // dropped, and the next connection resumes before the failed event.
+    let broken = false;
     // Realtime events that arrive while catch-up runs wait here; duplicates
     // of catch-up are dropped by the high-water mark.
     const rpc = (method: string, params: unknown): Promise<unknown> =>
@@ -840,9 +902,11 @@ class DeviceConnection implements Connection {
       }
     };
     const take = async (seq: number, event: Envelope) => {
-      if (seq <= this.highWater) return;
-      this.highWater = seq;
+      if (this.stopped || seq <= this.highWater) return;
+      // Past it (and acknowledged) only once the handler is done: a handler
+      // that throws ends the connection, and the event comes again.
       await this.options.onEvent(seq, event);
+      this.highWater = seq;
     };
     const gap = (g: ReplayGap) => this.options.onGap?.(g);
     const handshake = async () => {
@@ -856,6 +920,9 @@ class DeviceConnection implements Connection {
         cursor: number;
       };
       this.cursor = cursor;
+      // A high-water mark past the head (a server that lost its log, or
+      // another server's ids): what comes after the head is new.
+      if (this.highWater > head) this.highWater = Math.min(cursor, head);
       let from = Math.max(cursor, 0);
       while (from < head) {
         const page = (await rpc("sync.delta", { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 })) as {
@@ -874,8 +941,9 @@ class DeviceConnection implements Connection {
       this.delay.reset();
       this.caughtUp = true;
       this.setState("open");
-      for (const w of this.waiters.splice(0)) w();
+      this.settle();
     };
+    const finalRpc = (error: TidingsError) => error.rpcCode !== undefined && FINAL_RPC_ERRORS.has(error.rpcCode);
     socket.onmessage = (m: MessageEvent) => {
       let msg: { id?: number | null; method?: string; params?: Record<string, unknown>; result?: unknown; error?: { code: number; message: string; data?: { code?: string } } };
       try {
@@ -887,11 +955,14 @@ class DeviceConnection implements Connection {
       if (msg.method === undefined) {
         const error = msg.error ? new TidingsError(0, msg.error.data?.code ?? "rpc_error", msg.error.message, msg.error, { rpcCode: msg.error.code }) : null;
         if (msg.id === null || msg.id === undefined) {
-          // About the connection (a refused token or proof): a rejection.
+          // About the connection: a refused token is final; anything else
+          // (the live session could not open) ends this connection and the
+          // next one tries again.
           if (error) {
-            rejection = error;
+            if (finalRpc(error)) rejection = error;
             for (const p of pending.values()) p.reject(error);
             pending.clear();
+            socket.close(1000);
           }
           return;
         }
@@ -908,30 +979,42 @@ class DeviceConnection implements Connection {
         hello = true;
         // Realtime events queue behind the catch-up (the server sends none
         // before it, but the order holds either way).
-        chain = handshake().catch((error) => {
-          if (error instanceof TidingsError) {
-            rejection = error;
+        this.chain = this.chain
+          .then(handshake)
+          .catch((error) => {
+            if (error instanceof Lost) return;
+            // A refusal is final; anything else (a transient error, a
+            // handler that threw) ends this connection and the next one
+            // resumes from the cursor.
+            if (error instanceof TidingsError && finalRpc(error)) rejection = error;
+            else report(error);
+            broken = true;
             socket.close(1000);
-          }
-        });
+          });
         return;
       }
-      chain = chain
+      this.chain = this.chain
         .then(async () => {
+          if (broken) return;
           if (msg.method === "stream.event") {
             const seq = Number(params.seq);
             await take(seq, params.event as Envelope);
-            void ack(seq);
+            void ack(this.highWater);
           } else if (msg.method === "stream.gap") {
             gap(params as unknown as ReplayGap);
           }
         })
-        .catch(report);
+        .catch((error) => {
+          broken = true;
+          report(error);
+          socket.close(1000);
+        });
     };
     socket.onclose = (e: CloseEvent) => {
       for (const p of pending.values()) p.reject(new Lost());
       pending.clear();
       if (this.socket !== socket) return;
+      this.caughtUp = false;
       if (this.stopped) return this.setState("closed");
       if (!hello && !rejection) {
         // Refused before the protocol began: a browser does not show the
@@ -953,8 +1036,10 @@ class DeviceConnection implements Connection {
   }
 
   private rejected(error: TidingsError): void {
+    this.rejection = error;
     this.stopped = true;
     this.setState("closed");
+    this.settle(error);
     this.options.onRejected?.(error);
   }
 

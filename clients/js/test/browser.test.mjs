@@ -3,7 +3,7 @@
 // front of the server and imports the client the way users do, from the
 // server's own `/tidings.js`; the scenarios module is handed to the page by
 // the browser driver. Publishing, /health/deep and the proxy's controls run
-// here in Node. Needs TIDINGS_URL and TIDINGS_SLOW_URL like node.test.mjs.
+// here in Node. Needs the servers node.test.mjs needs.
 import { test, after } from "node:test";
 import { readFile } from "node:fs/promises";
 import { chromium } from "playwright-core";
@@ -11,8 +11,8 @@ import * as lib from "../dist/tidings.js";
 import { scenarios } from "./scenarios.mjs";
 import { proxy } from "./proxy.mjs";
 
-const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL };
-if (!servers.main || !servers.slow) throw new Error("set TIDINGS_URL and TIDINGS_SLOW_URL");
+const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL, other: process.env.TIDINGS_OTHER_URL };
+if (!servers.main || !servers.slow || !servers.other) throw new Error("set TIDINGS_URL, TIDINGS_SLOW_URL and TIDINGS_OTHER_URL");
 const proxies = { main: await proxy(servers.main), slow: await proxy(servers.slow) };
 const source = await readFile(new URL("./scenarios.mjs", import.meta.url), "utf8");
 const browser = await chromium.launch({
@@ -39,6 +39,9 @@ for (const s of scenarios.filter((s) => !s.node)) {
       await page.exposeFunction("__deep", async () => (await fetch(new URL("/health/deep", url))).json());
       await page.exposeFunction("__drop", () => p.drop());
       await page.exposeFunction("__requests", (prefix) => p.requests(prefix));
+      await page.exposeFunction("__swap", (toOther) => p.retarget(toOther ? servers.other : url));
+      await page.exposeFunction("__otherPublish", (event) => lib.publish(event, { url: servers.other }));
+      await page.exposeFunction("__otherDeep", async () => (await fetch(new URL("/health/deep", servers.other))).json());
       await page.exposeFunction("__stall", () => p.stall());
       await page.exposeFunction("__unstall", () => p.unstall());
       await page.goto(`${p.url}/health`);
@@ -50,6 +53,8 @@ for (const s of scenarios.filter((s) => !s.node)) {
           publish: (event) => window.__publish(event),
           deep: () => window.__deep(),
           drop: () => window.__drop(),
+          swap: (toOther) => window.__swap(toOther),
+          other: { publish: (event) => window.__otherPublish(event), deep: () => window.__otherDeep() },
           stall: () => window.__stall(),
           unstall: () => window.__unstall(),
           // Counted in Node: a promise here, awaited by the scenarios.

@@ -1,15 +1,16 @@
 // The scenarios of test/scenarios.mjs in Node's test runner, against the
 // compiled client (dist/tidings.js). The servers come from the environment:
-// TIDINGS_URL (a tidings server) and TIDINGS_SLOW_URL (one with a small
-// client queue and a short slow-client timeout); tests/api/js_client.rs
-// starts both, on each store, and runs this file.
+// TIDINGS_URL (a tidings server), TIDINGS_SLOW_URL (one with a small client
+// queue and a short slow-client timeout) and TIDINGS_OTHER_URL (one that
+// only the server-swap scenarios publish to); tests/api/js_client.rs starts
+// them, on each store, and runs this file.
 import { test, after } from "node:test";
 import * as lib from "../dist/tidings.js";
 import { scenarios } from "./scenarios.mjs";
 import { proxy } from "./proxy.mjs";
 
-const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL };
-if (!servers.main || !servers.slow) throw new Error("set TIDINGS_URL and TIDINGS_SLOW_URL");
+const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL, other: process.env.TIDINGS_OTHER_URL };
+if (!servers.main || !servers.slow || !servers.other) throw new Error("set TIDINGS_URL, TIDINGS_SLOW_URL and TIDINGS_OTHER_URL");
 const proxies = { main: await proxy(servers.main), slow: await proxy(servers.slow) };
 after(() => Promise.all(Object.values(proxies).map((p) => p.close())));
 
@@ -24,6 +25,16 @@ export function direct(url) {
 for (const s of scenarios.filter((s) => !s.browser)) {
   test(s.name, { timeout: 60_000 }, () => {
     const p = proxies[s.server];
-    return s.run(lib, { url: p.url, drop: () => p.drop(), stall: () => p.stall(), unstall: () => p.unstall(), requests: (prefix) => p.requests(prefix), ...direct(servers[s.server]), runtime: "node" });
+    return s.run(lib, {
+      url: p.url,
+      drop: () => p.drop(),
+      stall: () => p.stall(),
+      unstall: () => p.unstall(),
+      swap: (toOther) => p.retarget(toOther ? servers.other : servers[s.server]),
+      requests: (prefix) => p.requests(prefix),
+      ...direct(servers[s.server]),
+      other: direct(servers.other),
+      runtime: "node",
+    });
   });
 }

@@ -2,12 +2,13 @@
 // client (`drop()`) and count the requests that went through it
 // (`requests("GET /v1/ws")`: request lines seen in what clients sent, pooled
 // connections or not), or stall what goes to clients (`stall()` until
-// `unstall()`: a network too slow for the stream). Listens on
+// `unstall()`: a network too slow for the stream), or send new connections
+// to another server (`retarget(url)`). Listens on
 // loopback only; `close()` stops it.
 import net from "node:net";
 
 export async function proxy(target) {
-  const { hostname, port } = new URL(target);
+  let { hostname, port } = new URL(target);
   const open = new Set();
   const seen = [];
   const server = net.createServer((client) => {
@@ -32,6 +33,10 @@ export async function proxy(target) {
   return {
     url: `http://127.0.0.1:${server.address().port}`,
     requests: (prefix) => seen.filter((line) => line.startsWith(prefix)).length,
+    /** New connections go to `url` from now on (a server swapped behind the same address). */
+    retarget(url) {
+      ({ hostname, port } = new URL(url));
+    },
     stall() {
       for (const { client, upstream } of open) {
         upstream.unpipe(client);

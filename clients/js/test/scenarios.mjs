@@ -10,6 +10,9 @@
 //   env.runtime  "node" or "chromium".
 //   env.publish(event) publishes straight to the server, env.deep() reads
 //   its /health/deep (both done by the runner, in Node);
+//   env.swap(true) sends the proxy's new connections to another, fresh
+//                 server (its own log, so its ids start low), env.swap(false)
+//                 back; env.other has publish and deep for that one;
 // Scenarios tell their events apart from everyone else's with a payload
 // field (`run`), so they can share a server. Waits are on events, each with
 // a deadline.
@@ -74,7 +77,10 @@ function watch(lib, env, run, options = {}) {
     onEvent: async (e) => {
       seen.got.push(e.event_id);
       w.signal();
-      if (onEvent) await onEvent(e);
+      if (onEvent) {
+        await onEvent(e);
+        w.signal();
+      }
     },
     onGap: (g) => {
       seen.gaps.push(g);
@@ -134,6 +140,8 @@ async function replayThenLive(lib, env, transport) {
       [0, 1, 2, 0, 1].map((i) => [1, "comment.posted", run, i, "public"]),
       "envelopes",
     );
+    // Past an event once its handler is done.
+    await new Promise((r) => setTimeout(r, 0));
     equal(s.lastEventId, live[1], "lastEventId");
     ok(states.includes("open"), `went open: ${states}`);
   } finally {
@@ -285,6 +293,61 @@ async function refusedFilter(lib, env, transport) {
   equal(await env.requests("GET /v1/stream"), settled, "no request after the refusal");
 }
 
+/**
+ * The server behind the address is swapped for one whose log is shorter
+ * (restored from an older backup, a new deployment): the stream's resume
+ * point is past its head, so it gets `system.replay_gap`, and the events
+ * the new server publishes, with ids at or below ones seen before, are
+ * delivered, not taken for duplicates.
+ */
+async function resumePastTheHeadOfAnotherServer(lib, env, transport) {
+  const run = tag();
+  const otherHead = (await env.other.deep()).head_event_id;
+  const v = watch(lib, env, run, { transport });
+  try {
+    await v.w.until(() => v.opened === 1, "the stream to open");
+    // Ids on this server well past the other's head.
+    let mine = [];
+    while (!mine.length || mine[mine.length - 1] <= otherHead + 3) mine = [...mine, ...(await publishRun(env, run, 1))];
+    await v.w.until(() => v.got.length === mine.length, "this server's events");
+    await env.swap(true);
+    await env.drop();
+    await v.w.until(() => v.gaps.length === 1, "the replay gap from the other server");
+    ok(v.gaps[0].requested > v.gaps[0].head, `past the head: ${JSON.stringify(v.gaps[0])}`);
+    const theirs = [];
+    for (let i = 0; i < 2; i++) theirs.push(...(await env.other.publish({ event_type: "comment.posted", payload: { run, i } })));
+    ok(theirs[0] <= mine[mine.length - 1], `the other server's ids are low: ${theirs} vs ${mine}`);
+    await v.w.until(() => v.got.length === mine.length + 2, "the other server's events");
+    equal(v.got, [...mine, ...theirs], "both servers' events, each once");
+  } finally {
+    v.s.close();
+    await env.swap(false);
+  }
+}
+
+/** A handler that throws: on `fetch` the connection ends and the event comes again. */
+async function throwingHandlerGetsTheEventAgain(lib, env) {
+  const run = tag();
+  const handled = [];
+  let thrown = 0;
+  const v = watch(lib, env, run, {
+    transport: "fetch",
+    onEvent: (e) => {
+      if (e.payload.i === 1 && thrown++ === 0) throw new Error("the handler failed once (expected by the test)");
+      handled.push(e.event_id);
+    },
+  });
+  try {
+    await v.w.until(() => v.opened === 1, "the stream to open");
+    const ids = await publishRun(env, run, 3);
+    await v.w.until(() => handled.length === 3, "every event handled");
+    equal(handled, ids, "each event handled once, the failed one again");
+    ok(v.opened >= 2, "the connection was restarted");
+  } finally {
+    v.s.close();
+  }
+}
+
 /** Polls, and a durable consumer whose cursor moves only on ack. */
 async function pollAndConsumer(lib, env) {
   const run = tag();
@@ -421,6 +484,57 @@ async function websocketResumesFromAckedCursor(lib, env) {
   }
 }
 
+/**
+ * A handler that throws, in catch-up and in realtime: the connection ends,
+ * nothing is acknowledged past the failure, and the next connection brings
+ * the event again. `ready()` rejects once the connection is closed.
+ */
+async function websocketHandlerErrorRedelivers(lib, env) {
+  const run = tag();
+  const w = waiter();
+  const { key } = await lib.createDeviceKey();
+  const handled = [];
+  const failures = new Set();
+  let opened = 0;
+  const before = await publishRun(env, run, 2);
+  const c = lib.connect({
+    url: env.url,
+    deviceId: `js-${run}`,
+    key,
+    filter: byRun(run),
+    cursor: before[0] - 1,
+    backoff: { initialMs: 50, maxMs: 200 },
+    onEvent: (seq, e) => {
+      // The second event of the catch-up and the second live one fail once.
+      const at = `${e.payload.live ? "live" : "history"}-${e.payload.i}`;
+      if (e.payload.i === 1 && !failures.has(at)) {
+        failures.add(at);
+        throw new Error(`the handler failed once at ${at} (expected by the test)`);
+      }
+      handled.push(seq);
+      w.signal();
+    },
+    onState: (state) => {
+      if (state === "open") opened++;
+      w.signal();
+    },
+  });
+  try {
+    await w.until(() => handled.length === 2 && opened >= 1, "the catch-up, the failed event again");
+    const live = [];
+    for (let i = 0; i < 2; i++) live.push(...(await env.publish({ event_type: "comment.posted", payload: { run, i, live: true } })));
+    // The catch-up failure came before the first open, the live one after:
+    // the second open follows the catch-up that brings the failed event.
+    await w.until(() => handled.length === 4 && opened >= 2, "the live events, the failed one again, after a reconnect");
+    equal(handled, [...before, ...live], "each event handled once");
+  } finally {
+    c.close();
+  }
+  let rejected = null;
+  await c.ready().catch((e) => (rejected = e));
+  ok(rejected instanceof Error, "ready() rejects once the connection is closed");
+}
+
 /** A refused handshake (an invalid filter): onRejected, closed, never retried. */
 async function websocketRejectionIsNotRetried(lib, env) {
   const w = waiter();
@@ -445,6 +559,9 @@ async function websocketRejectionIsNotRetried(lib, env) {
   await new Promise((r) => setTimeout(r, 300));
   equal(await env.requests("GET /v1/ws"), settled, "no reconnect after a rejection");
   equal(settled - before, 1, "one upgrade");
+  let fromReady = null;
+  await c.ready().catch((e) => (fromReady = e));
+  equal(fromReady?.code, "invalid_filter", "ready() rejects with the rejection");
 }
 
 /** Canonical JSON as RFC 8785 has it (the form every proof signs). */
@@ -470,7 +587,11 @@ export const scenarios = [
   { name: "stream (EventSource): a slow network is dropped, then resumes losslessly", server: "slow", browser: true, run: (lib, env) => slowNetworkDropThenLosslessResume(lib, env, "eventsource") },
   { name: "stream (fetch): a refused filter is reported, not retried", server: "main", run: (lib, env) => refusedFilter(lib, env, "fetch") },
   { name: "stream (EventSource): a refused filter is reported, not retried", server: "main", browser: true, run: (lib, env) => refusedFilter(lib, env, "eventsource") },
+  { name: "stream (fetch): a resume point past another server's head", server: "main", run: (lib, env) => resumePastTheHeadOfAnotherServer(lib, env, "fetch") },
+  { name: "stream (EventSource): a resume point past another server's head", server: "main", browser: true, run: (lib, env) => resumePastTheHeadOfAnotherServer(lib, env, "eventsource") },
+  { name: "stream (fetch): a handler that throws gets the event again", server: "main", run: (lib, env) => throwingHandlerGetsTheEventAgain(lib, env) },
   { name: "poll and a durable consumer", server: "main", run: (lib, env) => pollAndConsumer(lib, env) },
   { name: "websocket: a reconnect resumes from the acked cursor", server: "main", run: (lib, env) => websocketResumesFromAckedCursor(lib, env) },
+  { name: "websocket: a handler that throws gets the event again", server: "main", run: (lib, env) => websocketHandlerErrorRedelivers(lib, env) },
   { name: "websocket: a rejection is not retried", server: "main", run: (lib, env) => websocketRejectionIsNotRetried(lib, env) },
 ];
