@@ -98,9 +98,10 @@ pub(crate) async fn upgrade(
     let caller = caller.map(|c| c.0).map_err(|_| "unauthorized");
     let permit = caller.as_ref().ok().map(|c| app.core().limits().acquire_stream(c).map_err(|e| e.code()));
     let kill = connection.map(|c| c.0.kill_token());
-    ws.on_upgrade(move |socket| async move {
-        let ws = Ws { socket, app, nonce: crate::tree::generate_id(), awaiting_pong: false, device: None, kill };
-        ws.run(caller, permit).await;
+    // The callback hands back the connection's future itself: an async
+    // block around it would keep its own copy of everything it moves in.
+    ws.on_upgrade(move |socket| {
+        Ws { socket, app, nonce: crate::tree::generate_id(), awaiting_pong: false, device: None, kill }.run(caller, permit)
     })
 }
 
@@ -141,61 +142,71 @@ enum Next {
 }
 
 impl Ws {
-    async fn run(mut self, caller: Result<Identity, &'static str>, permit: Option<Result<StreamPermit, &'static str>>) {
-        let head = self.app.core().broker().position();
-        // Written as text and dropped at once: a `Value` kept in this
-        // function's state would cost every connection its map nodes.
-        let hello = json!({"jsonrpc": "2.0", "method": "stream.hello", "params": {
-            "server_did": self.app.core().server().hash(), "head_seq": head, "profiles": PROFILES, "nonce": self.nonce,
-        }})
-        .to_string();
-        if self.socket.send(Message::Text(hello.into())).await.is_err() {
-            return;
-        }
-        // Until auth, when the device takes it.
-        let mut caller = match caller {
-            Ok(c) => Some(c),
-            Err(code) => {
-                let _ = self.send_error(&Value::Null, -32001, code, "the token is missing or not valid").await;
-                return self.close(close::NORMAL, code).await;
+    /// The connection, start to end. A plain function returning one block:
+    /// an `async fn` keeps its arguments twice (as captures and as locals),
+    /// and this future is what every open connection carries.
+    #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice for its whole life")]
+    fn run(
+        mut self,
+        caller: Result<Identity, &'static str>,
+        permit: Option<Result<StreamPermit, &'static str>>,
+    ) -> impl Future<Output = ()> + Send {
+        async move {
+            let head = self.app.core().broker().position();
+            // Written as text and dropped at once: a `Value` kept in this
+            // function's state would cost every connection its map nodes.
+            let hello = json!({"jsonrpc": "2.0", "method": "stream.hello", "params": {
+                "server_did": self.app.core().server().hash(), "head_seq": head, "profiles": PROFILES, "nonce": self.nonce,
+            }})
+            .to_string();
+            if self.socket.send(Message::Text(hello.into())).await.is_err() {
+                return;
             }
-        };
-        let mut permit = match permit {
-            Some(Ok(p)) => Some(p),
-            Some(Err(code)) => return self.close(close::TRY_LATER, code).await,
-            None => None,
-        };
-        let shutdown = self.app.core().shutdown_token();
-        let kill = self.kill.clone().unwrap_or_default();
-        let mut ping = tokio::time::interval(self.app.settings().heartbeat);
-        ping.tick().await;
-        loop {
-            let next = tokio::select! {
-                _ = shutdown.cancelled() => Next::Close(close::GOING_AWAY, "shutdown"),
-                _ = kill.cancelled() => return,
-                message = self.socket.recv() => match message {
-                    None => return,
-                    // Boxed: handling a request (auth, catch-up, acks: store
-                    // round trips) is the largest state of a connection, and
-                    // an idle one should not carry its room.
-                    Some(Ok(message)) => Box::pin(self.on_message(message, &mut caller, &mut permit)).await,
-                    Some(Err(e)) => read_error(e),
-                },
-                // Boxed too: writing a delivery is a large state that an
-                // idle connection would otherwise carry.
-                item = next_item(&mut self.device) => Box::pin(self.on_item(item)).await,
-                _ = ping.tick() => {
-                    if self.awaiting_pong {
-                        // No pong within a heartbeat interval: the peer is gone.
-                        return;
-                    }
-                    self.awaiting_pong = true;
-                    if self.socket.send(Message::Ping(Default::default())).await.is_err() { return; }
-                    Next::Go
+            // Until auth, when the device takes it.
+            let mut caller = match caller {
+                Ok(c) => Some(c),
+                Err(code) => {
+                    let _ = self.send_error(&Value::Null, -32001, code, "the token is missing or not valid").await;
+                    return self.close(close::NORMAL, code).await;
                 }
             };
-            if let Next::Close(code, reason) = next {
-                return self.close(code, reason).await;
+            let mut permit = match permit {
+                Some(Ok(p)) => Some(p),
+                Some(Err(code)) => return self.close(close::TRY_LATER, code).await,
+                None => None,
+            };
+            let shutdown = self.app.core().shutdown_token();
+            let kill = self.kill.clone().unwrap_or_default();
+            let mut ping = tokio::time::interval(self.app.settings().heartbeat);
+            ping.tick().await;
+            loop {
+                let next = tokio::select! {
+                    _ = shutdown.cancelled() => Next::Close(close::GOING_AWAY, "shutdown"),
+                    _ = kill.cancelled() => return,
+                    message = self.socket.recv() => match message {
+                        None => return,
+                        // Boxed: handling a request (auth, catch-up, acks: store
+                        // round trips) is the largest state of a connection, and
+                        // an idle one should not carry its room.
+                        Some(Ok(message)) => Box::pin(self.on_message(message, &mut caller, &mut permit)).await,
+                        Some(Err(e)) => read_error(e),
+                    },
+                    // Boxed too: writing a delivery is a large state that an
+                    // idle connection would otherwise carry.
+                    item = next_item(&mut self.device) => Box::pin(self.on_item(item)).await,
+                    _ = ping.tick() => {
+                        if self.awaiting_pong {
+                            // No pong within a heartbeat interval: the peer is gone.
+                            return;
+                        }
+                        self.awaiting_pong = true;
+                        if self.socket.send(Message::Ping(Default::default())).await.is_err() { return; }
+                        Next::Go
+                    }
+                };
+                if let Next::Close(code, reason) = next {
+                    return self.close(code, reason).await;
+                }
             }
         }
     }
