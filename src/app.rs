@@ -275,6 +275,7 @@ impl Application {
     /// finished (or the shutdown deadline closed it).
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let background = CancellationToken::new();
+        self.store.hand_off_to(self.broker.hand_off());
         let listener_task = self.store.start_wakeups(self.broker.waker(), background.clone());
         let broker_task = tokio::spawn(self.broker.clone().run(background.clone()));
         let (retention, every) = self.retention;

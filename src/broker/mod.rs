@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::event::{Event, EventId};
 use crate::filter::{Filter, MatchInput};
 use crate::metrics as m;
-use crate::store::{EventLog, Record};
+use crate::store::{EventLog, HandOff, Record};
 
 /// A failed read of the log is retried from 50 ms, doubling to 2 s: constants,
 /// since they only pace retries against a store that is down.
@@ -359,7 +359,7 @@ impl Broker {
                     }
                     Ok(rows) => {
                         backoff = BACKOFF_MIN;
-                        self.fan_out(rows);
+                        self.fan_out(rows, false);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "broker cannot read the event log; retrying");
@@ -388,12 +388,51 @@ impl Broker {
         clients.index = index::FilterIndex::default();
     }
 
-    fn fan_out(&self, rows: Vec<Record>) {
+    /// What the store hands over after an append ([`HandOff`]): taken (and
+    /// fanned out at once) when it holds the very next ids the broker owes
+    /// its clients; otherwise left for the broker's read of the log. A
+    /// weak handle, so the store does not keep the broker alive.
+    pub fn hand_off(&self) -> HandOff {
+        let shared = Arc::downgrade(&self.shared);
+        HandOff::new(move |rows| {
+            shared.upgrade().is_some_and(|shared| {
+                let broker = Broker { shared };
+                !broker.shared.stopped.is_cancelled() && broker.fan_out(rows, true)
+            })
+        })
+    }
+
+    /// Fans `rows` (in id order) out to every matching client. Rows at or
+    /// below the position went out already (handed off while the broker
+    /// read them) and are skipped. With `next_only` the rows are taken only
+    /// if they leave no id out (the first is at most the next one): whether
+    /// they were.
+    fn fan_out(&self, rows: Vec<Record>, next_only: bool) -> bool {
+        let (Some(first), Some(last)) = (rows.first().map(|r| r.id), rows.last().map(|r| r.id)) else { return true };
         let now_wall = chrono::Utc::now().timestamp_millis();
+        let lag_of = |row: &Record| (now_wall - row.recorded_ms).max(0) as f64 / 1000.0;
+        let lags = metrics::histogram!(m::BROKER_LAG);
+        {
+            let mut clients = self.lock();
+            if next_only && first > clients.position + 1 {
+                return false;
+            }
+            if last <= clients.position {
+                return true;
+            }
+            if clients.map.is_empty() {
+                // Nobody to match: nothing is parsed, and the position moves
+                // on under the lock (a client registering now learns it).
+                rows.iter().for_each(|row| lags.record(lag_of(row)));
+                self.shared.lag_ms.store((lag_of(&rows[rows.len() - 1]) * 1000.0) as u64, Ordering::Relaxed);
+                self.advance(&mut clients, last);
+                return true;
+            }
+        }
         let mut events = Vec::with_capacity(rows.len());
         for row in rows {
-            let lag = (now_wall - row.recorded_ms).max(0) as f64 / 1000.0;
-            metrics::histogram!(m::BROKER_LAG).record(lag);
+            let lag = lag_of(&row);
+            lags.record(lag);
             self.shared.lag_ms.store((lag * 1000.0) as u64, Ordering::Relaxed);
             match Event::from_stored(row.id, &row.body, row.recorded_ms) {
                 Ok(event) => events.push(event),
@@ -402,9 +441,17 @@ impl Broker {
                 Err(e) => tracing::error!(id = row.id, error = %e, "skipping an unreadable event row"),
             }
         }
-        let Some(last) = events.last().map(|e| e.id) else { return };
         let mut guard = self.lock();
         let clients = &mut *guard;
+        // Checked again: the broker's own read may have gone out meanwhile.
+        if next_only && first > clients.position + 1 {
+            return false;
+        }
+        if last <= clients.position {
+            return true;
+        }
+        let position = clients.position;
+        events.retain(|e| e.id > position);
         // Evicted clients get no later frame of this round; they are removed
         // once the round is over (the index is borrowed until then).
         let mut evict: Vec<(u64, Detached)> = Vec::new();
@@ -456,6 +503,12 @@ impl Broker {
                 self.detach(&slot, reason);
             }
         }
+        self.advance(clients, last);
+        true
+    }
+
+    /// Every event up to `last` has gone out (called under the lock).
+    fn advance(&self, clients: &mut Clients, last: EventId) {
         clients.position = last;
         self.shared.position.store(last, Ordering::Release);
         self.shared.advanced.send_replace(last);
@@ -573,5 +626,61 @@ impl Drop for Subscription {
         self.finish();
         self.broker.lock().remove(self.id);
         metrics::gauge!(m::CLIENTS_CONNECTED, "transport" => self.transport).decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: EventId) -> Record {
+        Record { id, body: crate::event::tests::sample_body().to_json(), recorded_ms: 0 }
+    }
+
+    fn ids(sub: &mut Subscription) -> Vec<EventId> {
+        std::iter::from_fn(|| sub.try_recv()).map(|f| f.id).collect()
+    }
+
+    /// A commit handed over is fanned out at once only when it holds the
+    /// very next ids; the broker's own read of rows handed over meanwhile
+    /// delivers only what is new, so nothing goes out twice or out of order.
+    #[tokio::test]
+    async fn a_hand_off_is_taken_only_when_it_holds_the_next_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(crate::store::embedded::EmbeddedStore::open(dir.path()).await.unwrap());
+        let settings = BrokerSettings {
+            client_queue: 16,
+            slow_client_timeout: Duration::from_secs(5),
+            eviction_grace: Duration::from_secs(1),
+            read_batch: 100,
+        };
+        let broker = Broker::new(store, 10, settings);
+        let mut sub = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
+        let hand_off = broker.hand_off();
+
+        assert!(!hand_off.give(vec![row(12), row(13)]), "11 has not gone out: 12 is not next");
+        assert_eq!((broker.position(), ids(&mut sub)), (10, vec![]));
+
+        assert!(hand_off.give(vec![row(11), row(12)]));
+        assert_eq!((broker.position(), ids(&mut sub)), (12, vec![11, 12]));
+
+        // The broker read 11..=14 while 11 and 12 were handed over.
+        assert!(broker.fan_out(vec![row(11), row(12), row(13), row(14)], false));
+        assert_eq!((broker.position(), ids(&mut sub)), (14, vec![13, 14]));
+        assert!(broker.fan_out(vec![row(13), row(14)], false));
+        assert_eq!((broker.position(), ids(&mut sub)), (14, vec![]));
+
+        // With no client, nothing is parsed but the position moves on.
+        drop(sub);
+        assert!(hand_off.give(vec![row(15), row(16)]));
+        assert_eq!(broker.position(), 16);
+        let mut sub = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
+        assert_eq!(sub.position(), 16);
+        assert!(hand_off.give(vec![row(17)]));
+        assert_eq!(ids(&mut sub), vec![17]);
+
+        // Stopped: nothing is taken (the store wakes the broker instead).
+        broker.shutdown();
+        assert!(!hand_off.give(vec![row(18)]));
     }
 }

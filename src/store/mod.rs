@@ -55,6 +55,34 @@ pub struct Record {
     pub recorded_ms: i64,
 }
 
+/// Where an append hands the records it has just committed: the broker,
+/// which fans them out at once when they are the next ids it owes its
+/// clients, and answers whether it took them. When it did not (a commit of
+/// another writer, or of another process, is still to be read first) the
+/// store wakes it to read the log, as after any other commit. Handing off
+/// spares a delivery the broker's wake-up and its read of the log: under
+/// load each of those waits its turn behind every stream task.
+#[derive(Clone)]
+pub struct HandOff(Arc<dyn Fn(Vec<Record>) -> bool + Send + Sync>);
+
+impl HandOff {
+    /// A hand-off to `take`, which answers whether it took the records.
+    pub fn new(take: impl Fn(Vec<Record>) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(take))
+    }
+
+    /// Hands `records` (committed, in id order) over; whether they were taken.
+    pub fn give(&self, records: Vec<Record>) -> bool {
+        (self.0)(records)
+    }
+}
+
+impl std::fmt::Debug for HandOff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HandOff")
+    }
+}
+
 /// A durable consumer as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Consumer {
@@ -347,6 +375,10 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// and runs until `cancel`. Also wakes once after every (re)connect, so a
     /// lost notification is never a lost event.
     fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()>;
+
+    /// From now on, appends (of published events) hand what they commit to
+    /// `to` before waking anyone ([`HandOff`]).
+    fn hand_off_to(&self, to: HandOff);
 
     /// Listener state and reconnect count.
     fn listener(&self) -> (ListenerState, u64);

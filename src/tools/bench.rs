@@ -196,23 +196,56 @@ impl Subscriber {
         }
     }
 
-    /// The next event's data (the envelope, or a generic server's body).
-    async fn next(&mut self) -> Option<Value> {
+    /// The publish stamp (`sent_us`) of the next event: in a tidings
+    /// envelope's payload, or a generic server's body itself; `Some(None)`
+    /// for an event without one, `None` once the stream ended.
+    async fn next(&mut self) -> Option<Option<u64>> {
         match self {
             Self::Sse(reader) => loop {
                 let event = reader.next_event().await?;
                 if event.event.is_none() {
-                    return serde_json::from_str(&event.data).ok();
+                    // Read without building the whole document: skipping
+                    // the rest costs no allocation, so an envelope's size
+                    // does not tax the load generator.
+                    let stamp = serde_json::from_str::<Stamped>(&event.data).ok();
+                    return Some(stamp.and_then(|s| s.sent_us.or(s.payload.and_then(|p| p.sent_us))));
                 }
             },
             Self::Ws(device) => loop {
-                match device.next().await.ok()? {
-                    super::device::Pushed::Event { event, .. } => return Some(event),
-                    _ => continue,
+                // The same way: `stream.event` notifications only.
+                let text = device.next_text().await.ok()?;
+                if let Ok(pushed) = serde_json::from_str::<Pushed>(&text)
+                    && pushed.method.as_deref() == Some("stream.event")
+                {
+                    return Some(pushed.params.and_then(|p| p.event).and_then(|e| e.payload).and_then(|p| p.sent_us));
                 }
             },
         }
     }
+}
+
+/// The publish stamp of a delivered event, every other field skipped.
+#[derive(serde::Deserialize)]
+struct Stamped {
+    sent_us: Option<u64>,
+    payload: Option<Stamp>,
+}
+
+#[derive(serde::Deserialize)]
+struct Stamp {
+    sent_us: Option<u64>,
+}
+
+/// A WebSocket notification, down to the event's stamp.
+#[derive(serde::Deserialize)]
+struct Pushed {
+    method: Option<String>,
+    params: Option<PushedParams>,
+}
+
+#[derive(serde::Deserialize)]
+struct PushedParams {
+    event: Option<Stamped>,
 }
 
 /// What `tidings bench` measures.
@@ -841,14 +874,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         tasks.push(tokio::spawn(async move {
             let mut local = Vec::new();
             loop {
-                let data = tokio::select! {
+                let stamp = tokio::select! {
                     _ = done.cancelled() => break,
                     e = subscriber.next() => match e { Some(e) => e, None => break },
                 };
                 let now = now_us();
-                // A tidings envelope carries it in the payload; a generic
-                // server relays the published body itself.
-                if let Some(sent) = data["payload"]["sent_us"].as_u64().or_else(|| data["sent_us"].as_u64()) {
+                if let Some(sent) = stamp {
                     local.push(now.saturating_sub(sent));
                     received[i].fetch_add(1, Ordering::Relaxed);
                 }

@@ -33,17 +33,28 @@ pub struct SseParser {
 
 impl SseParser {
     /// Feeds bytes; returns the events they complete.
-    pub fn feed(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+    ///
+    /// Line by line, not byte by byte, and allocating only the values it
+    /// keeps: a load generator that parsed slowly would measure itself
+    /// (and the bigger a server's frames, the more), not the server.
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Vec<SseEvent> {
         let mut out = Vec::new();
-        for &b in bytes {
-            if b == b'\n' {
-                let line = std::mem::take(&mut self.line);
-                let line = line.strip_suffix(b"\r").unwrap_or(&line);
-                self.line_done(line, &mut out);
+        while let Some(n) = bytes.iter().position(|&b| b == b'\n') {
+            let (line, rest) = bytes.split_at(n);
+            bytes = &rest[1..];
+            if self.line.is_empty() {
+                self.line_done(strip_cr(line), &mut out);
             } else {
-                self.line.push(b);
+                // The line began in an earlier chunk; its buffer is kept
+                // (cleared) for the next one.
+                let mut whole = std::mem::take(&mut self.line);
+                whole.extend_from_slice(line);
+                self.line_done(strip_cr(&whole), &mut out);
+                whole.clear();
+                self.line = whole;
             }
         }
+        self.line.extend_from_slice(bytes);
         out
     }
 
@@ -61,25 +72,29 @@ impl SseParser {
             self.comments += 1;
             return;
         }
-        let text = String::from_utf8_lossy(line);
-        let (field, value) = match text.split_once(':') {
-            Some((f, v)) => (f.to_owned(), v.strip_prefix(' ').unwrap_or(v).to_owned()),
-            None => (text.into_owned(), String::new()),
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(i) => (&line[..i], line[i + 1..].strip_prefix(b" ").unwrap_or(&line[i + 1..])),
+            None => (line, &b""[..]),
         };
-        match field.as_str() {
-            "id" => self.current.id = Some(value),
-            "event" => self.current.event = Some(value),
-            "data" => {
+        let value = String::from_utf8_lossy(value);
+        match field {
+            b"id" => self.current.id = Some(value.into_owned()),
+            b"event" => self.current.event = Some(value.into_owned()),
+            b"data" => {
                 if self.has_data {
                     self.current.data.push('\n');
                 }
                 self.current.data.push_str(&value);
                 self.has_data = true;
             }
-            "retry" => self.retry_ms = value.parse().ok(),
+            b"retry" => self.retry_ms = value.parse().ok(),
             _ => {}
         }
     }
+}
+
+fn strip_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
 }
 
 /// Events read from a streaming HTTP response.
@@ -153,6 +168,19 @@ mod tests {
             assert_eq!(events[0].id.as_deref(), Some("1"));
             assert_eq!(events[0].data, "{\"a\":1}");
             assert_eq!(events[1].event.as_deref(), Some("system.x"));
+        }
+    }
+
+    #[test]
+    fn takes_crlf_lines_multiline_data_and_fields_without_a_value() {
+        let text = b"id: 7\r\ndata: a\r\ndata:b\r\nevent\r\n\r\ndata\n\n";
+        for split in 0..text.len() {
+            let mut p = SseParser::default();
+            let mut events = p.feed(&text[..split]);
+            events.extend(p.feed(&text[split..]));
+            assert_eq!(events.len(), 2, "split at {split}");
+            assert_eq!(events[0], SseEvent { id: Some("7".into()), event: Some(String::new()), data: "a\nb".into() });
+            assert_eq!(events[1].data, "");
         }
     }
 }

@@ -166,13 +166,27 @@ impl DeviceClient {
         Ok(Pushed::Notice(frame))
     }
 
-    /// The next text frame as JSON; pings are answered as frames are read.
+    /// The next text frame as it came, unparsed: for a reader that wants
+    /// one field of it (the load generator). Frames read ahead while
+    /// waiting for an answer come first.
+    pub async fn next_text(&mut self) -> Result<String, DeviceClientError> {
+        match self.pending.pop_front() {
+            Some(frame) => Ok(frame.to_string()),
+            None => self.read_text().await,
+        }
+    }
+
+    /// The next text frame as JSON.
     async fn read(&mut self) -> Result<Value, DeviceClientError> {
+        let text = self.read_text().await?;
+        serde_json::from_str(&text).map_err(|_| DeviceClientError::Unexpected(text))
+    }
+
+    /// The next text frame; pings are answered as frames are read.
+    async fn read_text(&mut self) -> Result<String, DeviceClientError> {
         loop {
             match self.ws.next().await {
-                Some(Ok(Message::Text(text))) => {
-                    return serde_json::from_str(text.as_str()).map_err(|_| DeviceClientError::Unexpected(text.to_string()));
-                }
+                Some(Ok(Message::Text(text))) => return Ok(text.as_str().to_owned()),
                 Some(Ok(Message::Close(frame))) => {
                     let (code, reason) = frame.map_or((1000, String::new()), |f| (u16::from(f.code), f.reason.to_string()));
                     return Err(DeviceClientError::Closed { code, reason });

@@ -14,16 +14,23 @@ impl EventLog for EmbeddedStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let ids = self
+        let hand_off = lock(&self.inner.hand_off).clone();
+        let (ids, taken) = self
             .write(move |conn| {
                 let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                let ids = append_in(&tx, &batch)?;
+                let now = chrono::Utc::now().timestamp_millis();
+                let ids = append_at(&tx, &batch, now)?;
                 tx.commit()?;
-                Ok(ids)
+                // Handed off with the writer still held, so hand-offs come
+                // in commit order; the bodies move, nothing is copied.
+                let taken = hand_off.is_some_and(|to| {
+                    to.give(ids.iter().zip(batch).map(|(&id, record)| Record { id, body: record.body, recorded_ms: now }).collect())
+                });
+                Ok((ids, taken))
             })
             .await?;
-        if let Some(wake) = lock(&self.inner.wake).as_ref() {
-            wake.notify_one();
+        if !taken {
+            self.wake();
         }
         Ok(ids)
     }
@@ -127,6 +134,10 @@ impl EventLog for EmbeddedStore {
         *lock(&self.inner.wake) = Some(wake.clone());
         wake.notify_one();
         tokio::spawn(async move { cancel.cancelled().await })
+    }
+
+    fn hand_off_to(&self, to: HandOff) {
+        *lock(&self.inner.hand_off) = Some(to);
     }
 
     fn listener(&self) -> (ListenerState, u64) {

@@ -38,8 +38,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, ListenerState,
-    NewRecord, Opened, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
+    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, HandOff,
+    ListenerState, NewRecord, Opened, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
 };
 use crate::event::EventId;
 
@@ -72,6 +72,7 @@ struct Inner {
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
     wake: Mutex<Option<Arc<Notify>>>,
+    hand_off: Mutex<Option<HandOff>>,
     /// Held for the life of the store: the directory's exclusive lock.
     _lock: File,
 }
@@ -123,6 +124,7 @@ impl EmbeddedStore {
                 writer: Mutex::new(writer),
                 readers: Mutex::new(readers),
                 wake: Mutex::new(None),
+                hand_off: Mutex::new(None),
                 _lock: lock_file,
             }),
         })
@@ -182,8 +184,12 @@ impl EmbeddedStore {
 /// the write transaction (SQLite has one writer), so they are gap-free and
 /// commit-ordered.
 fn append_in(tx: &rusqlite::Transaction<'_>, batch: &[NewRecord]) -> rusqlite::Result<Vec<EventId>> {
+    append_at(tx, batch, chrono::Utc::now().timestamp_millis())
+}
+
+/// [`append_in`], recorded at `now` (Unix ms).
+fn append_at(tx: &rusqlite::Transaction<'_>, batch: &[NewRecord], now: i64) -> rusqlite::Result<Vec<EventId>> {
     let base: i64 = tx.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
-    let now = chrono::Utc::now().timestamp_millis();
     let mut insert = tx.prepare_cached("INSERT INTO events (id, event_type, body, recorded_at) VALUES (?1, ?2, ?3, ?4)")?;
     for (i, record) in batch.iter().enumerate() {
         insert.execute(params![base + 1 + i as i64, record.event_type, record.body, now])?;

@@ -38,8 +38,8 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, ListenerState,
-    NewRecord, Opened, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
+    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, HandOff,
+    ListenerState, NewRecord, Opened, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
 };
 use crate::event::EventId;
 
@@ -64,6 +64,13 @@ pub struct PostgresStore {
     listener: Arc<ListenerStatus>,
     /// The session holding the subscription engine's advisory lock.
     leader: Arc<tokio::sync::Mutex<Option<deadpool_postgres::Object>>>,
+    /// Where appends hand what they commit ([`HandOff`]).
+    hand_off: Arc<std::sync::Mutex<Option<HandOff>>>,
+}
+
+fn lock_hand_off(m: &std::sync::Mutex<Option<HandOff>>) -> std::sync::MutexGuard<'_, Option<HandOff>> {
+    // Only ever replaced whole: poisoning leaves nothing half-written.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[derive(Debug, Default)]
@@ -93,7 +100,7 @@ impl PostgresStore {
             .recycle_timeout(Some(options.acquire_timeout))
             .build()
             .context("building the PostgreSQL pool")?;
-        let store = Self { pool, config, listener: Arc::default(), leader: Arc::default() };
+        let store = Self { pool, config, listener: Arc::default(), leader: Arc::default(), hand_off: Arc::default() };
         store.migrate().await?;
         Ok(store)
     }
