@@ -277,7 +277,7 @@ impl Application {
         let background = CancellationToken::new();
         self.store.hand_off_to(self.broker.hand_off());
         let listener_task = self.store.start_wakeups(self.broker.waker(), background.clone());
-        let broker_task = tokio::spawn(self.broker.clone().run(background.clone()));
+        let broker_task = tokio::spawn(self.broker.clone().run(self.shutdown.clone(), background.clone()));
         let (retention, every) = self.retention;
         let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), retention, every, background.clone()));
         let expiry_task = tokio::spawn(crate::service::poll::run_expiry(self.store.clone(), self.consumer_ttl, background.clone()));

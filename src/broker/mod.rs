@@ -15,6 +15,7 @@
 //! (KurrentDB's drop-to-catch-up) instead of being dropped.
 
 pub mod index;
+mod queue;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
@@ -22,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{Event, EventId};
@@ -51,8 +52,7 @@ pub struct BrokerSettings {
 
 /// One event frame, shared by every client that receives it. Cloning bumps
 /// one reference count (no allocation per client), and a queue slot is one
-/// pointer: a client's queue is allocated in blocks of slots, so a small slot
-/// keeps idle connections cheap.
+/// pointer, so a queue that a burst filled stays small.
 ///
 /// A frame holds the envelope JSON, not any wire format: each transport
 /// writes its own framing around the same shared bytes (SSE `id:`/`data:`
@@ -180,13 +180,22 @@ struct ClientState {
     last_progress_ms: AtomicU64,
     finished: AtomicBool,
     kill: Option<CancellationToken>,
+    /// The frames pushed and not yet taken.
+    queue: queue::Queue,
 }
 
 #[derive(Debug)]
 struct Slot {
     filter: Arc<Filter>,
-    tx: mpsc::Sender<Frame>,
     state: Arc<ClientState>,
+}
+
+impl Drop for Slot {
+    /// The broker let go of the client (evicted, unsubscribed, stopped):
+    /// it takes what is queued, then sees the end of its queue.
+    fn drop(&mut self) {
+        self.state.queue.close();
+    }
 }
 
 #[derive(Debug, Default)]
@@ -309,7 +318,6 @@ impl Broker {
     /// Registers a live client. It receives every matching event with an id
     /// above the returned subscription's [`Subscription::position`].
     pub fn subscribe(&self, filter: Arc<Filter>, options: SubscribeOptions) -> Subscription {
-        let (tx, rx) = mpsc::channel(self.shared.settings.client_queue);
         let state = Arc::new(ClientState {
             catching_up: AtomicBool::new(options.catching_up),
             round: AtomicU64::new(0),
@@ -318,6 +326,7 @@ impl Broker {
             last_progress_ms: AtomicU64::new(self.now_ms()),
             finished: AtomicBool::new(false),
             kill: options.kill,
+            queue: queue::Queue::default(),
         });
         let mut clients = self.lock();
         let id = clients.next_id;
@@ -325,26 +334,35 @@ impl Broker {
         let position = clients.position;
         if self.shared.stopped.is_cancelled() {
             state.detached.store(4, Ordering::Release);
-            drop(tx);
+            state.queue.close();
         } else {
-            clients.insert(id, Slot { filter, tx, state: state.clone() });
+            clients.insert(id, Slot { filter, state: state.clone() });
         }
         drop(clients);
         metrics::gauge!(m::CLIENTS_CONNECTED, "transport" => options.transport).increment(1.0);
-        Subscription { id, rx, state, broker: self.clone(), position, transport: options.transport }
+        Subscription { id, state, broker: self.clone(), position, transport: options.transport }
     }
 
-    /// Runs the fan-out loop until `cancel`.
-    pub async fn run(self, cancel: CancellationToken) {
+    /// Runs the fan-out loop until `cancel`. Once `closing` (the server's
+    /// shutdown) is cancelled, every client's queue is closed and new
+    /// clients are refused, so every live session ends at once; the log is
+    /// still followed until `cancel`, for whoever follows the position.
+    pub async fn run(self, closing: CancellationToken, cancel: CancellationToken) {
         // The slow-client sweep runs four times per timeout, so an eviction is
         // at most a quarter late; derived from the setting, not a setting.
         let sweep_every = (self.shared.settings.slow_client_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         let mut sweep = tokio::time::interval(sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut backoff = BACKOFF_MIN;
+        let mut closed = false;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
+                _ = closing.cancelled(), if !closed => {
+                    closed = true;
+                    self.shutdown();
+                    continue;
+                }
                 _ = self.shared.wake.notified() => {}
                 _ = sweep.tick() => { self.sweep(); continue; }
             }
@@ -457,6 +475,7 @@ impl Broker {
         let mut evict: Vec<(u64, Detached)> = Vec::new();
         clients.rounds += 1;
         let round = clients.rounds;
+        let bound = self.shared.settings.client_queue;
         {
             let mut candidates = Vec::new();
             for event in &events {
@@ -471,7 +490,7 @@ impl Broker {
                     }
                     // Built once per event, and only if someone wants it.
                     let frame = frame.get_or_insert_with(|| Frame::of(event));
-                    match slot.tx.try_send(frame.clone()) {
+                    match slot.state.queue.push(frame.clone(), bound) {
                         Ok(()) => {
                             let state = &slot.state;
                             if state.round.swap(round, Ordering::Relaxed) == round {
@@ -480,20 +499,20 @@ impl Broker {
                                 state.round_pushed.store(1, Ordering::Relaxed);
                             }
                         }
-                        Err(mpsc::error::TrySendError::Full(_)) => {
+                        Err(queue::Refused::Full) => {
                             let state = &slot.state;
                             // Behind, not slow: still replaying, or the whole
                             // queue was filled by this round (a burst larger
                             // than the queue). Such a client catches up from
                             // the store; one whose queue was already backed up
                             // before this round is slow and is dropped.
-                            let burst = state.round.load(Ordering::Relaxed) == round
-                                && state.round_pushed.load(Ordering::Relaxed) >= slot.tx.max_capacity() as u64;
+                            let burst =
+                                state.round.load(Ordering::Relaxed) == round && state.round_pushed.load(Ordering::Relaxed) >= bound as u64;
                             let reason =
                                 if burst || state.catching_up.load(Ordering::Acquire) { Detached::Lagged } else { Detached::QueueFull };
                             evict.push((id, reason));
                         }
-                        Err(mpsc::error::TrySendError::Closed(_)) => {}
+                        Err(queue::Refused::Closed) => {}
                     }
                 }
             }
@@ -521,7 +540,7 @@ impl Broker {
         let mut clients = self.lock();
         let mut stuck = Vec::new();
         for (id, slot) in &clients.map {
-            let depth = slot.tx.max_capacity() - slot.tx.capacity();
+            let depth = slot.state.queue.len();
             if depth > 0 {
                 // Sampled here, once per sweep, rather than on the hot path.
                 metrics::histogram!(m::QUEUE_DEPTH).record(depth as f64);
@@ -554,8 +573,8 @@ impl Broker {
                 }
             });
         }
-        // Dropping the slot (the last Arc, by the caller) drops the sender:
-        // the client drains what is queued, then sees the end of its queue.
+        // Dropping the slot (the last Arc, by the caller) closes the queue:
+        // the client drains what is queued, then sees the end of it.
     }
 }
 
@@ -563,7 +582,6 @@ impl Broker {
 #[derive(Debug)]
 pub struct Subscription {
     id: u64,
-    rx: mpsc::Receiver<Frame>,
     state: Arc<ClientState>,
     broker: Broker,
     position: EventId,
@@ -579,24 +597,36 @@ impl Subscription {
 
     /// The next live frame; `None` once detached (see [`Self::detached`]).
     pub async fn recv(&mut self) -> Option<Frame> {
-        let frame = self.rx.recv().await;
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// [`Self::recv`] as a poll function, for a transport that waits on
+    /// its queue and something else in one poll.
+    pub fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Frame>> {
+        let frame = std::task::ready!(self.state.queue.poll_pop(cx));
         self.progress();
-        frame
+        std::task::Poll::Ready(frame)
     }
 
     /// A frame already queued, without waiting (for coalescing writes).
     pub fn try_recv(&mut self) -> Option<Frame> {
-        self.rx.try_recv().ok()
+        self.state.queue.try_pop()
     }
 
     /// Whether no frame is queued.
     pub fn is_empty(&self) -> bool {
-        self.rx.is_empty()
+        self.state.queue.len() == 0
     }
 
     /// Why the queue ended.
     pub fn detached(&self) -> Detached {
         Detached::from_u8(self.state.detached.load(Ordering::Acquire))
+    }
+
+    /// When the client last took a frame, or history, or a heartbeat
+    /// ([`Self::progress`]), to the millisecond.
+    pub fn idle_since(&self) -> Instant {
+        self.broker.shared.epoch + Duration::from_millis(self.state.last_progress_ms.load(Ordering::Relaxed))
     }
 
     /// Records progress (frames taken or history written), which keeps the

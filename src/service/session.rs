@@ -17,7 +17,10 @@
 //! - the gap metric. Deliveries are counted by the transport once written
 //!   ([`record_delivery`]): a poll answers only part of what it read.
 
+use std::future::Future as _;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -149,6 +152,8 @@ pub struct Session {
     _permit: Option<StreamPermit>,
     transport: &'static str,
     heartbeat: Option<Duration>,
+    /// The heartbeat's timer, made when the session first waits live.
+    beat: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Every event up to here was delivered or filtered out.
     cursor: EventId,
     /// The last id delivered (what the client's Last-Event-ID is).
@@ -255,6 +260,7 @@ impl Session {
             _permit: permit,
             transport,
             heartbeat,
+            beat: None,
             cursor,
             last_sent,
             target: position,
@@ -313,22 +319,43 @@ impl Session {
                         return item;
                     }
                 }
-                Phase::Live => {
-                    // Waited on here, not in a helper: an idle session is
-                    // this future, so it carries no extra level of state.
-                    let sub = self.subscription.as_mut().expect("a live phase has a subscription");
-                    let heartbeat = self.heartbeat;
-                    let frame = tokio::select! {
-                        biased;
-                        _ = self.shutdown.cancelled() => return self.end(End::Shutdown),
-                        frame = sub.recv() => frame,
-                        _ = tokio::time::sleep(heartbeat.unwrap_or(Duration::MAX)), if heartbeat.is_some() => return Item::Heartbeat,
-                    };
-                    if let Some(item) = self.live(frame) {
-                        return item;
+                Phase::Live => match std::future::poll_fn(|cx| self.poll_live(cx)).await {
+                    None => return Item::Heartbeat,
+                    Some(frame) => {
+                        if let Some(item) = self.live(frame) {
+                            return item;
+                        }
                     }
-                }
+                },
             }
+        }
+    }
+
+    /// Waits, live, for the next frame or the end of the queue (`Some`) or
+    /// for a heartbeat that is due (`None`). One poll function over the
+    /// queue and one timer kept for the session's life, moved only when it
+    /// fires: a wake-up for a frame touches neither the runtime's timers
+    /// nor the shutdown token (at shutdown the broker closes every queue,
+    /// which ends the session as [`End::Shutdown`]).
+    fn poll_live(&mut self, cx: &mut Context<'_>) -> Poll<Option<Option<Frame>>> {
+        let sub = self.subscription.as_mut().expect("a live phase has a subscription");
+        if let Poll::Ready(frame) = sub.poll_recv(cx) {
+            return Poll::Ready(Some(frame));
+        }
+        let Some(every) = self.heartbeat else { return Poll::Pending };
+        // A heartbeat is due an interval after the client last took a frame
+        // (or history, or a heartbeat).
+        let due = || tokio::time::Instant::from_std(sub.idle_since() + every);
+        let beat = self.beat.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due())));
+        loop {
+            std::task::ready!(beat.as_mut().poll(cx));
+            let due = due();
+            if due > tokio::time::Instant::now() {
+                beat.as_mut().reset(due);
+                continue;
+            }
+            sub.progress();
+            return Poll::Ready(None);
         }
     }
 

@@ -17,10 +17,8 @@ impl EventLog for EmbeddedStore {
         let hand_off = lock(&self.inner.hand_off).clone();
         let (ids, taken) = self
             .write(move |conn| {
-                let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
                 let now = chrono::Utc::now().timestamp_millis();
-                let ids = append_at(&tx, &batch, now)?;
-                tx.commit()?;
+                let ids = immediate(conn, |tx| append_at(tx, &batch, now))?;
                 // Handed off with the writer still held, so hand-offs come
                 // in commit order; the bodies move, nothing is copied.
                 let taken = hand_off.is_some_and(|to| {
@@ -75,7 +73,7 @@ impl EventLog for EmbeddedStore {
     }
 
     async fn head(&self) -> Result<EventId, StoreError> {
-        self.read(|conn| conn.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))).await
+        self.read(|conn| conn.prepare_cached("SELECT last_id FROM tidings_head WHERE singleton = 1")?.query_row([], |r| r.get(0))).await
     }
 
     async fn floor(&self) -> Result<EventId, StoreError> {

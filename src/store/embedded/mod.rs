@@ -180,22 +180,39 @@ impl EmbeddedStore {
     }
 }
 
-/// Appends `batch` inside `tx`: ids continue from the head, allocated under
-/// the write transaction (SQLite has one writer), so they are gap-free and
+/// Runs `f` in one `IMMEDIATE` write transaction, committed when it
+/// succeeds and rolled back when it fails. The publish path's transaction:
+/// its `BEGIN` and `COMMIT` are cached statements, where rusqlite's
+/// `transaction_with_behavior` parses both again for every commit.
+fn immediate<T>(conn: &Connection, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    if !conn.is_autocommit() {
+        // A transaction left open (a panic inside one) is abandoned first.
+        conn.prepare_cached("ROLLBACK")?.execute([])?;
+    }
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    let done = f(conn).and_then(|value| conn.prepare_cached("COMMIT")?.execute([]).map(|_| value));
+    if done.is_err() && !conn.is_autocommit() {
+        let _ = conn.prepare_cached("ROLLBACK").and_then(|mut rollback| rollback.execute([]));
+    }
+    done
+}
+
+/// Appends `batch` inside a write transaction: ids continue from the head,
+/// allocated under it (SQLite has one writer), so they are gap-free and
 /// commit-ordered.
-fn append_in(tx: &rusqlite::Transaction<'_>, batch: &[NewRecord]) -> rusqlite::Result<Vec<EventId>> {
+fn append_in(tx: &Connection, batch: &[NewRecord]) -> rusqlite::Result<Vec<EventId>> {
     append_at(tx, batch, chrono::Utc::now().timestamp_millis())
 }
 
 /// [`append_in`], recorded at `now` (Unix ms).
-fn append_at(tx: &rusqlite::Transaction<'_>, batch: &[NewRecord], now: i64) -> rusqlite::Result<Vec<EventId>> {
-    let base: i64 = tx.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
+fn append_at(tx: &Connection, batch: &[NewRecord], now: i64) -> rusqlite::Result<Vec<EventId>> {
+    let base: i64 = tx.prepare_cached("SELECT last_id FROM tidings_head WHERE singleton = 1")?.query_row([], |r| r.get(0))?;
     let mut insert = tx.prepare_cached("INSERT INTO events (id, event_type, body, recorded_at) VALUES (?1, ?2, ?3, ?4)")?;
     for (i, record) in batch.iter().enumerate() {
         insert.execute(params![base + 1 + i as i64, record.event_type, record.body, now])?;
     }
     let last = base + batch.len() as i64;
-    tx.execute("UPDATE tidings_head SET last_id = ?1 WHERE singleton = 1", [last])?;
+    tx.prepare_cached("UPDATE tidings_head SET last_id = ?1 WHERE singleton = 1")?.execute([last])?;
     Ok((base + 1..=last).collect())
 }
 
