@@ -22,19 +22,20 @@ impl EngineStore for EmbeddedStore {
     async fn engine_changes(&self, after: EventId, types: &[&str], limit: usize) -> Result<(Vec<Record>, EventId), StoreError> {
         let types = serde_json::to_string(types).expect("strings serialise");
         self.read(move |conn| {
-            let tx = conn.unchecked_transaction()?;
-            let head: i64 = tx.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
-            let mut stmt = tx.prepare_cached(
-                "SELECT id, body, recorded_at FROM events
+            snapshot(conn, |tx| {
+                let head: i64 = tx.prepare_cached("SELECT last_id FROM tidings_head WHERE singleton = 1")?.query_row([], |r| r.get(0))?;
+                let mut stmt = tx.prepare_cached(
+                    "SELECT id, body, recorded_at FROM events
                  WHERE id > ?1 AND id <= ?2 AND event_type IN (SELECT value FROM json_each(?3)) ORDER BY id LIMIT ?4",
-            )?;
-            let records = stmt
-                .query_map(params![after, head, types, limit as i64], |r| {
-                    Ok(Record { id: r.get(0)?, body: r.get(1)?, recorded_ms: r.get(2)? })
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let reached = if records.len() == limit { records.last().map_or(head, |r| r.id) } else { head };
-            Ok((records, reached.max(after)))
+                )?;
+                let records = stmt
+                    .query_map(params![after, head, types, limit as i64], |r| {
+                        Ok(Record { id: r.get(0)?, body: r.get(1)?, recorded_ms: r.get(2)? })
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let reached = if records.len() == limit { records.last().map_or(head, |r| r.id) } else { head };
+                Ok((records, reached.max(after)))
+            })
         })
         .await
     }

@@ -111,13 +111,8 @@ impl EmbeddedStore {
         let writer = Connection::open(&db).with_context(|| format!("opening {}", db.display()))?;
         writer.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;")?;
         migrate(&writer)?;
-        let readers = (0..READERS)
-            .map(|_| {
-                let c = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
-                c.execute_batch("PRAGMA busy_timeout=5000;")?;
-                Ok(c)
-            })
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+        stable_plans(&writer)?;
+        let readers = (0..READERS).map(|_| open_reader(&db)).collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(Self {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
@@ -148,10 +143,7 @@ impl EmbeddedStore {
             let conn = lock(&inner.readers).pop();
             let conn = match conn {
                 Some(c) => c,
-                None => Connection::open_with_flags(
-                    inner.dir.join("events.sqlite3"),
-                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-                )?,
+                None => open_reader(&inner.dir.join("events.sqlite3"))?,
             };
             let result = f(&conn);
             let mut readers = lock(&inner.readers);
@@ -180,16 +172,44 @@ impl EmbeddedStore {
     }
 }
 
+/// A read-only connection to `db`.
+fn open_reader(db: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+    conn.execute_batch("PRAGMA busy_timeout=5000;")?;
+    stable_plans(&conn)?;
+    Ok(conn)
+}
+
+/// Plans that do not depend on the values bound (SQLite's query planner
+/// stability guarantee). The bundled SQLite is built with `STAT4`, under
+/// which a statement whose plan might depend on a bound value is compiled
+/// again each time that value changes: the log's reads (`id > ?`) were
+/// re-prepared on every call, a tenth of the server's time under a
+/// publish load. tidings' queries have one good plan whatever the values.
+fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map(|_| ())
+}
+
 /// Runs `f` in one `IMMEDIATE` write transaction, committed when it
 /// succeeds and rolled back when it fails. The publish path's transaction:
 /// its `BEGIN` and `COMMIT` are cached statements, where rusqlite's
 /// `transaction_with_behavior` parses both again for every commit.
 fn immediate<T>(conn: &Connection, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    in_transaction(conn, "BEGIN IMMEDIATE", f)
+}
+
+/// Runs `f` in one read transaction (one snapshot), with cached statements
+/// as [`immediate`]: what follows the log after every commit.
+fn snapshot<T>(conn: &Connection, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    in_transaction(conn, "BEGIN", f)
+}
+
+fn in_transaction<T>(conn: &Connection, begin: &str, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
     if !conn.is_autocommit() {
         // A transaction left open (a panic inside one) is abandoned first.
         conn.prepare_cached("ROLLBACK")?.execute([])?;
     }
-    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    conn.prepare_cached(begin)?.execute([])?;
     let done = f(conn).and_then(|value| conn.prepare_cached("COMMIT")?.execute([]).map(|_| value));
     if done.is_err() && !conn.is_autocommit() {
         let _ = conn.prepare_cached("ROLLBACK").and_then(|mut rollback| rollback.execute([]));
@@ -254,4 +274,25 @@ fn migrate(conn: &Connection) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The log's reads bind a new id each time; with the bundled SQLite's
+    /// `STAT4` they would be compiled again for every call unless plans are
+    /// kept stable (see [`stable_plans`]).
+    #[test]
+    fn a_read_of_the_log_is_not_compiled_again_for_each_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open_blocking(dir.path()).unwrap();
+        let conn = open_reader(&dir.path().join("events.sqlite3")).unwrap();
+        for after in [0_i64, 5, 17, 42] {
+            let mut stmt = conn.prepare_cached("SELECT id, body, recorded_at FROM events WHERE id > ?1 ORDER BY id LIMIT ?2").unwrap();
+            stmt.query_map(params![after, 10_i64], |r| r.get::<_, i64>(0)).unwrap().for_each(drop);
+            assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0, "compiled again after binding {after}");
+        }
+        drop(store);
+    }
 }
