@@ -101,8 +101,17 @@ pub(crate) async fn upgrade(
     // The callback hands back the connection's future itself: an async
     // block around it would keep its own copy of everything it moves in.
     ws.on_upgrade(move |socket| {
-        Ws { socket, app, nonce: crate::tree::generate_id(), awaiting_pong: false, device: None, kill }.run(caller, permit)
+        let pending = Some(Box::new(Pending { caller, permit }));
+        Ws { socket, app, nonce: crate::tree::generate_id(), awaiting_pong: false, device: None, kill, pending }.run()
     })
+}
+
+/// What a connection holds until `stream.auth`: the caller and its place in
+/// the stream limits, or why there is none. Boxed and gone once the device
+/// authenticated, so an open connection carries no room for it.
+struct Pending {
+    caller: Result<Identity, &'static str>,
+    permit: Option<Result<StreamPermit, &'static str>>,
 }
 
 /// An authenticated device.
@@ -133,6 +142,8 @@ struct Ws {
     /// Closes the socket itself: what the broker's eviction uses on a
     /// device that stopped reading, whose writes can no longer finish.
     kill: Option<CancellationToken>,
+    /// Until auth (see [`Pending`]); taken by [`Ws::run`] at once.
+    pending: Option<Box<Pending>>,
 }
 
 /// What handling one message leads to.
@@ -146,11 +157,7 @@ impl Ws {
     /// an `async fn` keeps its arguments twice (as captures and as locals),
     /// and this future is what every open connection carries.
     #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice for its whole life")]
-    fn run(
-        mut self,
-        caller: Result<Identity, &'static str>,
-        permit: Option<Result<StreamPermit, &'static str>>,
-    ) -> impl Future<Output = ()> + Send {
+    fn run(mut self) -> impl Future<Output = ()> + Send {
         async move {
             let head = self.app.core().broker().position();
             // Written as text and dropped at once: a `Value` kept in this
@@ -163,18 +170,16 @@ impl Ws {
                 return;
             }
             // Until auth, when the device takes it.
-            let mut caller = match caller {
-                Ok(c) => Some(c),
-                Err(code) => {
+            let mut pending = self.pending.take();
+            match pending.as_deref() {
+                Some(Pending { caller: Err(code), .. }) => {
+                    let code = *code;
                     let _ = self.send_error(&Value::Null, -32001, code, "the token is missing or not valid").await;
                     return self.close(close::NORMAL, code).await;
                 }
-            };
-            let mut permit = match permit {
-                Some(Ok(p)) => Some(p),
-                Some(Err(code)) => return self.close(close::TRY_LATER, code).await,
-                None => None,
-            };
+                Some(Pending { permit: Some(Err(code)), .. }) => return self.close(close::TRY_LATER, code).await,
+                _ => {}
+            }
             let shutdown = self.app.core().shutdown_token();
             let kill = self.kill.clone().unwrap_or_default();
             let mut ping = tokio::time::interval(self.app.settings().heartbeat);
@@ -188,7 +193,7 @@ impl Ws {
                         // Boxed: handling a request (auth, catch-up, acks: store
                         // round trips) is the largest state of a connection, and
                         // an idle one should not carry its room.
-                        Some(Ok(message)) => Box::pin(self.on_message(message, &mut caller, &mut permit)).await,
+                        Some(Ok(message)) => Box::pin(self.on_message(message, &mut pending)).await,
                         Some(Err(e)) => read_error(e),
                     },
                     // Boxed too: writing a delivery is a large state that an
@@ -211,10 +216,14 @@ impl Ws {
         }
     }
 
-    /// A session as SSE streams have it, evicted the same way.
+    /// A session as SSE streams have it, evicted the same way, but without
+    /// heartbeats: the connection pings on its own timer, and a session's
+    /// heartbeat timer would cost every idle device a timer that does
+    /// nothing.
     fn session_options(&self) -> crate::service::session::SessionOptions {
         let mut options = self.app.core().session_options("ws");
         options.kill = self.kill.clone();
+        options.heartbeat = None;
         options
     }
 
@@ -240,7 +249,7 @@ impl Ws {
         }
     }
 
-    async fn on_message(&mut self, message: Message, caller: &mut Option<Identity>, permit: &mut Option<StreamPermit>) -> Next {
+    async fn on_message(&mut self, message: Message, pending: &mut Option<Box<Pending>>) -> Next {
         let text = match message {
             Message::Text(text) => text,
             Message::Binary(_) => return Next::Close(close::UNSUPPORTED, "text_frames_only"),
@@ -258,7 +267,7 @@ impl Ws {
         let id = request.get("id").cloned().unwrap_or(Value::Null);
         let params = request.get("params").cloned().unwrap_or(Value::Null);
         match method {
-            "stream.auth" => self.auth(&id, params, caller, permit).await,
+            "stream.auth" => self.auth(&id, params, pending).await,
             "sync.delta" if self.device.is_none() => Next::Close(close::PROTOCOL, "delta_before_auth"),
             "sync.delta" => self.delta(&id, &params).await,
             "stream.ack" if self.device.is_none() => Next::Close(close::PROTOCOL, "ack_before_auth"),
@@ -267,8 +276,8 @@ impl Ws {
         }
     }
 
-    async fn auth(&mut self, id: &Value, params: Value, caller: &mut Option<Identity>, permit: &mut Option<StreamPermit>) -> Next {
-        let Some(identity) = caller.as_ref().filter(|_| self.device.is_none()) else {
+    async fn auth(&mut self, id: &Value, params: Value, pending: &mut Option<Box<Pending>>) -> Next {
+        let Some(Pending { caller: Ok(identity), .. }) = pending.as_deref().filter(|_| self.device.is_none()) else {
             return match self.send_error(id, -32600, "invalid_request", "stream.auth is sent once per connection").await {
                 Ok(()) => Next::Go,
                 Err(_) => Next::Close(close::INTERNAL, "write_failed"),
@@ -326,7 +335,9 @@ impl Ws {
         // Behind: the device catches up with sync.delta first.
         let session = (cursor >= head).then_some(session);
         // Taken only now: an auth refused above can be sent again.
-        let (Some(permit), Some(caller)) = (permit.take(), caller.take()) else { return Next::Close(close::INTERNAL, "no_permit") };
+        let Some(Pending { caller: Ok(caller), permit: Some(Ok(permit)) }) = pending.take().map(|p| *p) else {
+            return Next::Close(close::INTERNAL, "no_permit");
+        };
         self.device =
             Some(Box::new(Device { owner, device_id, caller, filter_json, filter, head, delivered: cursor, session, _permit: permit }));
         self.answer(id, json!({"head_seq": head, "cursor": cursor})).await
