@@ -8,8 +8,10 @@
 //! bytes built around the broker's shared envelopes, so axum's `Sse` type,
 //! which serialises per event, is not used.
 //!
-//! Axum does not end an endless body on shutdown: the session ends on the
-//! server's shutdown token and the stream closes with a jittered `retry:`.
+//! Axum does not end an endless body on shutdown: the session ends at the
+//! server's shutdown (the broker closes every live client's queue; a replay
+//! stops on the shutdown token) and the stream closes with a jittered
+//! `retry:`.
 
 use std::sync::Arc;
 

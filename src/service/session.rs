@@ -146,6 +146,8 @@ pub struct Session {
     broker: Broker,
     subscription: Option<Subscription>,
     filter: Arc<Filter>,
+    /// Ends a replay at shutdown (a live session ends when the broker
+    /// closes its queue).
     shutdown: CancellationToken,
     kill: Option<CancellationToken>,
     /// The stream's place in the stream limits, held for the session's life.
