@@ -353,16 +353,21 @@ impl Broker {
         let sweep_every = (self.shared.settings.slow_client_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         let mut sweep = tokio::time::interval(sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // On a task of its own, so the close cannot wait behind a read of
+        // the log that is slow or retrying (a store that is down).
+        let closer = {
+            let (broker, cancel) = (self.clone(), cancel.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = closing.cancelled() => broker.shutdown(),
+                    _ = cancel.cancelled() => {}
+                }
+            })
+        };
         let mut backoff = BACKOFF_MIN;
-        let mut closed = false;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = closing.cancelled(), if !closed => {
-                    closed = true;
-                    self.shutdown();
-                    continue;
-                }
                 _ = self.shared.wake.notified() => {}
                 _ = sweep.tick() => { self.sweep(); continue; }
             }
@@ -393,6 +398,7 @@ impl Broker {
                 }
             }
         }
+        let _ = closer.await;
         self.shutdown();
     }
 
@@ -618,6 +624,13 @@ impl Subscription {
         self.state.queue.len() == 0
     }
 
+    /// Whether the broker still pushes to this client: read after the
+    /// position, it says every matching frame up to that position was
+    /// queued (a detach is stored before any later position).
+    pub fn attached(&self) -> bool {
+        self.state.detached.load(Ordering::Acquire) == 0
+    }
+
     /// Why the queue ended.
     pub fn detached(&self) -> Detached {
         Detached::from_u8(self.state.detached.load(Ordering::Acquire))
@@ -674,17 +687,20 @@ mod tests {
     /// A commit handed over is fanned out at once only when it holds the
     /// very next ids; the broker's own read of rows handed over meanwhile
     /// delivers only what is new, so nothing goes out twice or out of order.
-    #[tokio::test]
-    async fn a_hand_off_is_taken_only_when_it_holds_the_next_ids() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(crate::store::embedded::EmbeddedStore::open(dir.path()).await.unwrap());
-        let settings = BrokerSettings {
+    fn settings() -> BrokerSettings {
+        BrokerSettings {
             client_queue: 16,
             slow_client_timeout: Duration::from_secs(5),
             eviction_grace: Duration::from_secs(1),
             read_batch: 100,
-        };
-        let broker = Broker::new(store, 10, settings);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hand_off_is_taken_only_when_it_holds_the_next_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(crate::store::embedded::EmbeddedStore::open(dir.path()).await.unwrap());
+        let broker = Broker::new(store, 10, settings());
         let mut sub = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
         let hand_off = broker.hand_off();
 
@@ -712,5 +728,32 @@ mod tests {
         // Stopped: nothing is taken (the store wakes the broker instead).
         broker.shutdown();
         assert!(!hand_off.give(vec![row(18)]));
+    }
+
+    /// The server's shutdown ends every live client (its queue closes after
+    /// what it holds) and every client that comes later, while the broker
+    /// goes on following the log until it is stopped.
+    #[tokio::test]
+    async fn closing_ends_every_live_client_and_refuses_later_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(crate::store::embedded::EmbeddedStore::open(dir.path()).await.unwrap());
+        let broker = Broker::new(store, 10, settings());
+        let mut sub = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
+        assert!(broker.fan_out(vec![row(11)], true));
+        let (closing, cancel) = (CancellationToken::new(), CancellationToken::new());
+        let task = tokio::spawn(broker.clone().run(closing.clone(), cancel.clone()));
+
+        assert!(sub.attached());
+        closing.cancel();
+        assert_eq!(sub.recv().await.map(|f| f.id), Some(11), "what was queued is still taken");
+        assert!(sub.recv().await.is_none());
+        assert_eq!(sub.detached(), Detached::Closed);
+        assert!(!sub.attached(), "the position no longer speaks for it");
+        let mut late = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
+        assert!(late.recv().await.is_none());
+        assert_eq!(late.detached(), Detached::Closed);
+
+        cancel.cancel();
+        task.await.unwrap();
     }
 }

@@ -288,9 +288,11 @@ impl Session {
     pub fn cursor(&self) -> EventId {
         if let (Phase::Live, Some(sub)) = (self.phase, &self.subscription) {
             // Read the position before looking at the queue: every frame up
-            // to it was queued before the broker published it.
+            // to it was queued before the broker published it, if the
+            // client was still registered (a detached client's queue gets
+            // nothing more while the position goes on).
             let position = self.broker.position();
-            if sub.is_empty() {
+            if sub.attached() && sub.is_empty() {
                 return self.cursor.max(position);
             }
         }

@@ -205,16 +205,24 @@ fn snapshot<T>(conn: &Connection, f: impl FnOnce(&Connection) -> rusqlite::Resul
 }
 
 fn in_transaction<T>(conn: &Connection, begin: &str, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
-    if !conn.is_autocommit() {
-        // A transaction left open (a panic inside one) is abandoned first.
-        conn.prepare_cached("ROLLBACK")?.execute([])?;
-    }
     conn.prepare_cached(begin)?.execute([])?;
-    let done = f(conn).and_then(|value| conn.prepare_cached("COMMIT")?.execute([]).map(|_| value));
-    if done.is_err() && !conn.is_autocommit() {
-        let _ = conn.prepare_cached("ROLLBACK").and_then(|mut rollback| rollback.execute([]));
+    // Rolls back unless committed: on an error, and when `f` panics.
+    let open = Open(conn);
+    let value = f(conn)?;
+    conn.prepare_cached("COMMIT")?.execute([])?;
+    drop(open);
+    Ok(value)
+}
+
+/// A transaction begun by [`in_transaction`]; rolled back on drop if still open.
+struct Open<'c>(&'c Connection);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        if !self.0.is_autocommit() {
+            let _ = self.0.prepare_cached("ROLLBACK").and_then(|mut rollback| rollback.execute([]));
+        }
     }
-    done
 }
 
 /// Appends `batch` inside a write transaction: ids continue from the head,
@@ -294,5 +302,37 @@ mod tests {
             assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0, "compiled again after binding {after}");
         }
         drop(store);
+    }
+
+    /// A write that fails, or panics, inside [`immediate`] changes nothing
+    /// and leaves no transaction open on the writer behind it.
+    #[test]
+    fn a_failed_or_panicking_write_leaves_no_transaction_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open_blocking(dir.path()).unwrap();
+        let conn = lock(&store.inner.writer);
+        let head = || conn.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get::<_, i64>(0)).unwrap();
+        let bump = "UPDATE tidings_head SET last_id = 99 WHERE singleton = 1";
+
+        let failed = immediate(&conn, |tx| -> rusqlite::Result<()> {
+            tx.execute(bump, [])?;
+            Err(rusqlite::Error::InvalidQuery)
+        });
+        assert!(failed.is_err());
+        assert!(conn.is_autocommit(), "rolled back after an error");
+        assert_eq!(head(), 0);
+
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            immediate(&conn, |tx| -> rusqlite::Result<()> {
+                tx.execute(bump, [])?;
+                panic!("inside the write")
+            })
+        }));
+        assert!(panicked.is_err());
+        assert!(conn.is_autocommit(), "rolled back after a panic");
+        assert_eq!(head(), 0);
+
+        immediate(&conn, |tx| tx.execute(bump, [])).unwrap();
+        assert_eq!(head(), 99);
     }
 }
