@@ -696,12 +696,19 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_hand_off_is_taken_only_when_it_holds_the_next_ids() {
+    /// A broker at position 10 over a fresh embedded store (kept alive by
+    /// the directory), and a client taking everything.
+    async fn broker_with_a_client() -> (tempfile::TempDir, Broker, Subscription) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(crate::store::embedded::EmbeddedStore::open(dir.path()).await.unwrap());
         let broker = Broker::new(store, 10, settings());
-        let mut sub = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
+        let sub = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
+        (dir, broker, sub)
+    }
+
+    #[tokio::test]
+    async fn a_hand_off_is_taken_only_when_it_holds_the_next_ids() {
+        let (_dir, broker, mut sub) = broker_with_a_client().await;
         let hand_off = broker.hand_off();
 
         assert!(!hand_off.give(vec![row(12), row(13)]), "11 has not gone out: 12 is not next");
@@ -735,10 +742,7 @@ mod tests {
     /// goes on following the log until it is stopped.
     #[tokio::test]
     async fn closing_ends_every_live_client_and_refuses_later_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(crate::store::embedded::EmbeddedStore::open(dir.path()).await.unwrap());
-        let broker = Broker::new(store, 10, settings());
-        let mut sub = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
+        let (_dir, broker, mut sub) = broker_with_a_client().await;
         assert!(broker.fan_out(vec![row(11)], true));
         let (closing, cancel) = (CancellationToken::new(), CancellationToken::new());
         let task = tokio::spawn(broker.clone().run(closing.clone(), cancel.clone()));
