@@ -14,6 +14,7 @@ mod poll;
 mod sse;
 mod tree;
 mod ws;
+mod ws_socket;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -6,17 +6,14 @@
 //! [`crate::service::device`]; delivery is a
 //! [`Session`](crate::service::session::Session), as for SSE.
 //!
-//! Library: axum's `ws` (tokio-tungstenite underneath): the upgrade runs
-//! through the same router, middleware and caller extraction as every
-//! route, and exposes tungstenite's buffer sizes, which are tuned here: a
-//! 256-byte read buffer instead of 128 KiB (device messages are small; a
-//! larger one grows it), and no write buffer of tungstenite's own, which
-//! would keep its largest size for the life of the connection. Instead the
-//! connection gathers the frames of one delivery until the flush that ends
-//! it and frees that buffer after the write ([`crate::server`]'s `Rewind`),
-//! and each event's `stream.event` text is built once and shared by every
-//! connection ([`crate::broker::Frame::rendered`]). An idle connection
-//! costs about what an idle SSE stream does (README, benchmarks).
+//! Frames: [`super::ws_socket`], tungstenite's frame headers over buffers
+//! of ours. The upgrade runs through the same router, middleware and caller
+//! extraction as every route; an idle connection keeps no read or write
+//! buffer, a delivery's frames leave in one vectored write, and each
+//! event's `stream.event` text is built once and shared by every
+//! connection it goes to ([`crate::broker::Frame::rendered`]). An idle
+//! connection costs about what an idle SSE stream does (README,
+//! benchmarks).
 //!
 //! Order (the seed's, none of it reversed): hello before reading anything;
 //! at auth the live subscription is registered before the head is read;
@@ -31,17 +28,17 @@ use std::sync::Arc;
 
 use axum::Extension;
 use axum::extract::State;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
-use futures_util::SinkExt as _;
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
+use super::ws_socket::{Incoming, NotUpgrade, ReadError, Socket, Upgrade};
 use crate::auth::Identity;
 use crate::broker::FrameData;
 use crate::event::EventId;
@@ -82,28 +79,40 @@ pub(crate) async fn upgrade(
     State(app): State<AppState>,
     caller: Result<Caller, ApiError>,
     connection: Option<Extension<Connection>>,
-    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+    ws: Result<Upgrade, NotUpgrade>,
 ) -> Response {
-    let Ok(ws) = ws else {
-        let refusal = ApiError::new(StatusCode::UPGRADE_REQUIRED, "upgrade_required", "GET /v1/ws is a WebSocket upgrade");
-        let mut response = refusal.into_response();
-        response.headers_mut().insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        return response;
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(refusal) => return refusal.into_response(),
     };
-    let settings = app.settings();
-    let ws =
-        ws.read_buffer_size(256).write_buffer_size(0).max_message_size(settings.ws_max_message).max_frame_size(settings.ws_max_message);
+    let max_message = app.settings().ws_max_message;
     // A refused token is answered on the socket (one error frame, then
     // close 1000), as the protocol says, rather than as an HTTP refusal.
     let caller = caller.map(|c| c.0).map_err(|_| "unauthorized");
     let permit = caller.as_ref().ok().map(|c| app.core().limits().acquire_stream(c).map_err(|e| e.code()));
     let kill = connection.map(|c| c.0.kill_token());
-    // The callback hands back the connection's future itself: an async
-    // block around it would keep its own copy of everything it moves in.
-    ws.on_upgrade(move |socket| {
-        let pending = Some(Box::new(Pending { caller, permit }));
-        Ws { socket, app, nonce: crate::tree::generate_id(), awaiting_pong: false, device: None, kill, pending }.run()
-    })
+    let response = ws.response();
+    let pending = Box::new(Pending { caller, permit });
+    tokio::spawn(connection_task(ws, app, kill, pending, max_message));
+    response
+}
+
+/// The connection's task: its `101` going out, then [`Ws::run`]. What it
+/// captures is small (the upgrade, two handles and a box), since a task
+/// keeps its captures for its whole life.
+#[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice for its whole life")]
+fn connection_task(
+    ws: Upgrade,
+    app: AppState,
+    kill: Option<CancellationToken>,
+    pending: Box<Pending>,
+    max_message: usize,
+) -> impl Future<Output = ()> + Send {
+    async move {
+        let Some(socket) = ws.socket(max_message).await else { return };
+        let nonce = crate::tree::generate_id();
+        Ws { socket, app, nonce, awaiting_pong: false, device: None, kill, pending: Some(pending) }.run().await
+    }
 }
 
 /// What a connection holds until `stream.auth`: the caller and its place in
@@ -134,7 +143,7 @@ struct Device {
 
 /// One connection.
 struct Ws {
-    socket: WebSocket,
+    socket: Socket<TokioIo<Upgraded>>,
     app: AppState,
     nonce: String,
     awaiting_pong: bool,
@@ -166,7 +175,7 @@ impl Ws {
                 "server_did": self.app.core().server().hash(), "head_seq": head, "profiles": PROFILES, "nonce": self.nonce,
             }})
             .to_string();
-            if self.socket.send(Message::Text(hello.into())).await.is_err() {
+            if self.socket.send_text(hello.as_bytes()).await.is_err() {
                 return;
             }
             // Until auth, when the device takes it.
@@ -188,13 +197,13 @@ impl Ws {
                 let next = tokio::select! {
                     _ = shutdown.cancelled() => Next::Close(close::GOING_AWAY, "shutdown"),
                     _ = kill.cancelled() => return,
-                    message = self.socket.recv() => match message {
+                    message = std::future::poll_fn(|cx| self.socket.poll_recv(cx)) => match message {
                         None => return,
                         // Boxed: handling a request (auth, catch-up, acks: store
                         // round trips) is the largest state of a connection, and
                         // an idle one should not carry its room.
                         Some(Ok(message)) => Box::pin(self.on_message(message, &mut pending)).await,
-                        Some(Err(e)) => read_error(e),
+                        Some(Err(e)) => read_error(&e),
                     },
                     // Boxed too: writing a delivery is a large state that an
                     // idle connection would otherwise carry.
@@ -205,7 +214,7 @@ impl Ws {
                             return;
                         }
                         self.awaiting_pong = true;
-                        if self.socket.send(Message::Ping(Default::default())).await.is_err() { return; }
+                        if self.socket.send_ping().await.is_err() { return; }
                         Next::Go
                     }
                 };
@@ -228,14 +237,14 @@ impl Ws {
     }
 
     async fn close(&mut self, code: u16, reason: &'static str) {
-        let _ = self.socket.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
+        let _ = self.socket.send_close(code, reason).await;
     }
 
-    async fn send_json(&mut self, value: &Value) -> Result<(), axum::Error> {
-        self.socket.send(Message::Text(value.to_string().into())).await
+    async fn send_json(&mut self, value: &Value) -> std::io::Result<()> {
+        self.socket.send_text(value.to_string().as_bytes()).await
     }
 
-    async fn send_error(&mut self, id: &Value, code: i64, data_code: &str, message: &str) -> Result<(), axum::Error> {
+    async fn send_error(&mut self, id: &Value, code: i64, data_code: &str, message: &str) -> std::io::Result<()> {
         let frame = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message, "data": {"code": data_code}}});
         self.send_json(&frame).await
     }
@@ -249,16 +258,21 @@ impl Ws {
         }
     }
 
-    async fn on_message(&mut self, message: Message, pending: &mut Option<Box<Pending>>) -> Next {
+    async fn on_message(&mut self, message: Incoming, pending: &mut Option<Box<Pending>>) -> Next {
         let text = match message {
-            Message::Text(text) => text,
-            Message::Binary(_) => return Next::Close(close::UNSUPPORTED, "text_frames_only"),
-            Message::Pong(_) => {
+            Incoming::Text(text) => text,
+            Incoming::Binary => return Next::Close(close::UNSUPPORTED, "text_frames_only"),
+            Incoming::Pong => {
                 self.awaiting_pong = false;
                 return Next::Go;
             }
-            Message::Ping(_) => return Next::Go,
-            Message::Close(_) => return Next::Close(close::NORMAL, "closed"),
+            Incoming::Ping(payload) => {
+                return match self.socket.send_pong(&payload).await {
+                    Ok(()) => Next::Go,
+                    Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+                };
+            }
+            Incoming::Close => return Next::Close(close::NORMAL, "closed"),
         };
         let Ok(request) = serde_json::from_str::<Value>(text.as_str()) else { return Next::Close(close::INVALID, "invalid_json") };
         let (Some(method), true) = (request["method"].as_str(), request["jsonrpc"] == "2.0") else {
@@ -376,8 +390,7 @@ impl Ws {
             out.extend_from_slice(format!(",\"gap\":{gap}").as_bytes());
         }
         out.extend_from_slice(b"}}");
-        let text = String::from_utf8(out).expect("JSON is UTF-8");
-        if self.socket.send(Message::Text(text.into())).await.is_err() {
+        if self.socket.send_text(&out).await.is_err() {
             return Next::Close(close::INTERNAL, "write_failed");
         }
         // Caught up to at least the head of the auth: realtime from exactly
@@ -426,15 +439,11 @@ impl Ws {
         match item {
             Item::Events { frames, replayed } => {
                 let floor = self.device.as_ref().map_or(0, |d| d.delivered);
-                for frame in frames.iter().filter(|f| f.id > floor) {
-                    let Ok(text) = frame.rendered(event_frame).try_into() else { return Next::Close(close::INTERNAL, "not_utf8") };
-                    if self.socket.feed(Message::Text(text)).await.is_err() {
-                        return Next::Close(close::INTERNAL, "write_failed");
-                    }
-                }
-                // One flush per delivery: the connection gathers the frames
-                // of a batch and writes them at once (`server::direct::Rewind`).
-                if self.socket.flush().await.is_err() {
+                // Each event's `stream.event` text is built once and shared;
+                // the delivery leaves in one vectored write.
+                let texts: Vec<Bytes> = frames.iter().filter(|f| f.id > floor).map(|f| f.rendered(event_frame)).collect();
+                let slices: Vec<&[u8]> = texts.iter().map(|t| &t[..]).collect();
+                if self.socket.send_texts(&slices).await.is_err() {
                     return Next::Close(close::INTERNAL, "write_failed");
                 }
                 if let (Some(dev), Some(last)) = (self.device.as_deref_mut(), frames.last()) {
@@ -482,13 +491,12 @@ fn event_frame(frame: &FrameData) -> Bytes {
 }
 
 /// The close a read error calls for.
-fn read_error(e: axum::Error) -> Next {
-    use tokio_tungstenite::tungstenite::Error as WsError;
-    match e.into_inner().downcast::<WsError>().map(|e| *e) {
-        Ok(WsError::Capacity(_)) => Next::Close(close::TOO_BIG, "message_too_big"),
-        Ok(WsError::Utf8(_)) => Next::Close(close::INVALID, "invalid_utf8"),
-        Ok(WsError::Protocol(_)) => Next::Close(close::PROTOCOL, "protocol_error"),
-        _ => Next::Close(close::INTERNAL, "read_failed"),
+fn read_error(e: &ReadError) -> Next {
+    match e {
+        ReadError::TooBig => Next::Close(close::TOO_BIG, "message_too_big"),
+        ReadError::Utf8 => Next::Close(close::INVALID, "invalid_utf8"),
+        ReadError::Protocol(_) => Next::Close(close::PROTOCOL, "protocol_error"),
+        ReadError::Io(_) => Next::Close(close::INTERNAL, "read_failed"),
     }
 }
 

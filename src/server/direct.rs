@@ -444,28 +444,19 @@ fn hex_size(n: usize, out: &mut [u8; 18]) -> usize {
 /// a poll page holds it no longer than a stream's); hyper's own refusals
 /// (the empty `400`, `414` and `431` it answers to a head it cannot parse,
 /// on any request of a kept-alive connection) written as the API's JSON
-/// refusals instead, so every refusal has the one shape; and, once the
-/// connection is upgraded (a `101` went out: a WebSocket), writes gathered
-/// until the next flush, so the frames of one delivery leave in one
-/// syscall while the buffer is freed after each flush (the WebSocket
-/// library's own write buffer would keep its largest size for the life of
-/// the connection).
+/// refusals instead, so every refusal has the one shape. An upgraded
+/// connection (a WebSocket) writes through it as it is: its frames are
+/// written vectored already (`http::ws_socket`).
 pub(super) struct Rewind {
     prefix: Bytes,
     inner: TcpStream,
     refusals: Arc<Refusals>,
-    /// Bytes taken but not yet written: a rewritten refusal, or gathered
-    /// upgraded writes being flushed.
+    /// Bytes taken but not yet written: a rewritten refusal.
     pending: Bytes,
     write_timeout: Duration,
     /// Running while a write waits for the socket.
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// After a `101`: writes gathered until the next flush.
-    gathered: Option<Vec<u8>>,
 }
-
-/// Most an upgraded connection gathers before writing through.
-const GATHER_MAX: usize = 16 * 1024;
 
 /// The API's answers to the heads hyper refuses by itself, rendered once.
 #[derive(Debug)]
@@ -533,7 +524,7 @@ async fn render(response: Response<Body>) -> Bytes {
 
 impl Rewind {
     pub(super) fn new(prefix: Bytes, inner: TcpStream, refusals: Arc<Refusals>, write_timeout: Duration) -> Self {
-        Self { prefix, inner, refusals, pending: Bytes::new(), write_timeout, stalled: None, gathered: None }
+        Self { prefix, inner, refusals, pending: Bytes::new(), write_timeout, stalled: None }
     }
 
     /// Applies the write deadline to one poll of a write.
@@ -569,22 +560,6 @@ impl Rewind {
         self.pending = Bytes::new();
         Poll::Ready(Ok(()))
     }
-
-    /// Moves what was gathered to `pending` and writes it.
-    fn drain_gathered(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.drain(cx))?;
-        if let Some(gathered) = self.gathered.as_mut().filter(|g| !g.is_empty()) {
-            self.pending = Bytes::from(std::mem::take(gathered));
-        }
-        self.drain(cx)
-    }
-
-    /// Notes an upgrade when `head` is the start of a `101` response.
-    fn note_upgrade(&mut self, head: &[u8]) {
-        if self.gathered.is_none() && head.starts_with(b"HTTP/1.1 101") {
-            self.gathered = Some(Vec::new());
-        }
-    }
 }
 
 impl AsyncRead for Rewind {
@@ -608,16 +583,6 @@ impl AsyncRead for Rewind {
 impl AsyncWrite for Rewind {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         std::task::ready!(self.drain(cx))?;
-        if let Some(gathered) = self.gathered.as_mut() {
-            if gathered.len() + buf.len() <= GATHER_MAX {
-                gathered.extend_from_slice(buf);
-                return Poll::Ready(Ok(buf.len()));
-            }
-            std::task::ready!(self.drain_gathered(cx))?;
-            let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-            return self.deadline(cx, polled);
-        }
-        self.note_upgrade(buf);
         if let Some(answer) = self.refusals.replacing(buf) {
             // Taken whole; written by this and the next polls (hyper
             // flushes, then shuts the connection down, after a refusal).
@@ -633,13 +598,9 @@ impl AsyncWrite for Rewind {
         // A refusal head is one small write; only a write that starts like
         // one is looked at whole.
         let first = bufs.iter().find(|b| !b.is_empty());
-        if first.is_some_and(|b| b.starts_with(b"HTTP/1.1 4")) || self.gathered.is_some() {
-            // Gathered writes are copied anyway.
+        if first.is_some_and(|b| b.starts_with(b"HTTP/1.1 4")) {
             let whole: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
             return self.poll_write(cx, &whole);
-        }
-        if let Some(first) = first {
-            self.note_upgrade(first);
         }
         std::task::ready!(self.drain(cx))?;
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
@@ -651,12 +612,12 @@ impl AsyncWrite for Rewind {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.drain_gathered(cx))?;
+        std::task::ready!(self.drain(cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.drain_gathered(cx))?;
+        std::task::ready!(self.drain(cx))?;
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
@@ -664,39 +625,6 @@ impl AsyncWrite for Rewind {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// After a `101`, writes wait for the flush, leave in one write, and
-    /// the buffer is freed; before it, writes go straight through.
-    #[tokio::test]
-    async fn upgraded_writes_are_gathered_until_the_flush_and_then_freed() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        let refusals = Arc::new(Refusals::render(|_| Response::new(Body::from("{}"))).await);
-        let mut io = Rewind::new(Bytes::new(), server, refusals, Duration::from_secs(5));
-        let head = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n";
-        io.write_all(head).await.unwrap();
-        assert!(io.gathered.as_ref().is_some_and(Vec::is_empty), "the 101 itself went out");
-        let mut got = vec![0u8; head.len()];
-        peer.read_exact(&mut got).await.unwrap();
-        io.write_all(b"frame one;").await.unwrap();
-        io.write_all(b"frame two;").await.unwrap();
-        assert_eq!(io.gathered.as_deref(), Some(&b"frame one;frame two;"[..]), "held until the flush");
-        io.flush().await.unwrap();
-        assert_eq!(io.gathered.as_ref().map(Vec::capacity), Some(0), "freed after the write");
-        assert!(io.pending.is_empty());
-        let mut got = vec![0u8; 20];
-        peer.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"frame one;frame two;");
-        // More than the gather limit is not held whole.
-        let big = vec![b'x'; GATHER_MAX + 1];
-        io.write_all(&big).await.unwrap();
-        assert!(io.gathered.as_ref().is_some_and(|g| g.len() <= GATHER_MAX));
-        io.flush().await.unwrap();
-        let mut got = vec![0u8; big.len()];
-        peer.read_exact(&mut got).await.unwrap();
-        assert_eq!(got, big);
-    }
 
     /// A write the socket cannot take whole leaves the rest, to the byte,
     /// for the waiting write: the client reads exactly the chunks sent.

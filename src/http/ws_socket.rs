@@ -1,0 +1,432 @@
+//! One WebSocket connection's frames (RFC 6455, the server's side), from
+//! the handshake's answer to the close: what [`super::ws`] reads and writes.
+//!
+//! The framing is tungstenite's: [`FrameHeader`] parses and formats every
+//! header, and [`derive_accept_key`] answers the handshake. The buffers are
+//! ours, because an idle device should cost next to nothing: tungstenite's
+//! stream keeps its read buffer and its write buffer at their largest size
+//! for the life of the connection (about 900 bytes per idle device once it
+//! has sent its `stream.auth` and had its answer), and a delivery is copied
+//! into the write buffer frame by frame. Here:
+//! - bytes are read into the stack and kept only while a frame is not
+//!   whole, so between messages a connection holds no read buffer at all;
+//! - a delivery's frames leave in one vectored write of their headers and
+//!   the event texts every connection shares
+//!   ([`crate::broker::Frame::rendered`]): nothing is copied, and nothing is
+//!   kept once written.
+//!
+//! What a client may send is bounded: a frame's length is checked against
+//! the message limit from its header, before any of its payload is read.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use axum::extract::FromRequestParts;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header, request::Parts};
+use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWriteExt as _, ReadBuf};
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
+
+use super::error::ApiError;
+
+/// The longest frame header (a masked frame with a 64-bit length).
+const MAX_HEADER: usize = 14;
+
+/// What a first read takes at most, on the stack.
+const FIRST_READ: usize = 512;
+
+/// A WebSocket upgrade request (HTTP/1.1): the `Sec-WebSocket-Accept` to
+/// answer with and hyper's handle on the connection it becomes.
+pub(super) struct Upgrade {
+    accept: HeaderValue,
+    on_upgrade: OnUpgrade,
+}
+
+/// The request is not a WebSocket upgrade: `426 upgrade_required`.
+#[derive(Debug)]
+pub(super) struct NotUpgrade;
+
+impl axum::response::IntoResponse for NotUpgrade {
+    fn into_response(self) -> axum::response::Response {
+        let refusal = ApiError::new(StatusCode::UPGRADE_REQUIRED, "upgrade_required", "GET /v1/ws is a WebSocket upgrade");
+        let mut response = refusal.into_response();
+        response.headers_mut().insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        response
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Upgrade {
+    type Rejection = NotUpgrade;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, NotUpgrade> {
+        if parts.method != Method::GET || !is_upgrade(&parts.headers) {
+            return Err(NotUpgrade);
+        }
+        let key = parts.headers.get(header::SEC_WEBSOCKET_KEY).ok_or(NotUpgrade)?;
+        let accept = HeaderValue::from_str(&derive_accept_key(key.as_bytes())).map_err(|_| NotUpgrade)?;
+        let on_upgrade = parts.extensions.remove::<OnUpgrade>().ok_or(NotUpgrade)?;
+        Ok(Self { accept, on_upgrade })
+    }
+}
+
+/// `Connection: upgrade`, `Upgrade: websocket`, version 13 (RFC 6455 §4.2.1).
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    let has_token = |name: header::HeaderName, token: &str| {
+        headers.get_all(name).iter().any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token))))
+    };
+    has_token(header::CONNECTION, "upgrade")
+        && has_token(header::UPGRADE, "websocket")
+        && headers.get(header::SEC_WEBSOCKET_VERSION).is_some_and(|v| v == "13")
+}
+
+impl Upgrade {
+    /// The `101` to answer with.
+    pub(super) fn response(&self) -> axum::response::Response {
+        let mut response = axum::response::Response::new(axum::body::Body::empty());
+        *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let h = response.headers_mut();
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, self.accept.clone());
+        response
+    }
+
+    /// The connection, once the `101` went out; `None` if it never did.
+    pub(super) async fn socket(self, max_message: usize) -> Option<Socket<TokioIo<Upgraded>>> {
+        let upgraded = self.on_upgrade.await.ok()?;
+        Some(Socket::new(TokioIo::new(upgraded), max_message))
+    }
+}
+
+/// A message from the client.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Incoming {
+    Text(String),
+    /// A binary message (this protocol has none), at its first frame.
+    Binary,
+    /// Its payload, to send back in the pong.
+    Ping(Vec<u8>),
+    Pong,
+    Close,
+}
+
+/// Why reading stopped.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReadError {
+    #[error("a message over the limit")]
+    TooBig,
+    #[error("a text message that is not UTF-8")]
+    Utf8,
+    #[error("a protocol error: {0}")]
+    Protocol(&'static str),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// The server's side of one WebSocket connection over `io`.
+pub(super) struct Socket<Io> {
+    io: Io,
+    /// Bytes of frames not read whole yet: empty, and unallocated, between
+    /// frames.
+    input: Vec<u8>,
+    /// The text of a fragmented message so far.
+    partial: Option<Vec<u8>>,
+    max_message: usize,
+}
+
+impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
+    pub(super) fn new(io: Io, max_message: usize) -> Self {
+        Self { io, input: Vec::new(), partial: None, max_message }
+    }
+
+    /// The next message; `None` once the client closed the connection.
+    pub(super) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Incoming, ReadError>>> {
+        loop {
+            match self.parse() {
+                Ok(Some(message)) => return Poll::Ready(Some(Ok(message))),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+            let read = if self.input.is_empty() {
+                // Nothing kept between frames: a read that finds nothing
+                // (the idle case) costs no allocation.
+                let mut chunk = [0u8; FIRST_READ];
+                let mut buf = ReadBuf::new(&mut chunk);
+                match ready!(Pin::new(&mut self.io).poll_read(cx, &mut buf)) {
+                    Ok(()) => {
+                        self.input.extend_from_slice(buf.filled());
+                        buf.filled().len()
+                    }
+                    Err(e) => return Poll::Ready(Some(Err(e.into()))),
+                }
+            } else {
+                // Into the room `parse` reserved for the rest of the frame.
+                match ready!(tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.input)) {
+                    Ok(n) => n,
+                    Err(e) => return Poll::Ready(Some(Err(e.into()))),
+                }
+            };
+            if read == 0 {
+                return Poll::Ready(None);
+            }
+        }
+    }
+
+    /// A message from the frames read so far, if they make one; otherwise
+    /// room reserved for the rest of the frame under way.
+    fn parse(&mut self) -> Result<Option<Incoming>, ReadError> {
+        use ReadError::Protocol;
+        while !self.input.is_empty() {
+            let mut cursor = io::Cursor::new(self.input.as_slice());
+            let Some((header, len)) = FrameHeader::parse(&mut cursor).map_err(|_| Protocol("malformed frame header"))? else {
+                self.input.reserve(MAX_HEADER);
+                return Ok(None);
+            };
+            let start = usize::try_from(cursor.position()).expect("a header is 14 bytes at most");
+            let Some(mask) = header.mask else { return Err(Protocol("a client frame must be masked")) };
+            if header.rsv1 || header.rsv2 || header.rsv3 {
+                return Err(Protocol("reserved bits set"));
+            }
+            let so_far = self.partial.as_ref().map_or(0, Vec::len) as u64;
+            match header.opcode {
+                OpCode::Control(Control::Reserved(_)) | OpCode::Data(Data::Reserved(_)) => return Err(Protocol("reserved opcode")),
+                OpCode::Control(_) if !header.is_final || len > 125 => {
+                    return Err(Protocol("a control frame fragmented or over 125 bytes"));
+                }
+                OpCode::Data(_) if len.saturating_add(so_far) > self.max_message as u64 => return Err(ReadError::TooBig),
+                _ => {}
+            }
+            // At most the message limit (or 125), checked above.
+            let end = start + usize::try_from(len).map_err(|_| ReadError::TooBig)?;
+            if self.input.len() < end {
+                self.input.reserve(end - self.input.len());
+                return Ok(None);
+            }
+            let mut payload = std::mem::take(&mut self.input);
+            if payload.len() > end {
+                self.input = payload.split_off(end);
+            }
+            payload.drain(..start);
+            unmask(&mut payload, mask);
+            let text = |bytes: Vec<u8>| String::from_utf8(bytes).map(|t| Some(Incoming::Text(t))).map_err(|_| ReadError::Utf8);
+            match (header.opcode, self.partial.as_mut()) {
+                (OpCode::Control(Control::Ping), _) => return Ok(Some(Incoming::Ping(payload))),
+                (OpCode::Control(Control::Pong), _) => return Ok(Some(Incoming::Pong)),
+                (OpCode::Control(Control::Close), _) => return Ok(Some(Incoming::Close)),
+                (OpCode::Data(Data::Binary), None) => return Ok(Some(Incoming::Binary)),
+                (OpCode::Data(Data::Text), None) if header.is_final => return text(payload),
+                (OpCode::Data(Data::Text), None) => self.partial = Some(payload),
+                (OpCode::Data(Data::Continue), Some(partial)) => {
+                    partial.extend_from_slice(&payload);
+                    if header.is_final {
+                        return text(self.partial.take().unwrap_or_default());
+                    }
+                }
+                (OpCode::Data(Data::Continue), None) => return Err(Protocol("a continuation outside a message")),
+                _ => return Err(Protocol("a new message inside a fragmented one")),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Sends `texts` as text frames, in one vectored write when the socket
+    /// takes it whole.
+    pub(super) async fn send_texts(&mut self, texts: &[&[u8]]) -> io::Result<()> {
+        self.send(OpCode::Data(Data::Text), texts).await
+    }
+
+    /// Sends one text frame.
+    pub(super) async fn send_text(&mut self, text: &[u8]) -> io::Result<()> {
+        self.send(OpCode::Data(Data::Text), &[text]).await
+    }
+
+    /// Sends a ping.
+    pub(super) async fn send_ping(&mut self) -> io::Result<()> {
+        self.send(OpCode::Control(Control::Ping), &[&[]]).await
+    }
+
+    /// Answers a ping with its payload.
+    pub(super) async fn send_pong(&mut self, payload: &[u8]) -> io::Result<()> {
+        self.send(OpCode::Control(Control::Pong), &[payload]).await
+    }
+
+    /// Sends a close frame with `code` and `reason` (at most 123 bytes).
+    pub(super) async fn send_close(&mut self, code: u16, reason: &str) -> io::Result<()> {
+        let mut payload = Vec::with_capacity(2 + reason.len());
+        payload.extend_from_slice(&code.to_be_bytes());
+        payload.extend_from_slice(&reason.as_bytes()[..reason.len().min(123)]);
+        self.send(OpCode::Control(Control::Close), &[&payload]).await?;
+        self.io.shutdown().await
+    }
+
+    /// One frame of `opcode` per payload, their headers side by side in one
+    /// buffer, all in as few writes as the socket allows, then a flush (TLS
+    /// keeps what it encrypted until then).
+    async fn send(&mut self, opcode: OpCode, payloads: &[&[u8]]) -> io::Result<()> {
+        let frame = FrameHeader { is_final: true, rsv1: false, rsv2: false, rsv3: false, opcode, mask: None };
+        let mut heads = Vec::with_capacity(payloads.len() * 4);
+        let mut ends = Vec::with_capacity(payloads.len());
+        for payload in payloads {
+            frame.format(payload.len() as u64, &mut heads).map_err(io::Error::other)?;
+            ends.push(heads.len());
+        }
+        let mut slices = Vec::with_capacity(payloads.len() * 2);
+        let mut from = 0;
+        for (payload, end) in payloads.iter().zip(ends) {
+            slices.push(IoSlice::new(&heads[from..end]));
+            slices.push(IoSlice::new(payload));
+            from = end;
+        }
+        let mut rest = slices.as_mut_slice();
+        while !rest.is_empty() {
+            let n = self.io.write_vectored(rest).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut rest, n);
+        }
+        self.io.flush().await
+    }
+}
+
+/// Undoes a client's mask (RFC 6455 §5.3).
+fn unmask(payload: &mut [u8], mask: [u8; 4]) {
+    for (i, byte) in payload.iter_mut().enumerate() {
+        *byte ^= mask[i & 3];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt as _;
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+
+    /// A client's frame: masked, as RFC 6455 requires.
+    fn client_frame(opcode: OpCode, is_final: bool, payload: &[u8]) -> Vec<u8> {
+        let mask = [0x37, 0xfa, 0x21, 0x3d];
+        let header = FrameHeader { is_final, rsv1: false, rsv2: false, rsv3: false, opcode, mask: Some(mask) };
+        let mut out = Vec::new();
+        header.format(payload.len() as u64, &mut out).unwrap();
+        let mut body = payload.to_vec();
+        unmask(&mut body, mask);
+        out.extend_from_slice(&body);
+        out
+    }
+
+    fn socket() -> (Socket<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
+        let (server, client) = tokio::io::duplex(1 << 20);
+        (Socket::new(server, 1000), client)
+    }
+
+    async fn recv(socket: &mut Socket<tokio::io::DuplexStream>) -> Option<Result<Incoming, ReadError>> {
+        std::future::poll_fn(|cx| socket.poll_recv(cx)).await
+    }
+
+    /// Messages come whole whatever the reads cut them into: fragments
+    /// joined, a ping between fragments answered in order, several frames
+    /// in one read; and between messages nothing is kept.
+    #[tokio::test]
+    async fn messages_come_whole_however_they_are_cut_and_nothing_is_kept_between_them() {
+        let (mut socket, mut client) = socket();
+        let mut wire = client_frame(OpCode::Data(Data::Text), false, b"{\"a\":");
+        wire.extend(client_frame(OpCode::Control(Control::Ping), true, b"p"));
+        wire.extend(client_frame(OpCode::Data(Data::Continue), true, "1}é".as_bytes()));
+        wire.extend(client_frame(OpCode::Data(Data::Text), true, &[b'x'; 300]));
+        wire.extend(client_frame(OpCode::Control(Control::Pong), true, b""));
+        // One byte at a time, then the rest at once.
+        let writer = tokio::spawn(async move {
+            for byte in &wire[..9] {
+                client.write_all(&[*byte]).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            client.write_all(&wire[9..]).await.unwrap();
+            client
+        });
+        assert_eq!(recv(&mut socket).await.unwrap().unwrap(), Incoming::Ping(b"p".to_vec()));
+        assert_eq!(recv(&mut socket).await.unwrap().unwrap(), Incoming::Text("{\"a\":1}é".to_owned()));
+        assert_eq!(recv(&mut socket).await.unwrap().unwrap(), Incoming::Text("x".repeat(300)));
+        assert_eq!(recv(&mut socket).await.unwrap().unwrap(), Incoming::Pong);
+        assert_eq!((socket.input.capacity(), socket.partial.is_none()), (0, true), "nothing kept between messages");
+        drop(writer.await.unwrap());
+        assert!(recv(&mut socket).await.is_none(), "the end of the connection");
+    }
+
+    /// What a client may not send: each is refused before its payload is
+    /// read or kept.
+    #[tokio::test]
+    async fn what_a_client_may_not_send_is_refused() {
+        let unmasked = {
+            let mut out = Vec::new();
+            let header = FrameHeader { opcode: OpCode::Data(Data::Text), ..FrameHeader::default() };
+            header.format(2, &mut out).unwrap();
+            out.extend_from_slice(b"hi");
+            out
+        };
+        let mut rsv = client_frame(OpCode::Data(Data::Text), true, b"hi");
+        rsv[0] |= 0x40;
+        // The header of a frame over the limit, without its payload.
+        let mut too_big = client_frame(OpCode::Data(Data::Text), true, &[b'x'; 1001]);
+        too_big.truncate(8);
+        let mut fragments_too_big = client_frame(OpCode::Data(Data::Text), false, &[b'x'; 600]);
+        fragments_too_big.extend(client_frame(OpCode::Data(Data::Continue), true, &[b'x'; 401]));
+        let kind = |e: &ReadError| match e {
+            ReadError::Protocol(_) => "protocol",
+            ReadError::TooBig => "too big",
+            ReadError::Utf8 => "utf8",
+            ReadError::Io(_) => "io",
+        };
+        let cases = [
+            (unmasked, "protocol"),
+            (rsv, "protocol"),
+            (client_frame(OpCode::Control(Control::Ping), false, b""), "protocol"),
+            (client_frame(OpCode::Control(Control::Ping), true, &[0; 126]), "protocol"),
+            (client_frame(OpCode::Data(Data::Continue), true, b"x"), "protocol"),
+            (client_frame(OpCode::Data(Data::Reserved(3)), true, b"x"), "protocol"),
+            (too_big, "too big"),
+            (fragments_too_big, "too big"),
+            (client_frame(OpCode::Data(Data::Text), true, &[0xff, 0xfe]), "utf8"),
+        ];
+        for (i, (wire, expected)) in cases.into_iter().enumerate() {
+            let (mut socket, mut client) = socket();
+            client.write_all(&wire).await.unwrap();
+            let got = recv(&mut socket).await.unwrap();
+            assert_eq!(got.as_ref().err().map(kind), Some(expected), "case {i}: {got:?}");
+        }
+        let (mut socket, mut client) = socket();
+        client.write_all(&client_frame(OpCode::Data(Data::Binary), false, b"\x00")).await.unwrap();
+        assert_eq!(recv(&mut socket).await.unwrap().unwrap(), Incoming::Binary, "a binary message, at its first frame");
+    }
+
+    /// A delivery's frames, as the client reads them: one unmasked text
+    /// frame each, of every length class, then a close with its code.
+    #[tokio::test]
+    async fn frames_sent_read_back_as_a_client_reads_them() {
+        let (mut socket, mut client) = socket();
+        let texts = [b"{}".to_vec(), vec![b'y'; 126], vec![b'z'; 70_000]];
+        let slices: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+        socket.send_texts(&slices).await.unwrap();
+        socket.send_close(1013, "slow_consumer").await.unwrap();
+        let mut wire = Vec::new();
+        client.read_to_end(&mut wire).await.unwrap();
+        let mut cursor = io::Cursor::new(wire.as_slice());
+        let mut frames = Vec::new();
+        while let Some((header, len)) = FrameHeader::parse(&mut cursor).unwrap() {
+            let at = cursor.position() as usize;
+            let payload = &wire[at..at + len as usize];
+            cursor.set_position((at + len as usize) as u64);
+            assert_eq!(header.mask, None, "server frames are not masked");
+            frames.push(Frame::from_payload(header, payload.to_vec().into()));
+        }
+        assert_eq!(frames.len(), 4);
+        for (frame, text) in frames.iter().zip(&texts) {
+            assert_eq!((frame.header().opcode, frame.header().is_final, frame.payload()), (OpCode::Data(Data::Text), true, &text[..]));
+        }
+        assert_eq!(frames[3].header().opcode, OpCode::Control(Control::Close));
+        assert_eq!(frames[3].payload(), b"\x03\xf5slow_consumer");
+    }
+}
