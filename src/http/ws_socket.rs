@@ -374,22 +374,23 @@ mod tests {
         too_big.truncate(8);
         let mut fragments_too_big = client_frame(OpCode::Data(Data::Text), false, &[b'x'; 600]);
         fragments_too_big.extend(client_frame(OpCode::Data(Data::Continue), true, &[b'x'; 401]));
+        // Each as the close code the connection answers it with.
         let kind = |e: &ReadError| match e {
-            ReadError::Protocol(_) => "protocol",
-            ReadError::TooBig => "too big",
-            ReadError::Utf8 => "utf8",
-            ReadError::Io(_) => "io",
+            ReadError::Protocol(_) => 1002,
+            ReadError::TooBig => 1009,
+            ReadError::Utf8 => 1007,
+            ReadError::Io(_) => 1011,
         };
         let cases = [
-            (unmasked, "protocol"),
-            (rsv, "protocol"),
-            (client_frame(OpCode::Control(Control::Ping), false, b""), "protocol"),
-            (client_frame(OpCode::Control(Control::Ping), true, &[0; 126]), "protocol"),
-            (client_frame(OpCode::Data(Data::Continue), true, b"x"), "protocol"),
-            (client_frame(OpCode::Data(Data::Reserved(3)), true, b"x"), "protocol"),
-            (too_big, "too big"),
-            (fragments_too_big, "too big"),
-            (client_frame(OpCode::Data(Data::Text), true, &[0xff, 0xfe]), "utf8"),
+            (unmasked, 1002),
+            (rsv, 1002),
+            (client_frame(OpCode::Control(Control::Ping), false, b""), 1002),
+            (client_frame(OpCode::Control(Control::Ping), true, &[0; 126]), 1002),
+            (client_frame(OpCode::Data(Data::Continue), true, b"x"), 1002),
+            (client_frame(OpCode::Data(Data::Reserved(3)), true, b"x"), 1002),
+            (too_big, 1009),
+            (fragments_too_big, 1009),
+            (client_frame(OpCode::Data(Data::Text), true, &[0xff, 0xfe]), 1007),
         ];
         for (i, (wire, expected)) in cases.into_iter().enumerate() {
             let (mut socket, mut client) = socket();
