@@ -442,8 +442,7 @@ impl Ws {
                 // Each event's `stream.event` text is built once and shared;
                 // the delivery leaves in one vectored write.
                 let texts: Vec<Bytes> = frames.iter().filter(|f| f.id > floor).map(|f| f.rendered(event_frame)).collect();
-                let slices: Vec<&[u8]> = texts.iter().map(|t| &t[..]).collect();
-                if self.socket.send_texts(&slices).await.is_err() {
+                if self.socket.send_texts(&texts).await.is_err() {
                     return Next::Close(close::INTERNAL, "write_failed");
                 }
                 if let (Some(dev), Some(last)) = (self.device.as_deref_mut(), frames.last()) {

@@ -235,7 +235,7 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
 
     /// Sends `texts` as text frames, in one vectored write when the socket
     /// takes it whole.
-    pub(super) async fn send_texts(&mut self, texts: &[&[u8]]) -> io::Result<()> {
+    pub(super) async fn send_texts(&mut self, texts: &[impl AsRef<[u8]> + Sync]) -> io::Result<()> {
         self.send(OpCode::Data(Data::Text), texts).await
     }
 
@@ -246,7 +246,7 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
 
     /// Sends a ping.
     pub(super) async fn send_ping(&mut self) -> io::Result<()> {
-        self.send(OpCode::Control(Control::Ping), &[&[]]).await
+        self.send(OpCode::Control(Control::Ping), &[[0u8; 0]]).await
     }
 
     /// Answers a ping with its payload.
@@ -266,20 +266,20 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
     /// One frame of `opcode` per payload, their headers side by side in one
     /// buffer, all in as few writes as the socket allows, then a flush (TLS
     /// keeps what it encrypted until then).
-    async fn send(&mut self, opcode: OpCode, payloads: &[&[u8]]) -> io::Result<()> {
+    async fn send(&mut self, opcode: OpCode, payloads: &[impl AsRef<[u8]> + Sync]) -> io::Result<()> {
         let frame = FrameHeader { is_final: true, rsv1: false, rsv2: false, rsv3: false, opcode, mask: None };
         let mut heads = Vec::with_capacity(payloads.len() * 4);
-        let mut ends = Vec::with_capacity(payloads.len());
         for payload in payloads {
-            frame.format(payload.len() as u64, &mut heads).map_err(io::Error::other)?;
-            ends.push(heads.len());
+            frame.format(payload.as_ref().len() as u64, &mut heads).map_err(io::Error::other)?;
         }
         let mut slices = Vec::with_capacity(payloads.len() * 2);
         let mut from = 0;
-        for (payload, end) in payloads.iter().zip(ends) {
-            slices.push(IoSlice::new(&heads[from..end]));
+        for payload in payloads {
+            let payload = payload.as_ref();
+            let to = from + frame.len(payload.len() as u64);
+            slices.push(IoSlice::new(&heads[from..to]));
             slices.push(IoSlice::new(payload));
-            from = end;
+            from = to;
         }
         let mut rest = slices.as_mut_slice();
         while !rest.is_empty() {
@@ -409,8 +409,7 @@ mod tests {
     async fn frames_sent_read_back_as_a_client_reads_them() {
         let (mut socket, mut client) = socket();
         let texts = [b"{}".to_vec(), vec![b'y'; 126], vec![b'z'; 70_000]];
-        let slices: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
-        socket.send_texts(&slices).await.unwrap();
+        socket.send_texts(&texts).await.unwrap();
         socket.send_close(1013, "slow_consumer").await.unwrap();
         let mut wire = Vec::new();
         client.read_to_end(&mut wire).await.unwrap();
