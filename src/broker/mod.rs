@@ -177,6 +177,9 @@ struct ClientState {
     round: AtomicU64,
     round_pushed: AtomicU64,
     detached: AtomicU8,
+    /// Since when, in ms from the broker's epoch, the client has been
+    /// clear of the no-progress eviction: its last take of frames, history
+    /// or a heartbeat, or the push that found its queue empty.
     last_progress_ms: AtomicU64,
     finished: AtomicBool,
     kill: Option<CancellationToken>,
@@ -482,6 +485,8 @@ impl Broker {
         clients.rounds += 1;
         let round = clients.rounds;
         let bound = self.shared.settings.client_queue;
+        // Read once per round, and only if a queue needs it.
+        let mut now = None;
         {
             let mut candidates = Vec::new();
             for event in &events {
@@ -497,8 +502,15 @@ impl Broker {
                     // Built once per event, and only if someone wants it.
                     let frame = frame.get_or_insert_with(|| Frame::of(event));
                     match slot.state.queue.push(frame.clone(), bound) {
-                        Ok(()) => {
+                        Ok(was_empty) => {
                             let state = &slot.state;
+                            if was_empty {
+                                // A client that had taken everything is not
+                                // behind: the no-progress clock starts with
+                                // this frame, not at its last take (which,
+                                // for an idle client, may be long ago).
+                                state.last_progress_ms.store(*now.get_or_insert_with(|| self.now_ms()), Ordering::Relaxed);
+                            }
                             if state.round.swap(round, Ordering::Relaxed) == round {
                                 state.round_pushed.fetch_add(1, Ordering::Relaxed);
                             } else {
@@ -735,6 +747,24 @@ mod tests {
         // Stopped: nothing is taken (the store wakes the broker instead).
         broker.shutdown();
         assert!(!hand_off.give(vec![row(18)]));
+    }
+
+    /// The no-progress clock of a client that had taken everything starts
+    /// with the frame that finds its queue empty, not at its last take: an
+    /// idle client is not evicted because the sweep came before its task.
+    #[tokio::test]
+    async fn an_idle_client_is_not_stuck_for_a_frame_just_pushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(crate::store::embedded::EmbeddedStore::open(dir.path()).await.unwrap());
+        let timeout = Duration::from_secs(2);
+        let broker = Broker::new(store, 10, BrokerSettings { slow_client_timeout: timeout, ..settings() });
+        let mut sub = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
+        // Idle for longer than the timeout (time itself is the condition).
+        std::thread::sleep(timeout + Duration::from_millis(200));
+        assert!(broker.fan_out(vec![row(11)], true));
+        broker.sweep();
+        assert!(sub.attached(), "evicted as {:?} for a frame pushed a moment ago", sub.detached());
+        assert_eq!(ids(&mut sub), vec![11]);
     }
 
     /// The server's shutdown ends every live client (its queue closes after

@@ -50,8 +50,9 @@ impl Queue {
     }
 
     /// Queues `frame` unless `bound` frames wait already or the queue was
-    /// closed; wakes the reader.
-    pub(super) fn push(&self, frame: Frame, bound: usize) -> Result<(), Refused> {
+    /// closed; wakes the reader. Says whether the queue was empty before
+    /// (the reader had taken everything).
+    pub(super) fn push(&self, frame: Frame, bound: usize) -> Result<bool, Refused> {
         let mut inner = self.lock();
         if inner.closed {
             return Err(Refused::Closed);
@@ -59,13 +60,14 @@ impl Queue {
         if inner.frames.len() >= bound {
             return Err(Refused::Full);
         }
+        let was_empty = inner.frames.is_empty();
         inner.frames.push_back(frame);
         let waker = inner.waker.take();
         drop(inner);
         if let Some(waker) = waker {
             waker.wake();
         }
-        Ok(())
+        Ok(was_empty)
     }
 
     /// No frame follows: the reader takes what is queued, then sees the end.
@@ -145,9 +147,9 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
 
         assert!(queue.poll_pop(&mut cx).is_pending());
-        assert_eq!(queue.push(frame(1), 2), Ok(()));
+        assert_eq!(queue.push(frame(1), 2), Ok(true), "pushed onto an empty queue");
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "the push woke the reader");
-        assert_eq!(queue.push(frame(2), 2), Ok(()));
+        assert_eq!(queue.push(frame(2), 2), Ok(false));
         assert_eq!(queue.push(frame(3), 2), Err(Refused::Full));
         assert_eq!(queue.len(), 2);
         assert!(matches!(queue.poll_pop(&mut cx), Poll::Ready(Some(f)) if f.id == 1));
