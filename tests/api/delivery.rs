@@ -82,7 +82,10 @@ fn app_shutdown_deadline() -> Duration {
 async fn slow_client_is_dropped_and_resumes(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
         s.client_queue = 8;
-        s.slow_client_timeout = Duration::from_millis(300);
+        // Out of reach: only overflow drops the client here (on a loaded
+        // machine eight publishes can take longer than a short no-progress
+        // timeout, which has its test below).
+        s.slow_client_timeout = Duration::from_secs(120);
         s.eviction_grace = Duration::from_secs(30);
     })
     .await;
