@@ -649,7 +649,8 @@ impl Subscription {
     }
 
     /// When the client last took a frame, or history, or a heartbeat
-    /// ([`Self::progress`]), to the millisecond.
+    /// ([`Self::progress`]), or was pushed a frame into its empty queue, to
+    /// the millisecond.
     pub fn idle_since(&self) -> Instant {
         self.broker.shared.epoch + Duration::from_millis(self.state.last_progress_ms.load(Ordering::Relaxed))
     }

@@ -136,11 +136,14 @@ pub(super) struct Socket<Io> {
     /// The text of a fragmented message so far.
     partial: Option<Vec<u8>>,
     max_message: usize,
+    /// A write failed: a frame may have been cut short, so nothing more
+    /// is written (a close frame would land inside it).
+    broken: bool,
 }
 
 impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
     pub(super) fn new(io: Io, max_message: usize) -> Self {
-        Self { io, input: Vec::new(), partial: None, max_message }
+        Self { io, input: Vec::new(), partial: None, max_message, broken: false }
     }
 
     /// The next message; `None` once the client closed the connection.
@@ -265,8 +268,18 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
 
     /// One frame of `opcode` per payload, their headers side by side in one
     /// buffer, all in as few writes as the socket allows, then a flush (TLS
-    /// keeps what it encrypted until then).
+    /// keeps what it encrypted until then). After a failed write nothing
+    /// more is written.
     async fn send(&mut self, opcode: OpCode, payloads: &[impl AsRef<[u8]> + Sync]) -> io::Result<()> {
+        if self.broken {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let written = self.write_frames(opcode, payloads).await;
+        self.broken = written.is_err();
+        written
+    }
+
+    async fn write_frames(&mut self, opcode: OpCode, payloads: &[impl AsRef<[u8]> + Sync]) -> io::Result<()> {
         let frame = FrameHeader { is_final: true, rsv1: false, rsv2: false, rsv3: false, opcode, mask: None };
         let mut heads = Vec::with_capacity(payloads.len() * 4);
         for payload in payloads {
@@ -316,6 +329,53 @@ mod tests {
         unmask(&mut body, mask);
         out.extend_from_slice(&body);
         out
+    }
+
+    /// A connection that takes `room` bytes, fails the next write (a
+    /// write deadline passing, say), then takes everything.
+    struct FailsOnce {
+        taken: Vec<u8>,
+        room: usize,
+        failed: bool,
+    }
+
+    impl AsyncRead for FailsOnce {
+        fn poll_read(self: Pin<&mut Self>, _: &mut Context<'_>, _: &mut tokio::io::ReadBuf<'_>) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    impl tokio::io::AsyncWrite for FailsOnce {
+        fn poll_write(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            if self.room == 0 && !self.failed {
+                self.failed = true;
+                return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+            }
+            let n = if self.failed { buf.len() } else { buf.len().min(self.room) };
+            self.room -= n.min(self.room);
+            self.taken.extend_from_slice(&buf[..n]);
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Once a write failed part-way through a frame, nothing more goes out:
+    /// a close frame would land inside the cut frame.
+    #[tokio::test]
+    async fn after_a_failed_write_nothing_more_is_written() {
+        let mut socket = Socket::new(FailsOnce { taken: Vec::new(), room: 50, failed: false }, 1000);
+        assert!(socket.send_text(&[b'x'; 100]).await.is_err());
+        assert_eq!(socket.io.taken.len(), 50, "the frame was cut short");
+        assert!(socket.send_close(1011, "write_failed").await.is_err());
+        assert!(socket.send_text(b"more").await.is_err());
+        assert_eq!(socket.io.taken.len(), 50, "nothing followed the cut frame");
     }
 
     fn socket() -> (Socket<tokio::io::DuplexStream>, tokio::io::DuplexStream) {

@@ -444,9 +444,10 @@ fn hex_size(n: usize, out: &mut [u8; 18]) -> usize {
 /// a poll page holds it no longer than a stream's); hyper's own refusals
 /// (the empty `400`, `414` and `431` it answers to a head it cannot parse,
 /// on any request of a kept-alive connection) written as the API's JSON
-/// refusals instead, so every refusal has the one shape. An upgraded
-/// connection (a WebSocket) writes through it as it is: its frames are
-/// written vectored already (`http::ws_socket`).
+/// refusals instead, so every refusal has the one shape. Once a `101` went
+/// out (a WebSocket), writes go through as they are, never looked at: they
+/// are frames (written vectored already, `http::ws_socket`), and a frame's
+/// payload, say a pong echoing the client's ping, may read like a refusal.
 pub(super) struct Rewind {
     prefix: Bytes,
     inner: TcpStream,
@@ -456,6 +457,8 @@ pub(super) struct Rewind {
     write_timeout: Duration,
     /// Running while a write waits for the socket.
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A `101` was written: the connection speaks another protocol now.
+    upgraded: bool,
 }
 
 /// The API's answers to the heads hyper refuses by itself, rendered once.
@@ -524,7 +527,20 @@ async fn render(response: Response<Body>) -> Bytes {
 
 impl Rewind {
     pub(super) fn new(prefix: Bytes, inner: TcpStream, refusals: Arc<Refusals>, write_timeout: Duration) -> Self {
-        Self { prefix, inner, refusals, pending: Bytes::new(), write_timeout, stalled: None }
+        Self { prefix, inner, refusals, pending: Bytes::new(), write_timeout, stalled: None, upgraded: false }
+    }
+
+    /// Whether `first`, the start of a write, may be a refusal to rewrite;
+    /// notes the upgrade when it is the start of a `101` response.
+    fn may_refuse(&mut self, first: &[u8]) -> bool {
+        if self.upgraded {
+            return false;
+        }
+        if first.starts_with(b"HTTP/1.1 101") {
+            self.upgraded = true;
+            return false;
+        }
+        first.starts_with(b"HTTP/1.1 4")
     }
 
     /// Applies the write deadline to one poll of a write.
@@ -583,7 +599,9 @@ impl AsyncRead for Rewind {
 impl AsyncWrite for Rewind {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         std::task::ready!(self.drain(cx))?;
-        if let Some(answer) = self.refusals.replacing(buf) {
+        if self.may_refuse(buf)
+            && let Some(answer) = self.refusals.replacing(buf)
+        {
             // Taken whole; written by this and the next polls (hyper
             // flushes, then shuts the connection down, after a refusal).
             self.pending = answer;
@@ -598,7 +616,7 @@ impl AsyncWrite for Rewind {
         // A refusal head is one small write; only a write that starts like
         // one is looked at whole.
         let first = bufs.iter().find(|b| !b.is_empty());
-        if first.is_some_and(|b| b.starts_with(b"HTTP/1.1 4")) {
+        if first.is_some_and(|b| self.may_refuse(b)) {
             let whole: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
             return self.poll_write(cx, &whole);
         }
@@ -656,6 +674,37 @@ mod tests {
         assert!(rests > 0, "the socket's buffers filled at least once");
         drop(server);
         assert_eq!(reader.await.unwrap(), expected);
+    }
+
+    /// hyper's own empty refusal is written as the API's JSON one, but not
+    /// once the connection was upgraded: then the same bytes are a frame's
+    /// payload (a pong echoing the client's ping) and go out as they are.
+    #[tokio::test]
+    async fn after_a_101_writes_go_out_as_they_are() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let refusals = Arc::new(Refusals::render(|_| Response::new(Body::from("{\"error\":{}}"))).await);
+        let mut io = Rewind::new(Bytes::new(), server, refusals, Duration::from_secs(5));
+        let refusal = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
+        let mut read = async |n: usize| {
+            let mut got = vec![0u8; n];
+            peer.read_exact(&mut got).await.unwrap();
+            got
+        };
+        io.write_all(refusal).await.unwrap();
+        io.flush().await.unwrap();
+        let json = io.refusals.malformed.clone();
+        assert_eq!(read(json.len()).await, json, "before an upgrade hyper's refusal is rewritten");
+        let head = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n";
+        io.write_all(head).await.unwrap();
+        assert_eq!(io.write_vectored(&[io::IoSlice::new(refusal)]).await.unwrap(), refusal.len());
+        io.write_all(refusal).await.unwrap();
+        io.flush().await.unwrap();
+        let mut want = head.to_vec();
+        want.extend_from_slice(refusal);
+        want.extend_from_slice(refusal);
+        assert_eq!(read(want.len()).await, want, "after the 101 nothing is rewritten");
     }
 
     #[test]
