@@ -70,7 +70,7 @@ mod close {
     path = "/v1/ws",
     tag = "streams",
     responses(
-        (status = 101, description = "Switching protocols: JSON-RPC 2.0 text frames. The server sends `stream.hello {server_did, head_seq, profiles, nonce}`; the client sends `stream.auth {body: {device_id, cursor?, filter?}, origin_proof}` once, then `sync.delta {device_id, since, limit?}` pages and `stream.ack {body: {seq}, origin_proof}`; the server pushes `stream.event {seq, event}`. Errors carry `data.code` (`proof_invalid`, `proof_not_owner`, `invalid_device_id`, `invalid_seq`, `invalid_filter`, `invalid_request`, `unauthorized`). Close codes: 1000 normal (also after a failed handshake), 1001 shutdown, 1002 protocol error, 1003 binary frame, 1007 invalid UTF-8 or JSON, 1009 message over TIDINGS_WS_MAX_MESSAGE, 1011 internal error, 1013 try again later (`slow_consumer`, stream limits)"),
+        (status = 101, description = "Switching protocols: JSON-RPC 2.0 text frames. The server sends `stream.hello {server_did, head_seq, profiles, nonce}`; the client sends `stream.auth {body: {device_id, cursor?, filter?}, origin_proof}` once, then `sync.delta {device_id, since, limit?}` pages and `stream.ack {body: {seq}, origin_proof}`; the server pushes `stream.event {seq, event}`. Errors carry `data.code` (`proof_invalid`, `proof_not_owner`, `invalid_device_id`, `invalid_seq`, `invalid_filter`, `invalid_request`, `unauthorized`). Close codes: a client's close answered with its own code, 1000 normal (also after a failed handshake), 1001 shutdown, 1002 protocol error, 1003 binary frame, 1007 invalid UTF-8 or JSON, 1009 message over TIDINGS_WS_MAX_MESSAGE, 1011 internal error, 1013 try again later (`slow_consumer`, stream limits)"),
         (status = 426, description = "`upgrade_required`: not a WebSocket upgrade request", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
@@ -272,7 +272,8 @@ impl Ws {
                     Err(_) => Next::Close(close::INTERNAL, "write_failed"),
                 };
             }
-            Incoming::Close => return Next::Close(close::NORMAL, "closed"),
+            // Answered with the client's own code (RFC 6455 §5.5.1).
+            Incoming::Close(code) => return Next::Close(code.unwrap_or(close::NORMAL), "closed"),
         };
         let Ok(request) = serde_json::from_str::<Value>(text.as_str()) else { return Next::Close(close::INVALID, "invalid_json") };
         let (Some(method), true) = (request["method"].as_str(), request["jsonrpc"] == "2.0") else {

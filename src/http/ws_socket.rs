@@ -29,7 +29,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWriteExt as _, ReadBuf};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
 
 use super::error::ApiError;
 
@@ -111,7 +111,8 @@ pub(super) enum Incoming {
     /// Its payload, to send back in the pong.
     Ping(Vec<u8>),
     Pong,
-    Close,
+    /// The client's close, with its code if it gave one.
+    Close(Option<u16>),
 }
 
 /// Why reading stopped.
@@ -219,7 +220,7 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
             match (header.opcode, self.partial.as_mut()) {
                 (OpCode::Control(Control::Ping), _) => return Ok(Some(Incoming::Ping(payload))),
                 (OpCode::Control(Control::Pong), _) => return Ok(Some(Incoming::Pong)),
-                (OpCode::Control(Control::Close), _) => return Ok(Some(Incoming::Close)),
+                (OpCode::Control(Control::Close), _) => return close_code(&payload).map(|code| Some(Incoming::Close(code))),
                 (OpCode::Data(Data::Binary), None) => return Ok(Some(Incoming::Binary)),
                 (OpCode::Data(Data::Text), None) if header.is_final => return text(payload),
                 (OpCode::Data(Data::Text), None) => self.partial = Some(payload),
@@ -304,6 +305,20 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
         }
         self.io.flush().await
     }
+}
+
+/// The code of a client's close frame (RFC 6455 §5.5.1, §7.4): none, or
+/// one a peer may send followed by a UTF-8 reason.
+fn close_code(payload: &[u8]) -> Result<Option<u16>, ReadError> {
+    let [hi, lo, reason @ ..] = payload else {
+        return if payload.is_empty() { Ok(None) } else { Err(ReadError::Protocol("a close frame of one byte")) };
+    };
+    let code = u16::from_be_bytes([*hi, *lo]);
+    if !CloseCode::from(code).is_allowed() {
+        return Err(ReadError::Protocol("a close code no peer may send"));
+    }
+    std::str::from_utf8(reason).map_err(|_| ReadError::Utf8)?;
+    Ok(Some(code))
 }
 
 /// Undoes a client's mask (RFC 6455 §5.3).
@@ -451,6 +466,11 @@ mod tests {
             (too_big, 1009),
             (fragments_too_big, 1009),
             (client_frame(OpCode::Data(Data::Text), true, &[0xff, 0xfe]), 1007),
+            // Closes: one byte, codes no peer may send, a reason that is not UTF-8.
+            (client_frame(OpCode::Control(Control::Close), true, &[0x03]), 1002),
+            (client_frame(OpCode::Control(Control::Close), true, &1005u16.to_be_bytes()), 1002),
+            (client_frame(OpCode::Control(Control::Close), true, &999u16.to_be_bytes()), 1002),
+            (client_frame(OpCode::Control(Control::Close), true, &[0x0f, 0xa0, 0xff]), 1007),
         ];
         for (i, (wire, expected)) in cases.into_iter().enumerate() {
             let (mut socket, mut client) = socket();
@@ -461,6 +481,12 @@ mod tests {
         let (mut socket, mut client) = socket();
         client.write_all(&client_frame(OpCode::Data(Data::Binary), false, b"\x00")).await.unwrap();
         assert_eq!(recv(&mut socket).await.unwrap().unwrap(), Incoming::Binary, "a binary message, at its first frame");
+        // A close without a code, and one with a code and a reason.
+        for (payload, code) in [(&b""[..], None), (&b"\x0f\xa0bye"[..], Some(4000))] {
+            let (mut closing, mut client) = self::socket();
+            client.write_all(&client_frame(OpCode::Control(Control::Close), true, payload)).await.unwrap();
+            assert_eq!(recv(&mut closing).await.unwrap().unwrap(), Incoming::Close(code));
+        }
     }
 
     /// A delivery's frames, as the client reads them: one unmasked text

@@ -327,6 +327,11 @@ async fn every_close_code(backend: Backend) {
     let second = c.auth(&key, json!({"device_id": "x"})).await;
     assert_eq!((second["error"]["code"].as_i64(), second["error"]["data"]["code"].as_str()), (Some(-32600), Some("invalid_request")));
     assert!(c.auth(&key, json!({"device_id": "x"})).await["error"].is_object(), "still open");
+    // A client's close is answered with its own code.
+    let mut leaving = Client::connect(&app).await;
+    let bye = tokio_tungstenite::tungstenite::protocol::CloseFrame { code: 4000.into(), reason: "bye".into() };
+    leaving.ws.send(Message::Close(Some(bye))).await.unwrap();
+    assert_eq!(leaving.closed().await.0, 4000);
     // 1001: the server shuts down; every socket is told.
     let mut live = Client::connect(&app).await;
     live.auth(&key, json!({"device_id": "y"})).await;
