@@ -202,6 +202,7 @@ impl Application {
         };
         let retention = (settings.retention, settings.retention_interval);
         let consumer_ttl = settings.consumer_ttl;
+        let peer_allow = Arc::new(settings.peer_allow.clone());
         let background = Background {
             health_probe: settings.health_probe_interval,
             engine: EngineSettings {
@@ -212,6 +213,7 @@ impl Application {
                     attempts: settings.peer_delivery_attempts,
                     timeout: settings.peer_timeout,
                     evict_after: settings.peer_evict_after,
+                    allow: peer_allow.clone(),
                 },
                 mirror: crate::subscription::mirror::MirrorSettings {
                     token_ttl: settings.mirror_token_ttl,
@@ -219,6 +221,7 @@ impl Application {
                     timeout: settings.peer_timeout,
                     public_url: settings.public_url.clone(),
                     repair_timeout: settings.mirror_repair_timeout,
+                    allow: peer_allow.clone(),
                 },
             },
         };
@@ -228,7 +231,8 @@ impl Application {
             store.clone(),
             server.clone(),
             settings.max_subscribers_per_prefix,
-            settings.max_subscriptions,
+            (settings.max_subscriptions, settings.max_subscriptions_per_identity),
+            crate::peer::Outbound::new(peer_allow, std::time::Duration::from_secs(5)),
         ));
         let core = Core::new(CoreParts {
             settings,

@@ -36,6 +36,10 @@ pub struct Identity {
     pub admin: bool,
     /// Whether this identity came from a token (false with auth off).
     pub authenticated: bool,
+    /// The first second (Unix) at which the token is refused (its `exp`
+    /// plus the leeway, plus one: a token is valid through `exp + leeway`):
+    /// what it opened ends then. `None` with auth off.
+    pub expires_at: Option<i64>,
 }
 
 impl Identity {
@@ -43,7 +47,15 @@ impl Identity {
     /// everything.
     pub fn local() -> Self {
         let all = vec![Glob::new("**").expect("a valid glob")];
-        Self { sub: "local".into(), publish: all.clone(), subscribe: all, visibility: Visibility::Admin, admin: true, authenticated: false }
+        Self {
+            sub: "local".into(),
+            publish: all.clone(),
+            subscribe: all,
+            visibility: Visibility::Admin,
+            admin: true,
+            authenticated: false,
+            expires_at: None,
+        }
     }
 
     /// Whether the caller may publish `event_type`.
@@ -57,11 +69,12 @@ impl Identity {
     }
 
     /// `filter` intersected with what this caller may receive: its
-    /// `subscribe` grants (unless it is an admin or holds `**`) and its
-    /// visibility.
+    /// `subscribe` grants (unless it is an admin or holds `**`), its
+    /// visibility, and (unless it is an admin) only the tree-subscription
+    /// notifications of its own subscriptions.
     pub fn restrict(&self, filter: Filter) -> Filter {
         let everything = self.admin || self.subscribe.iter().any(|g| g.as_str() == "**");
-        filter.restrict((!everything).then(|| self.subscribe.clone()), self.visibility)
+        filter.restrict((!everything).then(|| self.subscribe.clone()), self.visibility, (!self.admin).then(|| self.sub.clone()))
     }
 }
 
@@ -77,6 +90,11 @@ struct Claims {
     visibility: Visibility,
     #[serde(default)]
     admin: bool,
+    /// Required (checked by the validation), read for the identity's life.
+    #[serde(default)]
+    exp: Option<i64>,
+    #[serde(default)]
+    iat: Option<i64>,
 }
 
 /// Why a request is not authenticated (`401`). The message never contains
@@ -192,9 +210,13 @@ impl Verifier {
             validation.set_required_spec_claims(&["exp", "sub"]);
         }
         validation.validate_exp = true;
-        validation.leeway = 5;
+        validation.validate_nbf = true;
+        validation.leeway = LEEWAY;
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &validation).map_err(|e| AuthError::Invalid(describe(&e)))?;
         let claims = data.claims;
+        if claims.iat.is_some_and(|iat| iat > chrono::Utc::now().timestamp() + LEEWAY as i64) {
+            return Err(AuthError::Invalid("it was issued in the future (iat)".into()));
+        }
         let globs = |field: &str, list: &[String]| -> Result<Vec<Glob>, AuthError> {
             list.iter().map(|g| Glob::new(g).map_err(|e| AuthError::Invalid(format!("claim {field}: {e}")))).collect()
         };
@@ -208,9 +230,13 @@ impl Verifier {
             visibility: claims.visibility,
             admin: claims.admin,
             authenticated: true,
+            expires_at: claims.exp.map(|exp| exp.saturating_add(LEEWAY as i64 + 1)),
         })
     }
 }
+
+/// Seconds of clock skew allowed around `exp`, `nbf` and `iat`.
+pub const LEEWAY: u64 = 5;
 
 /// A short reason that names the failure, never the token.
 fn describe(e: &jsonwebtoken::errors::Error) -> String {
@@ -256,18 +282,17 @@ pub fn find_token<'a>(
 
 /// Replaces the value of `access_token` in a query string, for logs. The
 /// name is compared decoded, as [`find_token`] reads it, so every spelling
-/// that authenticates (`access%5Ftoken`, `%61ccess_token`, ...) is redacted.
+/// that authenticates (`access%5Ftoken`, `%61ccess_token`, ...) is redacted;
+/// parameters are split on `;` as well as `&` (some clients and proxies
+/// read `;` as a separator, so a token after one is redacted too).
 pub fn redact_query(query: &str) -> String {
-    query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if form_urlencoded::parse(name.as_bytes()).next().is_some_and(|(k, _)| k == "access_token") => {
-                format!("{name}=REDACTED")
-            }
-            _ => pair.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join("&")
+    let redact = |pair: &str| match pair.split_once('=') {
+        Some((name, _)) if form_urlencoded::parse(name.as_bytes()).next().is_some_and(|(k, _)| k.trim() == "access_token") => {
+            format!("{name}=REDACTED")
+        }
+        _ => pair.to_owned(),
+    };
+    query.split('&').map(|pair| pair.split(';').map(redact).collect::<Vec<_>>().join(";")).collect::<Vec<_>>().join("&")
 }
 
 #[cfg(test)]
@@ -305,6 +330,15 @@ mod tests {
         let none = format!("{}.{}.", b64(r#"{"alg":"none","typ":"JWT"}"#), b64(&json!({"sub":"a","exp":exp()}).to_string()));
         assert!(v.verify(&none).is_err());
         assert!(v.verify(&token(json!({"sub":"a","exp":exp(),"publish":["a..b"]}), b"secret-of-16-bytes")).is_err());
+        // Not yet valid, or issued in the future: refused (beyond the leeway).
+        let later = chrono::Utc::now().timestamp() + 60;
+        let early = token(json!({"sub":"a","exp":exp(),"nbf":later}), b"secret-of-16-bytes");
+        assert_eq!(v.verify(&early).unwrap_err(), AuthError::Invalid("it is not valid yet".into()));
+        let issued_later = token(json!({"sub":"a","exp":exp(),"iat":later}), b"secret-of-16-bytes");
+        assert!(matches!(v.verify(&issued_later), Err(AuthError::Invalid(m)) if m.contains("iat")));
+        let (now, until) = (chrono::Utc::now().timestamp(), exp());
+        let fine = v.verify(&token(json!({"sub":"a","exp":until,"nbf":now - 1,"iat":now + 2}), b"secret-of-16-bytes")).unwrap();
+        assert_eq!(fine.expires_at, Some(until + LEEWAY as i64 + 1), "the token's life, with the leeway, bounds what it opens");
     }
 
     fn b64(s: &str) -> String {
@@ -319,5 +353,9 @@ mod tests {
         assert_eq!(find_token(None, None, Some("types=a.b&access_token=g%2Bh")).as_deref(), Some("g+h"));
         assert!(find_token(Some("Basic zzz"), None, None).is_none());
         assert_eq!(redact_query("types=a.b&access_token=secret"), "types=a.b&access_token=REDACTED");
+        // After a `;` (read as a separator by some), and with odd spellings.
+        assert_eq!(redact_query("x=1;access_token=secret&y=2"), "x=1;access_token=REDACTED&y=2");
+        assert_eq!(redact_query("x=1; access_token=secret"), "x=1; access_token=REDACTED");
+        assert_eq!(redact_query("access%5Ftoken=secret"), "access%5Ftoken=REDACTED");
     }
 }

@@ -71,6 +71,10 @@ fn peers(s: &str) -> Result<Peers, String> {
     crate::peer::parse_setting(s).map(Peers)
 }
 
+fn peer_allow(s: &str) -> Result<crate::peer::PeerAllow, String> {
+    crate::peer::PeerAllow::parse(s)
+}
+
 /// Parses a duration setting (`250ms`, `30s`, `5m`, `7d`).
 pub fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 250ms, 30s, 5m, 7d)"))
@@ -173,6 +177,14 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_WS_MAX_MESSAGE", default_value = "64KiB", value_parser = byte_size)]
     pub ws_max_message: usize,
 
+    /// Longest a WebSocket may stay open without a successful `stream.auth` (then one error frame and close 1008).
+    #[arg(long, env = "TIDINGS_WS_AUTH_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub ws_auth_timeout: Duration,
+
+    /// After a WebSocket's token expires, how long it has to send `stream.reauth` with a fresh one (then close 1000).
+    #[arg(long, env = "TIDINGS_REAUTH_GRACE", default_value = "30s", value_parser = duration)]
+    pub reauth_grace: Duration,
+
     /// Reconnect delay advertised to SSE clients (`retry:`).
     #[arg(long, env = "TIDINGS_SSE_RETRY", default_value = "2s", value_parser = duration)]
     pub sse_retry: Duration,
@@ -212,6 +224,10 @@ pub struct Settings {
     /// Most nodes in a payload rule (JsonLogic).
     #[arg(long, env = "TIDINGS_MAX_RULE_NODES", default_value_t = 1024)]
     pub max_rule_nodes: usize,
+
+    /// Most bytes one evaluation of a payload rule may build (beyond: the event does not match, counted).
+    #[arg(long, env = "TIDINGS_RULE_BUDGET", default_value = "1MiB", value_parser = byte_size)]
+    pub rule_budget: usize,
 
     /// Rows read per store round trip by the broker and by replay.
     #[arg(long, env = "TIDINGS_READ_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -294,6 +310,10 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS", default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub max_subscriptions: usize,
 
+    /// Most tree subscriptions one subscriber identity keeps here (beyond: 429 `too_many_subscriptions_for_identity`).
+    #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY", default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub max_subscriptions_per_identity: usize,
+
     /// Most concurrent streams in total (beyond: 503 with Retry-After).
     #[arg(long, env = "TIDINGS_MAX_STREAMS", default_value_t = 50_000)]
     pub max_streams: usize,
@@ -321,6 +341,11 @@ pub struct Settings {
     /// Origins allowed by CORS: a comma list, or `*` (never with credentials); empty = no CORS.
     #[arg(long, env = "TIDINGS_CORS_ORIGINS", default_value = "")]
     pub cors_origins: String,
+
+    /// Hosts this server may call (peers, relays, mirrors' upstreams): address ranges, host names, `*.domain`,
+    /// `loopback`, `*` (link-local and metadata addresses only when a range inside them is listed).
+    #[arg(long, env = "TIDINGS_PEER_ALLOW", default_value = "loopback", value_parser = peer_allow)]
+    pub peer_allow: crate::peer::PeerAllow,
 
     /// Tree changes the subscription engine reads per step.
     #[arg(long, env = "TIDINGS_ENGINE_BATCH", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]

@@ -29,6 +29,8 @@ pub mod names {
     pub const SYSTEM_CLIENT_DROPPED_SLOW: &str = "system.client_dropped_slow";
     /// A resume point could not be served gap-free from the retained history.
     pub const SYSTEM_REPLAY_GAP: &str = "system.replay_gap";
+    /// The token that opened a stream expired; the stream ends.
+    pub const SYSTEM_TOKEN_EXPIRED: &str = "system.token_expired";
     /// An entity was created in the tree.
     pub const TREE_CREATED: &str = "tree.created";
     /// An entity in the tree was replaced.
@@ -41,8 +43,15 @@ pub mod names {
     /// Types only tidings itself writes: a publish of one is refused, so a
     /// tree change or a notification in the log is always real (the
     /// subscription engine trusts them).
-    pub const RESERVED: &[&str] =
-        &[TREE_CREATED, TREE_UPDATED, TREE_DELETED, SUBSCRIPTION_NOTIFICATION, SYSTEM_CLIENT_DROPPED_SLOW, SYSTEM_REPLAY_GAP];
+    pub const RESERVED: &[&str] = &[
+        TREE_CREATED,
+        TREE_UPDATED,
+        TREE_DELETED,
+        SUBSCRIPTION_NOTIFICATION,
+        SYSTEM_CLIENT_DROPPED_SLOW,
+        SYSTEM_REPLAY_GAP,
+        SYSTEM_TOKEN_EXPIRED,
+    ];
 }
 
 /// Longest accepted event name, in bytes.

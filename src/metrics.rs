@@ -44,6 +44,8 @@ pub const DATABASE_UP: &str = "tidings_database_up";
 pub const LISTENER_UP: &str = "tidings_listener_up";
 /// Replay gaps announced to clients.
 pub const REPLAY_GAPS: &str = "tidings_replay_gaps_total";
+/// Payload-rule evaluations stopped by `TIDINGS_RULE_BUDGET` (the event did not match).
+pub const FILTER_BUDGET_EXCEEDED: &str = "tidings_filter_budget_exceeded_total";
 
 /// Path-subscription notifications, by outcome (delivered, or why not).
 pub const SUBSCRIPTION_NOTIFICATIONS: &str = "tidings_subscription_notifications_total";
@@ -130,6 +132,11 @@ pub fn install() -> PrometheusHandle {
 
 fn describe() {
     describe_counter!(EVENTS_PUBLISHED, Unit::Count, "Events appended to the log, by registered type.");
+    describe_counter!(
+        FILTER_BUDGET_EXCEEDED,
+        Unit::Count,
+        "Payload-rule evaluations stopped by TIDINGS_RULE_BUDGET (the event did not match)."
+    );
     describe_counter!(EVENTS_DELIVERED, Unit::Count, "Event frames handed to clients, by transport.");
     describe_gauge!(CLIENTS_CONNECTED, Unit::Count, "Connected streaming clients, by transport.");
     describe_counter!(CLIENTS_DROPPED, Unit::Count, "Clients ended by the server, by reason.");
@@ -176,6 +183,7 @@ fn describe() {
     counter!(LISTENER_RECONNECTS).increment(0);
     counter!(REPLAYED_EVENTS).increment(0);
     counter!(REPLAY_GAPS).increment(0);
+    counter!(FILTER_BUDGET_EXCEEDED).increment(0);
     counter!(POLL_REQUESTS).increment(0);
     gauge!(DATABASE_UP).set(1.0);
     gauge!(LISTENER_UP).set(0.0);

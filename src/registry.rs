@@ -202,14 +202,19 @@ mod tests {
     #[test]
     fn builtin_registry_loads_and_knows_the_spec_types() {
         let r = Registry::load(Path::new("/nonexistent"), RegistryMode::Strict).unwrap();
-        assert_eq!(r.len(), 30);
+        assert_eq!(r.len(), 31);
         for t in ["hypothesis.created", "signal.upvote.recorded", "link.contradicts.added", "system.replay_gap"] {
             assert!(r.contains(t), "{t}");
         }
         use crate::event::names;
-        for name in
-            [names::SYSTEM_CLIENT_DROPPED_SLOW, names::SYSTEM_REPLAY_GAP, names::TREE_CREATED, names::TREE_UPDATED, names::TREE_DELETED]
-        {
+        for name in [
+            names::SYSTEM_CLIENT_DROPPED_SLOW,
+            names::SYSTEM_REPLAY_GAP,
+            names::SYSTEM_TOKEN_EXPIRED,
+            names::TREE_CREATED,
+            names::TREE_UPDATED,
+            names::TREE_DELETED,
+        ] {
             assert!(r.contains(name), "{name} must be registered");
         }
     }

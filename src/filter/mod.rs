@@ -52,6 +52,10 @@ pub struct Filter {
     grants: Option<Vec<Glob>>,
     /// The highest visibility the caller may see.
     max_visibility: crate::event::Visibility,
+    /// Whose tree-subscription notifications the caller may see: `None`
+    /// for every one (admins), else only those whose `subscriber` is this
+    /// identity (notifications are private, and may bundle entities).
+    notifications_for: Option<String>,
 }
 
 /// The JSON form, before validation.
@@ -142,6 +146,7 @@ impl Default for Filter {
             payload: None,
             grants: None,
             max_visibility: crate::event::Visibility::Admin,
+            notifications_for: None,
         }
     }
 }
@@ -154,11 +159,19 @@ impl Filter {
 
     /// Intersects this filter with what a caller may receive: its `subscribe`
     /// grants (`None`: every type; asking for `**` with a grant of
-    /// `hypothesis.*` yields only `hypothesis.*`) and its visibility. Every
-    /// delivery path applies this, through `auth::Identity::restrict`.
-    pub fn restrict(mut self, grants: Option<Vec<Glob>>, max_visibility: crate::event::Visibility) -> Self {
+    /// `hypothesis.*` yields only `hypothesis.*`), its visibility, and the
+    /// identity whose tree-subscription notifications it may see (`None`:
+    /// all, for admins). Every delivery path applies this, through
+    /// `auth::Identity::restrict`.
+    pub fn restrict(
+        mut self,
+        grants: Option<Vec<Glob>>,
+        max_visibility: crate::event::Visibility,
+        notifications_for: Option<String>,
+    ) -> Self {
         self.grants = grants;
         self.max_visibility = max_visibility;
+        self.notifications_for = notifications_for;
         self
     }
 
@@ -257,6 +270,12 @@ impl Filter {
     pub fn matches_after_types(&self, input: &MatchInput<'_>, type_matched: bool) -> bool {
         let event = input.body;
         if event.visibility > self.max_visibility {
+            return false;
+        }
+        if let Some(identity) = &self.notifications_for
+            && event.event_type == crate::event::names::SUBSCRIPTION_NOTIFICATION
+            && event.payload.get("subscriber").and_then(|s| s.as_str()) != Some(identity.as_str())
+        {
             return false;
         }
         if let Some(grants) = &self.grants

@@ -69,13 +69,19 @@ pub struct RuleLimits {
     pub max_depth: usize,
     /// Most nodes (objects, arrays and scalars) in the rule.
     pub max_nodes: usize,
+    /// Most bytes one evaluation may build (`TIDINGS_RULE_BUDGET`): over
+    /// it the event does not match, and it is counted.
+    pub budget: usize,
 }
 
 impl Default for RuleLimits {
     fn default() -> Self {
-        Self { max_depth: 32, max_nodes: 1024 }
+        Self { max_depth: 32, max_nodes: 1024, budget: 1 << 20 }
     }
 }
+
+/// The iterating operators: their body runs once per element.
+const LOOPS: &[&str] = &["map", "filter", "reduce", "all", "some", "none"];
 
 /// A validated, compiled rule.
 #[derive(Clone)]
@@ -85,6 +91,11 @@ pub struct PayloadRule {
     /// The equality this rule requires of one payload field, if it has one
     /// the broker can index by ([`Equality`]).
     equality: Option<Arc<Equality>>,
+    /// Most bytes one evaluation may build ([`RuleLimits::budget`]).
+    budget: usize,
+    /// Whether an evaluation of this rule (one client's) went over the
+    /// budget yet: logged once, counted every time.
+    over_budget: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A payload field a rule requires to equal a constant: the rule is
@@ -274,15 +285,40 @@ thread_local! {
     // One evaluation arena per thread, reset after each evaluation, so
     // matching allocates nothing once warmed up.
     static ARENA: RefCell<datalogic_rs::bumpalo::Bump> = RefCell::new(datalogic_rs::bumpalo::Bump::new());
+    // Set while this thread evaluates a rule: the arena's refusal to grow
+    // past the budget unwinds out of the evaluator (bumpalo panics with
+    // "out of memory"), which is a budget stop, not a fault to report.
+    static EVALUATING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Installs (once) a panic hook that keeps budget stops out of the log and
+/// passes every other panic to the hook that was there.
+fn quiet_budget_stops() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let budget_stop = EVALUATING.with(|e| e.get()) && info.payload().downcast_ref::<&str>().is_some_and(|m| *m == "out of memory");
+            if !budget_stop {
+                previous(info);
+            }
+        }));
+    });
 }
 
 impl PayloadRule {
     /// Validates and compiles `rule`.
     pub fn compile(rule: &Value, limits: RuleLimits) -> Result<Self, String> {
         let mut nodes = 0;
-        validate(rule, "payload", 1, limits, &mut nodes)?;
+        validate(rule, "payload", 1, limits, &mut nodes, false)?;
         let logic = engine().compile(rule).map_err(|e| format!("payload: {e}"))?;
-        Ok(Self { source: rule.clone(), logic: Arc::new(logic), equality: equality(rule).map(Arc::new) })
+        Ok(Self {
+            source: rule.clone(),
+            logic: Arc::new(logic),
+            equality: equality(rule).map(Arc::new),
+            budget: limits.budget.max(4096),
+            over_budget: Arc::default(),
+        })
     }
 
     /// The field equality this rule requires, if the broker can index it.
@@ -303,13 +339,42 @@ impl PayloadRule {
 
     /// Like [`Self::matches`] over a payload prepared once with [`prepare`],
     /// so that one event checked against many rules is converted once.
+    ///
+    /// The evaluation builds what it builds (strings, arrays) in an arena
+    /// bounded by the budget: past it the arena refuses to grow, the
+    /// evaluation stops there, and the event does not match. With loops
+    /// never nested (see [`validate`]), the work an evaluation does is
+    /// bounded by the rule's size times the event's, plus what it builds.
     pub fn matches_prepared(&self, payload: &ParsedData) -> bool {
-        ARENA.with(|arena| {
+        quiet_budget_stops();
+        let outcome = ARENA.with(|arena| {
             let mut arena = arena.borrow_mut();
-            let result = engine().evaluate(&self.logic, payload, &arena).map(|v| engine().truthy(v)).unwrap_or(false);
             arena.reset();
-            result
-        })
+            arena.set_allocation_limit(Some(self.budget));
+            EVALUATING.with(|e| e.set(true));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                engine().evaluate(&self.logic, payload, &arena).map(|v| engine().truthy(v)).unwrap_or(false)
+            }));
+            EVALUATING.with(|e| e.set(false));
+            arena.set_allocation_limit(None);
+            arena.reset();
+            outcome
+        });
+        match outcome {
+            Ok(matched) => matched,
+            Err(_) => {
+                metrics::counter!(crate::metrics::FILTER_BUDGET_EXCEEDED).increment(1);
+                if !self.over_budget.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(budget = self.budget, rule = %self.source, "a payload rule went over its evaluation budget; the events it does so on do not match");
+                }
+                false
+            }
+        }
+    }
+
+    /// Whether an evaluation of this rule went over its budget.
+    pub fn went_over_budget(&self) -> bool {
+        self.over_budget.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Evaluates the rule over `data` and returns the JSON result (for the
@@ -328,7 +393,11 @@ pub fn prepare(payload: &Value) -> Option<ParsedData> {
 
 /// Walks the rule: operators known, one key per object, arity in range,
 /// bounded depth and size. `at` names the current place for messages.
-fn validate(value: &Value, at: &str, depth: usize, limits: RuleLimits, nodes: &mut usize) -> Result<(), String> {
+///
+/// A loop (`map`, `filter`, `reduce`, `all`, `some`, `none`) may not sit in
+/// another loop's body: nested, their work grows with the square of the
+/// event (a rule of a few nodes could spend seconds on one large event).
+fn validate(value: &Value, at: &str, depth: usize, limits: RuleLimits, nodes: &mut usize, in_loop: bool) -> Result<(), String> {
     *nodes += 1;
     if *nodes > limits.max_nodes {
         return Err(format!("payload rule has more than {} nodes", limits.max_nodes));
@@ -339,7 +408,7 @@ fn validate(value: &Value, at: &str, depth: usize, limits: RuleLimits, nodes: &m
     match value {
         Value::Array(items) => {
             for (i, item) in items.iter().enumerate() {
-                validate(item, &format!("{at}[{i}]"), depth + 1, limits, nodes)?;
+                validate(item, &format!("{at}[{i}]"), depth + 1, limits, nodes, in_loop)?;
             }
             Ok(())
         }
@@ -364,7 +433,22 @@ fn validate(value: &Value, at: &str, depth: usize, limits: RuleLimits, nodes: &m
                 };
                 return Err(format!("{at}: operator {op:?} takes {expected} arguments, got {count}"));
             }
-            validate(args, &format!("{at}.{op}"), depth + 1, limits, nodes)
+            if LOOPS.contains(&op.as_str()) {
+                if in_loop {
+                    return Err(format!(
+                        "{at}: {op:?} inside another loop's body is refused (its cost grows with the square of the event)"
+                    ));
+                }
+                // The body (the second argument) runs per element; the
+                // list and `reduce`'s initial value run once.
+                let Value::Array(items) = args else { return validate(args, &format!("{at}.{op}"), depth + 1, limits, nodes, false) };
+                *nodes += 1;
+                for (i, item) in items.iter().enumerate() {
+                    validate(item, &format!("{at}.{op}[{i}]"), depth + 2, limits, nodes, i == 1)?;
+                }
+                return Ok(());
+            }
+            validate(args, &format!("{at}.{op}"), depth + 1, limits, nodes, in_loop)
         }
         _ => Ok(()),
     }
@@ -393,6 +477,36 @@ mod tests {
         assert!(!rule(json!({"var": "s"})).unwrap().matches(&json!({"s": ""})));
         assert!(rule(json!({"var": "s"})).unwrap().matches(&json!({"s": "0"})));
         assert!(rule(json!({"in": ["x", {"var": "tags"}]})).unwrap().matches(&json!({"tags": ["x", "y"]})));
+    }
+
+    /// One client's rule cannot spend what it likes on an event: building
+    /// past the budget stops the evaluation (no match, counted), a rule
+    /// within it on the same event is unaffected, and nested loops are
+    /// refused when the rule is compiled.
+    #[test]
+    fn an_evaluation_stops_at_its_budget() {
+        // The rule of the review: 500 copies of a 60 KB field (30 MB).
+        let big = "x".repeat(60_000);
+        let payload = json!({"s": big, "n": 3});
+        let heavy = json!({"==": [{"cat": vec![json!({"var": "s"}); 500]}, "never"]});
+        let limits = RuleLimits { max_nodes: 2048, ..RuleLimits::default() };
+        let heavy = PayloadRule::compile(&heavy, limits).unwrap();
+        let data = prepare(&payload).unwrap();
+        assert!(!heavy.matches_prepared(&data) && heavy.went_over_budget());
+        // A copy the budget allows still works, on the same thread (the
+        // arena is whole again) and the same event.
+        let fits = PayloadRule::compile(&json!({"==": [{"cat": [{"var": "s"}, "!"]}, format!("{big}!")]}), limits).unwrap();
+        assert!(fits.matches_prepared(&data) && !fits.went_over_budget());
+        // An accumulator that doubles each step stops at the budget too.
+        let doubling = json!({"reduce": [{"var": "xs"}, {"cat": [{"var": "accumulator"}, {"var": "accumulator"}]}, "ab"]});
+        let doubling = PayloadRule::compile(&doubling, limits).unwrap();
+        assert!(!doubling.matches(&json!({"xs": vec![0; 64]})) && doubling.went_over_budget());
+        // Loops do not nest.
+        let nested = json!({"some": [{"var": "xs"}, {"some": [{"var": "xs"}, {"==": [1, 2]}]}]});
+        assert!(PayloadRule::compile(&nested, limits).unwrap_err().contains("inside another loop's body"));
+        let sequential =
+            json!({"and": [{"some": [{"var": "xs"}, {"==": [{"var": ""}, 1]}]}, {"all": [{"var": "xs"}, {">": [{"var": ""}, 0]}]}]});
+        assert!(PayloadRule::compile(&sequential, limits).unwrap().matches(&json!({"xs": [1, 2]})));
     }
 
     #[test]

@@ -48,6 +48,12 @@ impl ApiError {
         self
     }
 
+    /// The stable code.
+    #[cfg(test)]
+    pub(crate) fn code(&self) -> &'static str {
+        self.code
+    }
+
     /// `403` with `code`.
     pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, code, message)

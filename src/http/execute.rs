@@ -37,7 +37,8 @@ use serde_json::json;
         (status = 409, description = "`subscription_changed`", body = Object),
         (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
         (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "`store_unavailable`", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "`too_many_subscriptions_for_identity`: the subscriber keeps `TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY` subscriptions", body = Object),
+        (status = 503, description = "`store_unavailable`, `too_many_subscriptions`", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]

@@ -7,6 +7,7 @@ mod caller;
 pub mod error;
 mod events;
 mod execute;
+mod guard;
 mod identity;
 mod openapi;
 mod ops;
@@ -133,6 +134,7 @@ pub fn router(state: AppState) -> Router {
     use utoipa_axum::router::OpenApiRouter;
     use utoipa_axum::routes;
     let cors = cors(&state.settings().cors_origins).ok().flatten();
+    let guard = guard::Guard::new(&state.settings().cors_origins, matches!(state.auth(), AuthMode::Off));
     let (router, api) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(ops::live_page))
         .routes(routes!(ops::client_module))
@@ -161,7 +163,7 @@ pub fn router(state: AppState) -> Router {
     let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn(observe_requests))
+        .layer(axum::middleware::from_fn_with_state(Arc::new(guard), observe_requests))
         .with_state(state);
     match cors {
         Some(cors) => router.layer(cors),
@@ -190,10 +192,11 @@ async fn method_not_allowed() -> ApiError {
 }
 
 /// Gives every request an id (`x-request-id`, echoed when the client sent
-/// one), logs it at debug level with the query string redacted (tokens may
-/// travel there), and counts it by route template (never the raw path:
-/// bounded labels).
-async fn observe_requests(request: Request, next: Next) -> Response {
+/// one), refuses it before anything runs when its head is over the limits
+/// or [`guard`] refuses it, logs it at debug level with the query string
+/// redacted (tokens may travel there), and counts it by route template
+/// (never the raw path: bounded labels).
+async fn observe_requests(axum::extract::State(guard): axum::extract::State<Arc<guard::Guard>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "unmatched".to_owned());
     let request_id = request
@@ -206,10 +209,13 @@ async fn observe_requests(request: Request, next: Next) -> Response {
     let (method, path) = (request.method().clone(), request.uri().path().to_owned());
     let query = request.uri().query().map(crate::auth::redact_query);
     let mutates = request.method() != axum::http::Method::GET && request.method() != axum::http::Method::HEAD;
-    let refused = crate::server::HeadRefusal::check(&request);
+    let refused = match crate::server::HeadRefusal::check(&request) {
+        Some(refusal) => Some(error::head_refusal(refusal)),
+        None => guard.check(&request).map(IntoResponse::into_response),
+    };
     let handle = async move {
         let mut response = match refused {
-            Some(refusal) => error::head_refusal(refusal),
+            Some(refusal) => refusal,
             None => next.run(request).await.into_response(),
         };
         let status = response.status().as_u16();

@@ -58,11 +58,17 @@ pub(crate) async fn health() -> Json<Value> {
     path = "/health/deep",
     tag = "operations",
     responses(
-        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}], events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
+        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
         (status = 503, description = "The same document while the database is down", body = Object),
     )
 )]
-pub(crate) async fn health_deep(State(app): State<AppState>) -> Response {
+pub(crate) async fn health_deep(
+    State(app): State<AppState>,
+    caller: Result<super::caller::MaybeCaller, super::error::ApiError>,
+) -> Response {
+    // Peers (endpoints learned from requests included) and mirror upstreams
+    // are shown to admins only: with auth on, a token with `admin`.
+    let admin = matches!(caller, Ok(super::caller::MaybeCaller(Some(ref identity))) if identity.admin);
     let store = app.store();
     let probe = tokio::time::timeout(Duration::from_secs(2), async { (store.ping().await, store.head().await, store.floor().await) }).await;
     let (up, head, floor) = match probe {
@@ -70,7 +76,7 @@ pub(crate) async fn health_deep(State(app): State<AppState>) -> Response {
         _ => (false, None, None),
     };
     let (listener, reconnects) = store.listener();
-    let peers = if up { app.core().subscriptions().peers().await.ok() } else { None };
+    let peers = if up && admin { app.core().subscriptions().peers().await.ok() } else { None };
     let body = json!({
         "status": if up { "ok" } else { "degraded" },
         "store": store.kind().as_str(),
@@ -81,7 +87,7 @@ pub(crate) async fn health_deep(State(app): State<AppState>) -> Response {
         "listener": { "state": listener, "reconnects": reconnects },
         "uptime_seconds": app.inner.started.elapsed().as_secs(),
         "peers": peers,
-        "mirrors": app.core().subscriptions().mirrors(),
+        "mirrors": if admin { app.core().subscriptions().mirrors() } else { Value::Null },
         "events": {
             "registered_types": app.registry().len(),
             "in_flight_subscriptions": app.broker().client_count(),

@@ -54,7 +54,7 @@ pub(crate) struct StreamQuery {
         ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this id"),
     ),
     responses(
-        (status = 200, description = "An event stream: `retry:`, then `id:` + `data: <envelope>` per event; named notices `system.client_dropped_slow`, `system.replay_gap`; comment heartbeats", content_type = "text/event-stream", body = String),
+        (status = 200, description = "An event stream: `retry:`, then `id:` + `data: <envelope>` per event; named notices `system.client_dropped_slow`, `system.replay_gap`, `system.token_expired` (the token expired: the stream ends); comment heartbeats", content_type = "text/event-stream", body = String),
         (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_last_event_id`, `invalid_accept_envelope`, `invalid_query` (a parameter given twice, or unreadable)", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`envelope_version_unsupported` (lists `supported`)", body = crate::http::openapi::ErrorBody),
@@ -83,6 +83,7 @@ pub(crate) async fn stream(
     let mut options = core.session_options("sse");
     options.permit = Some(core.limits().acquire_stream(&caller)?);
     options.kill = connection.map(|c| c.0.kill_token());
+    options.expires_at = caller.expires_at;
     let start = resume.map_or(Start::Now, Start::Resume);
     let session = Session::open(core, filter, start, options).await?;
 
@@ -167,6 +168,11 @@ impl SseState {
             Item::Dropped(dropped) => {
                 self.phase = Phase::Done;
                 Some(dropped_frame(dropped))
+            }
+            Item::Expired { last_event_id } => {
+                self.phase = Phase::Done;
+                let data = json!({ "last_event_id": last_event_id }).to_string();
+                Some(sse_frame(None, Some(names::SYSTEM_TOKEN_EXPIRED), data.as_bytes()))
             }
             Item::End(End::Shutdown) => {
                 self.phase = Phase::Done;

@@ -24,6 +24,7 @@
 //! live after exactly that page's end (history first, then live, as a
 //! resumed SSE stream does).
 
+use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::Extension;
@@ -59,6 +60,7 @@ mod close {
     pub(super) const PROTOCOL: u16 = 1002;
     pub(super) const UNSUPPORTED: u16 = 1003;
     pub(super) const INVALID: u16 = 1007;
+    pub(super) const POLICY: u16 = 1008;
     pub(super) const TOO_BIG: u16 = 1009;
     pub(super) const INTERNAL: u16 = 1011;
     pub(super) const TRY_LATER: u16 = 1013;
@@ -70,7 +72,7 @@ mod close {
     path = "/v1/ws",
     tag = "streams",
     responses(
-        (status = 101, description = "Switching protocols: JSON-RPC 2.0 text frames. The server sends `stream.hello {server_did, head_seq, profiles, nonce}`; the client sends `stream.auth {body: {device_id, cursor?, filter?}, origin_proof}` once, then `sync.delta {device_id, since, limit?}` pages and `stream.ack {body: {seq}, origin_proof}`; the server pushes `stream.event {seq, event}`. Errors carry `data.code` (`proof_invalid`, `proof_not_owner`, `invalid_device_id`, `invalid_seq`, `invalid_filter`, `invalid_request`, `unauthorized`). Close codes: a client's close answered with its own code, 1000 normal (also after a failed handshake), 1001 shutdown, 1002 protocol error, 1003 binary frame, 1007 invalid UTF-8 or JSON, 1009 message over TIDINGS_WS_MAX_MESSAGE, 1011 internal error, 1013 try again later (`slow_consumer`, stream limits)"),
+        (status = 101, description = "Switching protocols: JSON-RPC 2.0 text frames. The server sends `stream.hello {server_did, head_seq, profiles, nonce}`; the client sends `stream.auth {body: {device_id, cursor?, filter?}, origin_proof}` once, then `sync.delta {device_id, since, limit?}` pages and `stream.ack {body: {seq}, origin_proof}`; the server pushes `stream.event {seq, event}`. Errors carry `data.code` (`proof_invalid`, `proof_not_owner`, `invalid_device_id`, `invalid_seq`, `invalid_filter`, `invalid_request`, `unauthorized`, `auth_timeout`, `token_expired`, `reauth_other_identity`). When the token expires the server stops live delivery and sends `stream.token_expired {last_seq, reauth_by_ms}`; `stream.reauth {token}` with a fresh token for the same `sub` (within TIDINGS_REAUTH_GRACE) resumes it, else an error frame and close 1000. Close codes: a client's close answered with its own code, 1000 normal (also after a failed handshake), 1001 shutdown, 1002 protocol error, 1003 binary frame, 1007 invalid UTF-8 or JSON, 1008 no successful `stream.auth` within TIDINGS_WS_AUTH_TIMEOUT (after an error frame with `data.code` `auth_timeout`), 1009 message over TIDINGS_WS_MAX_MESSAGE, 1011 internal error, 1013 try again later (`slow_consumer`, stream limits)"),
         (status = 426, description = "`upgrade_required`: not a WebSocket upgrade request", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
@@ -139,6 +141,13 @@ struct Device {
     session: Option<Session>,
     /// Held while the device is connected.
     _permit: StreamPermit,
+    /// Its token expired and it was told (`stream.token_expired`): the
+    /// connection closes at this time (Unix ms) unless `stream.reauth`
+    /// brings a fresh token for the same `sub`.
+    reauth_by: Option<i64>,
+    /// Whether it was live when its token expired (else it was catching
+    /// up with `sync.delta`, and goes on doing so after a reauth).
+    live_at_expiry: bool,
 }
 
 /// One connection.
@@ -153,6 +162,20 @@ struct Ws {
     kill: Option<CancellationToken>,
     /// Until auth (see [`Pending`]); taken by [`Ws::run`] at once.
     pending: Option<Box<Pending>>,
+}
+
+/// The deadline key of a connection that has not authenticated (any
+/// other is a Unix time in ms).
+const UNAUTHENTICATED: i64 = -1;
+
+/// A Unix time in ms as the runtime's instant.
+fn instant_at(unix_ms: i64) -> tokio::time::Instant {
+    let left = unix_ms.saturating_sub(chrono::Utc::now().timestamp_millis());
+    tokio::time::Instant::now() + std::time::Duration::from_millis(u64::try_from(left).unwrap_or(0))
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
 }
 
 /// What handling one message leads to.
@@ -193,10 +216,28 @@ impl Ws {
             let kill = self.kill.clone().unwrap_or_default();
             let mut ping = tokio::time::interval(self.app.settings().heartbeat);
             ping.tick().await;
+            // One deadline at a time, boxed so a connection without one
+            // carries no timer: until the device authenticates,
+            // TIDINGS_WS_AUTH_TIMEOUT (an unauthenticated socket holds a
+            // place in the stream limits); then its token's expiry; then,
+            // once told, the grace for `stream.reauth`.
+            let mut timer: Option<(i64, Pin<Box<tokio::time::Sleep>>)> =
+                Some((UNAUTHENTICATED, Box::pin(tokio::time::sleep(self.app.settings().ws_auth_timeout))));
             loop {
+                let want = match self.device.as_deref() {
+                    None => Some(UNAUTHENTICATED),
+                    Some(dev) => dev.reauth_by.or(dev.caller.expires_at.map(|at| at.saturating_mul(1000))),
+                };
+                if want != timer.as_ref().map(|(at, _)| *at) {
+                    timer = want.map(|at| (at, Box::pin(tokio::time::sleep_until(instant_at(at)))));
+                }
                 let next = tokio::select! {
                     _ = shutdown.cancelled() => Next::Close(close::GOING_AWAY, "shutdown"),
                     _ = kill.cancelled() => return,
+                    _ = async { if let Some((_, t)) = timer.as_mut() { t.await } }, if timer.is_some() => {
+                        timer = None;
+                        self.on_deadline().await
+                    }
                     message = std::future::poll_fn(|cx| self.socket.poll_recv(cx)) => match message {
                         None => return,
                         // Boxed: handling a request (auth, catch-up, acks: store
@@ -233,6 +274,7 @@ impl Ws {
         let mut options = self.app.core().session_options("ws");
         options.kill = self.kill.clone();
         options.heartbeat = None;
+        options.expires_at = self.device.as_deref().and_then(|d| d.caller.expires_at);
         options
     }
 
@@ -284,8 +326,16 @@ impl Ws {
         match method {
             "stream.auth" => self.auth(&id, params, pending).await,
             "sync.delta" if self.device.is_none() => Next::Close(close::PROTOCOL, "delta_before_auth"),
-            "sync.delta" => self.delta(&id, &params).await,
             "stream.ack" if self.device.is_none() => Next::Close(close::PROTOCOL, "ack_before_auth"),
+            "stream.reauth" if self.device.is_none() => Next::Close(close::PROTOCOL, "reauth_before_auth"),
+            "stream.reauth" => self.reauth(&id, &params).await,
+            _ if self.device.as_deref().is_some_and(|d| d.reauth_by.is_some()) => {
+                match self.send_error(&id, -32001, "token_expired", "the token expired: send stream.reauth with a fresh token").await {
+                    Ok(()) => Next::Go,
+                    Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+                }
+            }
+            "sync.delta" => self.delta(&id, &params).await,
             "stream.ack" => self.ack(&id, params).await,
             _ => Next::Close(close::PROTOCOL, "unknown_method"),
         }
@@ -353,8 +403,19 @@ impl Ws {
         let Some(Pending { caller: Ok(caller), permit: Some(Ok(permit)) }) = pending.take().map(|p| *p) else {
             return Next::Close(close::INTERNAL, "no_permit");
         };
-        self.device =
-            Some(Box::new(Device { owner, device_id, caller, filter_json, filter, head, delivered: cursor, session, _permit: permit }));
+        self.device = Some(Box::new(Device {
+            owner,
+            device_id,
+            caller,
+            filter_json,
+            filter,
+            head,
+            delivered: cursor,
+            session,
+            _permit: permit,
+            reauth_by: None,
+            live_at_expiry: false,
+        }));
         self.answer(id, json!({"head_seq": head, "cursor": cursor})).await
     }
 
@@ -429,6 +490,76 @@ impl Ws {
         }
     }
 
+    /// The connection's deadline passed: before auth, it closes (1008);
+    /// at the token's expiry, live delivery stops and the device is told
+    /// (`stream.token_expired`), with `TIDINGS_REAUTH_GRACE` to send
+    /// `stream.reauth`; after that, it closes (1000).
+    async fn on_deadline(&mut self) -> Next {
+        let grace = self.app.settings().reauth_grace;
+        let Some(dev) = self.device.as_deref_mut() else {
+            let _ = self.send_error(&Value::Null, -32001, "auth_timeout", "stream.auth was not sent in time").await;
+            return Next::Close(close::POLICY, "auth_timeout");
+        };
+        if dev.reauth_by.is_some() {
+            let _ = self.send_error(&Value::Null, -32001, "token_expired", "the token expired and no fresh one came in time").await;
+            return Next::Close(close::NORMAL, "token_expired");
+        }
+        dev.live_at_expiry = dev.session.take().is_some();
+        let by = now_ms().saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
+        dev.reauth_by = Some(by);
+        let notice = json!({"jsonrpc": "2.0", "method": "stream.token_expired", "params": {"last_seq": dev.delivered, "reauth_by_ms": by}});
+        match self.send_json(&notice).await {
+            Ok(()) => Next::Go,
+            Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+        }
+    }
+
+    /// `stream.reauth {token}`: a fresh token for the same `sub` extends
+    /// the connection (its grants and visibility take over); live delivery
+    /// goes on from where it stopped.
+    async fn reauth(&mut self, id: &Value, params: &Value) -> Next {
+        let crate::auth::AuthMode::Jwt(verifier) = self.app.auth() else {
+            return match self.send_error(id, -32600, "invalid_request", "authentication is off: there is no token to renew").await {
+                Ok(()) => Next::Go,
+                Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+            };
+        };
+        let identity = match verifier.verify(params["token"].as_str().unwrap_or("")) {
+            Ok(identity) => identity,
+            Err(e) => return self.send_refusal(id, &e).await,
+        };
+        let Some(dev) = self.device.as_deref_mut() else { return Next::Close(close::PROTOCOL, "reauth_before_auth") };
+        if identity.sub != dev.caller.sub {
+            return match self.send_error(id, -32003, "reauth_other_identity", "stream.reauth takes a token for the same sub").await {
+                Ok(()) => Next::Go,
+                Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+            };
+        }
+        let filter = match &dev.filter_json {
+            Some(json) => match Filter::from_json(json, self.app.core().filter_limits()) {
+                Ok(f) => f,
+                Err(e) => return self.send_refusal(id, &e).await,
+            },
+            None => Filter::any(),
+        };
+        dev.filter = Arc::new(identity.restrict(filter));
+        dev.caller = identity;
+        let resume_live = dev.reauth_by.take().is_some() && dev.live_at_expiry;
+        let (expires_at, delivered) = (dev.caller.expires_at, dev.delivered);
+        if resume_live {
+            // Live again from the last event sent (what came meanwhile is
+            // read from the log first).
+            let core = self.app.core().clone();
+            let options = self.session_options();
+            let Some(dev) = self.device.as_deref_mut() else { return Next::Go };
+            match Session::open(&core, dev.filter.clone(), Start::After(delivered), options).await {
+                Ok(session) => dev.session = Some(session),
+                Err(e) => return self.send_refusal(id, &e).await,
+            }
+        }
+        self.answer(id, json!({"expires_at": expires_at})).await
+    }
+
     async fn answer(&mut self, id: &Value, result: Value) -> Next {
         match self.send_json(&json!({"jsonrpc": "2.0", "id": id, "result": result})).await {
             Ok(()) => Next::Go,
@@ -438,6 +569,11 @@ impl Ws {
 
     async fn on_item(&mut self, item: Item) -> Next {
         match item {
+            Item::Events { .. } if self.device.as_deref().is_some_and(|d| d.caller.expires_at.is_some_and(|at| at * 1000 <= now_ms())) => {
+                // Nothing is sent under a token past its life.
+                self.on_deadline().await
+            }
+            Item::Expired { .. } => self.on_deadline().await,
             Item::Events { frames, replayed } => {
                 let floor = self.device.as_ref().map_or(0, |d| d.delivered);
                 // Each event's `stream.event` text is built once and shared;

@@ -27,6 +27,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 mod direct;
+mod idle;
 pub mod tls;
 
 /// Longest request target (path and query) accepted: room for the longest
@@ -180,14 +181,14 @@ async fn serve_connection(
         }
         direct::First::Other(read) => {
             let io = direct::Rewind::new(read, stream, refusals, options.write_timeout);
-            Box::pin(serve_hyper(io, connection, router, header_timeout, shutdown)).await
+            Box::pin(serve_h1(TokioIo::new(io), connection, router, header_timeout, shutdown)).await
         }
         // h2c with prior knowledge (what a proxy in front of tidings speaks
         // when it talks HTTP/2 without TLS): always on, it costs HTTP/1.1
         // clients nothing.
         direct::First::H2c(read) => {
             let io = direct::Rewind::new(read, stream, refusals, options.write_timeout);
-            Box::pin(serve_auto(TokioIo::new(io), true, connection, router, header_timeout, shutdown)).await
+            Box::pin(serve_h2(TokioIo::new(io), connection, router, header_timeout, shutdown)).await
         }
     }
 }
@@ -215,50 +216,70 @@ async fn serve_tls(
         },
         _ = connection.kill.cancelled() => return,
     };
-    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-    serve_auto(TokioIo::new(stream), h2, connection, router, header_timeout, shutdown).await;
+    // The protocol is what ALPN settled: no bytes are read to guess it
+    // (a guess that waits for bytes would be a phase without a deadline).
+    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+        serve_h2(TokioIo::new(stream), connection, router, header_timeout, shutdown).await;
+    } else {
+        serve_h1(TokioIo::new(stream), connection, router, header_timeout, shutdown).await;
+    }
 }
 
-/// Serves a connection with hyper's automatic builder: HTTP/2 when the
-/// client speaks it (`h2`: negotiated by ALPN, or the prior-knowledge
-/// preface), else HTTP/1.1 with upgrades. On HTTP/2 each request gets a
-/// kill token of its own, a child of the connection's: the broker ending
-/// one slow stream resets that stream, not the others sharing the
-/// connection.
-async fn serve_auto<I>(io: I, h2: bool, connection: Connection, router: Router, header_timeout: Duration, shutdown: CancellationToken)
+/// Serves an HTTP/2 connection (negotiated by ALPN, or the prior-knowledge
+/// preface) with hyper. Each request gets a kill token of its own, a child
+/// of the connection's: the broker ending one slow stream resets that
+/// stream, not the others sharing the connection. The connection has a
+/// deadline whenever it has no stream open: the preface and a first whole
+/// request within `header_timeout` of the connection, and the next one
+/// within `header_timeout` of the last stream's end (a client that sends a
+/// preface, or half a HEADERS frame, and nothing more holds nothing).
+async fn serve_h2<I>(io: I, connection: Connection, router: Router, header_timeout: Duration, shutdown: CancellationToken)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let kill = connection.kill.clone();
+    let streams = Arc::new(idle::Streams::default());
+    let open = streams.clone();
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         let mut connection = connection.clone();
-        if h2 {
-            connection.kill = connection.kill.child_token();
-        }
+        connection.kill = connection.kill.child_token();
         request.extensions_mut().insert(connection);
         let router = router.clone();
-        async move { router.oneshot(request.map(Body::new)).await.map_err(|e: Infallible| match e {}) }
+        let guard = open.opened();
+        async move {
+            let response = router.oneshot(request.map(Body::new)).await.map_err(|e: Infallible| match e {})?;
+            Ok::<_, Infallible>(response.map(|body| Body::new(idle::Tracked::new(body, guard))))
+        }
     });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true).max_headers(2 * MAX_HEADERS);
-    builder.http2().timer(TokioTimer::new());
-    let conn = pin!(builder.serve_connection_with_upgrades(io, service));
-    drive(conn, |c| c.graceful_shutdown(), &shutdown, &kill).await;
+    let mut builder = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder.timer(TokioTimer::new());
+    let conn = pin!(builder.serve_connection(io, service));
+    let idle = streams.idle_for(header_timeout);
+    drive(conn, |c| c.graceful_shutdown(), &shutdown, &kill, idle, header_timeout).await;
 }
 
 /// Drives a hyper connection until it ends: on `shutdown` it shuts down
 /// gracefully (requests in flight finish; streams end on the same token),
-/// on `kill` it is dropped at once.
+/// on `kill` it is dropped at once. When `idle` resolves (an HTTP/2
+/// connection with no stream for too long) it shuts down gracefully too,
+/// and is dropped if that takes longer than `grace`.
 async fn drive<F, E>(
     mut conn: std::pin::Pin<&mut F>,
     graceful: fn(std::pin::Pin<&mut F>),
     shutdown: &CancellationToken,
     kill: &CancellationToken,
+    idle: impl Future<Output = ()>,
+    grace: Duration,
 ) where
     F: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
     let mut draining = false;
+    let mut idle = pin!(idle);
+    let mut idled = false;
+    // Armed when `idle` resolves; never polled before.
+    let deadline = tokio::time::sleep(grace);
+    let mut deadline = pin!(deadline);
     loop {
         tokio::select! {
             result = conn.as_mut() => {
@@ -271,12 +292,27 @@ async fn drive<F, E>(
                 graceful(conn.as_mut());
                 draining = true;
             }
+            _ = idle.as_mut(), if !idled => {
+                idled = true;
+                if !draining {
+                    graceful(conn.as_mut());
+                    draining = true;
+                }
+                deadline.as_mut().reset(tokio::time::Instant::now() + grace);
+            }
+            _ = deadline.as_mut(), if idled => break,
             _ = kill.cancelled() => break,
         }
     }
 }
 
-async fn serve_hyper(io: direct::Rewind, connection: Connection, router: Router, header_timeout: Duration, shutdown: CancellationToken) {
+/// Serves an HTTP/1.1 connection with hyper (with upgrades: a WebSocket
+/// works on it). hyper's head deadline runs whenever the connection waits
+/// for a request head, from its first byte on.
+async fn serve_h1<I>(io: I, connection: Connection, router: Router, header_timeout: Duration, shutdown: CancellationToken)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let kill = connection.kill.clone();
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         request.extensions_mut().insert(connection.clone());
@@ -291,6 +327,6 @@ async fn serve_hyper(io: direct::Rewind, connection: Connection, router: Router,
     // hard limits gets hyper's empty `431`.
     builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true).max_headers(2 * MAX_HEADERS);
     // Upgrades (WebSocket) hand the connection to the handler after a 101.
-    let conn = pin!(builder.serve_connection(TokioIo::new(io), service).with_upgrades());
-    drive(conn, |c| c.graceful_shutdown(), &shutdown, &kill).await;
+    let conn = pin!(builder.serve_connection(io, service).with_upgrades());
+    drive(conn, |c| c.graceful_shutdown(), &shutdown, &kill, std::future::pending(), header_timeout).await;
 }

@@ -151,7 +151,7 @@ impl Core {
         FilterLimits {
             max_bytes: s.max_filter_bytes,
             max_list: s.max_filter_list,
-            rule: crate::filter::RuleLimits { max_depth: s.max_rule_depth, max_nodes: s.max_rule_nodes },
+            rule: crate::filter::RuleLimits { max_depth: s.max_rule_depth, max_nodes: s.max_rule_nodes, budget: s.rule_budget },
         }
     }
 

@@ -54,6 +54,9 @@ pub enum PollError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A long-poll over the stream limits (`too_many_streams`, `too_many_streams_for_identity`).
+    #[error(transparent)]
+    Limit(#[from] super::limits::LimitError),
 }
 
 impl Refusal for PollError {
@@ -65,6 +68,7 @@ impl Refusal for PollError {
             Self::NotOwner(_) => "not_consumer_owner",
             Self::NotFound(_) => "consumer_not_found",
             Self::Store(e) => e.code(),
+            Self::Limit(e) => e.code(),
         }
     }
 
@@ -75,12 +79,14 @@ impl Refusal for PollError {
             Self::NotOwner(_) => Kind::Forbidden,
             Self::NotFound(_) => Kind::NotFound,
             Self::Store(e) => e.kind(),
+            Self::Limit(e) => e.kind(),
         }
     }
 
     fn wrapped(&self) -> Option<&dyn Refusal> {
         match self {
             Self::Store(e) => Some(e),
+            Self::Limit(e) => Some(e),
             _ => None,
         }
     }
@@ -136,6 +142,14 @@ fn actor(caller: &Identity) -> Actor<'_> {
     Actor { sub: &caller.sub, admin: caller.admin }
 }
 
+/// How long `caller`'s token has left (no limit with auth off).
+pub fn until_expiry(caller: &Identity) -> Duration {
+    match caller.expires_at {
+        Some(at) => Duration::from_millis(u64::try_from(at.saturating_mul(1000) - now_ms()).unwrap_or(0)),
+        None => Duration::MAX,
+    }
+}
+
 /// Answers one poll for `caller`.
 pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Result<PollPage, PollError> {
     if let Some(id) = &request.consumer_id {
@@ -158,6 +172,10 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     if let Some(json) = &request.filter_json {
         Filter::from_json(json, limits)?;
     }
+    // A poll that waits is a stream while it waits: it holds a place in
+    // the stream limits (taken before a consumer is stored, so a refusal
+    // stores nothing).
+    let permit = if wait.is_zero() { None } else { Some(core.limits().acquire_stream(caller)?) };
     let (filter_json, after) = match &request.consumer_id {
         None => (
             request.filter_json.clone(),
@@ -198,8 +216,11 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     options.live = !wait.is_zero();
     options.heartbeat = None;
     options.scan_budget = Some(settings.poll_max_scan);
+    options.permit = permit;
     let mut session = Session::open(core, filter, Start::After(after), options).await?;
-    let deadline = tokio::time::Instant::now() + wait;
+    // The wait ends at the token's expiry, whatever was asked: nothing is
+    // delivered under a token past its life.
+    let deadline = tokio::time::Instant::now() + wait.min(until_expiry(caller));
     let (mut events, mut has_more, mut caught_up, mut gap) = (Vec::new(), false, false, None);
     loop {
         let item = tokio::select! {
@@ -235,7 +256,7 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
             // The first gap is the one the client asked about.
             Item::Gap(found) => gap = gap.or(Some(found)),
             Item::Heartbeat => {}
-            Item::Dropped(_) | Item::End(End::Over | End::Shutdown | End::Failed) => break,
+            Item::Dropped(_) | Item::Expired { .. } | Item::End(End::Over | End::Shutdown | End::Failed) => break,
         }
     }
     metrics::counter!(m::EVENTS_DELIVERED, "transport" => "poll").increment(events.len() as u64);

@@ -70,6 +70,11 @@ pub struct SessionOptions {
     pub scan_budget: Option<usize>,
     /// The stream's place in the stream limits, held for the session's life.
     pub permit: Option<StreamPermit>,
+    /// When the token that opened the session expires (Unix seconds,
+    /// leeway included): nothing is delivered after it, and the session
+    /// ends with [`Item::Expired`] (at the expiry when it has heartbeats,
+    /// else at its next item).
+    pub expires_at: Option<i64>,
 }
 
 /// A resume point that the log cannot serve without a gap.
@@ -127,6 +132,12 @@ pub enum Item {
     Heartbeat,
     /// Dropped as a slow client; the session ends.
     Dropped(Dropped),
+    /// The token that opened the session expired; the session ends. The
+    /// client resumes after `last_event_id` with a fresh token.
+    Expired {
+        /// The last id delivered.
+        last_event_id: Option<EventId>,
+    },
     /// The end; every later call answers the same.
     End(End),
 }
@@ -156,6 +167,10 @@ pub struct Session {
     heartbeat: Option<Duration>,
     /// The heartbeat's timer, made when the session first waits live.
     beat: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// When the caller's token expires, in Unix seconds (see
+    /// [`SessionOptions::expires_at`]; four bytes, which fit the
+    /// session's padding).
+    expiry: Option<std::num::NonZeroU32>,
     /// Every event up to here was delivered or filtered out.
     cursor: EventId,
     /// The last id delivered (what the client's Last-Event-ID is).
@@ -194,8 +209,20 @@ impl Core {
             max_replay: s.max_replay,
             scan_budget: None,
             permit: None,
+            expires_at: None,
         }
     }
+}
+
+/// Whether a token that expires at `at` (Unix seconds) has.
+fn expired(at: std::num::NonZeroU32) -> bool {
+    chrono::Utc::now().timestamp() >= i64::from(at.get())
+}
+
+/// Unix seconds as the runtime's instant.
+fn instant_of(at: std::num::NonZeroU32) -> tokio::time::Instant {
+    let left = (i64::from(at.get()) * 1000).saturating_sub(chrono::Utc::now().timestamp_millis());
+    tokio::time::Instant::now() + Duration::from_millis(u64::try_from(left).unwrap_or(0))
 }
 
 /// About how many bytes of stored rows one replay page reads: what a
@@ -252,7 +279,10 @@ impl Session {
             Start::Resume(id) | Start::After(id) => Some(id),
             Start::Now => None,
         };
-        let SessionOptions { transport, kill, heartbeat, read_batch, scan_budget, permit, .. } = options;
+        let SessionOptions { transport, kill, heartbeat, read_batch, scan_budget, permit, expires_at, .. } = options;
+        // Past 2106 a token lives as long as u32 seconds reach.
+        let expiry = expires_at
+            .map(|at| std::num::NonZeroU32::new(u32::try_from(at.max(1)).unwrap_or(u32::MAX)).unwrap_or(std::num::NonZeroU32::MIN));
         Ok(Self {
             broker,
             subscription,
@@ -263,6 +293,7 @@ impl Session {
             transport,
             heartbeat,
             beat: None,
+            expiry,
             cursor,
             last_sent,
             target: position,
@@ -303,8 +334,27 @@ impl Session {
         self.broker.store()
     }
 
-    /// The next item.
+    /// The next item; nothing is delivered once the caller's token has
+    /// expired: the session ends with [`Item::Expired`] instead.
     pub async fn next(&mut self) -> Item {
+        if matches!(self.phase, Phase::Done(_)) {
+            return self.next_item().await;
+        }
+        let before = self.last_sent;
+        let item = self.next_item().await;
+        match self.expiry {
+            Some(at) if expired(at) && !matches!(item, Item::End(_) | Item::Dropped(_)) => {
+                // Frames taken but not delivered are not the client's: it
+                // resumes after what it received.
+                let last_event_id = if matches!(item, Item::Events { .. }) { before } else { self.last_sent };
+                self.phase = Phase::Done(End::Over);
+                Item::Expired { last_event_id }
+            }
+            _ => item,
+        }
+    }
+
+    async fn next_item(&mut self) -> Item {
         if let Some(aside) = self.aside.as_mut() {
             if let Some(gap) = aside.gap.take() {
                 return Item::Gap(gap);
@@ -348,8 +398,13 @@ impl Session {
         }
         let Some(every) = self.heartbeat else { return Poll::Pending };
         // A heartbeat is due an interval after the client last took a frame
-        // (or history, or a heartbeat).
-        let due = || tokio::time::Instant::from_std(sub.idle_since() + every);
+        // (or history, or a heartbeat), and at the token's expiry (which
+        // [`Session::next`] turns into the end).
+        let expiry = self.expiry.map(instant_of);
+        let due = || {
+            let beat = tokio::time::Instant::from_std(sub.idle_since() + every);
+            expiry.map_or(beat, |at| beat.min(at))
+        };
         let beat = self.beat.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due())));
         loop {
             std::task::ready!(beat.as_mut().poll(cx));

@@ -80,6 +80,8 @@ pub struct CourierSettings {
     /// would otherwise hold its slot of the prefix's capacity until its
     /// token expires.
     pub evict_after: Duration,
+    /// Where this server may call (`TIDINGS_PEER_ALLOW`).
+    pub allow: std::sync::Arc<crate::peer::PeerAllow>,
 }
 
 /// A remote subscription, as the engine hands it over.
@@ -154,7 +156,7 @@ struct StoredPayload {
 pub(super) struct Courier {
     store: Arc<dyn Store>,
     server: Arc<ServerIdentity>,
-    http: reqwest::Client,
+    http: crate::peer::Outbound,
     settings: CourierSettings,
     /// The log's head as the broker follows it: wakes lanes.
     follow: watch::Receiver<EventId>,
@@ -170,8 +172,7 @@ impl Courier {
         states: PeerStates,
     ) -> Self {
         // A peer's redirect is not followed: deliveries go to its endpoint only.
-        let http =
-            reqwest::Client::builder().timeout(settings.timeout).redirect(reqwest::redirect::Policy::none()).build().unwrap_or_default();
+        let http = crate::peer::Outbound::new(settings.allow.clone(), settings.timeout);
         Self { store, server, http, settings, follow, states }
     }
 
@@ -598,7 +599,11 @@ impl<'a> Sender<'a> {
             Ok(endpoint) => endpoint,
             Err(why) => return Attempt::Failed(why),
         };
-        let sent = self.courier.http.post(format!("{endpoint}/v1/execute")).header("x-chain-id", chain_id).json(envelope).send().await;
+        let request = match self.courier.http.post(&format!("{endpoint}/v1/execute")) {
+            Ok(request) => request,
+            Err(why) => return Attempt::Failed(why),
+        };
+        let sent = request.header("x-chain-id", chain_id).json(envelope).send().await;
         let response = match sent {
             Ok(r) => r,
             Err(e) => return Attempt::Failed(e.to_string()),

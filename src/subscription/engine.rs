@@ -537,7 +537,15 @@ impl Engine {
         if let Some(p) = &change.previous_hash {
             data["previous_hash"] = json!(p);
         }
-        let mut payload = json!({ "type": "system/subscription/notification", "data": data, "chain_id": chain_id });
+        // `subscriber`: whose notification this is; only that identity (a
+        // token whose `sub` it is) and admins receive it. Not part of what
+        // a courier forwards (`type` and `data`).
+        let mut payload = json!({
+            "type": "system/subscription/notification",
+            "data": data,
+            "chain_id": chain_id,
+            "subscriber": active.sub.subscriber_identity,
+        });
         // include_payload: the changed entity rides along whenever it
         // resolves; nothing is bundled for a deletion.
         if active.sub.include_payload

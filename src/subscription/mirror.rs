@@ -111,6 +111,8 @@ pub struct MirrorSettings {
     /// attach elsewhere (`TIDINGS_MIRROR_REPAIR_TIMEOUT`); the upstream is
     /// probed four times in that span.
     pub repair_timeout: Duration,
+    /// Where this server may call (`TIDINGS_PEER_ALLOW`).
+    pub allow: std::sync::Arc<crate::peer::PeerAllow>,
 }
 
 /// A mirror's status, for `/health/deep`.
@@ -212,7 +214,7 @@ fn spec(name: &str, data: &Value) -> Result<Spec, String> {
 pub(super) struct Mirrors {
     store: Arc<dyn Store>,
     server: Arc<ServerIdentity>,
-    http: reqwest::Client,
+    http: crate::peer::Outbound,
     settings: MirrorSettings,
     follow: watch::Receiver<EventId>,
     states: MirrorStates,
@@ -230,8 +232,7 @@ impl Mirrors {
         states: MirrorStates,
     ) -> Self {
         // A peer's redirect is not followed: requests go to its endpoint only.
-        let http =
-            reqwest::Client::builder().timeout(settings.timeout).redirect(reqwest::redirect::Policy::none()).build().unwrap_or_default();
+        let http = crate::peer::Outbound::new(settings.allow.clone(), settings.timeout);
         Self { store, server, http, settings, follow, states, wakes: Default::default() }
     }
 
@@ -606,7 +607,7 @@ impl Mirrors {
 
     async fn post(&self, upstream: &str, envelope: &Value) -> Result<(u16, Value), String> {
         let endpoint = self.endpoint(upstream).await?;
-        let r = self.http.post(format!("{endpoint}/v1/execute")).json(envelope).send().await.map_err(|e| e.to_string())?;
+        let r = self.http.post(&format!("{endpoint}/v1/execute"))?.json(envelope).send().await.map_err(|e| e.to_string())?;
         let status = r.status().as_u16();
         Ok((status, crate::peer::read_json(r).await))
     }
@@ -675,7 +676,7 @@ impl Mirrors {
     async fn answers(&self, peer: &str) -> bool {
         let Ok(endpoint) = self.endpoint(peer).await else { return false };
         let within = (self.settings.repair_timeout / 4).min(self.settings.timeout).max(Duration::from_millis(50));
-        crate::peer::proves(&self.http, peer, &endpoint, within).await
+        self.http.proves(peer, &endpoint, within).await
     }
 
     /// Cancels the abandoned subscriptions whose relay answers again (all
@@ -710,7 +711,7 @@ impl Mirrors {
     /// Whether `endpoint` answers `GET /v1/identity` as `peer`; if so, and
     /// this server does not know `peer` yet, it learns it there.
     async fn prove(&self, peer: &str, endpoint: &str) -> bool {
-        if !crate::peer::proves(&self.http, peer, endpoint, self.settings.timeout).await {
+        if !self.http.proves(peer, endpoint, self.settings.timeout).await {
             return false;
         }
         let agent = Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) };
@@ -736,7 +737,7 @@ impl Mirrors {
     /// if nothing is there.
     async fn reread(&self, upstream: &str, path: &str) -> Result<Option<(String, String)>, String> {
         let endpoint = self.endpoint(upstream).await?;
-        let r = self.http.get(format!("{endpoint}/v1/tree/{path}")).send().await.map_err(|e| e.to_string())?;
+        let r = self.http.get(&format!("{endpoint}/v1/tree/{path}"))?.send().await.map_err(|e| e.to_string())?;
         match r.status().as_u16() {
             404 => Ok(None),
             200 => {
@@ -1005,7 +1006,8 @@ impl Applier<'_> {
             if !listed.insert(dir.clone()) {
                 continue;
             }
-            let Ok(r) = self.mirror.http.get(format!("{endpoint}/v1/tree/{dir}/")).send().await else { return };
+            let Ok(request) = self.mirror.http.get(&format!("{endpoint}/v1/tree/{dir}/")) else { return };
+            let Ok(r) = request.send().await else { return };
             let listing = crate::peer::read_json(r).await;
             let below = format!("{dir}/");
             for child in listing["children"].as_array().into_iter().flatten() {

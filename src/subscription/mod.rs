@@ -193,6 +193,9 @@ pub enum ExecuteError {
     /// `too_many_subscriptions`.
     #[error("{0}")]
     TooManySubscriptions(String),
+    /// `too_many_subscriptions_for_identity`.
+    #[error("{0}")]
+    TooManySubscriptionsForIdentity(String),
     /// `subscription_not_found`.
     #[error("{0}")]
     SubscriptionNotFound(String),
@@ -252,6 +255,7 @@ impl Refusal for ExecuteError {
             Self::EmbeddedCapUnauthorized(_) => "embedded_cap_unauthorized",
             Self::SubscriptionChanged(_) => "subscription_changed",
             Self::TooManySubscriptions(_) => "too_many_subscriptions",
+            Self::TooManySubscriptionsForIdentity(_) => "too_many_subscriptions_for_identity",
             Self::SubscriptionNotFound(_) => "subscription_not_found",
             Self::NotSubscriptionOwner(_) => "not_subscription_owner",
             Self::CapabilityInsufficient(_) => "capability_insufficient",
@@ -291,6 +295,7 @@ impl Refusal for ExecuteError {
             Self::ChainUnreachable(_) | Self::SubscriptionNotFound(_) | Self::HandlerNotFound(_) => Kind::NotFound,
             Self::SubscriptionChanged(_) => Kind::Conflict,
             Self::TooManySubscriptions(_) => Kind::Unavailable,
+            Self::TooManySubscriptionsForIdentity(_) => Kind::TooMany,
             Self::SignatureInvalid(_) => Kind::Unauthenticated,
             Self::Store(_) => Kind::Unavailable,
         }
@@ -354,6 +359,8 @@ pub struct Subscriptions {
     server: Arc<ServerIdentity>,
     max_per_prefix: u64,
     max_total: usize,
+    /// Most subscriptions one subscriber identity keeps.
+    max_per_identity: usize,
     /// Serialises subscribes and unsubscribes in this process: capacity and
     /// renewal are read-then-write.
     gate: tokio::sync::Mutex<()>,
@@ -361,28 +368,33 @@ pub struct Subscriptions {
     peer_states: courier::PeerStates,
     /// Each mirror's status.
     mirror_states: mirror::MirrorStates,
-    /// For proving a peer's endpoint (`GET /v1/identity` there).
-    http: reqwest::Client,
+    /// For proving a peer's endpoint (`GET /v1/identity` there), under
+    /// `TIDINGS_PEER_ALLOW`.
+    http: crate::peer::Outbound,
 }
 
 impl Subscriptions {
     /// A handler over `store`, acting as `server`, keeping at most
     /// `max_total` subscriptions (capped at [`MAX_SUBSCRIPTIONS`]) and
-    /// redirecting beyond `max_per_prefix` per pattern (`0`: no limit).
-    pub fn new(store: Arc<dyn Store>, server: Arc<ServerIdentity>, max_per_prefix: u64, max_total: usize) -> Self {
+    /// `max_per_identity` per subscriber, and redirecting beyond
+    /// `max_per_prefix` per pattern (`0`: no limit).
+    pub fn new(
+        store: Arc<dyn Store>,
+        server: Arc<ServerIdentity>,
+        max_per_prefix: u64,
+        (max_total, max_per_identity): (usize, usize),
+        http: crate::peer::Outbound,
+    ) -> Self {
         Self {
             store,
             server,
             max_per_prefix,
             max_total: max_total.min(MAX_SUBSCRIPTIONS),
+            max_per_identity,
             gate: tokio::sync::Mutex::new(()),
             peer_states: courier::PeerStates::default(),
             mirror_states: mirror::MirrorStates::default(),
-            http: reqwest::Client::builder()
-                .timeout(std::time::Duration::from_secs(5))
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .unwrap_or_default(),
+            http,
         }
     }
 
@@ -478,6 +490,7 @@ impl Subscriptions {
         }
         // A remote inbox's server verifies the chain at every delivery: it
         // must be rooted there, and this server must know where that is.
+        let mut learn = None;
         if let Some(peer) = &request.deliver_peer {
             if chain.last().is_none_or(|root| root.granter != *peer) {
                 return Err(ExecuteError::DeliverTokenInsufficient(format!(
@@ -485,11 +498,15 @@ impl Subscriptions {
                 )));
             }
             if self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await?.is_none() {
-                self.learn_peer(peer, caller.author, request.relay_endpoint.as_deref(), caller.chain_id).await?;
+                learn = Some((peer.clone(), self.learnable(peer, caller.author, request.relay_endpoint.as_deref())?));
             }
         }
         if !capability::in_chain(&chain, caller.author) {
             return Err(ExecuteError::EmbeddedCapUnauthorized("subscriber identity not in deliver_token authority chain".into()));
+        }
+        // 3b. Bundling content needs read access, not only subscribe.
+        if let Some(refused) = payload_check(caller, request.include_payload, &request.pattern) {
+            return Err(refused);
         }
         // 2b. Keep the chain (tokens, their signatures, their granters) so
         // the engine can resolve the token by hash later; stored once the
@@ -497,23 +514,32 @@ impl Subscriptions {
         let content = chain_content(&chain, caller.included);
         let deliver_chain: Vec<String> =
             if request.deliver_peer.is_some() { content.iter().map(|(hash, _)| hash.clone()).collect() } else { Vec::new() };
+        let pattern = request.pattern.as_str();
+        // A new peer is proven by a call to its endpoint: only once the
+        // request is accepted (every check above, and room for it), and
+        // outside the gate (a slow endpoint holds up no other subscribe).
+        // The room is checked again under the gate before anything is
+        // stored.
+        if let Some((peer, endpoint)) = &learn {
+            {
+                let _gate = self.gate.lock().await;
+                let existing = self.list().await?;
+                if !self.renews(&existing, caller.author, &request)
+                    && let Some(answer) = self.no_room(&existing, caller.author, pattern)
+                {
+                    return answer;
+                }
+            }
+            self.prove_peer(peer, endpoint).await?;
+        }
         let _gate = self.gate.lock().await;
         let existing = self.list().await?;
-        let pattern = request.pattern.as_str();
         // Renewal: same subscriber, pattern, inbox and operation. The token
         // rotates (it was just checked for that operation) and the request's
         // terms (events, include_payload, limits) replace the stored ones,
         // checked as for a new subscription; the id, the creation time (so
         // max_duration_ms) and the delivered count stay.
-        if let Some((entry, found)) = existing.iter().find(|(_, s)| {
-            s.subscriber_identity == caller.author
-                && s.pattern == pattern
-                && s.deliver_uri == request.deliver_uri
-                && s.deliver_operation == request.deliver_operation
-        }) {
-            if let Some(refused) = payload_check(caller, request.include_payload, &request.pattern) {
-                return Err(refused);
-            }
+        if let Some((entry, found)) = existing.iter().find(|(_, s)| renewal_of(s, caller.author, &request)) {
             let renewed = Subscription {
                 deliver_token: token_hash.to_owned(),
                 deliver_chain,
@@ -523,50 +549,17 @@ impl Subscriptions {
                 limits: request.limits,
                 ..found.clone()
             };
+            if let Some((peer, endpoint)) = &learn {
+                self.store.tree_write(learned_peer(peer, endpoint, self.agent(), caller.chain_id.to_owned())).await?;
+            }
             if !self.write(&renewed, Condition::IfMatch(entry.hash.clone()), caller.chain_id).await? {
                 return Err(ExecuteError::SubscriptionChanged("the subscription changed during renewal; retry".into()));
             }
             self.store.content_put(content).await?;
             return Ok(Executed::Done(result(&renewed, true)));
         }
-        if existing.len() >= self.max_total {
-            return Err(ExecuteError::TooManySubscriptions(format!(
-                "this server keeps at most {} subscriptions; unsubscribe some or use another server",
-                self.max_total
-            )));
-        }
-        // 3a. Capacity for this prefix.
-        let subscribers: Vec<&Subscription> = existing.iter().map(|(_, s)| s).filter(|s| s.pattern == pattern).collect();
-        if self.max_per_prefix > 0 && subscribers.len() as u64 >= self.max_per_prefix {
-            // The subscribers that said where they relay what they receive,
-            // never the requester, each once; not one the last delivery
-            // attempt here got no answer from (a relay that died is not
-            // offered; its slot is freed once its deliveries have failed
-            // for TIDINGS_PEER_EVICT_AFTER). Only the process leading the
-            // engine delivers, so only it knows.
-            let failing: std::collections::HashSet<String> = self
-                .peer_states
-                .lock()
-                .map(|states| states.iter().filter(|(_, s)| s.unreachable).map(|(peer, _)| peer.clone()).collect())
-                .unwrap_or_default();
-            let mut relays: Vec<(&str, &str)> = subscribers
-                .iter()
-                .filter(|s| s.subscriber_identity != caller.author && !failing.contains(&s.subscriber_identity))
-                .filter_map(|s| Some((s.subscriber_identity.as_str(), s.relay_endpoint.as_deref()?)))
-                .collect();
-            relays.sort_unstable();
-            relays.dedup_by_key(|(peer, _)| *peer);
-            relays.shuffle(&mut rand::rng());
-            relays.truncate(MAX_ALTERNATIVES);
-            let alternatives: Vec<Value> = relays.iter().map(|(peer, endpoint)| json!({"peer": peer, "endpoint": endpoint})).collect();
-            return Ok(Executed::Redirect(json!({
-                "type": "system/subscription/redirect",
-                "data": { "reason": "at_capacity", "prefix": pattern, "alternatives": alternatives, "capacity": self.max_per_prefix }
-            })));
-        }
-        // 3b. Bundling content needs read access, not only subscribe.
-        if let Some(refused) = payload_check(caller, request.include_payload, &request.pattern) {
-            return Err(refused);
+        if let Some(answer) = self.no_room(&existing, caller.author, pattern) {
+            return answer;
         }
         // 4–5. Store the entity: the engine registers it when it reaches the
         // change in the log.
@@ -584,6 +577,11 @@ impl Subscriptions {
             deliver_chain,
             relay_endpoint: request.relay_endpoint,
         };
+        if let Some((peer, endpoint)) = &learn {
+            // Lost to a concurrent write of the same peer: that one stands.
+            self.store.tree_write(learned_peer(peer, endpoint, self.agent(), caller.chain_id.to_owned())).await?;
+            tracing::info!(peer, endpoint, "learned a peer's endpoint, proven by its identity");
+        }
         self.store.content_put(content).await?;
         self.write(&subscription, Condition::IfAbsent, caller.chain_id).await?;
         drop(_gate);
@@ -591,27 +589,76 @@ impl Subscriptions {
         Ok(Executed::Done(result(&subscription, false)))
     }
 
-    /// Learns where an unknown peer is from the request: only when the
-    /// subscriber is that peer itself (it delivers to its own inbox, as a
-    /// mirror or a relay does) and `GET /v1/identity` at its
-    /// `relay_endpoint` proves that identity; the endpoint is then written
-    /// as `system/peer/<hash>`. Nothing else a request says is trusted as an
-    /// address.
-    async fn learn_peer(&self, peer: &str, author: &str, endpoint: Option<&str>, chain_id: &str) -> Result<(), ExecuteError> {
-        let unknown = |why: &str| {
-            ExecuteError::UnknownPeer(format!(
-                "this server does not know peer {peer} ({why}): an admin writes {}{peer} {{endpoint}}, or the peer subscribes for its own inbox with a relay_endpoint that proves it",
-                crate::peer::PREFIX
-            ))
-        };
-        let Some(endpoint) = endpoint.filter(|_| author == peer) else { return Err(unknown("no proven endpoint")) };
-        if !crate::peer::proves(&self.http, peer, endpoint, std::time::Duration::from_secs(5)).await {
-            return Err(unknown("its relay_endpoint does not answer GET /v1/identity with that identity"));
+    /// Whether `request` renews one of `existing`.
+    fn renews(&self, existing: &[(TreeEntry, Subscription)], author: &str, request: &SubscribeRequest) -> bool {
+        existing.iter().any(|(_, s)| renewal_of(s, author, request))
+    }
+
+    /// The answer when a new subscription of `author` for `pattern` has no
+    /// room: `too_many_subscriptions` at the server's cap, a capacity
+    /// redirect (seed 000 §8.3) at the prefix's; `None` when it fits.
+    fn no_room(&self, existing: &[(TreeEntry, Subscription)], author: &str, pattern: &str) -> Option<Result<Executed, ExecuteError>> {
+        if existing.len() >= self.max_total {
+            return Some(Err(ExecuteError::TooManySubscriptions(format!(
+                "this server keeps at most {} subscriptions; unsubscribe some or use another server",
+                self.max_total
+            ))));
         }
-        // Lost to a concurrent write of the same peer: that one stands.
-        self.store.tree_write(learned_peer(peer, endpoint, self.agent(), chain_id.to_owned())).await?;
-        tracing::info!(peer, endpoint, "learned a peer's endpoint, proven by its identity");
-        Ok(())
+        // One subscriber cannot take the server's room from everyone else.
+        if existing.iter().filter(|(_, s)| s.subscriber_identity == author).count() >= self.max_per_identity {
+            return Some(Err(ExecuteError::TooManySubscriptionsForIdentity(format!(
+                "this identity keeps at most {} subscriptions here (TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY); unsubscribe some",
+                self.max_per_identity
+            ))));
+        }
+        // 3a. Capacity for this prefix.
+        let subscribers: Vec<&Subscription> = existing.iter().map(|(_, s)| s).filter(|s| s.pattern == pattern).collect();
+        if self.max_per_prefix == 0 || (subscribers.len() as u64) < self.max_per_prefix {
+            return None;
+        }
+        // The subscribers that said where they relay what they receive,
+        // never the requester, each once; not one the last delivery
+        // attempt here got no answer from (a relay that died is not
+        // offered; its slot is freed once its deliveries have failed for
+        // TIDINGS_PEER_EVICT_AFTER). Only the process leading the engine
+        // delivers, so only it knows.
+        let failing: std::collections::HashSet<String> = self
+            .peer_states
+            .lock()
+            .map(|states| states.iter().filter(|(_, s)| s.unreachable).map(|(peer, _)| peer.clone()).collect())
+            .unwrap_or_default();
+        let mut relays: Vec<(&str, &str)> = subscribers
+            .iter()
+            .filter(|s| s.subscriber_identity != author && !failing.contains(&s.subscriber_identity))
+            .filter_map(|s| Some((s.subscriber_identity.as_str(), s.relay_endpoint.as_deref()?)))
+            .collect();
+        relays.sort_unstable();
+        relays.dedup_by_key(|(peer, _)| *peer);
+        relays.shuffle(&mut rand::rng());
+        relays.truncate(MAX_ALTERNATIVES);
+        let alternatives: Vec<Value> = relays.iter().map(|(peer, endpoint)| json!({"peer": peer, "endpoint": endpoint})).collect();
+        Some(Ok(Executed::Redirect(json!({
+            "type": "system/subscription/redirect",
+            "data": { "reason": "at_capacity", "prefix": pattern, "alternatives": alternatives, "capacity": self.max_per_prefix }
+        }))))
+    }
+
+    /// Where an unknown peer may be learned from the request, checked
+    /// without calling anything: only when the subscriber is that peer
+    /// itself (it delivers to its own inbox, as a mirror or a relay does),
+    /// with a `relay_endpoint` whose host `TIDINGS_PEER_ALLOW` allows.
+    /// Nothing else a request says is trusted as an address.
+    fn learnable(&self, peer: &str, author: &str, endpoint: Option<&str>) -> Result<String, ExecuteError> {
+        let Some(endpoint) = endpoint.filter(|_| author == peer) else { return Err(unknown_peer(peer, "no proven endpoint")) };
+        let endpoint = endpoint.trim_end_matches('/');
+        self.http.may_call(endpoint).map_err(|why| unknown_peer(peer, &why))?;
+        Ok(endpoint.to_owned())
+    }
+
+    /// Proves a peer's endpoint: `GET /v1/identity` there answers its
+    /// identity (the one call out a subscribe makes, after it is accepted).
+    async fn prove_peer(&self, peer: &str, endpoint: &str) -> Result<(), ExecuteError> {
+        self.http.prove(peer, endpoint, std::time::Duration::from_secs(5)).await.map_err(|why| unknown_peer(peer, &why))
     }
 
     /// `unsubscribe` (§3.2).
@@ -693,6 +740,22 @@ impl Subscriptions {
         self.store.tree_write(write).await?;
         Ok(())
     }
+}
+
+/// Whether `s` is the subscription `request` by `author` renews: same
+/// subscriber, pattern, inbox and operation.
+fn renewal_of(s: &Subscription, author: &str, request: &SubscribeRequest) -> bool {
+    s.subscriber_identity == author
+        && s.pattern == request.pattern.as_str()
+        && s.deliver_uri == request.deliver_uri
+        && s.deliver_operation == request.deliver_operation
+}
+
+fn unknown_peer(peer: &str, why: &str) -> ExecuteError {
+    ExecuteError::UnknownPeer(format!(
+        "this server does not know peer {peer} ({why}): an admin writes {}{peer} {{endpoint}}, or the peer subscribes for its own inbox with a relay_endpoint that proves it",
+        crate::peer::PREFIX
+    ))
 }
 
 /// The tree write recording a peer whose endpoint was proven (see

@@ -4,6 +4,7 @@
 
 mod helpers;
 
+mod attacks;
 mod browser;
 mod cli;
 mod delivery;
@@ -26,7 +27,7 @@ mod store;
 mod stream;
 mod subscriptions;
 mod taxonomy;
-mod tls;
+pub(crate) mod tls;
 mod tree;
 mod trees;
 pub(crate) mod ws;

@@ -117,7 +117,8 @@ async fn oversized_bodies_and_payloads(backend: Backend) {
     // Without a Content-Length (chunked), the limit still holds.
     let chunks: Vec<Result<bytes::Bytes, std::io::Error>> =
         vec![Ok(bytes::Bytes::from(format!("{{\"event_type\":\"comment.posted\",\"payload\":{{\"b\":\"{huge}\"}}}}")))];
-    let r = app.http.post(app.url("/v1/events")).body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))).send().await.unwrap();
+    let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
+    let r = app.http.post(app.url("/v1/events")).header("content-type", "application/json").body(body).send().await.unwrap();
     assert_eq!(r.status(), 413);
     assert_eq!(r.json::<Value>().await.unwrap()["error"], "body_too_large");
     assert_eq!(app.head().await, 0);
@@ -142,8 +143,10 @@ async fn a_publish_whose_client_left_commits_and_is_counted(backend: Backend) {
     let body = json!({ "events": vec![one; BATCH] }).to_string();
     for _ in 0..BATCHES {
         let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        let head =
-            format!("POST /v1/events HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+        let head = format!(
+            "POST /v1/events HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
         socket.write_all(head.as_bytes()).await.unwrap();
         socket.write_all(body.as_bytes()).await.unwrap();
         // Gone at once (the whole request was sent): no answer is read.
@@ -177,7 +180,8 @@ async fn bodies_that_never_arrive_time_out(backend: Backend) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let app = spawn_app_with(backend, |s| s.body_timeout = std::time::Duration::from_millis(300)).await;
     let addr = app.base.trim_start_matches("http://").to_owned();
-    let head = |framing: &str| format!("POST /v1/events HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{framing}\r\n\r\n");
+    let head =
+        |framing: &str| format!("POST /v1/events HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{framing}\r\n\r\n");
     let cases = [
         ("short content-length", head("Content-Length: 100"), "{\"event_type\": \"comment.posted\"".to_owned(), false),
         ("chunk larger than its data", head("Transfer-Encoding: chunked"), "64\r\n{\"event_type\":".to_owned(), false),

@@ -205,7 +205,7 @@ async fn streams_over_raw_sockets(backend: Backend) {
     };
     // HTTP/1.1: chunked, the head, then the first frame as a chunk.
     let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    socket.write_all(b"GET /v1/stream?types=comment.posted HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+    socket.write_all(b"GET /v1/stream?types=comment.posted HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
     let (socket, head) = read_until(socket, "retry:".into()).await;
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
     assert!(head.contains("transfer-encoding: chunked\r\n") && head.contains("content-type: text/event-stream"), "{head}");
@@ -231,7 +231,7 @@ async fn streams_over_raw_sockets(backend: Backend) {
     // that length, and close the connection.
     for (query, status) in [("since=x", "400"), ("accept_envelope=9", "406")] {
         let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        socket.write_all(format!("GET /v1/stream?{query} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes()).await.unwrap();
+        socket.write_all(format!("GET /v1/stream?{query} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes()).await.unwrap();
         let mut all = Vec::new();
         tokio::time::timeout(std::time::Duration::from_secs(10), socket.read_to_end(&mut all)).await.unwrap().unwrap();
         let text = String::from_utf8_lossy(&all).into_owned();
@@ -244,7 +244,7 @@ async fn streams_over_raw_sockets(backend: Backend) {
     }
     // A path that only starts like a stream is an ordinary request.
     let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    socket.write_all(b"GET /v1/streams HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await.unwrap();
+    socket.write_all(b"GET /v1/streams HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.unwrap();
     let (_, head) = read_until(socket, "\r\n\r\n".into()).await;
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
 }
@@ -257,7 +257,7 @@ async fn a_trickled_request_head_meets_the_header_deadline(backend: Backend) {
     let app = crate::helpers::spawn_app_with(backend, |s| s.header_timeout = std::time::Duration::from_secs(1)).await;
     let addr = app.base.trim_start_matches("http://").to_owned();
     for head in [
-        "GET /v1/xyz HTTP/1.1\r\nHost: t\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "GET /v1/xyz HTTP/1.1\r\nHost: localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
         "GET /v1/stream HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
     ] {
         let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
@@ -284,7 +284,7 @@ async fn a_trickled_request_head_meets_the_header_deadline(backend: Backend) {
     let started = std::time::Instant::now();
     tokio::time::sleep(std::time::Duration::from_millis(700)).await;
     let mut closed = None;
-    for b in "POST /v1/events HTTP/1.1\r\nHost: t\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".bytes() {
+    for b in "POST /v1/events HTTP/1.1\r\nHost: localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".bytes() {
         let mut buf = [0u8; 256];
         if socket.write_all(&[b]).await.is_err()
             || matches!(tokio::time::timeout(std::time::Duration::from_millis(50), socket.read(&mut buf)).await, Ok(Ok(0) | Err(_)))
@@ -306,14 +306,14 @@ async fn an_oversized_head_is_a_json_refusal(backend: Backend) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let app = spawn_app(backend).await;
     let addr = app.base.trim_start_matches("http://").to_owned();
-    let huge_filter = format!("GET /v1/stream?filter={} HTTP/1.1\r\nHost: t\r\n\r\n", "a".repeat(1 << 20));
-    let long_filter = format!("GET /v1/stream?filter={} HTTP/1.1\r\nHost: t\r\n\r\n", "a".repeat(56 * 1024));
-    let long_target = format!("GET /v1/poll?types={} HTTP/1.1\r\nHost: t\r\n\r\n", "a".repeat(50 * 1024));
+    let huge_filter = format!("GET /v1/stream?filter={} HTTP/1.1\r\nHost: localhost\r\n\r\n", "a".repeat(1 << 20));
+    let long_filter = format!("GET /v1/stream?filter={} HTTP/1.1\r\nHost: localhost\r\n\r\n", "a".repeat(56 * 1024));
+    let long_target = format!("GET /v1/poll?types={} HTTP/1.1\r\nHost: localhost\r\n\r\n", "a".repeat(50 * 1024));
     let many: String = (0..120).map(|i| format!("X-H{i}: v\r\n")).collect();
-    let many_headers = format!("POST /v1/events HTTP/1.1\r\nHost: t\r\n{many}Content-Length: 0\r\n\r\n");
-    let big_header = format!("GET /v1/poll HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n", "b".repeat(70 * 1024));
-    let huge_header = format!("GET /v1/poll HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n", "b".repeat(600 * 1024));
-    let malformed = "GET /health HTTP/1.1\r\nHost: t\r\nNo colon here\r\n\r\n".to_owned();
+    let many_headers = format!("POST /v1/events HTTP/1.1\r\nHost: localhost\r\n{many}Content-Length: 0\r\n\r\n");
+    let big_header = format!("GET /v1/poll HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\n\r\n", "b".repeat(70 * 1024));
+    let huge_header = format!("GET /v1/poll HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\n\r\n", "b".repeat(600 * 1024));
+    let malformed = "GET /health HTTP/1.1\r\nHost: localhost\r\nNo colon here\r\n\r\n".to_owned();
     // (request, status, code, also as a later request of a kept-alive
     // connection, where hyper reads the head: past its own limits, its
     // empty refusal is written as the JSON one).
@@ -338,7 +338,7 @@ async fn an_oversized_head_is_a_json_refusal(backend: Backend) {
             let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
             if kept_alive {
                 // A whole first exchange: the head, then its body by length.
-                socket.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+                socket.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
                 let mut got = Vec::new();
                 let mut buf = vec![0u8; 4096];
                 loop {

@@ -180,7 +180,7 @@ pub(crate) fn inbox_grant(inbox: &str) -> Value {
 }
 
 /// The server's identity hash.
-async fn server_hash(app: &TestApp) -> String {
+pub(crate) async fn server_hash(app: &TestApp) -> String {
     let id: Value = app.http.get(app.url("/v1/identity")).send().await.unwrap().json().await.unwrap();
     id["hash"].as_str().unwrap().to_owned()
 }

@@ -246,7 +246,7 @@ fn envelope_schema() -> Value {
 fn stream_frames() -> Value {
     json!({
         "type": "object",
-        "description": "The frames of the stream, by SSE event name: unnamed frames (`message`, with `id:` the event id) carry an envelope; `system.replay_gap` says a resume point could not be served whole (resume from `available_from`); `system.client_dropped_slow` ends a stream whose client fell behind (resume from `last_event_id`). Comment lines are heartbeats; `retry:` opens and closes the stream.",
+        "description": "The frames of the stream, by SSE event name: unnamed frames (`message`, with `id:` the event id) carry an envelope; `system.replay_gap` says a resume point could not be served whole (resume from `available_from`); `system.client_dropped_slow` ends a stream whose client fell behind (resume from `last_event_id`); `system.token_expired` ends a stream whose token expired (resume from `last_event_id` with a fresh token). Comment lines are heartbeats; `retry:` opens and closes the stream.",
         "properties": {
             "message": envelope_schema(),
             "system.replay_gap": {"type": "object", "additionalProperties": false, "required": ["requested", "available_from", "head"], "properties": {
@@ -256,6 +256,9 @@ fn stream_frames() -> Value {
                 "reason": {"type": "string", "enum": ["queue_full", "no_progress"]},
                 "last_event_id": id(),
                 "queue": {"type": "integer", "minimum": 0},
+            }},
+            "system.token_expired": {"type": "object", "additionalProperties": false, "required": ["last_event_id"], "properties": {
+                "last_event_id": {"oneOf": [id(), {"type": "null"}]},
             }},
         },
     })
@@ -283,6 +286,18 @@ pub(crate) fn refine(doc: &mut Value, settings: &Settings) {
                     json!({"description": "`uri_too_long`: the request target is over 48 KiB (the connection closes)", "content": error}),
                 );
                 responses.entry("431").or_insert(json!({"description": "`headers_too_large`: over 100 headers or a 64 KiB head (the connection closes)", "content": error}));
+                // The guard's refusals (`http::guard`), before any handler runs.
+                let guard = "`origin_refused`: the `Origin` is not this server's own nor in `TIDINGS_CORS_ORIGINS`; `host_refused`: with auth off, the request was not addressed to a loopback name";
+                let forbidden = responses.entry("403").or_insert(json!({"description": "", "content": error}));
+                let said = forbidden["description"].as_str().unwrap_or("").to_owned();
+                forbidden["description"] = json!(if said.is_empty() { guard.to_owned() } else { format!("{said}; {guard}") });
+                if operation.get("requestBody").is_some()
+                    && let Some(responses) = operation.get_mut("responses").and_then(Value::as_object_mut)
+                {
+                    responses.entry("415").or_insert(
+                        json!({"description": "`unsupported_media_type`: a body that is not `application/json`", "content": error}),
+                    );
+                }
             }
             if let Some(schema) = body_schema(method, path, settings)
                 && let Some(content) = operation.pointer_mut("/requestBody/content/application~1json")

@@ -10,6 +10,9 @@
 
 use serde_json::json;
 
+mod allow;
+pub use allow::{Outbound, PeerAllow};
+
 use crate::tree::{Entity, EntityError, is_hash};
 
 /// Where peers live in the tree.
