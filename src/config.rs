@@ -310,6 +310,10 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS", default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub max_subscriptions: usize,
 
+    /// Most durable consumers one identity keeps (beyond: 429 `too_many_consumers`).
+    #[arg(long, env = "TIDINGS_MAX_CONSUMERS_PER_IDENTITY", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_consumers_per_identity: u32,
+
     /// Most tree subscriptions one subscriber identity keeps here (beyond: 429 `too_many_subscriptions_for_identity`).
     #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY", default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub max_subscriptions_per_identity: usize,

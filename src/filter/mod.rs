@@ -302,7 +302,7 @@ impl Filter {
 #[derive(Debug)]
 pub struct MatchInput<'a> {
     body: &'a EventBody,
-    payload: std::cell::OnceCell<Option<datalogic_rs::ParsedData>>,
+    payload: std::cell::OnceCell<Option<payload::Prepared>>,
 }
 
 impl<'a> MatchInput<'a> {
@@ -317,7 +317,7 @@ impl<'a> MatchInput<'a> {
     }
 
     /// The payload in the rule evaluator's form, converted on first use.
-    pub fn payload(&self) -> Option<&datalogic_rs::ParsedData> {
+    pub fn payload(&self) -> Option<&payload::Prepared> {
         self.payload.get_or_init(|| payload::prepare(&self.body.payload)).as_ref()
     }
 }

@@ -91,8 +91,14 @@ pub struct PayloadRule {
     /// The equality this rule requires of one payload field, if it has one
     /// the broker can index by ([`Equality`]).
     equality: Option<Arc<Equality>>,
-    /// Most bytes one evaluation may build ([`RuleLimits::budget`]).
+    /// Most bytes one evaluation may build, and most loop steps it may
+    /// take ([`RuleLimits::budget`]).
     budget: usize,
+    /// Nodes inside loop bodies: each runs once per step.
+    loop_nodes: usize,
+    /// Reads of the accumulator in the bodies of `reduce`s that start from
+    /// something else than a literal (it may be as large as the event).
+    accumulator_reads: usize,
     /// Whether an evaluation of this rule (one client's) went over the
     /// budget yet: logged once, counted every time.
     over_budget: Arc<std::sync::atomic::AtomicBool>,
@@ -260,10 +266,10 @@ impl PathProbe {
 
     /// The keys of the field in `payload`; `None` if it could not be read
     /// (then any rule on it might match).
-    pub fn keys(&self, payload: &ParsedData) -> Option<Vec<ValueKey>> {
+    pub fn keys(&self, payload: &Prepared) -> Option<Vec<ValueKey>> {
         ARENA.with(|arena| {
             let mut arena = arena.borrow_mut();
-            let keys = engine().evaluate(&self.logic, payload, &arena).ok().map(data_keys);
+            let keys = engine().evaluate(&self.logic, &payload.data, &arena).ok().map(data_keys);
             arena.reset();
             keys
         })
@@ -291,6 +297,64 @@ thread_local! {
     static EVALUATING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// How many nodes of `value` sit inside a loop's body.
+fn loop_nodes(value: &Value, in_loop: bool) -> usize {
+    let here = usize::from(in_loop);
+    match value {
+        Value::Array(items) => here + items.iter().map(|i| loop_nodes(i, in_loop)).sum::<usize>(),
+        Value::Object(map) => match map.iter().next() {
+            Some((op, Value::Array(args))) if LOOPS.contains(&op.as_str()) => {
+                here + args.iter().enumerate().map(|(i, a)| loop_nodes(a, in_loop || i == 1)).sum::<usize>()
+            }
+            Some((_, args)) => here + loop_nodes(args, in_loop),
+            None => here,
+        },
+        _ => here,
+    }
+}
+
+/// How many `{"var": "accumulator…"}` sit in the bodies of `reduce`s whose
+/// initial value is not a literal.
+fn accumulator_reads(value: &Value) -> usize {
+    fn reads(value: &Value) -> usize {
+        match value {
+            Value::Array(items) => items.iter().map(reads).sum(),
+            Value::Object(map) => match map.iter().next() {
+                Some((op, Value::String(path))) if op == "var" && path.starts_with("accumulator") => 1,
+                Some((op, Value::Array(args)))
+                    if op == "var" && args.first().and_then(Value::as_str).is_some_and(|p| p.starts_with("accumulator")) =>
+                {
+                    1
+                }
+                Some((_, args)) => reads(args),
+                None => 0,
+            },
+            _ => 0,
+        }
+    }
+    match value {
+        Value::Array(items) => items.iter().map(accumulator_reads).sum(),
+        Value::Object(map) => match map.iter().next() {
+            Some((op, Value::Array(args))) if op == "reduce" => {
+                let body = args.get(1).map_or(0, reads);
+                let literal = args.get(2).is_none_or(|initial| !initial.is_object() && !initial.is_array());
+                (if literal { 0 } else { body }) + args.iter().map(accumulator_reads).sum::<usize>()
+            }
+            Some((_, args)) => accumulator_reads(args),
+            None => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// Whether a panic is the arena refusing to grow past the budget (bumpalo
+/// says "out of memory" for its own allocations, "encountered allocation
+/// error" for a growing collection's).
+fn is_budget_stop(payload: &(dyn std::any::Any + Send)) -> bool {
+    let message = payload.downcast_ref::<&str>().copied().or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    message.is_some_and(|m| m == "out of memory" || m.starts_with("encountered allocation error"))
+}
+
 /// Installs (once) a panic hook that keeps budget stops out of the log and
 /// passes every other panic to the hook that was there.
 fn quiet_budget_stops() {
@@ -298,7 +362,7 @@ fn quiet_budget_stops() {
     INSTALLED.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let budget_stop = EVALUATING.with(|e| e.get()) && info.payload().downcast_ref::<&str>().is_some_and(|m| *m == "out of memory");
+            let budget_stop = EVALUATING.with(|e| e.get()) && is_budget_stop(info.payload());
             if !budget_stop {
                 previous(info);
             }
@@ -317,6 +381,8 @@ impl PayloadRule {
             logic: Arc::new(logic),
             equality: equality(rule).map(Arc::new),
             budget: limits.budget.max(4096),
+            loop_nodes: loop_nodes(rule, false),
+            accumulator_reads: accumulator_reads(rule),
             over_budget: Arc::default(),
         })
     }
@@ -345,7 +411,18 @@ impl PayloadRule {
     /// evaluation stops there, and the event does not match. With loops
     /// never nested (see [`validate`]), the work an evaluation does is
     /// bounded by the rule's size times the event's, plus what it builds.
-    pub fn matches_prepared(&self, payload: &ParsedData) -> bool {
+    pub fn matches_prepared(&self, prepared: &Prepared) -> bool {
+        // A loop takes at most one step per two bytes of the event (an
+        // element and its comma), each step evaluating its body: a rule
+        // whose loops could take more steps than the budget does not run.
+        // A `reduce` that starts from the event's data may read an
+        // accumulator as large as the event at every step.
+        let steps = prepared.bytes / 2 + 1;
+        let cost = self.loop_nodes.saturating_mul(steps).saturating_add(self.accumulator_reads.saturating_mul(steps).saturating_mul(steps));
+        if cost > self.budget {
+            return self.over_budget();
+        }
+        let payload = &prepared.data;
         quiet_budget_stops();
         let outcome = ARENA.with(|arena| {
             let mut arena = arena.borrow_mut();
@@ -362,14 +439,23 @@ impl PayloadRule {
         });
         match outcome {
             Ok(matched) => matched,
+            Err(panic) if is_budget_stop(panic.as_ref()) => self.over_budget(),
             Err(_) => {
-                metrics::counter!(crate::metrics::FILTER_BUDGET_EXCEEDED).increment(1);
-                if !self.over_budget.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                    tracing::warn!(budget = self.budget, rule = %self.source, "a payload rule went over its evaluation budget; the events it does so on do not match");
-                }
+                // Not the budget: the evaluator failed (reported by the
+                // panic hook); the event does not match this rule.
+                tracing::error!(rule = %self.source, "the payload rule evaluator panicked; the event does not match");
                 false
             }
         }
+    }
+
+    /// Counts (and logs once per rule) an evaluation over the budget: no match.
+    fn over_budget(&self) -> bool {
+        metrics::counter!(crate::metrics::FILTER_BUDGET_EXCEEDED).increment(1);
+        if !self.over_budget.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(budget = self.budget, rule = %self.source, "a payload rule went over its evaluation budget; the events it does so on do not match");
+        }
+        false
     }
 
     /// Whether an evaluation of this rule went over its budget.
@@ -386,9 +472,23 @@ impl PayloadRule {
     }
 }
 
+/// An event's payload in the evaluator's form, with its size in bytes
+/// (what bounds the steps a rule's loops take over it).
+pub struct Prepared {
+    data: ParsedData,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Prepared({} bytes)", self.bytes)
+    }
+}
+
 /// Converts a payload into the evaluator's form, once per event.
-pub fn prepare(payload: &Value) -> Option<ParsedData> {
-    ParsedData::from_json(&payload.to_string()).ok()
+pub fn prepare(payload: &Value) -> Option<Prepared> {
+    let text = payload.to_string();
+    Some(Prepared { bytes: text.len(), data: ParsedData::from_json(&text).ok()? })
 }
 
 /// Walks the rule: operators known, one key per object, arity in range,
@@ -501,7 +601,22 @@ mod tests {
         let doubling = json!({"reduce": [{"var": "xs"}, {"cat": [{"var": "accumulator"}, {"var": "accumulator"}]}, "ab"]});
         let doubling = PayloadRule::compile(&doubling, limits).unwrap();
         assert!(!doubling.matches(&json!({"xs": vec![0; 64]})) && doubling.went_over_budget());
+        // A reduce that starts from the event's data and reads its
+        // accumulator at every step does not run on a large event.
+        let scan = json!({"reduce": [{"var": "xs"}, {"if": [{"in": [{"var": "current"}, {"var": "accumulator"}]}, {"var": "accumulator"}, {"var": "accumulator"}]}, {"var": "xs"}]});
+        let scan = PayloadRule::compile(&scan, limits).unwrap();
+        assert!(!scan.matches(&json!({"xs": (0..30_000).collect::<Vec<_>>()})) && scan.went_over_budget());
+        let sum = PayloadRule::compile(
+            &json!({"==": [{"reduce": [{"var": "xs"}, {"+": [{"var": "current"}, {"var": "accumulator"}]}, {"var": "from"}]}, 16]}),
+            limits,
+        )
+        .unwrap();
+        assert!(sum.matches(&json!({"xs": [1, 2, 3], "from": 10})), "a small event runs");
         // Loops do not nest.
+        // Loops whose steps over this event could pass the budget do not run.
+        let many = json!({"and": vec![json!({"some": [{"var": "xs"}, {"==": [{"var": ""}, 1]}]}); 100]});
+        let many = PayloadRule::compile(&many, limits).unwrap();
+        assert!(!many.matches(&json!({"xs": vec![1; 30_000]})) && many.went_over_budget());
         let nested = json!({"some": [{"var": "xs"}, {"some": [{"var": "xs"}, {"==": [1, 2]}]}]});
         assert!(PayloadRule::compile(&nested, limits).unwrap_err().contains("inside another loop's body"));
         let sequential =

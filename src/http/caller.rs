@@ -24,12 +24,25 @@ impl FromRequestParts<AppState> for Caller {
             AuthMode::Off => Ok(Caller(state.local_identity().clone())),
             AuthMode::Jwt(verifier) => {
                 let header_str = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
-                let token = find_token(header_str(header::AUTHORIZATION), header_str(header::COOKIE), parts.uri.query())
+                let token = find_token(header_str(header::AUTHORIZATION), cookie(parts), parts.uri.query())
                     .ok_or(crate::auth::AuthError::Missing)?;
                 Ok(Caller(verifier.verify(&token)?))
             }
         }
     }
+}
+
+/// The `Cookie` header, where an `access_token` cookie may authenticate:
+/// only the two requests a browser cannot add a header to, an
+/// `EventSource` (`GET /v1/stream`) and a WebSocket (`GET /v1/ws`, whose
+/// `Origin` the guard checks). A cookie goes with every request a page on
+/// another site makes the browser send (a link, an image, a form), so
+/// nowhere else does it authenticate: such a request cannot move a durable
+/// consumer's cursor or write anything.
+fn cookie(parts: &Parts) -> Option<&str> {
+    let path = parts.uri.path();
+    let streams = parts.method == axum::http::Method::GET && (path == "/v1/stream" || path == "/v1/ws");
+    streams.then(|| parts.headers.get(header::COOKIE).and_then(|v| v.to_str().ok())).flatten()
 }
 
 /// The caller where a bearer token is optional (`POST /v1/execute`, whose
@@ -47,7 +60,7 @@ impl FromRequestParts<AppState> for MaybeCaller {
             AuthMode::Off => Ok(MaybeCaller(Some(state.local_identity().clone()))),
             AuthMode::Jwt(verifier) => {
                 let header_str = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
-                match find_token(header_str(header::AUTHORIZATION), header_str(header::COOKIE), parts.uri.query()) {
+                match find_token(header_str(header::AUTHORIZATION), cookie(parts), parts.uri.query()) {
                     None => Ok(MaybeCaller(None)),
                     Some(token) => Ok(MaybeCaller(Some(verifier.verify(&token)?))),
                 }

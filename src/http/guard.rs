@@ -53,7 +53,7 @@ impl Guard {
         }
         if let Some(origin) = headers.get(header::ORIGIN) {
             let origin = origin.to_str().unwrap_or("").trim_end_matches('/').to_ascii_lowercase();
-            let own = host.is_some_and(|h| origin_authority(&origin).is_some_and(|a| a.eq_ignore_ascii_case(h)));
+            let own = host.is_some_and(|h| same_authority(&origin, h));
             if !own && !self.any_origin && !self.origins.contains(&origin) {
                 return Some(ApiError::new(
                     StatusCode::FORBIDDEN,
@@ -73,6 +73,15 @@ impl Guard {
     }
 }
 
+/// Whether `origin` names the authority `host` (a `Host` value), a
+/// scheme's default port written or not on either side.
+fn same_authority(origin: &str, host: &str) -> bool {
+    let (Some((scheme, _)), Some(authority)) = (origin.split_once("://"), origin_authority(origin)) else { return false };
+    let default = if scheme == "https" { ":443" } else { ":80" };
+    let bare = |a: &str| a.strip_suffix(default).unwrap_or(a).to_ascii_lowercase();
+    bare(authority) == bare(host)
+}
+
 /// The `host[:port]` of an origin (`scheme://host[:port]`).
 fn origin_authority(origin: &str) -> Option<&str> {
     let (scheme, authority) = origin.split_once("://")?;
@@ -82,7 +91,11 @@ fn origin_authority(origin: &str) -> Option<&str> {
 /// Whether a `Host` value names a loopback address.
 fn loopback_host(host: &str) -> bool {
     let name = match host.strip_prefix('[') {
-        Some(rest) => return rest.split_once(']').is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok_and(|ip| ip.is_loopback())),
+        Some(rest) => {
+            return rest
+                .split_once(']')
+                .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok_and(|ip| ip.to_canonical().is_loopback()));
+        }
         None => host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(name, _)| name),
     };
     let name = name.trim_end_matches('.').to_ascii_lowercase();
@@ -151,6 +164,8 @@ mod tests {
         let with = |origin: &'static str, host: &'static str| code(&guard, "GET", &[("host", host), ("origin", origin)]);
         assert_eq!(with("http://tidings.example:8080", "tidings.example:8080"), None, "same origin");
         assert_eq!(with("https://TIDINGS.example", "tidings.example"), None, "case does not matter");
+        assert_eq!(with("https://tidings.example", "tidings.example:443"), None, "a default port, written or not");
+        assert_eq!(with("http://tidings.example:80", "tidings.example"), None);
         assert_eq!(with("https://app.example", "tidings.example"), None);
         assert_eq!(with("http://other.example:3000", "tidings.example"), None);
         for refused in ["https://evil.example", "null", "http://tidings.example:9999", "https://app.example.evil", "file://"] {
@@ -163,7 +178,17 @@ mod tests {
     #[test]
     fn with_auth_off_only_loopback_names_are_served() {
         let guard = Guard::new("", true);
-        for host in ["localhost", "localhost:8080", "127.0.0.1:1", "127.9.9.9", "[::1]:8080", "[::1]", "app.localhost:80", "LOCALHOST."] {
+        for host in [
+            "localhost",
+            "localhost:8080",
+            "127.0.0.1:1",
+            "127.9.9.9",
+            "[::1]:8080",
+            "[::1]",
+            "app.localhost:80",
+            "LOCALHOST.",
+            "[::ffff:127.0.0.1]:8080",
+        ] {
             assert_eq!(code(&guard, "GET", &[("host", host)]), None, "{host}");
         }
         for host in

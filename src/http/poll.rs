@@ -84,7 +84,8 @@ const MAX_ID: u64 = i64::MAX as u64;
         (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`envelope_version_unsupported`", body = crate::http::openapi::ErrorBody),
         (status = 410, description = "`cursor_expired`: the consumer was collected; poll with `since` to start afresh", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "`store_unavailable`", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "`too_many_consumers` (a new consumer past TIDINGS_MAX_CONSUMERS_PER_IDENTITY), `too_many_streams_for_identity` (a waiting poll)", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "`store_unavailable`, `too_many_streams` (a waiting poll)", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
@@ -122,7 +123,8 @@ pub(crate) async fn poll_get(
         (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`envelope_version_unsupported`", body = crate::http::openapi::ErrorBody),
         (status = 410, description = "`cursor_expired`: the consumer was collected; poll with `since` to start afresh", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "`store_unavailable`", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "`too_many_consumers` (a new consumer past TIDINGS_MAX_CONSUMERS_PER_IDENTITY), `too_many_streams_for_identity` (a waiting poll)", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "`store_unavailable`, `too_many_streams` (a waiting poll)", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
@@ -250,7 +252,10 @@ pub(crate) async fn list(State(app): State<AppState>, Caller(caller): Caller) ->
     delete,
     path = "/v1/consumers/{id}",
     tag = "streams",
-    params(("id" = String, Path, description = "Consumer id")),
+    params(
+        ("id" = String, Path, description = "Consumer id (ids are scoped by owner)"),
+        ("owner" = Option<String>, Query, description = "Whose consumer: an admin may name any owner; anyone else only their own"),
+    ),
     responses(
         (status = 204, description = "Deleted"),
         (status = 400, description = "`invalid_consumer_id`", body = crate::http::openapi::ErrorBody),
@@ -261,7 +266,19 @@ pub(crate) async fn list(State(app): State<AppState>, Caller(caller): Caller) ->
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
-pub(crate) async fn delete(State(app): State<AppState>, Caller(caller): Caller, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    service::delete(app.core(), &caller, &id).await?;
+pub(crate) async fn delete(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    Params(query): Params<DeleteQuery>,
+) -> Result<StatusCode, ApiError> {
+    service::delete(app.core(), &caller, &id, query.owner.as_deref()).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `DELETE /v1/consumers/{id}` query.
+#[derive(Debug, Deserialize)]
+pub(crate) struct DeleteQuery {
+    /// Whose consumer (admins only; default: the caller's).
+    owner: Option<String>,
 }

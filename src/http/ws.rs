@@ -379,7 +379,9 @@ impl Ws {
         let filter = Arc::new(identity.restrict(filter));
         // Register first, then read the head: the session's position is
         // the head as of its registration.
-        let session = match Session::open(&core, filter.clone(), Start::Now, self.session_options()).await {
+        let mut options = self.session_options();
+        options.expires_at = identity.expires_at;
+        let session = match Session::open(&core, filter.clone(), Start::Now, options).await {
             Ok(s) => s,
             Err(e) => return self.send_refusal(id, &e).await,
         };
@@ -421,6 +423,10 @@ impl Ws {
 
     async fn delta(&mut self, id: &Value, params: &Value) -> Next {
         let Some(dev) = self.device.as_deref() else { return Next::Close(close::PROTOCOL, "delta_before_auth") };
+        if dev.caller.expires_at.is_some_and(|at| at * 1000 <= now_ms()) {
+            // Past the token's life, before its timer said so: nothing more under it.
+            return self.on_deadline().await;
+        }
         if params["device_id"].as_str() != Some(dev.device_id.as_str()) {
             let e = DeviceError::InvalidDeviceId;
             return self.send_refusal(id, &e).await;
@@ -544,9 +550,11 @@ impl Ws {
         };
         dev.filter = Arc::new(identity.restrict(filter));
         dev.caller = identity;
-        let resume_live = dev.reauth_by.take().is_some() && dev.live_at_expiry;
+        // Live delivery (going on, or stopped at the expiry) restarts
+        // under the new token: its filter and its expiry.
+        let live = if dev.reauth_by.take().is_some() { dev.live_at_expiry } else { dev.session.take().is_some() };
         let (expires_at, delivered) = (dev.caller.expires_at, dev.delivered);
-        if resume_live {
+        if live {
             // Live again from the last event sent (what came meanwhile is
             // read from the log first).
             let core = self.app.core().clone();

@@ -21,8 +21,16 @@ use ipnet::IpNet;
 /// services answer), the metadata services at other addresses, and the
 /// unspecified address (which Linux connects to loopback). Only a listed
 /// range inside one of these allows an address in it.
-const NEVER: &[&str] =
-    &["169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32", "192.0.0.192/32", "0.0.0.0/32", "::/128"];
+const NEVER: &[&str] = &[
+    "169.254.0.0/16",
+    "fe80::/10",
+    "fd00:ec2::254/128",
+    "100.100.100.200/32",
+    "192.0.0.192/32",
+    "168.63.129.16/32",
+    "0.0.0.0/32",
+    "::/128",
+];
 
 /// `TIDINGS_PEER_ALLOW`: a comma list of address ranges (`10.0.0.0/8`,
 /// `::1/128`, a bare address), host names (`peer.example.com`, or
@@ -86,7 +94,7 @@ impl PeerAllow {
     /// Whether `ip` may be contacted, reached under a host name that is
     /// (`by_name`) or is not allowed by name.
     pub fn allows_ip(&self, ip: IpAddr, by_name: bool) -> bool {
-        let ip = ip.to_canonical();
+        let ip = unwrapped(ip);
         let never: Vec<IpNet> = NEVER.iter().map(|n| n.parse().expect("a valid range")).collect();
         if let Some(range) = never.iter().find(|n| n.contains(&ip)) {
             // Only a listed range inside the never range opens it.
@@ -105,6 +113,18 @@ impl PeerAllow {
             None => false,
         };
         if allowed { Ok(()) } else { Err(refused(url.host_str().unwrap_or(""))) }
+    }
+}
+
+/// The address a connection to `ip` really reaches: an IPv4-mapped IPv6
+/// address is its IPv4 address, and so is a NAT64 one (`64:ff9b::/96`,
+/// which a NAT64 gateway forwards to the IPv4 address in its low bits).
+fn unwrapped(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) if v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] => {
+            IpAddr::V4(std::net::Ipv4Addr::from((u32::from(v6.segments()[6]) << 16) | u32::from(v6.segments()[7])))
+        }
+        other => other,
     }
 }
 
@@ -153,20 +173,30 @@ impl reqwest::dns::Resolve for Resolver {
 /// name's addresses when it is resolved.
 #[derive(Debug, Clone)]
 pub struct Outbound {
-    http: reqwest::Client,
+    /// `None` when the client could not be built: then nothing is called.
+    http: Option<reqwest::Client>,
     allow: Arc<PeerAllow>,
 }
 
 impl Outbound {
     /// A client under `allow`, each request bounded by `timeout`.
     pub fn new(allow: Arc<PeerAllow>, timeout: Duration) -> Self {
+        // No proxy from the environment: a proxy would resolve names
+        // itself, past the resolver's check.
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
             .dns_resolver(Arc::new(Resolver { allow: allow.clone() }))
-            .build()
-            .unwrap_or_default();
-        Self { http, allow }
+            .build();
+        if let Err(e) = &http {
+            tracing::error!(error = %e, "the client for calls to peers could not be built: no peer will be called");
+        }
+        Self { http: http.ok(), allow }
+    }
+
+    fn client(&self) -> Result<&reqwest::Client, String> {
+        self.http.as_ref().ok_or_else(|| "this server has no working client for calls to peers".to_owned())
     }
 
     fn checked(&self, url: &str) -> Result<reqwest::Url, String> {
@@ -177,12 +207,12 @@ impl Outbound {
 
     /// A `GET` of `url`, if it may be called.
     pub fn get(&self, url: &str) -> Result<reqwest::RequestBuilder, String> {
-        Ok(self.http.get(self.checked(url)?))
+        Ok(self.client()?.get(self.checked(url)?))
     }
 
     /// A `POST` to `url`, if it may be called.
     pub fn post(&self, url: &str) -> Result<reqwest::RequestBuilder, String> {
-        Ok(self.http.post(self.checked(url)?))
+        Ok(self.client()?.post(self.checked(url)?))
     }
 
     /// Whether `endpoint` answers `GET /v1/identity` as `peer`
@@ -192,23 +222,32 @@ impl Outbound {
     }
 
     /// [`Outbound::proves`], saying why not: the host is not allowed
-    /// (nothing was called), the call failed, or the answer is another
-    /// identity.
+    /// (nothing was called), or the endpoint did not prove the identity.
+    /// How a call failed (refused, timed out, another answer) is logged,
+    /// never told: the caller must not learn which ports answer here.
     pub async fn prove(&self, peer: &str, endpoint: &str, within: Duration) -> Result<(), String> {
+        let unproven = || "its relay_endpoint does not answer GET /v1/identity with that identity".to_owned();
         let request = self.get(&format!("{endpoint}/v1/identity"))?;
-        let response = request.timeout(within).send().await.map_err(|e| {
-            // The resolver's refusal is deep in the error's sources.
-            let mut why = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                why = format!("{why}: {s}");
-                source = s.source();
+        let response = match request.timeout(within).send().await {
+            Ok(response) => response,
+            Err(e) => {
+                // The resolver's refusal is deep in the error's sources.
+                let mut why = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    if s.to_string().contains("TIDINGS_PEER_ALLOW") {
+                        return Err(s.to_string());
+                    }
+                    why = format!("{why}: {s}");
+                    source = s.source();
+                }
+                tracing::debug!(endpoint, error = why, "a peer's endpoint did not answer");
+                return Err(unproven());
             }
-            why
-        })?;
+        };
         match response.status().as_u16() {
             200 if super::read_json(response).await["hash"] == peer => Ok(()),
-            _ => Err("its relay_endpoint does not answer GET /v1/identity with that identity".to_owned()),
+            _ => Err(unproven()),
         }
     }
 
@@ -259,7 +298,16 @@ mod tests {
         for setting in ["*", "0.0.0.0/0,::/0", "169.0.0.0/8"] {
             let allow = PeerAllow::parse(setting).unwrap();
             assert!(allow.allows_ip(ip("10.1.2.3"), false) || setting == "169.0.0.0/8", "{setting}");
-            for never in ["169.254.169.254", "fe80::1", "fd00:ec2::254", "100.100.100.200", "0.0.0.0", "::ffff:169.254.169.254"] {
+            for never in [
+                "169.254.169.254",
+                "fe80::1",
+                "fd00:ec2::254",
+                "100.100.100.200",
+                "0.0.0.0",
+                "::ffff:169.254.169.254",
+                "64:ff9b::a9fe:a9fe",
+                "168.63.129.16",
+            ] {
                 assert!(!allow.allows_ip(ip(never), true), "{setting} {never}");
             }
         }

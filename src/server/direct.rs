@@ -156,9 +156,26 @@ pub(super) async fn refuse(mut stream: TcpStream, response: Response<Body>, kill
     if write_response(&mut stream, head, body, exact, kill, write_timeout).await.is_err() {
         return;
     }
+    linger(stream).await;
+}
+
+/// Most bytes a closing connection reads and discards, and for how long
+/// (see [`linger`]).
+const LINGER_BYTES: usize = 8 << 20;
+const LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// A lingering close: a connection closed while the client is still
+/// sending (a refusal written before its body was read: `413`, `408`, a
+/// WebSocket's 1009 before the rest of the frame) would be reset by the
+/// kernel, and a reset can destroy the answer before the client reads it.
+/// So the server ends its side (FIN), then reads and discards what still
+/// comes, at most [`LINGER_BYTES`] for at most [`LINGER_TIME`], and only
+/// then closes.
+async fn linger(mut stream: TcpStream) {
+    let _ = stream.shutdown().await;
     let drain = async {
         let mut sink = [0u8; 4096];
-        let mut left = 1 << 20;
+        let mut left = LINGER_BYTES;
         while left > 0 {
             match stream.read(&mut sink).await {
                 Ok(0) | Err(_) => break,
@@ -166,7 +183,7 @@ pub(super) async fn refuse(mut stream: TcpStream, response: Response<Body>, kill
             }
         }
     };
-    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    let _ = tokio::time::timeout(LINGER_TIME, drain).await;
 }
 
 /// Serves one stream request on `stream`, then closes it.
@@ -459,6 +476,9 @@ pub(super) struct Rewind {
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
     /// A `101` was written: the connection speaks another protocol now.
     upgraded: bool,
+    /// The client ended its side (a read found the end): closing needs no
+    /// lingering.
+    eof: bool,
 }
 
 /// The API's answers to the heads hyper refuses by itself, rendered once.
@@ -525,9 +545,32 @@ async fn render(response: Response<Body>) -> Bytes {
     out.into()
 }
 
+impl Drop for Rewind {
+    /// Closes with [`linger`] unless the client already ended its side:
+    /// whether it is still sending (a body after a refusal, the rest of an
+    /// oversized frame) cannot be known here, its bytes may still be on
+    /// their way. A second descriptor of the socket keeps it open for the
+    /// lingering task while this one closes.
+    fn drop(&mut self) {
+        if self.eof {
+            return;
+        }
+        let (Ok(handle), Ok(fd)) = (tokio::runtime::Handle::try_current(), std::os::fd::AsFd::as_fd(&self.inner).try_clone_to_owned())
+        else {
+            return;
+        };
+        let socket = std::net::TcpStream::from(fd);
+        handle.spawn(async move {
+            if let Ok(stream) = TcpStream::from_std(socket) {
+                linger(stream).await;
+            }
+        });
+    }
+}
+
 impl Rewind {
     pub(super) fn new(prefix: Bytes, inner: TcpStream, refusals: Arc<Refusals>, write_timeout: Duration) -> Self {
-        Self { prefix, inner, refusals, pending: Bytes::new(), write_timeout, stalled: None, upgraded: false }
+        Self { prefix, inner, refusals, pending: Bytes::new(), write_timeout, stalled: None, upgraded: false, eof: false }
     }
 
     /// Whether `first`, the start of a write, may be a refusal to rewrite;
@@ -592,7 +635,12 @@ impl AsyncRead for Rewind {
             }
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() == before && buf.remaining() > 0 {
+            self.eof = true;
+        }
+        polled
     }
 }
 

@@ -57,6 +57,9 @@ pub enum PollError {
     /// A long-poll over the stream limits (`too_many_streams`, `too_many_streams_for_identity`).
     #[error(transparent)]
     Limit(#[from] super::limits::LimitError),
+    /// `too_many_consumers`: creating one more would pass the identity's cap.
+    #[error("this identity keeps at most {0} durable consumers (TIDINGS_MAX_CONSUMERS_PER_IDENTITY); delete some")]
+    TooManyConsumers(u32),
 }
 
 impl Refusal for PollError {
@@ -69,6 +72,7 @@ impl Refusal for PollError {
             Self::NotFound(_) => "consumer_not_found",
             Self::Store(e) => e.code(),
             Self::Limit(e) => e.code(),
+            Self::TooManyConsumers(_) => "too_many_consumers",
         }
     }
 
@@ -80,6 +84,7 @@ impl Refusal for PollError {
             Self::NotFound(_) => Kind::NotFound,
             Self::Store(e) => e.kind(),
             Self::Limit(e) => e.kind(),
+            Self::TooManyConsumers(_) => Kind::TooMany,
         }
     }
 
@@ -142,6 +147,19 @@ fn actor(caller: &Identity) -> Actor<'_> {
     Actor { sub: &caller.sub, admin: caller.admin }
 }
 
+/// The stored key of `owner`'s consumer `id`: consumer ids are scoped by
+/// owner, so two owners' `nightly` are two consumers and nobody learns
+/// whether another owner's id exists. A consumer id has no `/`, so the key
+/// reads back unambiguously ([`consumer_id`]).
+fn key(owner: &str, id: &str) -> String {
+    format!("{owner}/{id}")
+}
+
+/// The consumer id of a stored key (the part after the owner).
+pub fn consumer_id<'a>(stored: &'a str, owner: &str) -> &'a str {
+    stored.strip_prefix(owner).and_then(|rest| rest.strip_prefix('/')).unwrap_or(stored)
+}
+
 /// How long `caller`'s token has left (no limit with auth off).
 pub fn until_expiry(caller: &Identity) -> Duration {
     match caller.expires_at {
@@ -185,10 +203,12 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
             },
         ),
         Some(id) => {
+            let key = key(&caller.sub, id);
             let opened = core
                 .store()
                 .consumer_open(ConsumerOpen {
-                    id,
+                    id: &key,
+                    max_owned: settings.max_consumers_per_identity,
                     filter_json: request.filter_json.as_deref().map(Some),
                     since,
                     expire_before_ms: now_ms() - core.consumer_ttl_ms(),
@@ -199,6 +219,7 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
             match opened {
                 Opened::Expired => return Err(PollError::Expired),
                 Opened::Forbidden => return Err(PollError::NotOwner(id.clone())),
+                Opened::TooMany => return Err(PollError::TooManyConsumers(settings.max_consumers_per_identity)),
                 // `since` (already confirmed) wins; otherwise resume after the cursor.
                 Opened::Ready(consumer) => (consumer.filter_json, since.unwrap_or(consumer.cursor)),
             }
@@ -268,16 +289,22 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
 /// after the ack.
 pub async fn ack(core: &Core, caller: &Identity, id: &str, cursor: EventId) -> Result<EventId, PollError> {
     check_consumer_id(id)?;
-    match core.store().consumer_ack(id, cursor, now_ms(), now_ms() - core.consumer_ttl_ms(), actor(caller)).await? {
+    let key = key(&caller.sub, id);
+    match core.store().consumer_ack(&key, cursor, now_ms(), now_ms() - core.consumer_ttl_ms(), actor(caller)).await? {
         Acked::Cursor(cursor) => Ok(cursor),
         other => Err(refusal(id, other)),
     }
 }
 
-/// Deletes consumer `id`.
-pub async fn delete(core: &Core, caller: &Identity, id: &str) -> Result<(), PollError> {
+/// Deletes consumer `id` of `owner` (the caller's own when `None`; only an
+/// admin may name another owner, anyone else finds no such consumer).
+pub async fn delete(core: &Core, caller: &Identity, id: &str, owner: Option<&str>) -> Result<(), PollError> {
     check_consumer_id(id)?;
-    match core.store().consumer_delete(id, actor(caller)).await? {
+    let owner = owner.unwrap_or(&caller.sub);
+    if owner != caller.sub && !caller.admin {
+        return Err(PollError::NotFound(id.to_owned()));
+    }
+    match core.store().consumer_delete(&key(owner, id), actor(caller)).await? {
         Acked::Cursor(_) => Ok(()),
         other => Err(refusal(id, other)),
     }
@@ -286,7 +313,11 @@ pub async fn delete(core: &Core, caller: &Identity, id: &str) -> Result<(), Poll
 /// The head and every consumer `caller` may see (all of them for an admin).
 pub async fn list(core: &Core, caller: &Identity) -> Result<(EventId, Vec<Consumer>), PollError> {
     let head = core.store().head().await?;
-    Ok((head, core.store().consumer_list(actor(caller)).await?))
+    let mut consumers = core.store().consumer_list(actor(caller)).await?;
+    for c in &mut consumers {
+        c.id = consumer_id(&c.id, &c.owner).to_owned();
+    }
+    Ok((head, consumers))
 }
 
 fn refusal(id: &str, outcome: Acked) -> PollError {

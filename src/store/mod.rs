@@ -124,6 +124,9 @@ pub struct ConsumerOpen<'a> {
     pub now_ms: i64,
     /// Who polls: owns a consumer it creates; needs to own an existing one.
     pub actor: Actor<'a>,
+    /// Most consumers its owner may have: creating one more is refused
+    /// ([`Opened::TooMany`]) and stores nothing.
+    pub max_owned: u32,
 }
 
 /// What opening a consumer found.
@@ -135,6 +138,8 @@ pub enum Opened {
     Expired,
     /// It belongs to another identity.
     Forbidden,
+    /// It does not exist and its owner already has `max_owned` consumers.
+    TooMany,
 }
 
 /// What an ack found.

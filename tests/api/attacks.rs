@@ -24,6 +24,10 @@ both_stores!(
     connections_that_say_nothing_are_closed,
     one_subscriber_cannot_take_every_subscription,
     one_clients_rule_cannot_spend_without_bound,
+    one_identity_cannot_create_consumers_without_bound,
+    a_refusal_sent_before_the_body_is_read_arrives,
+    a_cookie_authenticates_only_streams,
+    a_reauth_applies_the_new_tokens_grants_at_once,
 );
 
 /// A listener of the attacker's: answers `GET /v1/identity` as `hash` (so
@@ -538,4 +542,117 @@ async fn one_clients_rule_cannot_spend_without_bound(backend: Backend) {
     assert_eq!(plain.ids(2).await, vec![big, marker], "another client receives everything");
     assert_eq!(taxing.ids(1).await, vec![marker], "the event over the budget did not match; the stream goes on");
     assert!(app.metric("tidings_filter_budget_exceeded_total").await >= 1.0);
+}
+
+/// Item 8: one identity keeps at most `TIDINGS_MAX_CONSUMERS_PER_IDENTITY`
+/// durable consumers: one more is `429 too_many_consumers` and stores
+/// nothing; its existing ones still poll, and another identity has its own
+/// room (and its own namespace: the same id is another consumer).
+async fn one_identity_cannot_create_consumers_without_bound(backend: Backend) {
+    use crate::security::{SECRET, token};
+    let app = spawn_app_with(backend, |s| {
+        s.jwt_hs256_secret = Some(SECRET.into());
+        s.max_consumers_per_identity = 3;
+    })
+    .await;
+    let (greedy, other) = (token("greedy", json!({"subscribe": ["**"]})), token("other", json!({"subscribe": ["**"]})));
+    let poll = |bearer: &str, id: &str| {
+        let request = app.http.get(app.url(&format!("/v1/poll?consumer_id={id}"))).bearer_auth(bearer);
+        async move {
+            let r = request.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    for id in ["c1", "c2", "c3"] {
+        assert_eq!(poll(&greedy, id).await.0, 200);
+    }
+    let (status, body) = poll(&greedy, "c4").await;
+    assert_eq!((status, body["error"].as_str()), (429, Some("too_many_consumers")), "{body}");
+    let list: Value = app.http.get(app.url("/v1/consumers")).bearer_auth(&greedy).send().await.unwrap().json().await.unwrap();
+    assert_eq!(list["consumers"].as_array().unwrap().len(), 3, "the refusal stored nothing: {list}");
+    assert_eq!(poll(&greedy, "c1").await.0, 200, "an existing consumer still polls");
+    for id in ["c1", "c4"] {
+        assert_eq!(poll(&other, id).await.0, 200, "another identity has its own room and namespace");
+    }
+}
+
+/// Item 11: a client that sends its whole oversized body before reading
+/// (as Python's `http.client` does) reads the `413`, and a WebSocket
+/// client that sent a frame over `TIDINGS_WS_MAX_MESSAGE` reads the 1009
+/// close: the server discards what comes after its refusal (bounded)
+/// instead of resetting the connection under the answer.
+async fn a_refusal_sent_before_the_body_is_read_arrives(backend: Backend) {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = spawn_app(backend).await;
+    let address = app.base.trim_start_matches("http://").to_owned();
+    let body = vec![b' '; 1_500_000];
+    for attempt in 0..8 {
+        let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let head = format!(
+            "POST /v1/events HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket.write_all(&body).await.unwrap_or_else(|e| panic!("attempt {attempt}: the body could not be sent: {e}"));
+        let mut answer = Vec::new();
+        let read =
+            tokio::time::timeout(std::time::Duration::from_secs(20), socket.read_to_end(&mut answer)).await.expect("the answer in time");
+        read.unwrap_or_else(|e| panic!("attempt {attempt}: reading the answer failed: {e}"));
+        assert!(answer.starts_with(b"HTTP/1.1 413"), "attempt {attempt}: {}", String::from_utf8_lossy(&answer));
+    }
+    for attempt in 0..4 {
+        let url = format!("{}/v1/ws", app.base.replace("http://", "ws://"));
+        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        ws.send(tokio_tungstenite::tungstenite::Message::text("x".repeat(1_000_000))).await.unwrap();
+        let code = loop {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(20), ws.next()).await.expect("a frame in time");
+            match next {
+                Some(Ok(tokio_tungstenite::tungstenite::Message::Close(Some(frame)))) => break u16::from(frame.code),
+                Some(Ok(_)) => continue,
+                other => panic!("attempt {attempt}: no close frame: {other:?}"),
+            }
+        };
+        assert_eq!(code, 1009, "attempt {attempt}");
+    }
+}
+
+/// The `access_token` cookie goes with every request another site makes a
+/// browser send (a link, an image: no `Origin` on such a GET), so it
+/// authenticates only `EventSource` and WebSocket requests: a cross-site
+/// `GET /v1/poll?consumer_id=…&since=…` cannot move a consumer's cursor.
+async fn a_cookie_authenticates_only_streams(backend: Backend) {
+    use crate::security::{SECRET, token};
+    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await;
+    let alice = token("alice", json!({"subscribe": ["**"], "publish": ["**"]}));
+    let r = app.http.get(app.url("/v1/poll?consumer_id=nightly")).bearer_auth(&alice).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let cookie = format!("access_token={alice}");
+    let r = app.http.get(app.url("/v1/poll?consumer_id=nightly&since=1000000")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(r.status(), 401, "a cookie does not authenticate a poll");
+    let list: Value = app.http.get(app.url("/v1/consumers")).bearer_auth(&alice).send().await.unwrap().json().await.unwrap();
+    assert_eq!(list["consumers"][0]["cursor"], 0, "the cursor did not move: {list}");
+    let r = app.http.get(app.url("/v1/stream")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(r.status(), 200, "an EventSource still authenticates by cookie");
+}
+
+/// A `stream.reauth` before the expiry replaces the live session: the new
+/// token's grants apply to the next event (a narrower token stops what the
+/// old one allowed).
+async fn a_reauth_applies_the_new_tokens_grants_at_once(backend: Backend) {
+    use crate::security::{SECRET, token};
+    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await;
+    let wide = token("dev", json!({"subscribe": ["**"]}));
+    let key = crate::ws::Key::new();
+    let mut device = crate::ws::Client::connect_with(&app, &format!("?access_token={wide}")).await;
+    assert!(device.auth(&key, json!({"device_id": "d"})).await["result"].is_object());
+    let narrow = token("dev", json!({"subscribe": ["other.*"]}));
+    assert!(device.call("stream.reauth", json!({"token": narrow})).await["result"].is_object());
+    let publisher = token("pub", json!({"publish": ["**"]}));
+    for event_type in ["probe.hidden", "other.shown"] {
+        let r = app.http.post(app.url("/v1/events")).bearer_auth(&publisher).json(&json!({"event_type": event_type})).send().await.unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let first = device.notification().await;
+    assert_eq!(first["params"]["event"]["event_type"], "other.shown", "the old token's grants no longer apply: {first}");
 }

@@ -227,25 +227,52 @@ async fn grant_intersection_and_token_carriers(backend: Backend) {
     assert_eq!(by_query.ids(1).await, vec![b["event_ids"][0].as_i64().unwrap()]);
 }
 
+/// Consumer ids are scoped by owner: another identity's `alice-feed` is a
+/// consumer of its own, and nothing it does (poll, ack, delete, naming the
+/// owner) reaches or reveals alice's; an admin sees every consumer and may
+/// delete one by naming its owner.
 async fn consumers_belong_to_their_creator(backend: Backend) {
     let app = secured(backend).await;
-    let alice = token("alice", json!({"subscribe": ["**"]}));
+    let alice = token("alice", json!({"subscribe": ["**"], "publish": ["**"]}));
     let bob = token("bob", json!({"subscribe": ["**"]}));
     let get = |t: &str, path: &str| app.http.get(app.url(path)).bearer_auth(t.to_owned()).send();
     assert_eq!(get(&alice, "/v1/poll?consumer_id=alice-feed").await.unwrap().status(), 200);
+    let r = app.http.post(app.url("/v1/events")).bearer_auth(&alice).json(&json!({"event_type": "comment.posted"})).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let ack = |t: &str, cursor: i64| {
+        app.http.post(app.url("/v1/consumers/alice-feed/ack")).bearer_auth(t.to_owned()).json(&json!({"cursor": cursor})).send()
+    };
+    assert_eq!(ack(&alice, 1).await.unwrap().json::<Value>().await.unwrap()["cursor"], 1);
+    // Bob's alice-feed is his own: created at the head, its cursor apart.
     let r = get(&bob, "/v1/poll?consumer_id=alice-feed").await.unwrap();
-    assert_eq!(r.status(), 403);
-    assert_eq!(r.json::<Value>().await.unwrap()["error"], "not_consumer_owner");
-    let r = app.http.post(app.url("/v1/consumers/alice-feed/ack")).bearer_auth(&bob).json(&json!({"cursor": 0})).send().await.unwrap();
-    assert_eq!(r.status(), 403);
-    let r = app.http.delete(app.url("/v1/consumers/alice-feed")).bearer_auth(&bob).send().await.unwrap();
-    assert_eq!(r.status(), 403);
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["events"], json!([]), "a new consumer starts at the head");
+    assert_eq!(ack(&bob, 0).await.unwrap().json::<Value>().await.unwrap()["cursor"], 1, "his own, clamped and monotonic");
+    let del = |t: &str, query: &str| app.http.delete(app.url(&format!("/v1/consumers/alice-feed{query}"))).bearer_auth(t.to_owned()).send();
+    assert_eq!(del(&bob, "").await.unwrap().status(), 204, "he deletes his own");
+    let r = del(&bob, "?owner=alice").await.unwrap();
+    assert_eq!(
+        (r.status().as_u16(), r.json::<Value>().await.unwrap()["error"].clone()),
+        (404, json!("consumer_not_found")),
+        "another's is not his to name"
+    );
     let list: Value = get(&bob, "/v1/consumers").await.unwrap().json().await.unwrap();
     assert_eq!(list["consumers"], json!([]), "bob sees none of alice's consumers");
+    let list: Value = get(&alice, "/v1/consumers").await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (list["consumers"][0]["consumer_id"].as_str(), list["consumers"][0]["cursor"].as_i64()),
+        (Some("alice-feed"), Some(1)),
+        "{list}"
+    );
     let list: Value = get(&admin(), "/v1/consumers").await.unwrap().json().await.unwrap();
-    assert_eq!(list["consumers"][0]["owner"], "alice");
-    let r = app.http.post(app.url("/v1/consumers/alice-feed/ack")).bearer_auth(&alice).json(&json!({"cursor": 0})).send().await.unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        (list["consumers"][0]["owner"].as_str(), list["consumers"][0]["consumer_id"].as_str()),
+        (Some("alice"), Some("alice-feed")),
+        "{list}"
+    );
+    assert_eq!(del(&admin(), "?owner=alice").await.unwrap().status(), 204, "an admin deletes anyone's by naming the owner");
+    let list: Value = get(&alice, "/v1/consumers").await.unwrap().json().await.unwrap();
+    assert_eq!(list["consumers"], json!([]));
 }
 
 async fn stream_publish_and_replay_limits(backend: Backend) {
@@ -379,6 +406,7 @@ async fn tokens_never_reach_the_logs(backend: Backend) {
         let _ = http.get(format!("{}/v1/poll?access_token={t}", server.base)).send().await;
         let _ = http.get(format!("{}/v1/consumers", server.base)).header("cookie", format!("access_token={t}")).send().await;
         let _ = http.get(format!("{}/v1/nope?access_token={t}", server.base)).send().await;
+        let _ = http.get(format!("{}/v1/registry?x=1;access_token={t}", server.base)).send().await;
         // Every spelling of the name that authenticates is redacted too.
         for name in ["access%5Ftoken", "%61ccess_token", "access_toke%6E", "access%5ftoken"] {
             let r = http.get(format!("{}/v1/poll?{name}={t}", server.base)).send().await.unwrap();

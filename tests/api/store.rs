@@ -161,7 +161,7 @@ fn now_ms() -> i64 {
 }
 
 fn open<'a>(id: &'a str, since: Option<i64>, actor: Actor<'a>) -> ConsumerOpen<'a> {
-    ConsumerOpen { id, filter_json: None, since, expire_before_ms: 0, now_ms: now_ms(), actor }
+    ConsumerOpen { id, filter_json: None, since, expire_before_ms: 0, now_ms: now_ms(), actor, max_owned: 100 }
 }
 
 const ALICE: Actor<'static> = Actor { sub: "alice", admin: false };
@@ -235,6 +235,18 @@ async fn consumer_ownership_and_expiry(store: Arc<dyn Store>) {
     assert_eq!(store.consumer_delete("gone", ALICE).await.unwrap(), Acked::Cursor(0));
     assert_eq!(store.consumer_delete("gone", ALICE).await.unwrap(), Acked::NotFound);
     assert!(matches!(store.consumer_open(open("gone", None, ALICE)).await.unwrap(), Opened::Ready(_)));
+
+    // At its owner's cap a new consumer is refused and nothing is stored;
+    // an existing one still opens, and another owner has its own room.
+    const CAROL: Actor<'static> = Actor { sub: "carol", admin: false };
+    let capped = |id, actor| ConsumerOpen { max_owned: 2, ..open(id, None, actor) };
+    for id in ["a", "b"] {
+        assert!(matches!(store.consumer_open(capped(id, CAROL)).await.unwrap(), Opened::Ready(_)));
+    }
+    assert_eq!(store.consumer_open(capped("c", CAROL)).await.unwrap(), Opened::TooMany);
+    assert_eq!(store.consumer_list(CAROL).await.unwrap().len(), 2, "the refusal stored nothing");
+    assert!(matches!(store.consumer_open(capped("a", CAROL)).await.unwrap(), Opened::Ready(_)));
+    assert!(matches!(store.consumer_open(capped("c", BOB)).await.unwrap(), Opened::Ready(_)));
 }
 
 fn agent() -> Agent {

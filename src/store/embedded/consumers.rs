@@ -55,7 +55,7 @@ fn why_not(conn: &Connection, id: &str) -> rusqlite::Result<Acked> {
 impl ConsumerStore for EmbeddedStore {
     async fn consumer_open(&self, open: ConsumerOpen<'_>) -> Result<Opened, StoreError> {
         let (id, since, now, before) = (open.id.to_owned(), open.since, open.now_ms, open.expire_before_ms);
-        let (owner, admin) = (open.actor.sub.to_owned(), open.actor.admin);
+        let (owner, admin, max_owned) = (open.actor.sub.to_owned(), open.actor.admin, open.max_owned);
         let replace = open.filter_json.is_some();
         let filter = open.filter_json.flatten().map(str::to_owned);
         self.write(move |conn| {
@@ -70,19 +70,27 @@ impl ConsumerStore for EmbeddedStore {
                     tx.commit()?;
                     return Ok(Opened::Expired);
                 }
+                // Created only while its owner has fewer than max_owned.
                 let created = tx.execute(
                     "INSERT OR IGNORE INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner)
-                     SELECT ?1, ?2, min(coalesce(?3, last_id), last_id), ?4, ?4, ?5 FROM tidings_head",
-                    params![id, filter, since, now, owner],
+                     SELECT ?1, ?2, min(coalesce(?3, last_id), last_id), ?4, ?4, ?5 FROM tidings_head
+                     WHERE (SELECT count(*) FROM consumer_subscriptions WHERE owner = ?5) < ?6",
+                    params![id, filter, since, now, owner, max_owned],
                 )?;
                 if created == 1 {
                     tx.execute("DELETE FROM consumer_expired WHERE consumer_id = ?1", [&id])?;
                 }
                 row = update(&tx)?;
             }
+            let opened = match row {
+                Some(row) => Opened::Ready(row),
+                // Still none: it exists and belongs to someone else, or
+                // its owner has no room for another.
+                None if why_not(&tx, &id)? == Acked::Forbidden => Opened::Forbidden,
+                None => Opened::TooMany,
+            };
             tx.commit()?;
-            // Still none: the consumer exists and belongs to someone else.
-            Ok(row.map_or(Opened::Forbidden, Opened::Ready))
+            Ok(opened)
         })
         .await
     }

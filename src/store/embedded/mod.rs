@@ -52,6 +52,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (6, "rate_window", include_str!("../../../migrations/embedded/0006_rate_window.sql")),
     (7, "device_cursors", include_str!("../../../migrations/embedded/0007_device_cursors.sql")),
     (8, "received", include_str!("../../../migrations/embedded/0008_received.sql")),
+    (9, "consumer_scope", include_str!("../../../migrations/embedded/0009_consumer_scope.sql")),
 ];
 
 /// Read connections kept open. A constant: SQLite readers in WAL mode run

@@ -60,12 +60,18 @@ impl ConsumerStore for PostgresStore {
                 tx.commit().await.map_err(pg_error)?;
                 return Ok(Opened::Expired);
             }
+            // Created only while its owner has fewer than max_owned (the
+            // owner's rows are locked first, so two creates of one owner
+            // cannot both pass the count).
+            let max_owned = i64::from(open.max_owned);
+            tx.execute("SELECT 1 FROM consumer_subscriptions WHERE owner = $1 FOR UPDATE", &[&owner]).await.map_err(pg_error)?;
             let created = tx
                 .execute(
                     "INSERT INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner)
                      SELECT $1, $2, LEAST(COALESCE($3, last_id), last_id), $4, $4, $5 FROM tidings_head
+                     WHERE (SELECT count(*) FROM consumer_subscriptions WHERE owner = $5) < $6
                      ON CONFLICT (consumer_id) DO NOTHING",
-                    &[&open.id, &filter, &open.since, &open.now_ms, &owner],
+                    &[&open.id, &filter, &open.since, &open.now_ms, &owner, &max_owned],
                 )
                 .await
                 .map_err(pg_error)?;
@@ -74,9 +80,20 @@ impl ConsumerStore for PostgresStore {
             }
             row = tx.query_opt(CONSUMER_UPDATE_SQL, &params).await.map_err(pg_error)?;
         }
+        let exists = match &row {
+            Some(_) => true,
+            None => {
+                tx.query_opt("SELECT 1 FROM consumer_subscriptions WHERE consumer_id = $1", &[&open.id]).await.map_err(pg_error)?.is_some()
+            }
+        };
         tx.commit().await.map_err(pg_error)?;
-        // Still none: the consumer exists and belongs to someone else.
-        Ok(row.map_or(Opened::Forbidden, |row| Opened::Ready(consumer_row(&row))))
+        // Still none: it exists and belongs to someone else, or its owner
+        // has no room for another.
+        Ok(match row {
+            Some(row) => Opened::Ready(consumer_row(&row)),
+            None if exists => Opened::Forbidden,
+            None => Opened::TooMany,
+        })
     }
 
     async fn consumer_ack(

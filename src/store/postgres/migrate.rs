@@ -15,6 +15,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (6, "rate_window", include_str!("../../../migrations/postgres/0006_rate_window.sql")),
     (7, "device_cursors", include_str!("../../../migrations/postgres/0007_device_cursors.sql")),
     (8, "received", include_str!("../../../migrations/postgres/0008_received.sql")),
+    (9, "consumer_scope", include_str!("../../../migrations/postgres/0009_consumer_scope.sql")),
 ];
 
 impl PostgresStore {
