@@ -16,7 +16,8 @@ both_stores!(
     stuck_client_is_dropped_for_no_progress,
     resume_older_than_retained_history_is_a_replay_gap,
     a_burst_larger_than_the_queue_is_caught_up_not_dropped,
-    replaying_streams_that_never_read_hold_little_and_are_closed
+    replaying_streams_that_never_read_hold_little_and_are_closed,
+    stuck_replays_of_large_events_hold_about_one_event_each
 );
 
 async fn resume_beyond_the_head_is_a_replay_gap(backend: Backend) {
@@ -213,6 +214,72 @@ async fn a_burst_larger_than_the_queue_is_caught_up_not_dropped(backend: Backend
     assert_eq!(app.clients().await, 1);
 }
 
+/// Streams that resume from the start over large events (60 KB each) to
+/// clients that never read hold about one event each, not a page of them:
+/// a replay's first page is one row, and pages grow only as a client takes
+/// them, to at most 64 KiB of rows. (300 such streams held 2.5–2.9 GiB when
+/// a page was at least 16 rows; now about 40 MiB, bounded here at 120.)
+async fn stuck_replays_of_large_events_hold_about_one_event_each(backend: Backend) {
+    const STUCK: usize = 300;
+    let (server, _dir) = quiet_server(backend, &[("TIDINGS_MAX_BODY", "8MiB")]).await;
+    let pid = server.child.id().unwrap();
+    let http = reqwest::Client::new();
+    let one = json!({"event_type": "comment.posted", "payload": {"text": "x".repeat(60_000)}});
+    for _ in 0..10 {
+        let r = http.post(format!("{}/v1/events", server.base)).json(&json!({"events": vec![one.clone(); 100]})).send().await.unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let peak = || peak_rss_kib(pid);
+    let before = peak();
+    let addr: std::net::SocketAddr = server.base.trim_start_matches("http://").parse().unwrap();
+    let mut stuck = Vec::new();
+    for _ in 0..STUCK {
+        stuck.push(never_reading(addr, "/v1/stream?since=0&types=comment.posted").await);
+    }
+    // Every stream has started its replay (registered with the broker)
+    // and written what its socket takes.
+    let metrics = || async { http.get(format!("{}/metrics", server.base)).send().await.unwrap().text().await.unwrap() };
+    let connected = || async { metric_sum(&metrics().await, "tidings_clients_connected{transport=\"sse\"}") };
+    crate::mirrors::eventually("every stuck stream is replaying", || async { connected().await >= STUCK as f64 }).await;
+    // Until the replays stop moving (each is stuck on its socket), for at
+    // most 30 s.
+    let mut last = -1.0;
+    for _ in 0..60 {
+        let now = metric_sum(&metrics().await, "tidings_replayed_events_total");
+        if now == last {
+            break;
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let grew_mib = peak().saturating_sub(before) / 1024;
+    assert!(grew_mib < 120, "{STUCK} stuck replays of large events grew the peak RSS by {grew_mib} MiB");
+    drop(stuck);
+}
+
+/// A server process for the stuck-client tests, with `extra` settings, its
+/// stderr quiet (a pipe nobody reads here).
+async fn quiet_server(backend: Backend, extra: &[(&'static str, &str)]) -> (crate::helpers::Process, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut envs = vec![("TIDINGS_DATA_DIR", dir.path().display().to_string()), ("TIDINGS_LOG", "warn".to_owned())];
+    envs.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    if backend == Backend::Postgres {
+        envs.push(("DATABASE_URL", crate::helpers::fresh_database().await.0));
+    }
+    (crate::helpers::spawn_process(&envs).await, dir)
+}
+
+/// The peak resident size of process `pid`, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches(" kB").parse::<u64>().unwrap()
+}
+
+/// The sum of a metric family's series whose line starts with `prefix`.
+fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
 /// A client with a 4 KiB receive window that sends `GET path` and never
 /// reads a byte of the answer.
 async fn never_reading(addr: std::net::SocketAddr, path: &str) -> tokio::net::TcpStream {
@@ -232,21 +299,14 @@ async fn never_reading(addr: std::net::SocketAddr, path: &str) -> tokio::net::Tc
 async fn replaying_streams_that_never_read_hold_little_and_are_closed(backend: Backend) {
     const EVENTS: usize = 20_000;
     const STUCK: usize = 200;
-    let dir = tempfile::tempdir().unwrap();
-    let mut envs = vec![
-        ("TIDINGS_DATA_DIR", dir.path().display().to_string()),
-        ("TIDINGS_SLOW_CLIENT_TIMEOUT", "1s".to_owned()),
-        ("TIDINGS_EVICTION_GRACE", "1s".to_owned()),
-        ("TIDINGS_MAX_BODY", "4MiB".to_owned()),
-        // Poll pages larger than a socket's send buffer can grow to (4 MiB).
-        ("TIDINGS_POLL_MAX_LIMIT", "10000".to_owned()),
-        // Its stderr is a pipe nobody reads here: keep it quiet.
-        ("TIDINGS_LOG", "warn".to_owned()),
+    // Poll pages larger than a socket's send buffer can grow to (4 MiB).
+    let extra = [
+        ("TIDINGS_SLOW_CLIENT_TIMEOUT", "1s"),
+        ("TIDINGS_EVICTION_GRACE", "1s"),
+        ("TIDINGS_MAX_BODY", "4MiB"),
+        ("TIDINGS_POLL_MAX_LIMIT", "10000"),
     ];
-    if backend == Backend::Postgres {
-        envs.push(("DATABASE_URL", crate::helpers::fresh_database().await.0));
-    }
-    let server = crate::helpers::spawn_process(&envs).await;
+    let (server, _dir) = quiet_server(backend, &extra).await;
     let pid = server.child.id().unwrap();
     let http = reqwest::Client::new();
     // 20,000 events of about 1 KiB: about 20 MiB of history.
@@ -255,10 +315,7 @@ async fn replaying_streams_that_never_read_hold_little_and_are_closed(backend: B
         let r = http.post(format!("{}/v1/events", server.base)).json(&json!({"events": vec![one.clone(); 1000]})).send().await.unwrap();
         assert_eq!(r.status(), 201);
     }
-    let peak = || {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches(" kB").parse::<u64>().unwrap()
-    };
+    let peak = || peak_rss_kib(pid);
     let before = peak();
     // A live client on another type: nothing it receives reaches the stuck
     // streams' queues, so only their own writes can get them closed.
@@ -276,12 +333,7 @@ async fn replaying_streams_that_never_read_hold_little_and_are_closed(backend: B
     assert_eq!(live.ids(1).await, vec![id], "live delivery goes on beside the stuck streams");
     drop(live);
     // Every stuck stream is closed by the server for taking no bytes.
-    let connected = |text: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with("tidings_clients_connected{transport=\"sse\"}"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+    let connected = |text: &str| metric_sum(text, "tidings_clients_connected{transport=\"sse\"}");
     let mut last = f64::NAN;
     for _ in 0..1200 {
         let metrics = http.get(format!("{}/metrics", server.base)).send().await.unwrap().text().await.unwrap();
@@ -302,7 +354,7 @@ async fn replaying_streams_that_never_read_hold_little_and_are_closed(backend: B
     let stalled = |text: &str| -> f64 {
         text.lines()
             .filter(|l| l.starts_with("tidings_clients_dropped_total{") && l.contains("reason=\"write_stalled\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|l| metric_sum(l, ""))
             .sum()
     };
     let metrics = || async { http.get(format!("{}/metrics", server.base)).send().await.unwrap().text().await.unwrap() };
