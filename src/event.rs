@@ -31,6 +31,8 @@ pub mod names {
     pub const SYSTEM_REPLAY_GAP: &str = "system.replay_gap";
     /// The token that opened a stream expired; the stream ends.
     pub const SYSTEM_TOKEN_EXPIRED: &str = "system.token_expired";
+    /// The stream's payload rule went over its evaluation budget (once).
+    pub const SYSTEM_FILTER_BUDGET_EXCEEDED: &str = "system.filter_budget_exceeded";
     /// An entity was created in the tree.
     pub const TREE_CREATED: &str = "tree.created";
     /// An entity in the tree was replaced.
@@ -51,6 +53,7 @@ pub mod names {
         SYSTEM_CLIENT_DROPPED_SLOW,
         SYSTEM_REPLAY_GAP,
         SYSTEM_TOKEN_EXPIRED,
+        SYSTEM_FILTER_BUDGET_EXCEEDED,
     ];
 }
 

@@ -175,6 +175,12 @@ impl Filter {
         self
     }
 
+    /// The payload rule's budget, once, after one of its evaluations went
+    /// over it (see [`PayloadRule::take_budget_notice`]).
+    pub fn take_budget_notice(&self) -> Option<usize> {
+        self.payload.as_ref()?.take_budget_notice()
+    }
+
     /// Builds a filter from its parts, validating each.
     pub fn from_parts(types: &[String], agents: &[String], targets: &[String], limits: FilterLimits) -> Result<Self, FilterError> {
         for (field, list) in [("types", types), ("agents", agents), ("targets", targets)] {

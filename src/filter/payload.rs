@@ -102,6 +102,8 @@ pub struct PayloadRule {
     /// Whether an evaluation of this rule (one client's) went over the
     /// budget yet: logged once, counted every time.
     over_budget: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the client was told (`system.filter_budget_exceeded`).
+    told: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A payload field a rule requires to equal a constant: the rule is
@@ -384,6 +386,7 @@ impl PayloadRule {
             loop_nodes: loop_nodes(rule, false),
             accumulator_reads: accumulator_reads(rule),
             over_budget: Arc::default(),
+            told: Arc::default(),
         })
     }
 
@@ -461,6 +464,12 @@ impl PayloadRule {
     /// Whether an evaluation of this rule went over its budget.
     pub fn went_over_budget(&self) -> bool {
         self.over_budget.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The budget, once, the first time this is asked after an evaluation
+    /// went over it: what the client is told.
+    pub fn take_budget_notice(&self) -> Option<usize> {
+        (self.went_over_budget() && !self.told.swap(true, std::sync::atomic::Ordering::Relaxed)).then_some(self.budget)
     }
 
     /// Evaluates the rule over `data` and returns the JSON result (for the

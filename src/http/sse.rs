@@ -54,7 +54,7 @@ pub(crate) struct StreamQuery {
         ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this id"),
     ),
     responses(
-        (status = 200, description = "An event stream: `retry:`, then `id:` + `data: <envelope>` per event; named notices `system.client_dropped_slow`, `system.replay_gap`, `system.token_expired` (the token expired: the stream ends); comment heartbeats", content_type = "text/event-stream", body = String),
+        (status = 200, description = "An event stream: `retry:`, then `id:` + `data: <envelope>` per event; named notices `system.client_dropped_slow`, `system.replay_gap`, `system.token_expired` (the token expired: the stream ends), `system.filter_budget_exceeded` (once: the payload rule went over its budget on an event, which did not match); comment heartbeats", content_type = "text/event-stream", body = String),
         (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_last_event_id`, `invalid_accept_envelope`, `invalid_query` (a parameter given twice, or unreadable)", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`envelope_version_unsupported` (lists `supported`)", body = crate::http::openapi::ErrorBody),
@@ -168,6 +168,10 @@ impl SseState {
             Item::Dropped(dropped) => {
                 self.phase = Phase::Done;
                 Some(dropped_frame(dropped))
+            }
+            Item::FilterBudgetExceeded { budget } => {
+                let data = json!({ "budget": budget }).to_string();
+                Some(sse_frame(None, Some(names::SYSTEM_FILTER_BUDGET_EXCEEDED), data.as_bytes()))
             }
             Item::Expired { last_event_id } => {
                 self.phase = Phase::Done;

@@ -605,6 +605,13 @@ impl Ws {
                     Err(_) => Next::Close(close::INTERNAL, "write_failed"),
                 }
             }
+            Item::FilterBudgetExceeded { budget } => {
+                let notice = json!({"jsonrpc": "2.0", "method": "stream.filter_budget_exceeded", "params": {"budget": budget}});
+                match self.send_json(&notice).await {
+                    Ok(()) => Next::Go,
+                    Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+                }
+            }
             Item::CaughtUp | Item::ScanLimit | Item::Heartbeat => Next::Go,
             Item::Dropped(_) => Next::Close(close::TRY_LATER, "slow_consumer"),
             Item::End(End::Shutdown) => Next::Close(close::GOING_AWAY, "shutdown"),

@@ -276,7 +276,9 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
             }
             // The first gap is the one the client asked about.
             Item::Gap(found) => gap = gap.or(Some(found)),
-            Item::Heartbeat => {}
+            // A poll's filter lives for one request: the count and the log
+            // say it; the page goes on.
+            Item::Heartbeat | Item::FilterBudgetExceeded { .. } => {}
             Item::Dropped(_) | Item::Expired { .. } | Item::End(End::Over | End::Shutdown | End::Failed) => break,
         }
     }

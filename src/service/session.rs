@@ -132,6 +132,12 @@ pub enum Item {
     Heartbeat,
     /// Dropped as a slow client; the session ends.
     Dropped(Dropped),
+    /// The session's payload rule went over `TIDINGS_RULE_BUDGET` on some
+    /// event (which did not match); said once, delivery goes on.
+    FilterBudgetExceeded {
+        /// The budget, in bytes (and loop steps).
+        budget: usize,
+    },
     /// The token that opened the session expired; the session ends. The
     /// client resumes after `last_event_id` with a fresh token.
     Expired {
@@ -350,6 +356,9 @@ impl Session {
     pub async fn next(&mut self) -> Item {
         if matches!(self.phase, Phase::Done(_)) {
             return self.next_item().await;
+        }
+        if let Some(budget) = self.filter.take_budget_notice() {
+            return Item::FilterBudgetExceeded { budget };
         }
         let before = self.last_sent;
         let item = self.next_item().await;

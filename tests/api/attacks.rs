@@ -542,6 +542,14 @@ async fn one_clients_rule_cannot_spend_without_bound(backend: Backend) {
     assert_eq!(plain.ids(2).await, vec![big, marker], "another client receives everything");
     assert_eq!(taxing.ids(1).await, vec![marker], "the event over the budget did not match; the stream goes on");
     assert!(app.metric("tidings_filter_budget_exceeded_total").await >= 1.0);
+    // The client is told, once.
+    let notice = taxing.next().await;
+    assert_eq!(notice.event.as_deref(), Some("system.filter_budget_exceeded"), "{notice:?}");
+    assert_eq!(serde_json::from_str::<Value>(&notice.data).unwrap(), json!({"budget": 1 << 20}));
+    app.publish("probe.big", json!({"n": 1, "s": "x".repeat(60_000)})).await;
+    let again = app.publish("probe.marker", json!({"n": 2})).await;
+    let next = taxing.next().await;
+    assert_eq!((next.event, next.id), (None, Some(again.to_string())), "told once, not at every event");
 }
 
 /// Item 8: one identity keeps at most `TIDINGS_MAX_CONSUMERS_PER_IDENTITY`

@@ -246,7 +246,7 @@ fn envelope_schema() -> Value {
 fn stream_frames() -> Value {
     json!({
         "type": "object",
-        "description": "The frames of the stream, by SSE event name: unnamed frames (`message`, with `id:` the event id) carry an envelope; `system.replay_gap` says a resume point could not be served whole (resume from `available_from`); `system.client_dropped_slow` ends a stream whose client fell behind (resume from `last_event_id`); `system.token_expired` ends a stream whose token expired (resume from `last_event_id` with a fresh token). Comment lines are heartbeats; `retry:` opens and closes the stream.",
+        "description": "The frames of the stream, by SSE event name: unnamed frames (`message`, with `id:` the event id) carry an envelope; `system.replay_gap` says a resume point could not be served whole (resume from `available_from`); `system.client_dropped_slow` ends a stream whose client fell behind (resume from `last_event_id`); `system.token_expired` ends a stream whose token expired (resume from `last_event_id` with a fresh token); `system.filter_budget_exceeded` says, once, that the payload rule went over its budget on an event (which did not match). Comment lines are heartbeats; `retry:` opens and closes the stream.",
         "properties": {
             "message": envelope_schema(),
             "system.replay_gap": {"type": "object", "additionalProperties": false, "required": ["requested", "available_from", "head"], "properties": {
@@ -259,6 +259,9 @@ fn stream_frames() -> Value {
             }},
             "system.token_expired": {"type": "object", "additionalProperties": false, "required": ["last_event_id"], "properties": {
                 "last_event_id": {"oneOf": [id(), {"type": "null"}]},
+            }},
+            "system.filter_budget_exceeded": {"type": "object", "additionalProperties": false, "required": ["budget"], "properties": {
+                "budget": {"type": "integer", "minimum": 0},
             }},
         },
     })
