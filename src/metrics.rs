@@ -76,6 +76,8 @@ pub const PEER_RECEIVED: &str = "tidings_peer_received_total";
 pub const MIRROR_APPLIES: &str = "tidings_mirror_applies_total";
 /// Per mirror, re-attachments after its relay stopped answering.
 pub const MIRROR_REPAIRS: &str = "tidings_mirror_repairs_total";
+/// Counter (`mirror`): relays a mirror left because they forged or withheld a change.
+pub const MIRROR_RELAYS_LEFT: &str = "tidings_mirror_relays_left_total";
 /// Per mirror, redirects between the mirrored peer and the server its
 /// subscription is held at (0: the peer itself).
 pub const MIRROR_HOPS: &str = "tidings_mirror_hops";
@@ -166,6 +168,7 @@ fn describe() {
     );
     describe_counter!(PEER_EVICTIONS, Unit::Count, "Remote subscriptions ended because their deliveries kept failing.");
     describe_counter!(MIRROR_REPAIRS, Unit::Count, "Per mirror, re-attachments after its relay stopped answering.");
+    describe_counter!(MIRROR_RELAYS_LEFT, Unit::Count, "Per mirror, relays left because they forged or withheld a change.");
     describe_gauge!(MIRROR_HOPS, Unit::Count, "Per mirror, redirects between the mirrored peer and the server holding its subscription.");
     describe_gauge!(MIRROR_UPSTREAM, Unit::Count, "Per mirror, 1 for the server holding its subscription, 0 for earlier ones.");
     describe_counter!(PEER_RECEIVED, Unit::Count, "Deliveries received from peers, by outcome (appended or duplicate).");

@@ -67,7 +67,7 @@ pub(crate) fn chain_id(headers: &HeaderMap) -> Result<String, ApiError> {
     tag = "tree",
     params(("path" = String, Path, description = "A tree path; a trailing / lists its children")),
     responses(
-        (status = 200, description = "The entity `{type, data}` with its hash as ETag, or `{path, children: [{name, path, entity, has_children}]}`", body = Object),
+        (status = 200, description = "The entity `{type, data}` with its hash as ETag and the log id of the change that wrote it as Tidings-Change-Id, or `{path, children: [{name, path, entity, has_children}]}`", body = Object),
         (status = 400, description = "`invalid_path`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`forbidden_tree_access`", body = crate::http::openapi::ErrorBody),
@@ -82,6 +82,10 @@ pub(crate) async fn get(State(app): State<AppState>, Caller(caller): Caller, Pat
     let entry = service::get(app.core(), &caller, &path).await?;
     let mut response = ([(header::CONTENT_TYPE, "application/json")], entry.entity).into_response();
     response.headers_mut().insert(header::ETAG, etag(&entry.hash));
+    // The log id of the change that put it there: the `sequence` this
+    // server signs that change with, so a mirror that re-reads a path
+    // knows which older signed changes it must no longer take.
+    response.headers_mut().insert(crate::tree::CHANGE_ID_HEADER, HeaderValue::from(entry.changed_event));
     Ok(response)
 }
 

@@ -461,6 +461,13 @@ pub trait TreeStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Entries below `prefix` (not `""`), ascending by path, at most `limit`.
     async fn tree_entries_below(&self, prefix: &str, limit: usize) -> Result<Vec<TreeEntry>, StoreError>;
+
+    /// The version of what is below `prefix`: how many entries, and the sum
+    /// of the log ids of the changes that wrote them. Every write below it
+    /// changes one or the other (a write takes a new, highest id; a
+    /// deletion lowers the count), so a listing is current while its
+    /// version is; read from the path index, without the entities.
+    async fn tree_version_below(&self, prefix: &str) -> Result<(i64, i64), StoreError>;
 }
 
 /// The subscription engine's state: its cursor and delivered counts, the

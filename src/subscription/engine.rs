@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::courier::{Courier, Lane, Lanes};
+use super::signed::{self, SignedChange, Transition};
 use super::{DIR, MARKER_DIR, Subscription, Subscriptions, subscription_id_of};
 use crate::event::{EventBody, EventId, Visibility, names};
 use crate::glob::Glob;
@@ -83,6 +84,15 @@ struct Change {
     previous_hash: Option<String>,
     #[serde(default)]
     chain_id: Option<String>,
+    /// On a change a mirror applied: the signed changes it came with.
+    #[serde(default)]
+    signed: Vec<SignedChange>,
+}
+
+impl Change {
+    fn transition(&self) -> Transition<'_> {
+        Transition { uri: &self.uri, hash: self.hash.as_deref(), previous_hash: self.previous_hash.as_deref() }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -480,6 +490,8 @@ impl Engine {
         let at = record.recorded_ms;
         let chain_id = change.chain_id.clone().unwrap_or_else(|| format!("event-{}", record.id));
         let mut ended = Vec::new();
+        // Signed once, for the notifications that bundle the entity.
+        let mut carried: Option<Vec<SignedChange>> = None;
         let ids: Vec<String> = state
             .subs
             .values()
@@ -496,7 +508,9 @@ impl Engine {
             *outcomes.entry(outcome).or_default() += 1;
             match verdict {
                 Verdict::Deliver => {
-                    effects.push(EngineEffect::Append(self.notification(active, kind, change, &chain_id).await?));
+                    let carried =
+                        active.sub.include_payload.then(|| carried.get_or_insert_with(|| self.carried(change, record.id)).as_slice());
+                    effects.push(EngineEffect::Append(self.notification(active, kind, change, &chain_id, carried).await?));
                     active.delivered_at(at);
                     counts.push((id.clone(), Some(active.tally())));
                 }
@@ -529,7 +543,27 @@ impl Engine {
         Ok(terminated)
     }
 
-    async fn notification(&self, active: &Active, kind: &str, change: &Change, chain_id: &str) -> Result<NewRecord, StoreError> {
+    /// The signed changes a notification of `change` (log id `sequence`)
+    /// carries: this server's own signature, then those a mirror took the
+    /// change from, when they sign exactly this transition.
+    fn carried(&self, change: &Change, sequence: EventId) -> Vec<SignedChange> {
+        let t = change.transition();
+        let own = signed::sign(&self.handler.server, t, sequence);
+        let me = self.handler.server.hash();
+        own.into_iter()
+            .chain(change.signed.iter().filter(|s| s.signs(t) && s.origin() != Some(me)).cloned())
+            .take(signed::MAX_CARRIED)
+            .collect()
+    }
+
+    async fn notification(
+        &self,
+        active: &Active,
+        kind: &str,
+        change: &Change,
+        chain_id: &str,
+        carried: Option<&[SignedChange]>,
+    ) -> Result<NewRecord, StoreError> {
         let mut data = json!({ "subscription_id": active.sub.subscription_id, "event": kind, "uri": change.uri });
         if let Some(h) = &change.hash {
             data["hash"] = json!(h);
@@ -554,6 +588,12 @@ impl Engine {
             && let Ok(entity) = serde_json::from_str::<Value>(&body)
         {
             payload["included"] = json!({ hash.clone(): entity });
+        }
+        if let Some(carried) = carried.filter(|c| !c.is_empty()) {
+            let mut included = payload["included"].as_object().cloned().unwrap_or_default();
+            let hashes: Vec<String> = carried.iter().filter_map(|s| s.include(&mut included)).collect();
+            payload["data"]["signed"] = json!(hashes);
+            payload["included"] = Value::Object(included);
         }
         let body = EventBody {
             event_type: names::SUBSCRIPTION_NOTIFICATION.to_owned(),

@@ -73,6 +73,9 @@ pub(super) struct NotificationData {
     pub(super) hash: Option<String>,
     #[serde(default)]
     pub(super) previous_hash: Option<String>,
+    /// The signed changes it carries, by hash (see [`super::signed`]).
+    #[serde(default)]
+    pub(super) signed: Vec<String>,
 }
 
 /// Runs `receive`.
@@ -119,10 +122,12 @@ pub(super) async fn receive(
     };
     let n: NotificationData = crate::json::from_object(params.data).map_err(|e| ExecuteError::InvalidParams(e.to_string()))?;
     let id_ok = !n.subscription_id.is_empty() && n.subscription_id.len() <= MAX_ID && !n.subscription_id.contains('/');
-    let hashes_ok = [&n.hash, &n.previous_hash].into_iter().flatten().all(|h| is_hash(h));
+    let hashes_ok = [&n.hash, &n.previous_hash].into_iter().flatten().chain(&n.signed).all(|h| is_hash(h))
+        && n.signed.len() <= super::signed::MAX_CARRIED;
     if !id_ok || !EVENTS.contains(&n.event.as_str()) || validate_path(&n.uri).is_err() || !hashes_ok {
         return Err(ExecuteError::InvalidParams(
-            "a notification is {subscription_id, event: created|updated|deleted, uri, hash?, previous_hash?}".into(),
+            "a notification is {subscription_id, event: created|updated|deleted, uri, hash?, previous_hash?, signed?: [hash, ...at most 4]}"
+                .into(),
         ));
     }
     // Store only what was checked, in the shape of a local notification.
@@ -133,11 +138,22 @@ pub(super) async fn receive(
     if let Some(p) = &n.previous_hash {
         data["previous_hash"] = json!(p);
     }
-    let mut payload = json!({ "type": NOTIFICATION, "data": data, "chain_id": chain_id });
+    let mut kept = serde_json::Map::new();
     if let Some(h) = &n.hash
         && let Some(entity) = included.get(h)
     {
-        payload["included"] = json!({ h.clone(): entity });
+        kept.insert(h.clone(), entity.clone());
+    }
+    // The signed changes it carries, as sent: the mirror verifies them
+    // against the peer it mirrors (this server does not know which).
+    let carried = super::signed::carried(n.signed.iter().map(String::as_str), included);
+    let signed: Vec<String> = carried.iter().filter_map(|s| s.include(&mut kept)).collect();
+    if !signed.is_empty() {
+        data["signed"] = json!(signed);
+    }
+    let mut payload = json!({ "type": NOTIFICATION, "data": data, "chain_id": chain_id });
+    if !kept.is_empty() {
+        payload["included"] = serde_json::Value::Object(kept);
     }
     let body = EventBody {
         event_type: names::SUBSCRIPTION_NOTIFICATION.to_owned(),

@@ -14,8 +14,14 @@
 //! alternative of its redirect, else the peer anew) and re-reads every path
 //! it knows (seed 000 §8.4). Notifications arrive in that
 //! inbox through the peer's courier (so exactly once, in change order) and
-//! an applier consumes them from a durable cursor, applying each with CAS,
-//! never an unconditional put:
+//! an applier consumes them from a durable cursor. A notification's
+//! bundled bytes are taken only when the peer signed exactly that
+//! transition, newer than what the path holds ([`super::signed`]): a
+//! forgery is refused (`forged_refused`) and its relay left, an older
+//! signed change is refused (`rollback_refused`), and what the peer did
+//! not sign is read at the peer instead (`unsigned_reread`). Re-reads and
+//! discovery always go to the peer itself, never to a relay. Each
+//! notification is then applied with CAS, never an unconditional put:
 //!
 //! - the local entity already is the reported one: nothing to do
 //!   (`unchanged`);
@@ -36,7 +42,10 @@
 //! peer of a chain, pair or ring settles each write at most once, and a
 //! stale lap changes nothing. Because the last notification of a burst can
 //! be lost too (nothing after it would reveal the gap), each mirror also
-//! reconciles every `TIDINGS_MIRROR_RECONCILE`: it re-reads the paths it
+//! reconciles every `TIDINGS_MIRROR_RECONCILE` (and, held at a relay,
+//! lists the peer's paths first, and leaves a relay that has still not
+//! notified a path one reconciliation after the peer was found ahead on
+//! it: withholding): it re-reads the paths it
 //! knows of with the same rule.
 //!
 //! Who wrote what is here is read from the log (the agent of the change
@@ -64,20 +73,21 @@ use tokio_util::sync::CancellationToken;
 
 use super::courier::{jittered, now_ms};
 use super::inbox::NotificationData;
+use super::signed::{self, Proof, SignedChange, Transition};
 use crate::event::{Agent, EventId, names};
 use crate::glob::Glob;
 use crate::identity::ServerIdentity;
 use crate::peer::{Attached, Relay, Subscribed};
 use crate::store::{Condition, Store, StoreError, TreeOutcome, TreeWrite};
 use crate::tree::capability::hash_of;
-use crate::tree::{Entity, EntityError, change_event, generate_id, is_hash, validate_path};
+use crate::tree::{Entity, EntityError, change_event_with, generate_id, is_hash, validate_path};
 
 /// Where mirrors are configured.
 pub const PREFIX: &str = "system/mirror/";
 /// The entity type of a mirror.
 pub const TYPE: &str = "system/mirror";
 /// Where a mirror's notifications arrive.
-const INBOX_PREFIX: &str = "system/inbox/mirror/";
+pub(super) const INBOX_PREFIX: &str = "system/inbox/mirror/";
 /// The owner of the appliers' cursors in the device cursor table.
 const CURSOR_OWNER: &str = "tidings:mirror";
 /// Notifications read per step.
@@ -356,6 +366,9 @@ impl Mirrors {
             mine: HashMap::new(),
             touched: Default::default(),
             upstream: spec.peer.clone(),
+            sequences: HashMap::new(),
+            suspects: Default::default(),
+            distrusted: None,
         };
         // Registered before the first read, so no notification falls between.
         let wake = Arc::new(tokio::sync::Notify::new());
@@ -400,7 +413,35 @@ impl Mirrors {
         let mut abandoned: Vec<Abandoned> = Vec::new();
         // The upstream the metrics show as current, and every one shown.
         let (mut previous, mut shown) = (None::<String>, Vec::<String>::new());
+        // Relays that forged or withheld a change: never attached to again
+        // by this mirror (the newest MAX_ABANDONED of them).
+        let mut shunned: Vec<String> = Vec::new();
         loop {
+            // A relay that stopped answering withholds everything: the
+            // repair above deals with it (and may come back to it).
+            if let Some((relay, why)) = applier.distrusted.take()
+                && relay == applier.upstream
+                && relay != spec.peer
+                && (why == "forged" || unanswered.is_none())
+            {
+                tracing::warn!(mirror = spec.name, relay, why, "the relay forged or withheld a change; attaching elsewhere");
+                metrics::counter!(crate::metrics::MIRROR_RELAYS_LEFT, "mirror" => spec.name.clone()).increment(1);
+                shunned.retain(|r| *r != relay);
+                shunned.truncate(MAX_ABANDONED - 1);
+                shunned.insert(0, relay.clone());
+                if let Some(id) = subscription.take() {
+                    Abandoned::push(&mut abandoned, &relay, id, self.settings.token_ttl);
+                }
+                // Its deliveries are foreign from now on.
+                applier.upstream = spec.peer.clone();
+                (unanswered, repairing, renew_at) = (None, false, tokio::time::Instant::now());
+                let why = format!("left the relay {relay}: it {why} a change");
+                self.set_state(&spec.name, |s| {
+                    s.state = "repairing";
+                    s.upstream = None;
+                    s.last_error = Some(why);
+                });
+            }
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep_until(renew_at) => {
@@ -408,14 +449,15 @@ impl Mirrors {
                     // at the peer and may be redirected to a relay; a repair
                     // tries the cached alternatives first, then the peer.
                     let (from, base) = if subscription.is_some() { (applier.upstream.clone(), hops) } else { (spec.peer.clone(), 0) };
+                    let avoid: Vec<&str> = shunned.iter().map(String::as_str).collect();
                     let attached = tokio::select! {
                         biased;
                         _ = stop.cancelled() => break,
                         attached = async {
                             if repairing {
-                                self.reattach(&spec, &applier.upstream, &alternatives, hops, &applier.inbox).await
+                                self.reattach(&spec, &applier.upstream, &alternatives, hops, &applier.inbox, &avoid).await
                             } else {
-                                self.attach(&spec, &from, &applier.inbox, &[]).await.map(|a| a.below(base))
+                                self.attach(&spec, &from, &applier.inbox, &avoid).await.map(|a| a.below(base))
                             }
                         } => attached,
                     };
@@ -656,19 +698,30 @@ impl Mirrors {
     /// Attaches again after `dead` stopped answering: at one of the cached
     /// `alternatives` (the dead relay's siblings, at its depth `hops`,
     /// following their redirects), else at the peer, which redirects anew.
-    async fn reattach(&self, spec: &Spec, dead: &str, alternatives: &[Relay], hops: u32, inbox: &str) -> Result<Attached, String> {
+    async fn reattach(
+        &self,
+        spec: &Spec,
+        dead: &str,
+        alternatives: &[Relay],
+        hops: u32,
+        inbox: &str,
+        shunned: &[&str],
+    ) -> Result<Attached, String> {
         use rand::seq::SliceRandom as _;
-        let mut cached: Vec<&(String, String)> =
-            alternatives.iter().filter(|(peer, _)| peer != dead && peer != self.server.hash() && *peer != spec.peer).collect();
+        let avoid: Vec<&str> = std::iter::once(dead).chain(shunned.iter().copied()).collect();
+        let mut cached: Vec<&(String, String)> = alternatives
+            .iter()
+            .filter(|(peer, _)| !avoid.contains(&peer.as_str()) && peer != self.server.hash() && *peer != spec.peer)
+            .collect();
         cached.shuffle(&mut rand::rng());
         for (peer, endpoint) in cached {
             if self.prove(peer, endpoint).await
-                && let Ok(a) = self.attach(spec, peer, inbox, &[dead]).await
+                && let Ok(a) = self.attach(spec, peer, inbox, &avoid).await
             {
                 return Ok(a.below(hops));
             }
         }
-        self.attach(spec, &spec.peer, inbox, &[dead]).await
+        self.attach(spec, &spec.peer, inbox, &avoid).await
     }
 
     /// Whether `peer` answers `GET /v1/identity` as itself within a
@@ -733,18 +786,18 @@ impl Mirrors {
         }
     }
 
-    /// The peer's entity at `path` now: `Some((canonical, hash))`, `None`
-    /// if nothing is there.
-    async fn reread(&self, upstream: &str, path: &str) -> Result<Option<(String, String)>, String> {
-        let endpoint = self.endpoint(upstream).await?;
+    /// The peer's entity at `path` now, read at the peer itself.
+    async fn reread(&self, peer: &str, path: &str) -> Result<Read, String> {
+        let endpoint = self.endpoint(peer).await?;
         let r = self.http.get(&format!("{endpoint}/v1/tree/{path}"))?.send().await.map_err(|e| e.to_string())?;
         match r.status().as_u16() {
-            404 => Ok(None),
+            404 => Ok(Read { bytes: None, sequence: None }),
             200 => {
+                let sequence = r.headers().get(crate::tree::CHANGE_ID_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
                 let body = String::from_utf8(crate::peer::read_answer(r).await?).map_err(|e| e.to_string())?;
                 let entity: Entity = serde_json::from_str(&body).map_err(|e| format!("the peer's entity at {path}: {e}"))?;
                 entity.check().map_err(|e| e.0)?;
-                Ok(Some(entity.canonical()))
+                Ok(Read { bytes: Some(entity.canonical()), sequence })
             }
             status => Err(format!("GET {path} at the peer answered {status}")),
         }
@@ -802,8 +855,27 @@ struct Applier<'a> {
     /// mid-burst would jump ahead of its notifications).
     touched: std::collections::HashSet<String>,
     /// The server the subscription is held at: only its deliveries are
-    /// applied, and re-reads go there.
+    /// applied. (Re-reads and discovery always go to the peer itself: a
+    /// relay's answers are not signed.)
     upstream: String,
+    /// The sequence of the peer's change this mirror last took at a path
+    /// (a cache of what the log says): older signed changes are refused.
+    sequences: HashMap<String, u64>,
+    /// Paths a reconciliation found behind the peer while a relay held
+    /// the subscription: a relay that has still not notified them at the
+    /// next reconciliation withheld them.
+    suspects: std::collections::HashSet<String>,
+    /// Set when the relay held at forged a change (`"forged"`) or withheld
+    /// one (`"withheld"`): the mirror leaves it.
+    distrusted: Option<(String, &'static str)>,
+}
+
+/// What a re-read at the peer found.
+struct Read {
+    /// The canonical bytes and hash, `None` when nothing is there.
+    bytes: Option<(String, String)>,
+    /// The peer's log id of the change that wrote them (`Tidings-Change-Id`).
+    sequence: Option<u64>,
 }
 
 /// Just the `ref` of a stored event.
@@ -898,42 +970,113 @@ impl Applier<'_> {
     /// Applies one notification for `path`; what became of it.
     async fn decide(&mut self, path: &str, n: StoredPayload) -> Result<&'static str, StoreError> {
         let target = if n.data.event == "deleted" { None } else { n.data.hash.clone() };
+        let t = Transition { uri: &n.data.uri, hash: n.data.hash.as_deref(), previous_hash: n.data.previous_hash.as_deref() };
+        let carried = signed::carried(n.data.signed.iter().map(String::as_str), &n.included);
+        let proof = signed::prove(&carried, &self.spec.peer, t);
+        if proof == Proof::Forged {
+            // Never applied, never re-read on its word; a relay that
+            // forges is left.
+            if self.upstream != self.spec.peer {
+                self.distrusted = Some((self.upstream.clone(), "forged"));
+            }
+            return Ok("forged_refused");
+        }
+        // The relay notified this path: whatever a reconciliation found it
+        // behind on is on its way.
+        self.suspects.remove(path);
         let local = self.mirror.store.tree_get(path).await?;
         let here = local.as_ref().map(|e| e.hash.clone());
         let chain_id = n.chain_id.clone().unwrap_or_else(generate_id);
         if here == target {
             return Ok("unchanged");
         }
-        if here == n.data.previous_hash {
-            let bundled = match &target {
-                None => Some(None),
-                Some(h) => n
-                    .included
-                    .get(h)
-                    .and_then(|v| serde_json::from_value::<Entity>(v.clone()).ok())
-                    .filter(|e| e.check().is_ok())
-                    .map(|e| e.canonical())
-                    .filter(|(_, bundled)| bundled == h)
-                    .map(Some),
-            };
-            if let Some(bytes) = bundled {
-                let written = self.write(path, here.as_deref(), bytes, &chain_id).await?;
-                return Ok(if written { "applied" } else { "stale_rejected" });
+        if let Proof::Signed { sequence } = proof {
+            // Older than what is held: an old lap, or a relay replaying.
+            if sequence <= self.held_sequence(path, local.as_ref()).await? {
+                return Ok("rollback_refused");
             }
-            // No usable bundled entity: read it instead.
+            if here == n.data.previous_hash {
+                let bundled = match &target {
+                    None => Some(None),
+                    Some(h) => n
+                        .included
+                        .get(h)
+                        .and_then(|v| serde_json::from_value::<Entity>(v.clone()).ok())
+                        .filter(|e| e.check().is_ok())
+                        .map(|e| e.canonical())
+                        .filter(|(_, bundled)| bundled == h)
+                        .map(Some),
+                };
+                if let Some(bytes) = bundled {
+                    let written = self.write(path, here.as_deref(), bytes, &chain_id, &carried).await?;
+                    if written {
+                        self.held(path, sequence);
+                    }
+                    return Ok(if written { "applied" } else { "stale_rejected" });
+                }
+                // No usable bundled entity: read it instead.
+            }
         }
         if !self.faithful(path, local.as_ref()).await? {
             return Ok("stale_rejected");
         }
-        self.reread_and_apply(path, here, &chain_id).await
+        let outcome = self.reread_and_apply(path, here, &chain_id).await?;
+        // What the peer did not sign is taken from the peer itself.
+        Ok(if proof == Proof::Unsigned && outcome == "gap_reread" { "unsigned_reread" } else { outcome })
+    }
+
+    /// Records that the peer's change `sequence` is what `path` holds.
+    fn held(&mut self, path: &str, sequence: u64) {
+        if self.sequences.len() >= MAX_KNOWN {
+            self.sequences.clear();
+        }
+        let held = self.sequences.entry(path.to_owned()).or_default();
+        *held = (*held).max(sequence);
+    }
+
+    /// The sequence of the peer's change that `path` holds here: cached,
+    /// else read from the signed changes kept with the local change that
+    /// wrote it; 0 when unknown.
+    async fn held_sequence(&mut self, path: &str, local: Option<&crate::store::TreeEntry>) -> Result<u64, StoreError> {
+        if let Some(s) = self.sequences.get(path) {
+            return Ok(*s);
+        }
+        let Some(entry) = local else { return Ok(0) };
+        let records = self.mirror.store.read_after(entry.changed_event - 1, 1).await?;
+        let Some(record) = records.first().filter(|r| r.id == entry.changed_event) else { return Ok(0) };
+        #[derive(Deserialize)]
+        struct Body {
+            payload: Carried,
+        }
+        #[derive(Deserialize)]
+        struct Carried {
+            #[serde(default)]
+            signed: Vec<SignedChange>,
+        }
+        let sequence = serde_json::from_str::<Body>(&record.body)
+            .ok()
+            .and_then(|b| b.payload.signed.iter().find(|s| s.origin() == Some(self.spec.peer.as_str())).and_then(SignedChange::sequence))
+            .unwrap_or(0);
+        self.held(path, sequence);
+        Ok(sequence)
     }
 
     /// Re-reads `path` at the peer and writes its bytes over `here`.
     async fn reread_and_apply(&mut self, path: &str, here: Option<String>, chain_id: &str) -> Result<&'static str, StoreError> {
-        Ok(match self.mirror.reread(&self.upstream, path).await {
-            Ok(current) if current.as_ref().map(|(_, h)| h) == here.as_ref() => "stale_rejected",
-            Ok(current) => match self.write(path, here.as_deref(), current, chain_id).await? {
-                true => "gap_reread",
+        Ok(match self.mirror.reread(&self.spec.peer, path).await {
+            Ok(read) if read.bytes.as_ref().map(|(_, h)| h) == here.as_ref() => {
+                if let Some(sequence) = read.sequence {
+                    self.held(path, sequence);
+                }
+                "stale_rejected"
+            }
+            Ok(read) => match self.write(path, here.as_deref(), read.bytes, chain_id, &[]).await? {
+                true => {
+                    if let Some(sequence) = read.sequence {
+                        self.held(path, sequence);
+                    }
+                    "gap_reread"
+                }
                 false => "stale_rejected",
             },
             Err(why) => {
@@ -964,7 +1107,16 @@ impl Applier<'_> {
 
     /// A CAS write of `bytes` (or a deletion) over `here`; `false` if the
     /// path changed meanwhile.
-    async fn write(&mut self, path: &str, here: Option<&str>, bytes: Option<(String, String)>, chain_id: &str) -> Result<bool, StoreError> {
+    /// `carried`: the signed changes it was taken from, kept with the
+    /// change so the engine forwards them.
+    async fn write(
+        &mut self,
+        path: &str,
+        here: Option<&str>,
+        bytes: Option<(String, String)>,
+        chain_id: &str,
+        carried: &[SignedChange],
+    ) -> Result<bool, StoreError> {
         let condition = match here {
             Some(h) => Condition::IfMatch(h.to_owned()),
             None if bytes.is_none() => return Ok(true),
@@ -975,7 +1127,13 @@ impl Applier<'_> {
             path: path.to_owned(),
             entity: bytes,
             condition,
-            event: change_event(path, self.agent(), hash.clone(), chain_id.to_owned()),
+            event: change_event_with(
+                path,
+                self.agent(),
+                hash.clone(),
+                chain_id.to_owned(),
+                (!carried.is_empty()).then(|| serde_json::to_value(carried).unwrap_or_default()),
+            ),
         };
         let done = matches!(self.mirror.store.tree_write(write).await?, TreeOutcome::Done { .. });
         if done {
@@ -991,7 +1149,7 @@ impl Applier<'_> {
     /// Learns the paths the peer holds under the pattern (its tree listing,
     /// walked from the pattern's literal prefix, bounded).
     async fn discover(&mut self, stop: &CancellationToken) {
-        let Ok(endpoint) = self.mirror.endpoint(&self.upstream).await else { return };
+        let Ok(endpoint) = self.mirror.endpoint(&self.spec.peer).await else { return };
         let mut dirs = vec![literal_prefix(&self.spec.pattern)];
         if self.glob.matches(&dirs[0]) {
             self.known.insert(dirs[0].clone());
@@ -1025,10 +1183,28 @@ impl Applier<'_> {
         }
     }
 
-    /// Re-reads every known path that was not notified since the last
-    /// time at the peer, and applies what moved on: the last notification
-    /// of a burst, if it was lost, is found here.
+    /// Compares with the peer: re-reads there every known path that was
+    /// not notified since the last time (after listing the peer's paths,
+    /// while a relay holds the subscription), and applies what moved on.
+    /// The last notification of a burst, if it was lost, is found here;
+    /// so is a relay that withholds: a path it has still not notified one
+    /// reconciliation after the peer was found ahead marks it distrusted.
     async fn reconcile(&mut self, stop: &CancellationToken) {
+        let relayed = self.upstream != self.spec.peer;
+        if relayed && !self.suspects.is_empty() {
+            tracing::warn!(mirror = self.spec.name, relay = self.upstream, paths = self.suspects.len(), "the relay withheld changes");
+            self.distrusted = Some((self.upstream.clone(), "withheld"));
+        }
+        self.suspects.clear();
+        if relayed {
+            self.discover(stop).await;
+        }
+        self.compare(stop, relayed).await;
+    }
+
+    /// Re-reads every known path not notified since the last time; with
+    /// `watch`, the paths found behind become suspects.
+    async fn compare(&mut self, stop: &CancellationToken, watch: bool) {
         let touched = std::mem::take(&mut self.touched);
         let paths: Vec<String> = self.known.iter().filter(|p| !touched.contains(*p)).cloned().collect();
         for path in paths {
@@ -1044,20 +1220,27 @@ impl Applier<'_> {
                 _ => continue,
             }
             let here = local.map(|e| e.hash);
-            if let Ok(current) = self.mirror.reread(&self.upstream, &path).await
-                && current.as_ref().map(|(_, h)| h) != here.as_ref()
-                && let Ok(true) = self.write(&path, here.as_deref(), current, &generate_id()).await
+            let Ok(read) = self.mirror.reread(&self.spec.peer, &path).await else { continue };
+            if let Some(sequence) = read.sequence {
+                self.held(&path, sequence);
+            }
+            if read.bytes.as_ref().map(|(_, h)| h) != here.as_ref()
+                && let Ok(true) = self.write(&path, here.as_deref(), read.bytes, &generate_id(), &[]).await
             {
                 self.count("gap_reread");
+                if watch && self.suspects.len() < MAX_KNOWN {
+                    self.suspects.insert(path);
+                }
             }
         }
     }
 
-    /// Re-reads every known path at the upstream (after attaching anew:
+    /// Re-reads every known path at the peer (after attaching anew:
     /// whatever the old upstream did not deliver is found here).
     async fn reread_all(&mut self, stop: &CancellationToken) {
         self.touched.clear();
-        self.reconcile(stop).await;
+        self.suspects.clear();
+        self.compare(stop, false).await;
     }
 
     fn count(&self, outcome: &'static str) {

@@ -44,6 +44,7 @@ pub mod engine;
 pub mod execute;
 pub mod inbox;
 pub mod mirror;
+pub mod signed;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -371,6 +372,17 @@ pub struct Subscriptions {
     /// For proving a peer's endpoint (`GET /v1/identity` there), under
     /// `TIDINGS_PEER_ALLOW`.
     http: crate::peer::Outbound,
+    /// The subscriptions as last listed, with the version of their
+    /// directory then: a subscribe reads the version (a count from the
+    /// path index), not every entity, while nothing changed.
+    listed: std::sync::Mutex<Option<Listed>>,
+}
+
+/// A listing of the subscriptions and the directory version it is current at.
+#[derive(Debug, Clone)]
+struct Listed {
+    version: (i64, i64),
+    entries: Arc<Vec<(TreeEntry, Subscription)>>,
 }
 
 impl Subscriptions {
@@ -395,6 +407,7 @@ impl Subscriptions {
             peer_states: courier::PeerStates::default(),
             mirror_states: mirror::MirrorStates::default(),
             http,
+            listed: std::sync::Mutex::new(None),
         }
     }
 
@@ -449,13 +462,52 @@ impl Subscriptions {
     }
 
     /// Every stored subscription with its entry.
-    pub async fn list(&self) -> Result<Vec<(TreeEntry, Subscription)>, StoreError> {
+    ///
+    /// Read again only when the directory's version moved (any write
+    /// below it, by any process, moves it); this process's own writes
+    /// update the listing in place ([`Self::wrote`]).
+    pub async fn list(&self) -> Result<Arc<Vec<(TreeEntry, Subscription)>>, StoreError> {
+        let version = self.store.tree_version_below(DIR).await?;
+        if let Some(listed) = self.listed.lock().ok().and_then(|l| l.clone()).filter(|l| l.version == version) {
+            return Ok(listed.entries);
+        }
+        // Read after the version: a write in between makes the next
+        // version differ, so this listing is read again then.
         let entries = self.store.tree_entries_below(DIR, MAX_SUBSCRIPTIONS).await?;
-        Ok(entries
-            .into_iter()
-            .filter(|e| subscription_id_of(&e.path).is_some())
-            .filter_map(|e| Subscription::from_json(&e.entity).map(|s| (e, s)))
-            .collect())
+        let entries: Arc<Vec<_>> = Arc::new(
+            entries
+                .into_iter()
+                .filter(|e| subscription_id_of(&e.path).is_some())
+                .filter_map(|e| Subscription::from_json(&e.entity).map(|s| (e, s)))
+                .collect(),
+        );
+        if let Ok(mut listed) = self.listed.lock() {
+            *listed = Some(Listed { version, entries: entries.clone() });
+        }
+        Ok(entries)
+    }
+
+    /// Follows this process's own write of `subscription` (stored as
+    /// `entry`, replacing `replaced`) in the listing `from` was read as:
+    /// the listing moves to the version that write makes. Should another
+    /// process have written meanwhile, the directory's real version
+    /// differs from the one predicted here, and the next [`Self::list`]
+    /// reads it again.
+    fn wrote(&self, from: &[(TreeEntry, Subscription)], replaced: Option<&TreeEntry>, entry: TreeEntry, subscription: Subscription) {
+        let Ok(mut listed) = self.listed.lock() else { return };
+        let Some(current) = listed.as_ref().filter(|l| std::ptr::eq(l.entries.as_slice(), from)) else {
+            *listed = None;
+            return;
+        };
+        let (mut count, mut sum) = current.version;
+        let mut entries: Vec<_> = from.iter().filter(|(e, _)| Some(&e.path) != replaced.map(|r| &r.path)).cloned().collect();
+        if let Some(old) = replaced {
+            (count, sum) = (count - 1, sum - old.changed_event);
+        }
+        (count, sum) = (count + 1, sum + entry.changed_event);
+        let at = entries.partition_point(|(e, _)| e.path < entry.path);
+        entries.insert(at, (entry, subscription));
+        *listed = Some(Listed { version: (count, sum), entries: Arc::new(entries) });
     }
 
     /// `subscribe` (§3.1, with renewal per §5.3).
@@ -525,7 +577,7 @@ impl Subscriptions {
                 let _gate = self.gate.lock().await;
                 let existing = self.list().await?;
                 if !self.renews(&existing, caller.author, &request)
-                    && let Some(answer) = self.no_room(&existing, caller.author, pattern)
+                    && let Some(answer) = self.no_room(&existing, caller.author, pattern).await?
                 {
                     return answer;
                 }
@@ -552,13 +604,14 @@ impl Subscriptions {
             if let Some((peer, endpoint)) = &learn {
                 self.store.tree_write(learned_peer(peer, endpoint, self.agent(), caller.chain_id.to_owned())).await?;
             }
-            if !self.write(&renewed, Condition::IfMatch(entry.hash.clone()), caller.chain_id).await? {
+            let Some(stored) = self.write(&renewed, Condition::IfMatch(entry.hash.clone()), caller.chain_id).await? else {
                 return Err(ExecuteError::SubscriptionChanged("the subscription changed during renewal; retry".into()));
-            }
+            };
+            self.wrote(&existing, Some(entry), stored, renewed.clone());
             self.store.content_put(content).await?;
             return Ok(Executed::Done(result(&renewed, true)));
         }
-        if let Some(answer) = self.no_room(&existing, caller.author, pattern) {
+        if let Some(answer) = self.no_room(&existing, caller.author, pattern).await? {
             return answer;
         }
         // 4–5. Store the entity: the engine registers it when it reaches the
@@ -583,7 +636,9 @@ impl Subscriptions {
             tracing::info!(peer, endpoint, "learned a peer's endpoint, proven by its identity");
         }
         self.store.content_put(content).await?;
-        self.write(&subscription, Condition::IfAbsent, caller.chain_id).await?;
+        if let Some(stored) = self.write(&subscription, Condition::IfAbsent, caller.chain_id).await? {
+            self.wrote(&existing, None, stored, subscription.clone());
+        }
         drop(_gate);
         self.refresh_config_logged().await;
         Ok(Executed::Done(result(&subscription, false)))
@@ -597,50 +652,80 @@ impl Subscriptions {
     /// The answer when a new subscription of `author` for `pattern` has no
     /// room: `too_many_subscriptions` at the server's cap, a capacity
     /// redirect (seed 000 §8.3) at the prefix's; `None` when it fits.
-    fn no_room(&self, existing: &[(TreeEntry, Subscription)], author: &str, pattern: &str) -> Option<Result<Executed, ExecuteError>> {
+    async fn no_room(
+        &self,
+        existing: &[(TreeEntry, Subscription)],
+        author: &str,
+        pattern: &str,
+    ) -> Result<Option<Result<Executed, ExecuteError>>, StoreError> {
+        Ok(self.room(existing, author, pattern).await?.err())
+    }
+
+    /// [`Self::no_room`]: `Ok` when it fits, else the answer.
+    async fn room(
+        &self,
+        existing: &[(TreeEntry, Subscription)],
+        author: &str,
+        pattern: &str,
+    ) -> Result<Result<(), Result<Executed, ExecuteError>>, StoreError> {
         if existing.len() >= self.max_total {
-            return Some(Err(ExecuteError::TooManySubscriptions(format!(
+            return Ok(Err(Err(ExecuteError::TooManySubscriptions(format!(
                 "this server keeps at most {} subscriptions; unsubscribe some or use another server",
                 self.max_total
-            ))));
+            )))));
         }
         // One subscriber cannot take the server's room from everyone else.
         if existing.iter().filter(|(_, s)| s.subscriber_identity == author).count() >= self.max_per_identity {
-            return Some(Err(ExecuteError::TooManySubscriptionsForIdentity(format!(
+            return Ok(Err(Err(ExecuteError::TooManySubscriptionsForIdentity(format!(
                 "this identity keeps at most {} subscriptions here (TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY); unsubscribe some",
                 self.max_per_identity
-            ))));
+            )))));
         }
         // 3a. Capacity for this prefix.
         let subscribers: Vec<&Subscription> = existing.iter().map(|(_, s)| s).filter(|s| s.pattern == pattern).collect();
         if self.max_per_prefix == 0 || (subscribers.len() as u64) < self.max_per_prefix {
-            return None;
+            return Ok(Ok(()));
         }
-        // The subscribers that said where they relay what they receive,
-        // never the requester, each once; not one the last delivery
-        // attempt here got no answer from (a relay that died is not
-        // offered; its slot is freed once its deliveries have failed for
-        // TIDINGS_PEER_EVICT_AFTER). Only the process leading the engine
-        // delivers, so only it knows.
+        // Offered as relays: only subscribers that really hold a relaying
+        // mirror of the prefix (a server receiving the entities into its
+        // own mirror inbox, which said it relays), at the endpoint this
+        // server knows for them (proven by /v1/identity, or written by an
+        // admin), never the one a request claimed; never the requester,
+        // each once; not one the last delivery attempt here got no answer
+        // from (a relay that died is not offered; its slot is freed once
+        // its deliveries have failed for TIDINGS_PEER_EVICT_AFTER). Only
+        // the process leading the engine delivers, so only it knows. What
+        // such a relay forwards is signed by this server, so it can delay
+        // or withhold, never forge (see `signed`).
         let failing: std::collections::HashSet<String> = self
             .peer_states
             .lock()
             .map(|states| states.iter().filter(|(_, s)| s.unreachable).map(|(peer, _)| peer.clone()).collect())
             .unwrap_or_default();
-        let mut relays: Vec<(&str, &str)> = subscribers
+        let mut candidates: Vec<&str> = subscribers
             .iter()
             .filter(|s| s.subscriber_identity != author && !failing.contains(&s.subscriber_identity))
-            .filter_map(|s| Some((s.subscriber_identity.as_str(), s.relay_endpoint.as_deref()?)))
+            .filter(|s| s.relay_endpoint.is_some() && s.include_payload && relays_as_mirror(s))
+            .map(|s| s.subscriber_identity.as_str())
             .collect();
-        relays.sort_unstable();
-        relays.dedup_by_key(|(peer, _)| *peer);
-        relays.shuffle(&mut rand::rng());
-        relays.truncate(MAX_ALTERNATIVES);
-        let alternatives: Vec<Value> = relays.iter().map(|(peer, endpoint)| json!({"peer": peer, "endpoint": endpoint})).collect();
-        Some(Ok(Executed::Redirect(json!({
+        candidates.sort_unstable();
+        candidates.dedup();
+        candidates.shuffle(&mut rand::rng());
+        let mut alternatives: Vec<Value> = Vec::new();
+        for peer in candidates {
+            if alternatives.len() >= MAX_ALTERNATIVES {
+                break;
+            }
+            if let Some(entry) = self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await?
+                && let Some(endpoint) = crate::peer::endpoint_of(&entry.entity)
+            {
+                alternatives.push(json!({"peer": peer, "endpoint": endpoint}));
+            }
+        }
+        Ok(Err(Ok(Executed::Redirect(json!({
             "type": "system/subscription/redirect",
             "data": { "reason": "at_capacity", "prefix": pattern, "alternatives": alternatives, "capacity": self.max_per_prefix }
-        }))))
+        })))))
     }
 
     /// Where an unknown peer may be learned from the request, checked
@@ -693,16 +778,21 @@ impl Subscriptions {
         Ok(Executed::Done(Value::Null))
     }
 
-    async fn write(&self, subscription: &Subscription, condition: Condition, chain_id: &str) -> Result<bool, StoreError> {
+    /// Writes `subscription`; the entry it is stored as, `None` when the
+    /// condition failed.
+    async fn write(&self, subscription: &Subscription, condition: Condition, chain_id: &str) -> Result<Option<TreeEntry>, StoreError> {
         let path = subscription.path();
         let (canonical, hash) = subscription.entity().canonical();
         let write = TreeWrite {
             path: path.clone(),
-            entity: Some((canonical, hash.clone())),
+            entity: Some((canonical.clone(), hash.clone())),
             condition,
-            event: change_event(&path, self.agent(), Some(hash), chain_id.to_owned()),
+            event: change_event(&path, self.agent(), Some(hash.clone()), chain_id.to_owned()),
         };
-        Ok(matches!(self.store.tree_write(write).await?, crate::store::TreeOutcome::Done { .. }))
+        Ok(match self.store.tree_write(write).await? {
+            crate::store::TreeOutcome::Done { event_id, .. } => Some(TreeEntry { path, entity: canonical, hash, changed_event: event_id }),
+            _ => None,
+        })
     }
 
     /// [`Subscriptions::refresh_config`], logging a failure: the change it
@@ -717,8 +807,8 @@ impl Subscriptions {
     /// prefix) when it changed. Informative: it may lag a moment behind.
     pub async fn refresh_config(&self) -> Result<(), StoreError> {
         let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-        for (_, s) in self.list().await? {
-            *counts.entry(s.pattern).or_default() += 1;
+        for (_, s) in self.list().await?.iter() {
+            *counts.entry(s.pattern.clone()).or_default() += 1;
         }
         let entity = Entity {
             kind: "system/config".into(),
@@ -740,6 +830,13 @@ impl Subscriptions {
         self.store.tree_write(write).await?;
         Ok(())
     }
+}
+
+/// Whether `s` delivers to a mirror inbox on its subscriber's own server
+/// (what a relaying mirror subscribes with).
+fn relays_as_mirror(s: &Subscription) -> bool {
+    crate::peer::parse_remote(&s.deliver_uri)
+        .is_some_and(|(peer, path)| peer == s.subscriber_identity && path.starts_with(mirror::INBOX_PREFIX))
 }
 
 /// Whether `s` is the subscription `request` by `author` renews: same

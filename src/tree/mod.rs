@@ -147,6 +147,11 @@ pub fn change_type(kind: ChangeKind) -> &'static str {
     }
 }
 
+/// The response header of `GET /v1/tree/{path}` naming the log id of the
+/// change that wrote the entity (the `sequence` its server signs that
+/// change with; see `subscription::signed`).
+pub const CHANGE_ID_HEADER: &str = "tidings-change-id";
+
 /// Whether `path` is in `system/`, which holds what tidings itself keeps
 /// (subscriptions, their configuration, peers, chain-error markers).
 pub fn is_system(path: &str) -> bool {
@@ -164,6 +169,18 @@ pub fn change_visibility(path: &str) -> Visibility {
 /// The change event of a write to `path`, built from what the write found:
 /// `{uri, hash?, previous_hash?, chain_id}`, `ref` `tree:<path>`.
 pub fn change_event(path: &str, agent: Agent, hash: Option<String>, chain_id: String) -> ChangeEvent {
+    change_event_with(path, agent, hash, chain_id, None)
+}
+
+/// [`change_event`] whose payload also carries `signed` (the signed
+/// changes a mirror took this change from, forwarded by its engine).
+pub fn change_event_with(
+    path: &str,
+    agent: Agent,
+    hash: Option<String>,
+    chain_id: String,
+    signed: Option<serde_json::Value>,
+) -> ChangeEvent {
     let path = path.to_owned();
     std::sync::Arc::new(move |kind, previous: Option<&str>| {
         let mut payload = serde_json::json!({ "uri": path });
@@ -174,6 +191,9 @@ pub fn change_event(path: &str, agent: Agent, hash: Option<String>, chain_id: St
             payload["previous_hash"] = serde_json::json!(p);
         }
         payload["chain_id"] = serde_json::json!(chain_id);
+        if let Some(signed) = &signed {
+            payload["signed"] = signed.clone();
+        }
         EventBody {
             event_type: change_type(kind).to_owned(),
             reference: Some(event_ref(&path)),

@@ -3,8 +3,9 @@
 //! headless Chromium against real servers on each store: replay and live,
 //! a lost connection, a replay gap, a server swapped for one with a shorter
 //! log, a handler that throws, a slow-client drop with a lossless resume,
-//! refusals that are not retried, polls and durable consumers, and the
-//! WebSocket device resuming from its acknowledged cursor. The compiled
+//! refusals that are not retried, polls and durable consumers, the
+//! WebSocket device resuming from its acknowledged cursor, and expired
+//! tokens replaced through the `token` function (a server with tokens on). The compiled
 //! module in `clients/js/dist` (what the server embeds and serves at
 //! `/tidings.js`) must be what the TypeScript compiles to.
 //! `scripts/test` installs the node modules (`npm ci` in `clients/js`).
@@ -35,6 +36,11 @@ async fn client_scenarios_pass_in_node_and_in_chromium(backend: Backend) {
     // Only the server-swap scenarios publish here: its ids stay low.
     let (other_envs, _other_dir) = process_store(backend).await;
     let other = spawn_process_at(&other_envs, free_port()).await;
+    // Tokens on: the token-refresh scenarios mint short-lived tokens.
+    let secret = "js-client-scenarios-secret-of-enough-bytes";
+    let (mut auth_envs, _auth_dir) = process_store(backend).await;
+    auth_envs.push(("TIDINGS_JWT_HS256_SECRET", secret.to_owned()));
+    let auth = spawn_process_at(&auth_envs, free_port()).await;
     for (runner, flags) in [("test/node.test.mjs", &["--experimental-websocket"][..]), ("test/browser.test.mjs", &[][..])] {
         let out = tokio::time::timeout(
             Duration::from_secs(240),
@@ -46,6 +52,8 @@ async fn client_scenarios_pass_in_node_and_in_chromium(backend: Backend) {
                 .env("TIDINGS_URL", &main.base)
                 .env("TIDINGS_SLOW_URL", &slow.base)
                 .env("TIDINGS_OTHER_URL", &other.base)
+                .env("TIDINGS_AUTH_URL", &auth.base)
+                .env("TIDINGS_AUTH_SECRET", secret)
                 .kill_on_drop(true)
                 .output(),
         )

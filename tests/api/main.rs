@@ -21,6 +21,7 @@ mod peers;
 mod poll;
 mod postgres;
 mod publish;
+mod relays;
 mod scripts;
 mod security;
 mod store;

@@ -244,7 +244,15 @@ async fn third_party_delivery_reaches_the_inbox_owner(backend: Backend) {
 }
 
 /// A delivery as a server `sender` would send it, for `inbox` at `to`.
-fn delivery(sender: &Peer, to: &Server, inbox: &str, token: &str, seq: i64, data: Value, mut included: Map<String, Value>) -> Value {
+pub(crate) fn delivery(
+    sender: &Peer,
+    to: &Server,
+    inbox: &str,
+    token: &str,
+    seq: i64,
+    data: Value,
+    mut included: Map<String, Value>,
+) -> Value {
     let uri = format!("entity://{}/{inbox}", to.hash);
     let execute = json!({"type": "system/protocol/execute", "data": {
         "request_id": format!("r-{seq}"),

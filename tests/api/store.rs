@@ -302,6 +302,10 @@ async fn tree_compare_and_swap(store: Arc<dyn Store>) {
     assert_eq!(store.tree_below("", 1).await.unwrap().len(), 1, "listings honour their limit");
     assert_eq!(store.tree_entries_below("a/c", 10).await.unwrap().iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), vec!["a/c/d"]);
 
+    // The version below a prefix: entries, and the sum of their change ids.
+    assert_eq!(store.tree_version_below("a").await.unwrap(), (2, 2 + 3));
+    assert_eq!(store.tree_version_below("a/c").await.unwrap(), (1, 3));
+    assert_eq!(store.tree_version_below("none").await.unwrap(), (0, 0));
     assert_eq!(store.tree_write(delete("nothing", Condition::Always)).await.unwrap(), TreeOutcome::Missing);
     assert_eq!(
         store.tree_write(delete("a/b", Condition::IfMatch(h1.clone()))).await.unwrap(),
@@ -312,6 +316,7 @@ async fn tree_compare_and_swap(store: Arc<dyn Store>) {
         TreeOutcome::Done { kind: ChangeKind::Deleted, previous_hash: Some(h2.clone()), event_id: 4 }
     );
     assert_eq!(store.tree_get("a/b").await.unwrap(), None);
+    assert_eq!(store.tree_version_below("a").await.unwrap(), (1, 3), "a deletion lowers the count");
 
     // Every committed write appended its change event, in commit order; the
     // refused ones appended nothing.

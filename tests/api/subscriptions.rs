@@ -261,6 +261,36 @@ async fn subscribe(app: &TestApp, server: &str, author: &Peer, pattern: &str, in
     execute(app, &Subscribe { author, pattern, params, capability: None, included }.envelope("subscribe")).await
 }
 
+/// Subscribes `author` as a relaying mirror does: into the mirror inbox
+/// `name` on its own server, entities bundled, saying it relays at
+/// `claimed`; the admin has written `author`'s endpoint as `known`.
+async fn subscribe_as_mirror(
+    app: &TestApp,
+    server: &str,
+    author: &Peer,
+    pattern: &str,
+    name: &str,
+    known: &str,
+    claimed: &str,
+) -> (u16, Value) {
+    let peer = json!({"type": "system/peer", "data": {"endpoint": known}});
+    let r = app.http.put(app.url(&format!("/v1/tree/system/peer/{}", author.hash))).json(&peer).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let inbox = format!("system/inbox/mirror/{name}");
+    let mut included = Map::new();
+    let token = author.grant_until(
+        server,
+        inbox_grant(&inbox),
+        chrono::Utc::now().timestamp_millis() + 3_600_000 + rand::random::<u16>() as i64,
+        &mut included,
+    );
+    let params = json!({
+        "deliver_to": {"uri": format!("entity://{}/{inbox}", author.hash)}, "deliver_token": token,
+        "include_payload": true, "relay_endpoint": claimed,
+    });
+    execute(app, &Subscribe { author, pattern, params, capability: None, included }.envelope("subscribe")).await
+}
+
 async fn unsubscribe(app: &TestApp, author: &Peer, id: &str) -> (u16, Value) {
     let params = json!({"subscription_id": id});
     execute(app, &Subscribe { author, pattern: "", params, capability: None, included: Map::new() }.envelope("unsubscribe")).await
@@ -573,11 +603,14 @@ async fn notifications_follow_commit_order_with_payload(backend: Backend) {
             assert_eq!(data["previous_hash"].as_str().map(str::to_owned), last_for_x, "the previous_hash chain is unbroken");
             last_for_x = data["hash"].as_str().map(str::to_owned);
         }
-        // include_payload: the changed entity rides along, except on delete.
+        // include_payload: the changed entity rides along, except on
+        // delete; so does the change, signed by the server.
         match data["hash"].as_str() {
             Some(h) => assert_eq!(n["included"][h]["type"], "note", "{n}"),
-            None => assert!(n.get("included").is_none()),
+            None => assert!(n["included"].as_object().unwrap().values().all(|e| e["type"] != "note"), "no entity on a deletion: {n}"),
         }
+        let signed = data["signed"][0].as_str().unwrap();
+        assert_eq!(n["included"][signed]["data"]["origin"], server.as_str(), "{n}");
     }
     let d = next_notification(&mut deletions).await;
     assert_eq!((d["data"]["event"].as_str(), d["data"]["uri"].as_str()), (Some("deleted"), Some("docs/x")));
@@ -745,14 +778,15 @@ async fn renewal_and_capacity_redirect(backend: Backend) {
     let app = spawn_app_with(backend, |s| s.max_subscribers_per_prefix = 2).await;
     let server = server_hash(&app).await;
     let (a, b, c) = (Peer::new(), Peer::new(), Peer::new());
-    let relay = |n: u8| json!({"relay_endpoint": format!("http://10.0.0.{n}:8080/")});
-    let (_, first) = subscribe(&app, &server, &a, "hot/**", "system/inbox/a", relay(1)).await;
+    let at = |n: u8| format!("http://127.0.0.1:{}", 9000 + n as u16);
+    let (_, first) = subscribe_as_mirror(&app, &server, &a, "hot/**", "a", &at(1), &at(1)).await;
     let id = first["result"]["subscription_id"].as_str().unwrap().to_owned();
-    let (status, second) = subscribe(&app, &server, &b, "hot/**", "system/inbox/b", relay(2)).await;
-    assert_eq!(status, 200);
+    let (status, second) = subscribe_as_mirror(&app, &server, &b, "hot/**", "b", &at(2), &at(2)).await;
+    assert_eq!(status, 200, "{second}");
     let b_id = second["result"]["subscription_id"].as_str().unwrap().to_owned();
     // At capacity: a redirect listing the current subscribers as relays
-    // (where each said it serves onwards), never the requester.
+    // (the mirrors among them, at their known endpoints), never the
+    // requester.
     let (status, body) = subscribe(&app, &server, &c, "hot/**", "system/inbox/c", json!({})).await;
     assert_eq!(status, 303, "{body}");
     let redirect = &body["result"];
@@ -765,7 +799,7 @@ async fn renewal_and_capacity_redirect(backend: Backend) {
         .iter()
         .map(|v| (v["peer"].as_str().unwrap(), v["endpoint"].as_str().unwrap()))
         .collect();
-    assert_eq!(alternatives, HashSet::from([(a.hash.as_str(), "http://10.0.0.1:8080"), (b.hash.as_str(), "http://10.0.0.2:8080")]));
+    assert_eq!(alternatives, HashSet::from([(a.hash.as_str(), at(1).as_str()), (b.hash.as_str(), at(2).as_str())]));
     // A relay endpoint must be a URL.
     let (status, body) = subscribe(&app, &server, &c, "cold/**", "system/inbox/c", json!({"relay_endpoint": "not a url"})).await;
     assert_eq!((status, code(&body)), (400, "invalid_params"), "{body}");
@@ -774,7 +808,7 @@ async fn renewal_and_capacity_redirect(backend: Backend) {
     // A renewal is not a new subscriber: same id, fresh token.
     let sub_url = app.url(&format!("/v1/tree/system/subscription/{id}"));
     let before: Value = app.http.get(&sub_url).send().await.unwrap().json().await.unwrap();
-    let (status, renewed) = subscribe(&app, &server, &a, "hot/**", "system/inbox/a", json!({})).await;
+    let (status, renewed) = subscribe_as_mirror(&app, &server, &a, "hot/**", "a", &at(1), &at(1)).await;
     assert_eq!(status, 200, "{renewed}");
     assert_eq!(renewed["result"]["subscription_id"], id.as_str());
     assert_eq!(renewed["result"]["renewed"], true);
@@ -1066,17 +1100,26 @@ async fn changes_and_notifications_cannot_be_forged(backend: Backend) {
     assert_eq!(app.head().await, head, "nothing was appended");
 }
 
+/// Offered as relays: only subscribers that hold a relaying mirror of the
+/// prefix, at the endpoint this server knows for them (issue 35, item 2:
+/// cheap subscriptions that claimed an endpoint took over mirrors).
 async fn redirects_list_at_most_ten_shuffled_alternatives(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.max_subscribers_per_prefix = 13).await;
+    let app = spawn_app_with(backend, |s| s.max_subscribers_per_prefix = 14).await;
     let server = server_hash(&app).await;
     let peers: Vec<Peer> = (0..12).map(|_| Peer::new()).collect();
     for (i, p) in peers.iter().enumerate() {
-        let relay = json!({"relay_endpoint": format!("http://127.0.0.1:{}", 9000 + i)});
-        assert_eq!(subscribe(&app, &server, p, "wide/**", &format!("system/inbox/w{i}"), relay).await.0, 200);
+        // Each claims another endpoint than the one this server knows for
+        // it: the known one is offered.
+        let (known, claimed) = (format!("http://127.0.0.1:{}", 9000 + i), format!("http://127.0.0.1:{}", 8000 + i));
+        let (status, body) = subscribe_as_mirror(&app, &server, p, "wide/**", &format!("w{i}"), &known, &claimed).await;
+        assert_eq!(status, 200, "{body}");
     }
-    // One more that relays nothing (capacity 13): never offered.
-    let quiet = Peer::new();
+    // One more that relays nothing, and a cheap one that says it relays
+    // but receives into a local inbox (capacity 14): never offered.
+    let (quiet, cheap) = (Peer::new(), Peer::new());
     assert_eq!(subscribe(&app, &server, &quiet, "wide/**", "system/inbox/quiet", json!({})).await.0, 200);
+    let claim = json!({"relay_endpoint": "http://127.0.0.1:7000"});
+    assert_eq!(subscribe(&app, &server, &cheap, "wide/**", "system/inbox/cheap", claim).await.0, 200);
     let everyone: HashSet<&str> = peers.iter().map(|p| p.hash.as_str()).collect();
     // A subscriber already on the prefix (through another inbox) is never
     // offered itself.

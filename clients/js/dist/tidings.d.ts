@@ -104,8 +104,14 @@ export declare class TidingsError extends Error {
 export interface ClientOptions {
     /** The server's base URL; in a page, the page's own origin by default. */
     url?: string | URL;
-    /** A bearer token (JWT), when the server has authentication on. */
-    token?: string;
+    /**
+     * A bearer token (JWT), when the server has authentication on; or a
+     * function returning one, called before every request and (re)connect,
+     * so a stream whose token expired (`system.token_expired` on a stream,
+     * `stream.token_expired` on a device connection) goes on under a fresh
+     * one. A fixed token that expires ends the stream with `unauthorized`.
+     */
+    token?: string | (() => string | Promise<string>);
     /** A `fetch` to use instead of the global one. */
     fetch?: typeof fetch;
 }

@@ -65,8 +65,14 @@ function fetcher(options) {
         throw new TypeError("tidings: no fetch available");
     return f.bind(globalThis);
 }
-function headers(options, extra = {}) {
-    return options.token ? { ...extra, authorization: `Bearer ${options.token}` } : extra;
+/** The token to send now: the fixed one, or a fresh one from the function. */
+async function currentToken(options) {
+    const t = options.token;
+    return typeof t === "function" ? await t() : t;
+}
+async function headers(options, extra = {}) {
+    const token = await currentToken(options);
+    return token ? { ...extra, authorization: `Bearer ${token}` } : extra;
 }
 function filterQuery(filter) {
     return Object.keys(filter).length ? JSON.stringify(filter) : undefined;
@@ -86,7 +92,7 @@ async function refusal(response) {
     return new TidingsError(response.status, code, message, body);
 }
 async function call(options, method, url, body) {
-    const init = { method, headers: headers(options, body === undefined ? {} : { "content-type": "application/json" }) };
+    const init = { method, headers: await headers(options, body === undefined ? {} : { "content-type": "application/json" }) };
     if (body !== undefined)
         init.body = JSON.stringify(body);
     const response = await fetcher(options)(url, init);
@@ -134,7 +140,7 @@ export async function publish(events, options = {}) {
     const answer = await call(options, "POST", endpoint(options, "/v1/events"), body);
     return answer.event_ids;
 }
-const NOTICES = ["system.replay_gap", "system.client_dropped_slow"];
+const NOTICES = ["system.replay_gap", "system.client_dropped_slow", "system.token_expired"];
 /**
  * Follows the events that match `filter`, live, resuming after any
  * disconnect from the last event delivered: nothing missed, nothing twice.
@@ -164,6 +170,8 @@ class StreamState {
     state = "connecting";
     stop = new AbortController();
     source = null;
+    /** The `EventSource` class in use (reopened with a fresh token). */
+    eventSource = null;
     /** Frames are handled one at a time, in order, across reconnects too. */
     chain = Promise.resolve();
     delay;
@@ -183,12 +191,12 @@ class StreamState {
         this.state = state;
         this.options.onState?.(state);
     }
-    url(accessToken) {
+    async url(accessToken) {
         const from = this.lastEventId ?? this.options.since;
         return endpoint(this.options, "/v1/stream", {
             filter: filterQuery(this.filter),
             since: from === undefined ? undefined : String(from),
-            access_token: accessToken ? this.options.token : undefined,
+            access_token: accessToken ? await currentToken(this.options) : undefined,
         });
     }
     /** One frame of the stream; resolves once its handler has. */
@@ -217,6 +225,17 @@ class StreamState {
         else if (event === "system.client_dropped_slow") {
             this.options.onDropped?.(JSON.parse(data));
         }
+        else if (event === "system.token_expired") {
+            // The server ends the stream; the next connection asks the token
+            // function for a fresh one. EventSource would retry with the old
+            // one by itself: it is reopened instead.
+            this.options.onNotice?.(event, JSON.parse(data));
+            if (this.source && this.eventSource) {
+                this.source.close();
+                this.source = null;
+                this.overEventSource(this.eventSource);
+            }
+        }
         else {
             let value = data;
             try {
@@ -229,10 +248,17 @@ class StreamState {
         }
     }
     overEventSource(ES) {
+        this.eventSource = ES;
+        void this.url(true).then((url) => this.openEventSource(ES, url), (error) => {
+            report(error);
+            void sleep(this.delay.take(), this.stop.signal).then(() => this.overEventSource(ES));
+        });
+    }
+    openEventSource(ES, url) {
         if (this.stop.signal.aborted)
             return;
         this.setState("connecting");
-        const es = new ES(this.url(true).toString());
+        const es = new ES(url.toString());
         this.source = es;
         const handle = (event) => (m) => {
             this.chain = this.chain.then(() => this.frame(event, m.data, m.lastEventId)).catch(report);
@@ -245,7 +271,8 @@ class StreamState {
         for (const name of NOTICES)
             es.addEventListener(name, handle(name));
         es.onerror = () => {
-            if (this.stop.signal.aborted)
+            // A source closed for a fresh token says nothing more.
+            if (this.stop.signal.aborted || this.source !== es)
                 return;
             // Still CONNECTING: EventSource retries by itself with Last-Event-ID.
             if (es.readyState !== ES.CLOSED)
@@ -262,7 +289,7 @@ class StreamState {
         this.stop.signal.addEventListener("abort", stop, { once: true });
         let final = null;
         try {
-            const response = await fetcher(this.options)(this.url(true), { headers: { accept: "text/event-stream" }, signal: probe.signal });
+            const response = await fetcher(this.options)(await this.url(true), { headers: { accept: "text/event-stream" }, signal: probe.signal });
             if (!response.ok && isFinal(response.status))
                 final = await refusal(response);
         }
@@ -296,8 +323,8 @@ class StreamState {
             const end = () => connection.abort();
             signal.addEventListener("abort", end, { once: true });
             try {
-                const response = await fetcher(this.options)(this.url(false), {
-                    headers: headers(this.options, { accept: "text/event-stream" }),
+                const response = await fetcher(this.options)(await this.url(false), {
+                    headers: await headers(this.options, { accept: "text/event-stream" }),
                     signal: connection.signal,
                     cache: "no-store",
                 });
@@ -633,7 +660,16 @@ class DeviceConnection {
             return;
         this.setState("connecting");
         this.caughtUp = false;
-        const url = endpoint(this.options, "/v1/ws", { access_token: this.options.token });
+        // A fresh token for every connection (the function's, when it is one).
+        void currentToken(this.options).then((token) => this.openWith(token), (error) => {
+            report(error);
+            this.retry();
+        });
+    }
+    openWith(token) {
+        if (this.stopped)
+            return;
+        const url = endpoint(this.options, "/v1/ws", { access_token: token });
         url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
         const socket = new this.WS(url.toString());
         this.socket = socket;
@@ -791,6 +827,18 @@ class DeviceConnection {
                 else if (msg.method === "stream.gap") {
                     gap(params);
                 }
+                else if (msg.method === "stream.token_expired" && typeof this.options.token === "function") {
+                    // The same connection goes on under a fresh token; should the
+                    // server refuse it, a new connection asks for one again.
+                    try {
+                        await rpc("stream.reauth", { token: await currentToken(this.options) });
+                    }
+                    catch (error) {
+                        if (!(error instanceof Lost))
+                            report(error);
+                        socket.close(1000);
+                    }
+                }
             })
                 .catch((error) => {
                 broken = true;
@@ -836,7 +884,7 @@ class DeviceConnection {
         const http = new URL(url);
         http.protocol = http.protocol === "wss:" ? "https:" : "http:";
         try {
-            const response = await fetcher(this.options)(http, { headers: headers(this.options) });
+            const response = await fetcher(this.options)(http, { headers: await headers(this.options) });
             if (response.status === 401 || response.status === 403)
                 return refusal(response);
             await response.body?.cancel();

@@ -121,8 +121,14 @@ export class TidingsError extends Error {
 export interface ClientOptions {
   /** The server's base URL; in a page, the page's own origin by default. */
   url?: string | URL;
-  /** A bearer token (JWT), when the server has authentication on. */
-  token?: string;
+  /**
+   * A bearer token (JWT), when the server has authentication on; or a
+   * function returning one, called before every request and (re)connect,
+   * so a stream whose token expired (`system.token_expired` on a stream,
+   * `stream.token_expired` on a device connection) goes on under a fresh
+   * one. A fixed token that expires ends the stream with `unauthorized`.
+   */
+  token?: string | (() => string | Promise<string>);
   /** A `fetch` to use instead of the global one. */
   fetch?: typeof fetch;
 }
@@ -146,8 +152,15 @@ function fetcher(options: ClientOptions): typeof fetch {
   return f.bind(globalThis);
 }
 
-function headers(options: ClientOptions, extra: Record<string, string> = {}): Record<string, string> {
-  return options.token ? { ...extra, authorization: `Bearer ${options.token}` } : extra;
+/** The token to send now: the fixed one, or a fresh one from the function. */
+async function currentToken(options: ClientOptions): Promise<string | undefined> {
+  const t = options.token;
+  return typeof t === "function" ? await t() : t;
+}
+
+async function headers(options: ClientOptions, extra: Record<string, string> = {}): Promise<Record<string, string>> {
+  const token = await currentToken(options);
+  return token ? { ...extra, authorization: `Bearer ${token}` } : extra;
 }
 
 function filterQuery(filter: Filter): string | undefined {
@@ -169,7 +182,7 @@ async function refusal(response: Response): Promise<TidingsError> {
 }
 
 async function call<T>(options: ClientOptions, method: string, url: URL, body?: unknown): Promise<T> {
-  const init: RequestInit = { method, headers: headers(options, body === undefined ? {} : { "content-type": "application/json" }) };
+  const init: RequestInit = { method, headers: await headers(options, body === undefined ? {} : { "content-type": "application/json" }) };
   if (body !== undefined) init.body = JSON.stringify(body);
   const response = await fetcher(options)(url, init);
   if (!response.ok) throw await refusal(response);
@@ -276,7 +289,7 @@ export interface Stream {
   close(): void;
 }
 
-const NOTICES = ["system.replay_gap", "system.client_dropped_slow"] as const;
+const NOTICES = ["system.replay_gap", "system.client_dropped_slow", "system.token_expired"] as const;
 
 /**
  * Follows the events that match `filter`, live, resuming after any
@@ -303,6 +316,8 @@ class StreamState implements Stream {
   state: State = "connecting";
   private readonly stop = new AbortController();
   private source: EventSource | null = null;
+  /** The `EventSource` class in use (reopened with a fresh token). */
+  private eventSource: typeof EventSource | null = null;
   /** Frames are handled one at a time, in order, across reconnects too. */
   private chain: Promise<void> = Promise.resolve();
   private readonly delay: Delay;
@@ -326,12 +341,12 @@ class StreamState implements Stream {
     this.options.onState?.(state);
   }
 
-  private url(accessToken: boolean): URL {
+  private async url(accessToken: boolean): Promise<URL> {
     const from = this.lastEventId ?? this.options.since;
     return endpoint(this.options, "/v1/stream", {
       filter: filterQuery(this.filter),
       since: from === undefined ? undefined : String(from),
-      access_token: accessToken ? this.options.token : undefined,
+      access_token: accessToken ? await currentToken(this.options) : undefined,
     });
   }
 
@@ -355,6 +370,16 @@ class StreamState implements Stream {
       this.options.onGap?.(gap);
     } else if (event === "system.client_dropped_slow") {
       this.options.onDropped?.(JSON.parse(data) as DroppedNotice);
+    } else if (event === "system.token_expired") {
+      // The server ends the stream; the next connection asks the token
+      // function for a fresh one. EventSource would retry with the old
+      // one by itself: it is reopened instead.
+      this.options.onNotice?.(event, JSON.parse(data) as unknown);
+      if (this.source && this.eventSource) {
+        this.source.close();
+        this.source = null;
+        this.overEventSource(this.eventSource);
+      }
     } else {
       let value: unknown = data;
       try {
@@ -367,9 +392,20 @@ class StreamState implements Stream {
   }
 
   overEventSource(ES: typeof EventSource): void {
+    this.eventSource = ES;
+    void this.url(true).then(
+      (url) => this.openEventSource(ES, url),
+      (error) => {
+        report(error);
+        void sleep(this.delay.take(), this.stop.signal).then(() => this.overEventSource(ES));
+      },
+    );
+  }
+
+  private openEventSource(ES: typeof EventSource, url: URL): void {
     if (this.stop.signal.aborted) return;
     this.setState("connecting");
-    const es = new ES(this.url(true).toString());
+    const es = new ES(url.toString());
     this.source = es;
     const handle = (event: string) => (m: MessageEvent) => {
       this.chain = this.chain.then(() => this.frame(event, m.data as string, m.lastEventId)).catch(report);
@@ -381,7 +417,8 @@ class StreamState implements Stream {
     es.onmessage = handle("message");
     for (const name of NOTICES) es.addEventListener(name, handle(name) as EventListener);
     es.onerror = () => {
-      if (this.stop.signal.aborted) return;
+      // A source closed for a fresh token says nothing more.
+      if (this.stop.signal.aborted || this.source !== es) return;
       // Still CONNECTING: EventSource retries by itself with Last-Event-ID.
       if (es.readyState !== ES.CLOSED) return this.setState("connecting");
       // Closed for good: a refusal (any non-200) or a wrong content type.
@@ -397,7 +434,7 @@ class StreamState implements Stream {
     this.stop.signal.addEventListener("abort", stop, { once: true });
     let final: TidingsError | null = null;
     try {
-      const response = await fetcher(this.options)(this.url(true), { headers: { accept: "text/event-stream" }, signal: probe.signal });
+      const response = await fetcher(this.options)(await this.url(true), { headers: { accept: "text/event-stream" }, signal: probe.signal });
       if (!response.ok && isFinal(response.status)) final = await refusal(response);
     } catch {
       // Unreachable: try again after the delay.
@@ -429,8 +466,8 @@ class StreamState implements Stream {
       const end = () => connection.abort();
       signal.addEventListener("abort", end, { once: true });
       try {
-        const response = await fetcher(this.options)(this.url(false), {
-          headers: headers(this.options, { accept: "text/event-stream" }),
+        const response = await fetcher(this.options)(await this.url(false), {
+          headers: await headers(this.options, { accept: "text/event-stream" }),
           signal: connection.signal,
           cache: "no-store",
         });
@@ -860,7 +897,19 @@ class DeviceConnection implements Connection {
     if (this.stopped) return;
     this.setState("connecting");
     this.caughtUp = false;
-    const url = endpoint(this.options, "/v1/ws", { access_token: this.options.token });
+    // A fresh token for every connection (the function's, when it is one).
+    void currentToken(this.options).then(
+      (token) => this.openWith(token),
+      (error) => {
+        report(error);
+        this.retry();
+      },
+    );
+  }
+
+  private openWith(token: string | undefined): void {
+    if (this.stopped) return;
+    const url = endpoint(this.options, "/v1/ws", { access_token: token });
     url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
     const socket = new this.WS(url.toString());
     this.socket = socket;
@@ -1002,6 +1051,15 @@ class DeviceConnection implements Connection {
             void ack(this.highWater);
           } else if (msg.method === "stream.gap") {
             gap(params as unknown as ReplayGap);
+          } else if (msg.method === "stream.token_expired" && typeof this.options.token === "function") {
+            // The same connection goes on under a fresh token; should the
+            // server refuse it, a new connection asks for one again.
+            try {
+              await rpc("stream.reauth", { token: await currentToken(this.options) });
+            } catch (error) {
+              if (!(error instanceof Lost)) report(error);
+              socket.close(1000);
+            }
           }
         })
         .catch((error) => {
@@ -1047,7 +1105,7 @@ class DeviceConnection implements Connection {
     const http = new URL(url);
     http.protocol = http.protocol === "wss:" ? "https:" : "http:";
     try {
-      const response = await fetcher(this.options)(http, { headers: headers(this.options) });
+      const response = await fetcher(this.options)(http, { headers: await headers(this.options) });
       if (response.status === 401 || response.status === 403) return refusal(response);
       await response.body?.cancel();
     } catch {

@@ -10,10 +10,14 @@ import { chromium } from "playwright-core";
 import * as lib from "../dist/tidings.js";
 import { scenarios } from "./scenarios.mjs";
 import { proxy } from "./proxy.mjs";
+import { mint } from "./auth.mjs";
 
-const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL, other: process.env.TIDINGS_OTHER_URL };
-if (!servers.main || !servers.slow || !servers.other) throw new Error("set TIDINGS_URL, TIDINGS_SLOW_URL and TIDINGS_OTHER_URL");
-const proxies = { main: await proxy(servers.main), slow: await proxy(servers.slow) };
+const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL, other: process.env.TIDINGS_OTHER_URL, auth: process.env.TIDINGS_AUTH_URL };
+const secret = process.env.TIDINGS_AUTH_SECRET;
+if (!servers.main || !servers.slow || !servers.other || !servers.auth || !secret) {
+  throw new Error("set TIDINGS_URL, TIDINGS_SLOW_URL, TIDINGS_OTHER_URL, TIDINGS_AUTH_URL and TIDINGS_AUTH_SECRET");
+}
+const proxies = { main: await proxy(servers.main), slow: await proxy(servers.slow), auth: await proxy(servers.auth) };
 const source = await readFile(new URL("./scenarios.mjs", import.meta.url), "utf8");
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
@@ -35,7 +39,10 @@ for (const s of scenarios.filter((s) => !s.node)) {
     page.on("pageerror", (e) => logs.push(`pageerror: ${e.message}`));
     try {
       await page.route("**/__test/scenarios.mjs", (route) => route.fulfill({ contentType: "text/javascript", body: source }));
-      await page.exposeFunction("__publish", (event) => lib.publish(event, { url }));
+      // The server with tokens on takes the runner's publishes with a token.
+      const token = s.server === "auth" ? () => mint(secret, 60) : undefined;
+      await page.exposeFunction("__publish", (event) => lib.publish(event, { url, token }));
+      await page.exposeFunction("__mint", (ttlSeconds) => mint(secret, ttlSeconds));
       await page.exposeFunction("__deep", async () => (await fetch(new URL("/health/deep", url))).json());
       await page.exposeFunction("__drop", () => p.drop());
       await page.exposeFunction("__requests", (prefix) => p.requests(prefix));
@@ -57,6 +64,7 @@ for (const s of scenarios.filter((s) => !s.node)) {
           other: { publish: (event) => window.__otherPublish(event), deep: () => window.__otherDeep() },
           stall: () => window.__stall(),
           unstall: () => window.__unstall(),
+          mint: (ttlSeconds) => window.__mint(ttlSeconds),
           // Counted in Node: a promise here, awaited by the scenarios.
           requests: (prefix) => window.__requests(prefix),
           runtime: "chromium",

@@ -8,16 +8,22 @@ import { test, after } from "node:test";
 import * as lib from "../dist/tidings.js";
 import { scenarios } from "./scenarios.mjs";
 import { proxy } from "./proxy.mjs";
+import { mint } from "./auth.mjs";
 
-const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL, other: process.env.TIDINGS_OTHER_URL };
-if (!servers.main || !servers.slow || !servers.other) throw new Error("set TIDINGS_URL, TIDINGS_SLOW_URL and TIDINGS_OTHER_URL");
-const proxies = { main: await proxy(servers.main), slow: await proxy(servers.slow) };
+const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL, other: process.env.TIDINGS_OTHER_URL, auth: process.env.TIDINGS_AUTH_URL };
+const secret = process.env.TIDINGS_AUTH_SECRET;
+if (!servers.main || !servers.slow || !servers.other || !servers.auth || !secret) {
+  throw new Error("set TIDINGS_URL, TIDINGS_SLOW_URL, TIDINGS_OTHER_URL, TIDINGS_AUTH_URL and TIDINGS_AUTH_SECRET");
+}
+const proxies = { main: await proxy(servers.main), slow: await proxy(servers.slow), auth: await proxy(servers.auth) };
 after(() => Promise.all(Object.values(proxies).map((p) => p.close())));
 
 /** What the runner does for a scenario, straight against the server. */
 export function direct(url) {
+  // The server with tokens on takes the runner's publishes with a token.
+  const token = url === servers.auth ? () => mint(secret, 60) : undefined;
   return {
-    publish: (event) => lib.publish(event, { url }),
+    publish: (event) => lib.publish(event, { url, token }),
     deep: async () => (await fetch(new URL("/health/deep", url))).json(),
   };
 }
@@ -34,6 +40,7 @@ for (const s of scenarios.filter((s) => !s.browser)) {
       requests: (prefix) => p.requests(prefix),
       ...direct(servers[s.server]),
       other: direct(servers.other),
+      mint: (ttlSeconds) => mint(secret, ttlSeconds),
       runtime: "node",
     });
   });

@@ -8,6 +8,8 @@
 //   env.requests(prefix) how many requests whose line starts with prefix
 //                went through the proxy so far;
 //   env.runtime  "node" or "chromium".
+//   env.mint(ttlSeconds) a token for the server with tokens on (scenarios
+//                whose `server` is "auth"), expiring that many seconds from now;
 //   env.publish(event) publishes straight to the server, env.deep() reads
 //   its /health/deep (both done by the runner, in Node);
 //   env.swap(true) sends the proxy's new connections to another, fresh
@@ -564,6 +566,82 @@ async function websocketRejectionIsNotRetried(lib, env) {
   equal(fromReady?.code, "invalid_filter", "ready() rejects with the rejection");
 }
 
+/**
+ * A token function, on a server with tokens on: a stream whose token
+ * expires is told (`system.token_expired`), ended, and comes back under a
+ * fresh token from the function, missing and repeating nothing.
+ */
+async function streamTokenRefreshed(lib, env, transport) {
+  const run = tag();
+  let calls = 0;
+  const notices = [];
+  // Expires a second from now: the server ends the stream at exp plus its
+  // 5 s leeway.
+  const v = watch(lib, env, run, {
+    transport,
+    token: async () => {
+      calls++;
+      return env.mint(1);
+    },
+    onNotice: (type) => notices.push(type),
+  });
+  try {
+    await v.w.until(() => v.opened === 1, "the stream to open");
+    const before = await publishRun(env, run, 1);
+    await v.w.until(() => v.got.length === 1, "the first event");
+    await v.w.until(() => v.opened === 2, "the stream to come back under a fresh token");
+    ok(calls >= 2, `the token function was asked again (${calls} calls)`);
+    ok(notices.includes("system.token_expired"), `told why: ${notices}`);
+    const after = await publishRun(env, run, 1);
+    await v.w.until(() => v.got.length >= 2, "the event after the refresh");
+    equal(v.got, [...before, ...after], "nothing missed, nothing twice");
+  } finally {
+    v.s.close();
+  }
+}
+
+/**
+ * A token function on a device connection: at `stream.token_expired` the
+ * client sends `stream.reauth` with a fresh token, and the same connection
+ * goes on delivering.
+ */
+async function deviceTokenRefreshed(lib, env) {
+  const run = tag();
+  const w = waiter();
+  const got = [];
+  let calls = 0;
+  const { key } = await lib.createDeviceKey();
+  const upgrades = await env.requests("GET /v1/ws");
+  const c = lib.connect({
+    url: env.url,
+    deviceId: `js-${run}`,
+    key,
+    filter: byRun(run),
+    backoff: { initialMs: 50, maxMs: 200 },
+    token: async () => {
+      calls++;
+      w.signal();
+      return env.mint(1);
+    },
+    onEvent: (seq) => {
+      got.push(seq);
+      w.signal();
+    },
+  });
+  try {
+    await c.ready();
+    const before = await publishRun(env, run, 1);
+    await w.until(() => got.length === 1, "the first event");
+    await w.until(() => calls >= 2, "a fresh token at the expiry");
+    const after = await publishRun(env, run, 1);
+    await w.until(() => got.length === 2, "the event after the reauth");
+    equal(got, [...before, ...after], "nothing missed, nothing twice");
+    equal((await env.requests("GET /v1/ws")) - upgrades, 1, "the same connection: reauthenticated, not reconnected");
+  } finally {
+    c.close();
+  }
+}
+
 /** Canonical JSON as RFC 8785 has it (the form every proof signs). */
 async function canonicalJson(lib) {
   equal(lib.canonicalJson({ b: [1, 2.5, "x"], a: { d: null, c: true }, "\u00e9": 1e21, "\u20ac": 1, "\ud83d\ude00": 0.1 }), '{"a":{"c":true,"d":null},"b":[1,2.5,"x"],"é":1e+21,"€":1,"😀":0.1}', "canonical");
@@ -594,4 +672,7 @@ export const scenarios = [
   { name: "websocket: a reconnect resumes from the acked cursor", server: "main", run: (lib, env) => websocketResumesFromAckedCursor(lib, env) },
   { name: "websocket: a handler that throws gets the event again", server: "main", run: (lib, env) => websocketHandlerErrorRedelivers(lib, env) },
   { name: "websocket: a rejection is not retried", server: "main", run: (lib, env) => websocketRejectionIsNotRetried(lib, env) },
+  { name: "stream (fetch): an expired token is replaced through the token function", server: "auth", run: (lib, env) => streamTokenRefreshed(lib, env, "fetch") },
+  { name: "stream (EventSource): an expired token is replaced through the token function", server: "auth", browser: true, run: (lib, env) => streamTokenRefreshed(lib, env, "eventsource") },
+  { name: "websocket: an expired token is replaced with stream.reauth", server: "auth", run: (lib, env) => deviceTokenRefreshed(lib, env) },
 ];

@@ -111,6 +111,16 @@ impl TreeStore for EmbeddedStore {
         self.read(move |conn| conn.query_row("SELECT body FROM tidings_content WHERE hash = ?1", [&hash], |r| r.get(0)).optional()).await
     }
 
+    async fn tree_version_below(&self, prefix: &str) -> Result<(i64, i64), StoreError> {
+        let (from, to) = (format!("{prefix}/"), format!("{prefix}0"));
+        self.read(move |conn| {
+            let mut stmt =
+                conn.prepare_cached("SELECT count(*), coalesce(sum(changed_event), 0) FROM tree_entities WHERE path > ?1 AND path < ?2")?;
+            stmt.query_row(params![from, to], |r| Ok((r.get(0)?, r.get(1)?)))
+        })
+        .await
+    }
+
     async fn tree_entries_below(&self, prefix: &str, limit: usize) -> Result<Vec<TreeEntry>, StoreError> {
         let (from, to) = (format!("{prefix}/"), format!("{prefix}0"));
         self.read(move |conn| {

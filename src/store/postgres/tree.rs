@@ -224,6 +224,19 @@ impl TreeStore for PostgresStore {
         Ok(row.map(|r| r.get(0)))
     }
 
+    async fn tree_version_below(&self, prefix: &str) -> Result<(i64, i64), StoreError> {
+        let client = self.client().await?;
+        let (from, to) = (format!("{prefix}/"), format!("{prefix}0"));
+        let row = client
+            .query_one(
+                "SELECT count(*), coalesce(sum(changed_event), 0)::bigint FROM tree_entities WHERE path > $1 AND path < $2",
+                &[&from, &to],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok((row.get(0), row.get(1)))
+    }
+
     async fn tree_entries_below(&self, prefix: &str, limit: usize) -> Result<Vec<TreeEntry>, StoreError> {
         let client = self.client().await?;
         let (from, to) = (format!("{prefix}/"), format!("{prefix}0"));
