@@ -378,11 +378,14 @@ pub struct Subscriptions {
     listed: std::sync::Mutex<Option<Listed>>,
 }
 
+/// A stored subscription: its tree entry and what it says.
+pub type Held = Arc<(TreeEntry, Subscription)>;
+
 /// A listing of the subscriptions and the directory version it is current at.
 #[derive(Debug, Clone)]
 struct Listed {
     version: (i64, i64),
-    entries: Arc<Vec<(TreeEntry, Subscription)>>,
+    entries: Arc<Vec<Held>>,
 }
 
 impl Subscriptions {
@@ -466,7 +469,7 @@ impl Subscriptions {
     /// Read again only when the directory's version moved (any write
     /// below it, by any process, moves it); this process's own writes
     /// update the listing in place ([`Self::wrote`]).
-    pub async fn list(&self) -> Result<Arc<Vec<(TreeEntry, Subscription)>>, StoreError> {
+    pub async fn list(&self) -> Result<Arc<Vec<Held>>, StoreError> {
         let version = self.store.tree_version_below(DIR).await?;
         if let Some(listed) = self.listed.lock().ok().and_then(|l| l.clone()).filter(|l| l.version == version) {
             return Ok(listed.entries);
@@ -478,7 +481,7 @@ impl Subscriptions {
             entries
                 .into_iter()
                 .filter(|e| subscription_id_of(&e.path).is_some())
-                .filter_map(|e| Subscription::from_json(&e.entity).map(|s| (e, s)))
+                .filter_map(|e| Subscription::from_json(&e.entity).map(|s| Arc::new((e, s))))
                 .collect(),
         );
         if let Ok(mut listed) = self.listed.lock() {
@@ -493,20 +496,20 @@ impl Subscriptions {
     /// process have written meanwhile, the directory's real version
     /// differs from the one predicted here, and the next [`Self::list`]
     /// reads it again.
-    fn wrote(&self, from: &[(TreeEntry, Subscription)], replaced: Option<&TreeEntry>, entry: TreeEntry, subscription: Subscription) {
+    fn wrote(&self, from: &[Held], replaced: Option<&TreeEntry>, entry: TreeEntry, subscription: Subscription) {
         let Ok(mut listed) = self.listed.lock() else { return };
         let Some(current) = listed.as_ref().filter(|l| std::ptr::eq(l.entries.as_slice(), from)) else {
             *listed = None;
             return;
         };
         let (mut count, mut sum) = current.version;
-        let mut entries: Vec<_> = from.iter().filter(|(e, _)| Some(&e.path) != replaced.map(|r| &r.path)).cloned().collect();
+        let mut entries: Vec<Held> = from.iter().filter(|h| Some(&h.0.path) != replaced.map(|r| &r.path)).cloned().collect();
         if let Some(old) = replaced {
             (count, sum) = (count - 1, sum - old.changed_event);
         }
         (count, sum) = (count + 1, sum + entry.changed_event);
-        let at = entries.partition_point(|(e, _)| e.path < entry.path);
-        entries.insert(at, (entry, subscription));
+        let at = entries.partition_point(|h| h.0.path < entry.path);
+        entries.insert(at, Arc::new((entry, subscription)));
         *listed = Some(Listed { version: (count, sum), entries: Arc::new(entries) });
     }
 
@@ -591,7 +594,7 @@ impl Subscriptions {
         // terms (events, include_payload, limits) replace the stored ones,
         // checked as for a new subscription; the id, the creation time (so
         // max_duration_ms) and the delivered count stay.
-        if let Some((entry, found)) = existing.iter().find(|(_, s)| renewal_of(s, caller.author, &request)) {
+        if let Some((entry, found)) = existing.iter().find(|h| renewal_of(&h.1, caller.author, &request)).map(|h| (&h.0, &h.1)) {
             let renewed = Subscription {
                 deliver_token: token_hash.to_owned(),
                 deliver_chain,
@@ -645,29 +648,19 @@ impl Subscriptions {
     }
 
     /// Whether `request` renews one of `existing`.
-    fn renews(&self, existing: &[(TreeEntry, Subscription)], author: &str, request: &SubscribeRequest) -> bool {
-        existing.iter().any(|(_, s)| renewal_of(s, author, request))
+    fn renews(&self, existing: &[Held], author: &str, request: &SubscribeRequest) -> bool {
+        existing.iter().any(|h| renewal_of(&h.1, author, request))
     }
 
     /// The answer when a new subscription of `author` for `pattern` has no
     /// room: `too_many_subscriptions` at the server's cap, a capacity
     /// redirect (seed 000 §8.3) at the prefix's; `None` when it fits.
-    async fn no_room(
-        &self,
-        existing: &[(TreeEntry, Subscription)],
-        author: &str,
-        pattern: &str,
-    ) -> Result<Option<Result<Executed, ExecuteError>>, StoreError> {
+    async fn no_room(&self, existing: &[Held], author: &str, pattern: &str) -> Result<Option<Result<Executed, ExecuteError>>, StoreError> {
         Ok(self.room(existing, author, pattern).await?.err())
     }
 
     /// [`Self::no_room`]: `Ok` when it fits, else the answer.
-    async fn room(
-        &self,
-        existing: &[(TreeEntry, Subscription)],
-        author: &str,
-        pattern: &str,
-    ) -> Result<Result<(), Result<Executed, ExecuteError>>, StoreError> {
+    async fn room(&self, existing: &[Held], author: &str, pattern: &str) -> Result<Result<(), Result<Executed, ExecuteError>>, StoreError> {
         if existing.len() >= self.max_total {
             return Ok(Err(Err(ExecuteError::TooManySubscriptions(format!(
                 "this server keeps at most {} subscriptions; unsubscribe some or use another server",
@@ -675,14 +668,14 @@ impl Subscriptions {
             )))));
         }
         // One subscriber cannot take the server's room from everyone else.
-        if existing.iter().filter(|(_, s)| s.subscriber_identity == author).count() >= self.max_per_identity {
+        if existing.iter().filter(|h| h.1.subscriber_identity == author).count() >= self.max_per_identity {
             return Ok(Err(Err(ExecuteError::TooManySubscriptionsForIdentity(format!(
                 "this identity keeps at most {} subscriptions here (TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY); unsubscribe some",
                 self.max_per_identity
             )))));
         }
         // 3a. Capacity for this prefix.
-        let subscribers: Vec<&Subscription> = existing.iter().map(|(_, s)| s).filter(|s| s.pattern == pattern).collect();
+        let subscribers: Vec<&Subscription> = existing.iter().map(|h| &h.1).filter(|s| s.pattern == pattern).collect();
         if self.max_per_prefix == 0 || (subscribers.len() as u64) < self.max_per_prefix {
             return Ok(Ok(()));
         }
@@ -807,8 +800,8 @@ impl Subscriptions {
     /// prefix) when it changed. Informative: it may lag a moment behind.
     pub async fn refresh_config(&self) -> Result<(), StoreError> {
         let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-        for (_, s) in self.list().await?.iter() {
-            *counts.entry(s.pattern.clone()).or_default() += 1;
+        for held in self.list().await?.iter() {
+            *counts.entry(held.1.pattern.clone()).or_default() += 1;
         }
         let entity = Entity {
             kind: "system/config".into(),

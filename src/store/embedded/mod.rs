@@ -53,6 +53,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (7, "device_cursors", include_str!("../../../migrations/embedded/0007_device_cursors.sql")),
     (8, "received", include_str!("../../../migrations/embedded/0008_received.sql")),
     (9, "consumer_scope", include_str!("../../../migrations/embedded/0009_consumer_scope.sql")),
+    (10, "tree_version", include_str!("../../../migrations/embedded/0010_tree_version.sql")),
 ];
 
 /// Read connections kept open. A constant: SQLite readers in WAL mode run

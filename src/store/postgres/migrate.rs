@@ -16,6 +16,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (7, "device_cursors", include_str!("../../../migrations/postgres/0007_device_cursors.sql")),
     (8, "received", include_str!("../../../migrations/postgres/0008_received.sql")),
     (9, "consumer_scope", include_str!("../../../migrations/postgres/0009_consumer_scope.sql")),
+    (10, "tree_version", include_str!("../../../migrations/postgres/0010_tree_version.sql")),
 ];
 
 impl PostgresStore {
