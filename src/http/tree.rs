@@ -71,7 +71,7 @@ pub(crate) fn chain_id(headers: &HeaderMap) -> Result<String, ApiError> {
         (status = 400, description = "`invalid_path`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`forbidden_tree_access`", body = crate::http::openapi::ErrorBody),
-        (status = 404, description = "`entity_not_found`", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "`entity_not_found`, with Tidings-Change-Id: the log id as of which the path is absent", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
@@ -79,7 +79,24 @@ pub(crate) async fn get(State(app): State<AppState>, Caller(caller): Caller, Pat
     if let Some(dir) = path.strip_suffix('/') {
         return Ok(listing(service::list(app.core(), &caller, dir).await?));
     }
-    let entry = service::get(app.core(), &caller, &path).await?;
+    let entry = match service::get(app.core(), &caller, &path).await {
+        Ok(entry) => entry,
+        Err(service::TreeError::NotFound(_)) => {
+            // Absent as of at least this change (read, then the path read
+            // again): what a mirror re-reading it compares older signed
+            // changes with.
+            let head = app.core().store().head().await.map_err(|e| ApiError::from(service::TreeError::from(e)))?;
+            match service::get(app.core(), &caller, &path).await {
+                Ok(entry) => entry,
+                Err(e) => {
+                    let mut response = ApiError::from(e).into_response();
+                    response.headers_mut().insert(crate::tree::CHANGE_ID_HEADER, HeaderValue::from(head));
+                    return Ok(response);
+                }
+            }
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut response = ([(header::CONTENT_TYPE, "application/json")], entry.entity).into_response();
     response.headers_mut().insert(header::ETAG, etag(&entry.hash));
     // The log id of the change that put it there: the `sequence` this

@@ -550,10 +550,8 @@ impl Engine {
         let t = change.transition();
         let own = signed::sign(&self.handler.server, t, sequence);
         let me = self.handler.server.hash();
-        own.into_iter()
-            .chain(change.signed.iter().filter(|s| s.signs(t) && s.origin() != Some(me)).cloned())
-            .take(signed::MAX_CARRIED)
-            .collect()
+        let forwarded = signed::verified(&change.signed, t);
+        own.into_iter().chain(forwarded.into_iter().filter(|s| s.origin() != Some(me))).take(signed::MAX_CARRIED).collect()
     }
 
     async fn notification(

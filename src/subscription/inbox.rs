@@ -124,9 +124,11 @@ pub(super) async fn receive(
     let id_ok = !n.subscription_id.is_empty() && n.subscription_id.len() <= MAX_ID && !n.subscription_id.contains('/');
     let hashes_ok = [&n.hash, &n.previous_hash].into_iter().flatten().chain(&n.signed).all(|h| is_hash(h))
         && n.signed.len() <= super::signed::MAX_CARRIED;
-    if !id_ok || !EVENTS.contains(&n.event.as_str()) || validate_path(&n.uri).is_err() || !hashes_ok {
+    // A deletion names no entity; a creation or an update names the one it wrote.
+    let kind_ok = (n.event == "deleted") == n.hash.is_none();
+    if !id_ok || !EVENTS.contains(&n.event.as_str()) || validate_path(&n.uri).is_err() || !hashes_ok || !kind_ok {
         return Err(ExecuteError::InvalidParams(
-            "a notification is {subscription_id, event: created|updated|deleted, uri, hash?, previous_hash?, signed?: [hash, ...at most 4]}"
+            "a notification is {subscription_id, event: created|updated|deleted, uri, hash (none for a deletion), previous_hash?, signed?: [hash, ...at most 4]}"
                 .into(),
         ));
     }

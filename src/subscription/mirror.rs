@@ -790,10 +790,12 @@ impl Mirrors {
     async fn reread(&self, peer: &str, path: &str) -> Result<Read, String> {
         let endpoint = self.endpoint(peer).await?;
         let r = self.http.get(&format!("{endpoint}/v1/tree/{path}"))?.send().await.map_err(|e| e.to_string())?;
+        // The change that wrote what is there, or (for nothing there) the
+        // change as of which nothing is.
+        let sequence = r.headers().get(crate::tree::CHANGE_ID_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
         match r.status().as_u16() {
-            404 => Ok(Read { bytes: None, sequence: None }),
+            404 => Ok(Read { bytes: None, sequence }),
             200 => {
-                let sequence = r.headers().get(crate::tree::CHANGE_ID_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
                 let body = String::from_utf8(crate::peer::read_answer(r).await?).map_err(|e| e.to_string())?;
                 let entity: Entity = serde_json::from_str(&body).map_err(|e| format!("the peer's entity at {path}: {e}"))?;
                 entity.check().map_err(|e| e.0)?;
@@ -956,20 +958,18 @@ impl Applier<'_> {
         if !self.glob.matches(&path) || crate::tree::is_system(&path) || validate_path(&path).is_err() {
             return Ok(());
         }
-        if self.known.len() < MAX_KNOWN {
-            self.known.insert(path.clone());
-        }
-        if self.touched.len() < MAX_KNOWN {
-            self.touched.insert(path.clone());
-        }
         let outcome = self.decide(&path, n).await?;
         self.count(outcome);
         Ok(())
     }
 
     /// Applies one notification for `path`; what became of it.
+    ///
+    /// Only a change the peer signed counts as the upstream notifying the
+    /// path (it is then known, left alone by the next reconciliation, and
+    /// clears a suspicion of withholding); anything else is settled by
+    /// reading the path at the peer, never by its word.
     async fn decide(&mut self, path: &str, n: StoredPayload) -> Result<&'static str, StoreError> {
-        let target = if n.data.event == "deleted" { None } else { n.data.hash.clone() };
         let t = Transition { uri: &n.data.uri, hash: n.data.hash.as_deref(), previous_hash: n.data.previous_hash.as_deref() };
         let carried = signed::carried(n.data.signed.iter().map(String::as_str), &n.included);
         let proof = signed::prove(&carried, &self.spec.peer, t);
@@ -981,19 +981,31 @@ impl Applier<'_> {
             }
             return Ok("forged_refused");
         }
-        // The relay notified this path: whatever a reconciliation found it
-        // behind on is on its way.
-        self.suspects.remove(path);
+        // What the change leaves at the path is its signed hash (none for a
+        // deletion), whatever kind the notification names.
+        let target = n.data.hash.clone();
         let local = self.mirror.store.tree_get(path).await?;
         let here = local.as_ref().map(|e| e.hash.clone());
         let chain_id = n.chain_id.clone().unwrap_or_else(generate_id);
-        if here == target {
-            return Ok("unchanged");
-        }
         if let Proof::Signed { sequence } = proof {
             // Older than what is held: an old lap, or a relay replaying.
-            if sequence <= self.held_sequence(path, local.as_ref()).await? {
+            // Not a notification of the path: a reconciliation still
+            // compares it with the peer.
+            if here != target && sequence <= self.held_sequence(path, local.as_ref()).await? {
                 return Ok("rollback_refused");
+            }
+            if self.known.len() < MAX_KNOWN {
+                self.known.insert(path.to_owned());
+            }
+            if self.touched.len() < MAX_KNOWN {
+                self.touched.insert(path.to_owned());
+            }
+            // The relay notified this path: whatever a reconciliation found
+            // it behind on is on its way.
+            self.suspects.remove(path);
+            if here == target {
+                self.held(path, sequence);
+                return Ok("unchanged");
             }
             if here == n.data.previous_hash {
                 let bundled = match &target {
@@ -1008,7 +1020,8 @@ impl Applier<'_> {
                         .map(Some),
                 };
                 if let Some(bytes) = bundled {
-                    let written = self.write(path, here.as_deref(), bytes, &chain_id, &carried).await?;
+                    let kept = signed::verified(&carried, t);
+                    let written = self.write(path, here.as_deref(), bytes, &chain_id, &kept).await?;
                     if written {
                         self.held(path, sequence);
                     }
@@ -1055,7 +1068,13 @@ impl Applier<'_> {
         }
         let sequence = serde_json::from_str::<Body>(&record.body)
             .ok()
-            .and_then(|b| b.payload.signed.iter().find(|s| s.origin() == Some(self.spec.peer.as_str())).and_then(SignedChange::sequence))
+            .and_then(|b| {
+                b.payload
+                    .signed
+                    .iter()
+                    .find(|s| s.origin() == Some(self.spec.peer.as_str()) && s.verifies())
+                    .and_then(SignedChange::sequence)
+            })
             .unwrap_or(0);
         self.held(path, sequence);
         Ok(sequence)

@@ -94,7 +94,7 @@ impl SignedChange {
 
     /// Whether the signature is `origin`'s own over this change (the
     /// identity hashes to the origin, the key verifies).
-    fn verifies(&self) -> bool {
+    pub(super) fn verifies(&self) -> bool {
         let (Some(origin), Ok(change), Ok(identity)) = (self.origin(), hash_of(&self.change), hash_of(&self.identity)) else {
             return false;
         };
@@ -119,16 +119,34 @@ where
     let get = |key: &str| included.into_iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v);
     let mut out = Vec::new();
     for hash in hashes.into_iter().take(MAX_CARRIED) {
-        let Some(change) = get(hash).filter(|c| c["type"] == TYPE) else { continue };
+        // Named by its own hash, or it is not the change named.
+        let Some(change) = get(hash).filter(|c| c["type"] == TYPE && hash_of(c).is_ok_and(|h| h == hash)) else { continue };
         let Some(origin) = change["data"]["origin"].as_str() else { continue };
-        let signature = included
+        let Some(identity) = get(origin) else { continue };
+        // Of the signatures claiming to be the origin's, one that verifies
+        // (else the first, which proves a forgery).
+        let candidates = included
             .into_iter()
             .map(|(_, s)| s)
-            .find(|s| s["type"] == "system/signature" && s["data"]["target"] == hash && s["data"]["signer"] == origin);
-        let (Some(signature), Some(identity)) = (signature, get(origin)) else { continue };
-        out.push(SignedChange { change: change.clone(), signature: signature.clone(), identity: identity.clone() });
+            .filter(|s| s["type"] == "system/signature" && s["data"]["target"] == hash && s["data"]["signer"] == origin)
+            .map(|signature| SignedChange { change: change.clone(), signature: signature.clone(), identity: identity.clone() });
+        let mut first = None;
+        for candidate in candidates {
+            if candidate.verifies() {
+                first = Some(candidate);
+                break;
+            }
+            first.get_or_insert(candidate);
+        }
+        out.extend(first);
     }
     out
+}
+
+/// Those of `carried` that verify and sign exactly `t`: what a mirror keeps
+/// with the change it applied, and an engine forwards.
+pub(super) fn verified(carried: &[SignedChange], t: Transition<'_>) -> Vec<SignedChange> {
+    carried.iter().filter(|s| s.signs(t) && s.verifies()).take(MAX_CARRIED).cloned().collect()
 }
 
 /// What the signed changes a notification carries prove about it, for a
@@ -136,7 +154,10 @@ where
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Proof {
     /// `peer` signed exactly this transition, as its change `sequence`.
-    Signed { sequence: u64 },
+    Signed {
+        /// The peer's log id of the change.
+        sequence: u64,
+    },
     /// Nothing signed by `peer`: the transition is the notifier's own (a
     /// relay's re-read, say); the mirror asks the peer itself.
     Unsigned,
@@ -185,6 +206,31 @@ mod tests {
         // Another transition under the same signature is not proven.
         let other = Transition { uri: "feeds/a", hash: Some(H1), previous_hash: None };
         assert_eq!(prove(&back, origin.hash(), other), Proof::Forged);
+    }
+
+    #[test]
+    fn a_bad_signature_next_to_the_good_one_hides_nothing() {
+        let (origin, relay) = (server(1), server(2));
+        let t = Transition { uri: "feeds/a", hash: Some(H2), previous_hash: Some(H1) };
+        let honest = sign(&origin, t, 5).unwrap();
+        let mut included = Map::new();
+        let hash = honest.include(&mut included).unwrap();
+        // A second signature claiming to be the origin's, by the relay.
+        let mut bad = relay.sign(&hash);
+        bad["data"]["signer"] = json!(origin.hash());
+        included.insert(hash_of(&bad).unwrap(), bad);
+        for _ in 0..8 {
+            let back = carried([hash.as_str()], &included);
+            assert_eq!(prove(&back, origin.hash(), t), Proof::Signed { sequence: 5 });
+            assert_eq!(verified(&back, t), vec![honest.clone()]);
+        }
+        // A change under a key that is not its hash is not the change named.
+        let mut renamed = Map::new();
+        for (k, v) in &included {
+            let key = if *k == hash { H1.to_owned() } else { k.clone() };
+            renamed.insert(key, v.clone());
+        }
+        assert!(carried([H1], &renamed).is_empty());
     }
 
     #[test]

@@ -254,6 +254,13 @@ async fn a_relay_can_neither_forge_nor_roll_back(backend: Backend) {
     eventually("the replay is refused", || async { outcome(&mirror, "rollback_refused").await == 1.0 }).await;
     assert!(holds(hash_a.clone()).await, "rolled back to B");
 
+    // The same signed update passed off as a deletion: refused at the
+    // door (a deletion names no entity), nothing changes.
+    let (mut data, included) = received[1].clone();
+    data["event"] = json!("deleted");
+    assert_eq!(evil.deliver(&mirror, 9, data, included).await, 400);
+    assert!(holds(hash_a.clone()).await, "deleted on the word of a relay");
+
     // 2. Bytes the source never wrote, unsigned: not applied; the path is
     // read at the source instead, which holds A.
     let forged = json!({"type": "note", "data": {"n": "forged"}});
