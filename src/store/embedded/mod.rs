@@ -73,6 +73,11 @@ struct Inner {
     dir: PathBuf,
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
+    /// One permit per reader: at most that many reads run at once, each on
+    /// a kept connection and one blocking thread. Beyond them a read waits
+    /// here, holding nothing (a burst of replays, say, would otherwise
+    /// open a connection, a page cache and a thread per read).
+    reading: Arc<tokio::sync::Semaphore>,
     wake: Mutex<Option<Arc<Notify>>>,
     hand_off: Mutex<Option<HandOff>>,
     /// Held for the life of the store: the directory's exclusive lock.
@@ -120,6 +125,7 @@ impl EmbeddedStore {
                 dir: dir.to_path_buf(),
                 writer: Mutex::new(writer),
                 readers: Mutex::new(readers),
+                reading: Arc::new(tokio::sync::Semaphore::new(READERS)),
                 wake: Mutex::new(None),
                 hand_off: Mutex::new(None),
                 _lock: lock_file,
@@ -141,7 +147,10 @@ impl EmbeddedStore {
     /// Runs `f` with a read connection on the blocking pool.
     async fn read<T: Send + 'static>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static) -> Result<T, StoreError> {
         let inner = self.inner.clone();
+        let permit = inner.reading.clone().acquire_owned().await.map_err(|e| StoreError::Other(e.into()))?;
         tokio::task::spawn_blocking(move || {
+            // Released once the read is done, even if its caller went away.
+            let _permit = permit;
             let conn = lock(&inner.readers).pop();
             let conn = match conn {
                 Some(c) => c,
