@@ -1055,8 +1055,7 @@ impl Applier<'_> {
             return Ok(*s);
         }
         let Some(entry) = local else { return Ok(0) };
-        let records = self.mirror.store.read_after(entry.changed_event - 1, 1).await?;
-        let Some(record) = records.first().filter(|r| r.id == entry.changed_event) else { return Ok(0) };
+        let Some(record) = self.writer_of(entry).await? else { return Ok(0) };
         #[derive(Deserialize)]
         struct Body {
             payload: Carried,
@@ -1114,14 +1113,19 @@ impl Applier<'_> {
             return Ok(written.as_deref() == Some(entry.hash.as_str()));
         }
         // Not written since this mirror started: ask the log who did.
-        let records = self.mirror.store.read_after(entry.changed_event - 1, 1).await?;
-        let Some(record) = records.first().filter(|r| r.id == entry.changed_event) else {
+        let Some(record) = self.writer_of(entry).await? else {
             // Pruned: who wrote it is unknown, so it is not overwritten.
             return Ok(false);
         };
         let agent = serde_json::from_str::<Value>(&record.body).ok().map(|b| b["agent"].clone()).unwrap_or(Value::Null);
         let ours = serde_json::to_value(self.agent()).unwrap_or_default();
         Ok(agent == ours)
+    }
+
+    /// The change event that put `entry` there, unless retention pruned it.
+    async fn writer_of(&self, entry: &crate::store::TreeEntry) -> Result<Option<crate::store::Record>, StoreError> {
+        let records = self.mirror.store.read_after(entry.changed_event - 1, 1).await?;
+        Ok(records.into_iter().next().filter(|r| r.id == entry.changed_event))
     }
 
     /// A CAS write of `bytes` (or a deletion) over `here`; `false` if the

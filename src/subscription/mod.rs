@@ -656,20 +656,15 @@ impl Subscriptions {
     /// room: `too_many_subscriptions` at the server's cap, a capacity
     /// redirect (seed 000 §8.3) at the prefix's; `None` when it fits.
     async fn no_room(&self, existing: &[Held], author: &str, pattern: &str) -> Result<Option<Result<Executed, ExecuteError>>, StoreError> {
-        Ok(self.room(existing, author, pattern).await?.err())
-    }
-
-    /// [`Self::no_room`]: `Ok` when it fits, else the answer.
-    async fn room(&self, existing: &[Held], author: &str, pattern: &str) -> Result<Result<(), Result<Executed, ExecuteError>>, StoreError> {
         if existing.len() >= self.max_total {
-            return Ok(Err(Err(ExecuteError::TooManySubscriptions(format!(
+            return Ok(Some(Err(ExecuteError::TooManySubscriptions(format!(
                 "this server keeps at most {} subscriptions; unsubscribe some or use another server",
                 self.max_total
             )))));
         }
         // One subscriber cannot take the server's room from everyone else.
         if existing.iter().filter(|h| h.1.subscriber_identity == author).count() >= self.max_per_identity {
-            return Ok(Err(Err(ExecuteError::TooManySubscriptionsForIdentity(format!(
+            return Ok(Some(Err(ExecuteError::TooManySubscriptionsForIdentity(format!(
                 "this identity keeps at most {} subscriptions here (TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY); unsubscribe some",
                 self.max_per_identity
             )))));
@@ -677,7 +672,7 @@ impl Subscriptions {
         // 3a. Capacity for this prefix.
         let subscribers: Vec<&Subscription> = existing.iter().map(|h| &h.1).filter(|s| s.pattern == pattern).collect();
         if self.max_per_prefix == 0 || (subscribers.len() as u64) < self.max_per_prefix {
-            return Ok(Ok(()));
+            return Ok(None);
         }
         // Offered as relays: only subscribers that really hold a relaying
         // mirror of the prefix (a server receiving the entities into its
@@ -715,7 +710,7 @@ impl Subscriptions {
                 alternatives.push(json!({"peer": peer, "endpoint": endpoint}));
             }
         }
-        Ok(Err(Ok(Executed::Redirect(json!({
+        Ok(Some(Ok(Executed::Redirect(json!({
             "type": "system/subscription/redirect",
             "data": { "reason": "at_capacity", "prefix": pattern, "alternatives": alternatives, "capacity": self.max_per_prefix }
         })))))
