@@ -6,9 +6,13 @@
 //!   it cannot send JSON without one, which this server only grants to
 //!   `TIDINGS_CORS_ORIGINS`): `415 unsupported_media_type`;
 //! - a request whose `Origin` is neither this server's own (the `Host` it
-//!   was sent to) nor listed in `TIDINGS_CORS_ORIGINS` is refused, whatever
-//!   its method (a cross-site WebSocket or `EventSource` carries the
-//!   visitor's cookie): `403 origin_refused`;
+//!   was sent to, over `https` when it arrived over this server's TLS) nor
+//!   listed in `TIDINGS_CORS_ORIGINS` is refused, whatever its method (a
+//!   cross-site WebSocket or `EventSource` carries the visitor's cookie):
+//!   `403 origin_refused`. A page served over plain `http` from the same
+//!   name is another origin: whoever can alter plain traffic could script
+//!   it. On a plain port both schemes pass (TLS may end at a proxy in
+//!   front);
 //! - with auth off, only `Host` names of loopback addresses are served
 //!   (`localhost`, `*.localhost`, `127.0.0.0/8`, `[::1]`): a page whose
 //!   own name was re-bound to `127.0.0.1` (DNS rebinding) is refused with
@@ -18,6 +22,7 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, Method, StatusCode, header};
 
 use super::error::ApiError;
+use crate::server::Connection;
 
 /// The checks, settled once at start-up.
 #[derive(Debug, Clone)]
@@ -53,7 +58,8 @@ impl Guard {
         }
         if let Some(origin) = headers.get(header::ORIGIN) {
             let origin = origin.to_str().unwrap_or("").trim_end_matches('/').to_ascii_lowercase();
-            let own = host.is_some_and(|h| same_authority(&origin, h));
+            let secure = request.extensions().get::<Connection>().is_some_and(Connection::secure);
+            let own = host.is_some_and(|h| same_authority(&origin, h)) && (!secure || origin.starts_with("https://"));
             if !own && !self.any_origin && !self.origins.contains(&origin) {
                 return Some(ApiError::new(
                     StatusCode::FORBIDDEN,

@@ -1,12 +1,25 @@
-//! How long an HTTP/2 connection has had no stream open: each request
-//! holds a guard until its response body is done (a stream's body lives as
-//! long as the stream), and [`Streams::idle_for`] resolves once no guard
-//! has been held for the given time. hyper's HTTP/2 server has no such
-//! deadline of its own; without it a client that sends the preface, or an
-//! unfinished HEADERS frame, holds a connection for as long as it likes.
+//! How long an HTTP/2 connection has had no stream open, and whether one
+//! of its streams has stopped taking bytes.
+//!
+//! Each request holds a guard until its response body is done (a stream's
+//! body lives as long as the stream), and [`Streams::idle_for`] resolves
+//! once no guard has been held for the given time. hyper's HTTP/2 server
+//! has no such deadline of its own; without it a client that sends the
+//! preface, or an unfinished HEADERS frame, holds a connection for as long
+//! as it likes.
+//!
+//! A client can also read its socket and never grant a stream flow-control
+//! window: hyper then holds the stream's next chunk and stops pulling its
+//! body, so neither the socket's write deadline nor the broker (whose kill
+//! reaches only a body that is polled) ever sees it. Each body notes when
+//! it handed hyper a chunk that hyper has not come back for, and
+//! [`Streams::stalled_for`] resolves once one has waited longer than the
+//! write deadline: the connection is then closed, as a plain HTTP/1.1
+//! connection whose client takes no bytes is.
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -23,11 +36,22 @@ pub(super) struct Streams {
     idle_since: Mutex<Instant>,
     /// Woken when the last open stream ends.
     changed: Notify,
+    /// The streams whose last chunk hyper has not come back for, by stream
+    /// number: since when.
+    waiting: Mutex<HashMap<u64, Instant>>,
+    /// The number the next stream gets.
+    next: AtomicU64,
 }
 
 impl Default for Streams {
     fn default() -> Self {
-        Self { open: AtomicUsize::new(0), idle_since: Mutex::new(Instant::now()), changed: Notify::new() }
+        Self {
+            open: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+            changed: Notify::new(),
+            waiting: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
+        }
     }
 }
 
@@ -35,7 +59,29 @@ impl Streams {
     /// A stream opened; it is open until the guard drops.
     pub(super) fn opened(self: &Arc<Self>) -> Guard {
         self.open.fetch_add(1, Ordering::AcqRel);
-        Guard { streams: self.clone() }
+        Guard { streams: self.clone(), number: self.next.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    /// Resolves once a stream has waited longer than `limit` for hyper to
+    /// take its next chunk (checked a few times per `limit`).
+    pub(super) async fn stalled_for(&self, limit: Duration) {
+        let mut tick = tokio::time::interval((limit / 4).max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let oldest = self.waiting.lock().unwrap_or_else(|p| p.into_inner()).values().min().copied();
+            if oldest.is_some_and(|since| since.elapsed() > limit) {
+                return;
+            }
+        }
+    }
+
+    fn waiting(&self, number: u64, since: Option<Instant>) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        match since {
+            Some(since) => waiting.insert(number, since),
+            None => waiting.remove(&number),
+        };
     }
 
     /// Resolves once no stream has been open for `limit`.
@@ -63,10 +109,12 @@ impl Streams {
 #[derive(Debug)]
 pub(super) struct Guard {
     streams: Arc<Streams>,
+    number: u64,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        self.streams.waiting(self.number, None);
         *self.streams.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         if self.streams.open.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.streams.changed.notify_waiters();
@@ -79,11 +127,13 @@ impl Drop for Guard {
 pub(super) struct Tracked {
     body: axum::body::Body,
     guard: Option<Guard>,
+    /// A chunk was handed to hyper and it has not come back since.
+    handed: bool,
 }
 
 impl Tracked {
     pub(super) fn new(body: axum::body::Body, guard: Guard) -> Self {
-        Self { body, guard: Some(guard) }
+        Self { body, guard: Some(guard), handed: false }
     }
 }
 
@@ -93,6 +143,14 @@ impl http_body::Body for Tracked {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
+        let handed = matches!(&polled, Poll::Ready(Some(Ok(frame))) if frame.data_ref().is_some_and(|d| !d.is_empty()));
+        // Each chunk handed restarts the wait; a poll after one ends it.
+        if let Some(guard) = &self.guard
+            && (handed || self.handed)
+        {
+            guard.streams.waiting(guard.number, handed.then(Instant::now));
+        }
+        self.handed = handed;
         if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
             self.guard = None;
         }
@@ -134,5 +192,40 @@ mod tests {
         let ended = Instant::now();
         drop(guard);
         assert_eq!(waiting.await.unwrap() - ended, limit);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stalled_once_a_chunk_waits_longer_than_the_limit() {
+        use http_body_util::BodyExt as _;
+        let streams = Arc::new(Streams::default());
+        let limit = Duration::from_secs(4);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, std::io::Error>>(4);
+        let body = axum::body::Body::new(http_body_util::StreamBody::new(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|f| (f, rx))
+        })));
+        let mut body = Tracked::new(body, streams.opened());
+        let stalled = tokio::spawn({
+            let streams = streams.clone();
+            async move {
+                streams.stalled_for(limit).await;
+                Instant::now()
+            }
+        });
+        // A body that waits for data is not stalled, however long it waits.
+        let taker = tokio::spawn(async move {
+            let frame = body.frame().await.unwrap().unwrap();
+            (body, frame)
+        });
+        tokio::time::sleep(limit * 3).await;
+        assert!(!stalled.is_finished(), "waiting for data is not a stall");
+        tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"chunk")))).await.unwrap();
+        let (mut body, _) = taker.await.unwrap();
+        // A chunk taken and the body polled again within the limit: no stall.
+        tokio::time::sleep(limit / 2).await;
+        tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"next")))).await.unwrap();
+        body.frame().await.unwrap().unwrap();
+        // Then hyper never comes back for more.
+        let handed = Instant::now();
+        assert!(stalled.await.unwrap() - handed > limit);
     }
 }

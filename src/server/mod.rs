@@ -71,6 +71,7 @@ impl HeadRefusal {
 pub struct Connection {
     kill: CancellationToken,
     peer: SocketAddr,
+    secure: bool,
 }
 
 impl Connection {
@@ -82,6 +83,12 @@ impl Connection {
     /// The peer address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// Whether the request arrived over TLS (this server's own; a proxy's
+    /// TLS in front of a plain port is not seen here).
+    pub fn secure(&self) -> bool {
+        self.secure
     }
 }
 
@@ -132,7 +139,7 @@ pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions,
             },
         };
         let _ = stream.set_nodelay(true);
-        let connection = Connection { kill: force.child_token(), peer };
+        let connection = Connection { kill: force.child_token(), peer, secure: options.tls.is_some() };
         let task =
             serve_connection(stream, connection, router.clone(), options.clone(), refusals.clone(), shutdown.clone(), tracker.clone());
         tracker.spawn(task);
@@ -158,7 +165,7 @@ async fn serve_connection(
     let header_timeout = options.header_timeout;
     if let Some(tls) = options.tls.clone() {
         let io = direct::Rewind::new(bytes::Bytes::new(), stream, refusals, options.write_timeout);
-        return Box::pin(serve_tls(io, tls, connection, router, header_timeout, shutdown)).await;
+        return Box::pin(serve_tls(io, tls, connection, router, header_timeout, options.write_timeout, shutdown)).await;
     }
     let first = tokio::select! {
         first = tokio::time::timeout(header_timeout, direct::sniff(&mut stream, options.direct)) => first.unwrap_or(direct::First::Gone),
@@ -188,7 +195,7 @@ async fn serve_connection(
         // clients nothing.
         direct::First::H2c(read) => {
             let io = direct::Rewind::new(read, stream, refusals, options.write_timeout);
-            Box::pin(serve_h2(TokioIo::new(io), connection, router, header_timeout, shutdown)).await
+            Box::pin(serve_h2(TokioIo::new(io), connection, router, header_timeout, options.write_timeout, shutdown)).await
         }
     }
 }
@@ -202,6 +209,7 @@ async fn serve_tls(
     connection: Connection,
     router: Router,
     header_timeout: Duration,
+    write_timeout: Duration,
     shutdown: CancellationToken,
 ) {
     let accept = tokio_rustls::TlsAcceptor::from(tls).accept(io);
@@ -219,7 +227,7 @@ async fn serve_tls(
     // The protocol is what ALPN settled: no bytes are read to guess it
     // (a guess that waits for bytes would be a phase without a deadline).
     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-        serve_h2(TokioIo::new(stream), connection, router, header_timeout, shutdown).await;
+        serve_h2(TokioIo::new(stream), connection, router, header_timeout, write_timeout, shutdown).await;
     } else {
         serve_h1(TokioIo::new(stream), connection, router, header_timeout, shutdown).await;
     }
@@ -233,8 +241,17 @@ async fn serve_tls(
 /// request within `header_timeout` of the connection, and the next one
 /// within `header_timeout` of the last stream's end (a client that sends a
 /// preface, or half a HEADERS frame, and nothing more holds nothing).
-async fn serve_h2<I>(io: I, connection: Connection, router: Router, header_timeout: Duration, shutdown: CancellationToken)
-where
+/// A stream whose chunk hyper holds for longer than `write_timeout` (the
+/// client grants it no flow-control window) closes the connection, as a
+/// plain connection whose client takes no bytes is closed.
+async fn serve_h2<I>(
+    io: I,
+    connection: Connection,
+    router: Router,
+    header_timeout: Duration,
+    write_timeout: Duration,
+    shutdown: CancellationToken,
+) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let kill = connection.kill.clone();
@@ -255,7 +272,15 @@ where
     builder.timer(TokioTimer::new());
     let conn = pin!(builder.serve_connection(io, service));
     let idle = streams.idle_for(header_timeout);
-    drive(conn, |c| c.graceful_shutdown(), &shutdown, &kill, idle, header_timeout).await;
+    let stalled = async {
+        streams.stalled_for(write_timeout).await;
+        metrics::counter!(crate::metrics::CLIENTS_DROPPED, "reason" => "write_stalled").increment(1);
+        tracing::debug!(reason = "write_stalled", "closing an HTTP/2 connection whose client grants a stream no window");
+    };
+    tokio::select! {
+        _ = drive(conn, |c| c.graceful_shutdown(), &shutdown, &kill, idle, header_timeout) => {}
+        _ = stalled => {}
+    }
 }
 
 /// Drives a hyper connection until it ends: on `shutdown` it shuts down

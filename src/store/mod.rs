@@ -431,6 +431,17 @@ pub trait ConsumerStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Forgets a device cursor (a courier lane whose subscription is gone).
     async fn device_forget(&self, owner: &str, device_id: &str) -> Result<(), StoreError>;
+
+    /// A mark kept for `(owner, name)`: a number of another server's log
+    /// (what a mirror took from its peer), if one was ever raised.
+    async fn peer_mark(&self, owner: &str, name: &str) -> Result<Option<i64>, StoreError>;
+
+    /// Raises the mark to at least `at_least` (a monotonic max, not clamped:
+    /// it counts another server's log); returns it.
+    async fn peer_mark_raise(&self, owner: &str, name: &str, at_least: i64, now_ms: i64) -> Result<i64, StoreError>;
+
+    /// Forgets a mark (a mirror that was deleted).
+    async fn peer_mark_forget(&self, owner: &str, name: &str) -> Result<(), StoreError>;
 }
 
 /// The entity tree (compare-and-swap writes that append their change event

@@ -92,6 +92,10 @@ pub(super) const INBOX_PREFIX: &str = "system/inbox/mirror/";
 const CURSOR_OWNER: &str = "tidings:mirror";
 /// Notifications read per step.
 const BATCH: usize = 256;
+/// How far past a sequence it is about to take a mirror raises its stored
+/// mark at once: one store write per this many ids of the peer's log, not
+/// one per change.
+const MARK_AHEAD: u64 = 1_024;
 /// Most paths one mirror remembers for reconciliation.
 const MAX_KNOWN: usize = 100_000;
 /// Most directory listings one discovery at the peer reads.
@@ -367,6 +371,9 @@ impl Mirrors {
             touched: Default::default(),
             upstream: spec.peer.clone(),
             sequences: HashMap::new(),
+            unknown_below: 0,
+            taken: 0,
+            marked: 0,
             suspects: Default::default(),
             distrusted: None,
         };
@@ -596,6 +603,7 @@ impl Mirrors {
                 tracing::warn!(mirror = spec.name, why, "could not cancel the mirror's subscription; its token's expiry ends it");
             }
             let _ = self.store.device_forget(CURSOR_OWNER, &spec.name).await;
+            let _ = self.store.peer_mark_forget(CURSOR_OWNER, &spec.name).await;
             if let Ok(mut states) = self.states.lock() {
                 states.remove(&spec.name);
             }
@@ -863,6 +871,18 @@ struct Applier<'a> {
     /// The sequence of the peer's change this mirror last took at a path
     /// (a cache of what the log says): older signed changes are refused.
     sequences: HashMap<String, u64>,
+    /// A signed change at or below this, for a path whose sequence is not
+    /// known here (not cached, and not kept with the local change that
+    /// wrote it: a deletion, a re-read), may be older than what the path
+    /// holds: it is settled by reading the path at the peer, not applied.
+    /// The stored mark at start (a restart forgets the cache), raised to
+    /// [`Self::taken`] whenever the cache is dropped.
+    unknown_below: u64,
+    /// The highest sequence of the peer's this mirror took.
+    taken: u64,
+    /// The stored mark: every sequence taken, in this run or an earlier
+    /// one, is at or below it (raised before a write takes one).
+    marked: u64,
     /// Paths a reconciliation found behind the peer while a relay held
     /// the subscription: a relay that has still not notified them at the
     /// next reconciliation withheld them.
@@ -910,6 +930,8 @@ impl Applier<'_> {
     /// mirror that never ran); also learns the paths held locally.
     async fn start(&mut self) -> Result<EventId, StoreError> {
         let store = &self.mirror.store;
+        let mark = store.peer_mark(CURSOR_OWNER, &self.spec.name).await?.unwrap_or(0).max(0) as u64;
+        (self.marked, self.unknown_below) = (mark, mark);
         let prefix = literal_prefix(&self.spec.pattern);
         for entry in store.tree_entries_below(&prefix, MAX_KNOWN).await? {
             if self.glob.matches(&entry.path) {
@@ -987,13 +1009,20 @@ impl Applier<'_> {
         let local = self.mirror.store.tree_get(path).await?;
         let here = local.as_ref().map(|e| e.hash.clone());
         let chain_id = n.chain_id.clone().unwrap_or_else(generate_id);
+        let mut proof = proof;
         if let Proof::Signed { sequence } = proof {
-            // Older than what is held: an old lap, or a relay replaying.
-            // Not a notification of the path: a reconciliation still
-            // compares it with the peer.
-            if here != target && sequence <= self.held_sequence(path, local.as_ref()).await? {
-                return Ok("rollback_refused");
+            match self.held_sequence(path, local.as_ref()).await? {
+                // Older than what is held: an old lap, or a relay
+                // replaying. Not a notification of the path: a
+                // reconciliation still compares it with the peer.
+                Some(held) if here != target && sequence <= held => return Ok("rollback_refused"),
+                // Perhaps older than what is held (a deletion taken before
+                // a restart): the peer says what the path holds.
+                None if sequence <= self.unknown_below => proof = Proof::Unsigned,
+                _ => {}
             }
+        }
+        if let Proof::Signed { sequence } = proof {
             if self.known.len() < MAX_KNOWN {
                 self.known.insert(path.to_owned());
             }
@@ -1020,6 +1049,7 @@ impl Applier<'_> {
                         .map(Some),
                 };
                 if let Some(bytes) = bundled {
+                    self.mark(sequence).await?;
                     let kept = signed::verified(&carried, t);
                     let written = self.write(path, here.as_deref(), bytes, &chain_id, &kept).await?;
                     if written {
@@ -1038,10 +1068,24 @@ impl Applier<'_> {
         Ok(if proof == Proof::Unsigned && outcome == "gap_reread" { "unsigned_reread" } else { outcome })
     }
 
+    /// Raises the stored mark before a write takes the peer's change
+    /// `sequence`, so that after a restart no change at or below it is
+    /// applied on its signature alone.
+    async fn mark(&mut self, sequence: u64) -> Result<(), StoreError> {
+        if sequence > self.marked {
+            let ahead = i64::try_from(sequence.saturating_add(MARK_AHEAD)).unwrap_or(i64::MAX);
+            let marked = self.mirror.store.peer_mark_raise(CURSOR_OWNER, &self.spec.name, ahead, now_ms()).await?;
+            self.marked = marked.max(0) as u64;
+        }
+        Ok(())
+    }
+
     /// Records that the peer's change `sequence` is what `path` holds.
     fn held(&mut self, path: &str, sequence: u64) {
+        self.taken = self.taken.max(sequence);
         if self.sequences.len() >= MAX_KNOWN {
             self.sequences.clear();
+            self.unknown_below = self.unknown_below.max(self.taken);
         }
         let held = self.sequences.entry(path.to_owned()).or_default();
         *held = (*held).max(sequence);
@@ -1049,13 +1093,13 @@ impl Applier<'_> {
 
     /// The sequence of the peer's change that `path` holds here: cached,
     /// else read from the signed changes kept with the local change that
-    /// wrote it; 0 when unknown.
-    async fn held_sequence(&mut self, path: &str, local: Option<&crate::store::TreeEntry>) -> Result<u64, StoreError> {
+    /// wrote it; `None` when unknown.
+    async fn held_sequence(&mut self, path: &str, local: Option<&crate::store::TreeEntry>) -> Result<Option<u64>, StoreError> {
         if let Some(s) = self.sequences.get(path) {
-            return Ok(*s);
+            return Ok(Some(*s));
         }
-        let Some(entry) = local else { return Ok(0) };
-        let Some(record) = self.writer_of(entry).await? else { return Ok(0) };
+        let Some(entry) = local else { return Ok(None) };
+        let Some(record) = self.writer_of(entry).await? else { return Ok(None) };
         #[derive(Deserialize)]
         struct Body {
             payload: Carried,
@@ -1065,17 +1109,12 @@ impl Applier<'_> {
             #[serde(default)]
             signed: Vec<SignedChange>,
         }
-        let sequence = serde_json::from_str::<Body>(&record.body)
-            .ok()
-            .and_then(|b| {
-                b.payload
-                    .signed
-                    .iter()
-                    .find(|s| s.origin() == Some(self.spec.peer.as_str()) && s.verifies())
-                    .and_then(SignedChange::sequence)
-            })
-            .unwrap_or(0);
-        self.held(path, sequence);
+        let sequence = serde_json::from_str::<Body>(&record.body).ok().and_then(|b| {
+            b.payload.signed.iter().find(|s| s.origin() == Some(self.spec.peer.as_str()) && s.verifies()).and_then(SignedChange::sequence)
+        });
+        if let Some(sequence) = sequence {
+            self.held(path, sequence);
+        }
         Ok(sequence)
     }
 
@@ -1088,15 +1127,18 @@ impl Applier<'_> {
                 }
                 "stale_rejected"
             }
-            Ok(read) => match self.write(path, here.as_deref(), read.bytes, chain_id, &[]).await? {
-                true => {
-                    if let Some(sequence) = read.sequence {
-                        self.held(path, sequence);
+            Ok(read) => {
+                self.mark(read.sequence.unwrap_or(0)).await?;
+                match self.write(path, here.as_deref(), read.bytes, chain_id, &[]).await? {
+                    true => {
+                        if let Some(sequence) = read.sequence {
+                            self.held(path, sequence);
+                        }
+                        "gap_reread"
                     }
-                    "gap_reread"
+                    false => "stale_rejected",
                 }
-                false => "stale_rejected",
-            },
+            }
             Err(why) => {
                 tracing::debug!(mirror = self.spec.name, why, "re-read failed; reconciliation retries it");
                 self.mirror.set_state(&self.spec.name, |s| s.last_error = Some(why));
@@ -1248,6 +1290,7 @@ impl Applier<'_> {
                 self.held(&path, sequence);
             }
             if read.bytes.as_ref().map(|(_, h)| h) != here.as_ref()
+                && self.mark(read.sequence.unwrap_or(0)).await.is_ok()
                 && let Ok(true) = self.write(&path, here.as_deref(), read.bytes, &generate_id(), &[]).await
             {
                 self.count("gap_reread");

@@ -22,6 +22,8 @@ both_stores!(
     peers_and_mirrors_show_only_to_admins,
     an_expired_token_ends_what_it_opened,
     connections_that_say_nothing_are_closed,
+    http2_streams_that_grant_no_window_are_closed,
+    a_page_over_plain_http_is_not_the_tls_servers_origin,
     one_subscriber_cannot_take_every_subscription,
     one_clients_rule_cannot_spend_without_bound,
     one_identity_cannot_create_consumers_without_bound,
@@ -493,6 +495,94 @@ async fn connections_that_say_nothing_are_closed(backend: Backend) {
         let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), r.chunk()).await.expect("the event").unwrap().expect("open");
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
+}
+
+/// Item 6, the HTTP/2 flow-control side: a client that reads its socket
+/// but never grants a stream window, over a replay of large events (no
+/// live queue, so no eviction, and the socket takes every byte it is
+/// sent, so no write deadline), is closed once the stream's chunk has
+/// waited longer than the write deadline; the stream's place is free
+/// again.
+async fn http2_streams_that_grant_no_window_are_closed(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.max_streams = 1;
+        s.slow_client_timeout = std::time::Duration::from_millis(600);
+        s.eviction_grace = std::time::Duration::from_millis(400);
+    })
+    .await;
+    let big = "x".repeat(8 * 1024);
+    for n in 0..20 {
+        app.publish("probe.big", json!({"n": n, "pad": big})).await;
+    }
+    let socket = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://")).await.unwrap();
+    // A 1 KiB window for the stream and the connection, never released.
+    let (mut client, connection) = h2::client::Builder::new()
+        .initial_window_size(1024)
+        .initial_connection_window_size(1024)
+        .handshake::<_, bytes::Bytes>(socket)
+        .await
+        .unwrap();
+    let closed = tokio::spawn(connection);
+    let request = axum::http::Request::get(app.url("/v1/stream?types=probe.*&since=0")).body(()).unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(10), response).await.expect("the head").unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), body.data()).await.expect("the first bytes");
+    assert!(first.is_some_and(|d| d.is_ok()), "the stream starts");
+    // Its one place is taken while the stream lives.
+    assert_eq!(app.http.get(app.url("/v1/stream?types=probe.*")).send().await.unwrap().status(), 503);
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), closed).await;
+    assert!(ended.is_ok(), "a stream that is granted no window held its connection");
+    crate::mirrors::eventually("the stream's place is free again", || async {
+        app.http.get(app.url("/v1/stream?types=probe.*")).send().await.unwrap().status() == 200
+    })
+    .await;
+    let metrics = app.http.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("tidings_clients_dropped_total{") && l.contains("reason=\"write_stalled\"")),
+        "counted as a stalled write"
+    );
+}
+
+/// Item 1, the scheme: on this server's TLS port, a page served over plain
+/// `http` from the same name and port is another origin (whoever can alter
+/// plain traffic could script it) and is refused; `https` is the server's
+/// own. On a plain port, an `https` origin of the same name passes (TLS may
+/// end at a proxy in front).
+async fn a_page_over_plain_http_is_not_the_tls_servers_origin(backend: Backend) {
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key) = crate::tls::certificate(certs.path());
+    let pem = std::fs::read(&cert).unwrap();
+    let tls = spawn_app_with(backend, |s| {
+        s.tls_cert_file = Some(cert.clone().into());
+        s.tls_key_file = Some(key.into());
+    })
+    .await;
+    let https = reqwest::Client::builder().add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap()).build().unwrap();
+    let authority = tls.base.trim_start_matches("http://").to_owned();
+    let publish = |client: &reqwest::Client, base: String, origin: String| {
+        let request =
+            client.post(format!("{base}/v1/events")).header("origin", origin).json(&json!({"event_type": "probe.origin", "payload": {}}));
+        async move {
+            let r = request.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap()["error"].as_str().map(str::to_owned))
+        }
+    };
+    let base = format!("https://{authority}");
+    assert_eq!(publish(&https, base.clone(), format!("http://{authority}")).await, (403, Some("origin_refused".to_owned())));
+    assert_eq!(tls_events(&https, &base).await, 0, "a refusal stores nothing");
+    assert_eq!(publish(&https, base.clone(), format!("https://{authority}")).await.0, 201);
+    let plain = spawn_app(backend).await;
+    let authority = plain.base.trim_start_matches("http://").to_owned();
+    assert_eq!(publish(&plain.http, plain.base.clone(), format!("https://{authority}")).await.0, 201);
+    assert_eq!(publish(&plain.http, plain.base.clone(), format!("http://{authority}")).await.0, 201);
+}
+
+/// How many `probe.origin` events the server at `base` holds.
+async fn tls_events(http: &reqwest::Client, base: &str) -> usize {
+    let page: Value = http.get(format!("{base}/v1/poll?types=probe.origin&since=0")).send().await.unwrap().json().await.unwrap();
+    page["events"].as_array().unwrap().len()
 }
 
 /// Item 9: one subscriber identity keeps at most

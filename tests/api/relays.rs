@@ -22,6 +22,7 @@ both_stores!(
     a_notification_carries_the_source_signature,
     a_relay_forwards_the_origin_signature_unchanged,
     a_relay_can_neither_forge_nor_roll_back,
+    a_relay_cannot_roll_back_a_restarted_mirror,
     a_withholding_relay_is_detected_and_left,
 );
 
@@ -306,6 +307,43 @@ async fn a_relay_can_neither_forge_nor_roll_back(backend: Backend) {
     assert_eq!(evil.deliver(&mirror, 13, data, included).await, 200);
     eventually("later deliveries of the relay are ignored", || async { outcome(&mirror, "foreign_ignored").await > ignored }).await;
     assert!(holds(hash_a).await);
+}
+
+/// After a restart the mirror no longer holds in memory which of the
+/// source's changes each path last took, and a deletion leaves nothing in
+/// the tree to read it from: a relay that replays the source's own signed
+/// creation of a path deleted since must not bring it back. The mirror
+/// keeps a mark of the source's log across restarts; a signed change at
+/// or below it whose path it knows nothing of is settled by reading the
+/// path at the source.
+async fn a_relay_cannot_roll_back_a_restarted_mirror(backend: Backend) {
+    let (source, evil, mut mirror) = attacked(backend, &[]).await;
+    source.put(PATH, json!({"n": "secret, then withdrawn"})).await;
+    let r = source.http.delete(format!("{}/v1/tree/{PATH}", source.base())).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let received = evil.received(2).await;
+    assert_eq!(received[1].0["event"], "deleted");
+    for (seq, (data, included)) in received.iter().enumerate() {
+        assert_eq!(evil.deliver(&mirror, seq as i64 + 1, data.clone(), included.clone()).await, 200);
+    }
+    eventually("the mirror applies the creation and the deletion", || async { outcome(&mirror, "applied").await == 2.0 }).await;
+    assert_eq!(entity(&mirror).await, None);
+
+    mirror.kill().await;
+    evil.state.lock().unwrap().token = None;
+    mirror.restart().await;
+    eventually("the restarted mirror is redirected to the relay again", || async {
+        mirror_state(&mirror, "feeds").await["upstream"] == evil.peer.hash.as_str() && evil.state.lock().unwrap().token.is_some()
+    })
+    .await;
+    // The replay: the source's signed creation, faithfully forwarded.
+    let (data, included) = received[0].clone();
+    assert_eq!(evil.deliver(&mirror, 100, data, included).await, 200);
+    eventually("the replay is settled", || async { outcome(&mirror, "applied").await + outcome(&mirror, "stale_rejected").await >= 1.0 })
+        .await;
+    assert_eq!(outcome(&mirror, "stale_rejected").await, 1.0, "read at the source, which holds nothing there");
+    assert_eq!(entity(&mirror).await, None, "the relay brought a deleted entity back");
+    assert_eq!(outcome(&mirror, "applied").await, 0.0);
 }
 
 async fn a_withholding_relay_is_detected_and_left(backend: Backend) {

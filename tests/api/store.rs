@@ -41,6 +41,7 @@ every_store!(
     readers_never_see_an_id_appear_below_one_seen,
     consumer_cursor_rules,
     consumer_ownership_and_expiry,
+    peer_marks_only_rise_and_count_another_log,
     tree_compare_and_swap,
     content_store_is_idempotent,
     engine_cursor_is_compare_and_set,
@@ -208,6 +209,20 @@ async fn consumer_cursor_rules(store: Arc<dyn Store>) {
     }
     let list = store.consumer_list(ALICE).await.unwrap();
     assert_eq!(list.iter().map(|c| (c.id.as_str(), c.cursor)).collect::<Vec<_>>(), vec![("c1", 10), ("c2", 10)]);
+}
+
+/// A mirror's mark of its peer's log: a monotonic max, not clamped to this
+/// store's head, per (owner, name), forgotten on request.
+async fn peer_marks_only_rise_and_count_another_log(store: Arc<dyn Store>) {
+    store.append((0..3).map(record).collect()).await.unwrap();
+    assert_eq!(store.peer_mark("tidings:mirror", "feeds").await.unwrap(), None);
+    assert_eq!(store.peer_mark_raise("tidings:mirror", "feeds", 5_000, now_ms()).await.unwrap(), 5_000, "past this store's head");
+    assert_eq!(store.peer_mark_raise("tidings:mirror", "feeds", 40, now_ms()).await.unwrap(), 5_000, "never lowered");
+    assert_eq!(store.peer_mark_raise("tidings:mirror", "other", 7, now_ms()).await.unwrap(), 7);
+    assert_eq!(store.peer_mark("tidings:mirror", "feeds").await.unwrap(), Some(5_000));
+    store.peer_mark_forget("tidings:mirror", "feeds").await.unwrap();
+    assert_eq!(store.peer_mark("tidings:mirror", "feeds").await.unwrap(), None);
+    assert_eq!(store.peer_mark("tidings:mirror", "other").await.unwrap(), Some(7));
 }
 
 async fn consumer_ownership_and_expiry(store: Arc<dyn Store>) {

@@ -54,6 +54,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (8, "received", include_str!("../../../migrations/embedded/0008_received.sql")),
     (9, "consumer_scope", include_str!("../../../migrations/embedded/0009_consumer_scope.sql")),
     (10, "tree_version", include_str!("../../../migrations/embedded/0010_tree_version.sql")),
+    (11, "peer_marks", include_str!("../../../migrations/embedded/0011_peer_marks.sql")),
 ];
 
 /// Read connections kept open. A constant: SQLite readers in WAL mode run

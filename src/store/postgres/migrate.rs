@@ -17,6 +17,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (8, "received", include_str!("../../../migrations/postgres/0008_received.sql")),
     (9, "consumer_scope", include_str!("../../../migrations/postgres/0009_consumer_scope.sql")),
     (10, "tree_version", include_str!("../../../migrations/postgres/0010_tree_version.sql")),
+    (11, "peer_marks", include_str!("../../../migrations/postgres/0011_peer_marks.sql")),
 ];
 
 impl PostgresStore {
