@@ -6,6 +6,9 @@
 # pg_ctl command line for that cluster: "$PG_CTL stop", "$PG_CTL start").
 # start_pg_named NAME [settings...] starts one more cluster and sets
 # PG_URL_<NAME> and PG_CTL_<NAME>.
+# start_standby NAME PORT starts a hot standby of the cluster on PORT
+# (pg_basebackup -R: streaming replication) and sets PG_URL_<NAME> and
+# PG_CTL_<NAME>.
 
 find_pg_bin() {
   local d
@@ -63,12 +66,29 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# start_on DIR PORT: starts the cluster in DIR on PORT; if it cannot start
+# (the port was taken meanwhile, say), tries again on other ports. Sets
+# CLUSTER_PORT to the port it listens on.
+start_on() {
+  local dir=$1 port=$2 attempt
+  for attempt in 1 2 3; do
+    echo "port = $port" >>"$dir/postgresql.conf"   # the last setting wins
+    if "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$dir" -l "$dir.log" -w start >/dev/null; then
+      CLUSTER_PORT=$port
+      return 0
+    fi
+    echo "scripts: PostgreSQL in $dir did not start on port $port (attempt $attempt); its log:" >&2
+    tail -n 20 "$dir.log" >&2
+    port=$(free_port)
+  done
+  exit 1
+}
+
 # pg_cluster DIR PORT [settings...]: initdb with every setting written into
 # postgresql.conf (so a plain "pg_ctl start" restarts it the same way), then
-# start it. If it cannot start (the port was taken meanwhile, say), it tries
-# again on other ports. Sets CLUSTER_PORT to the port it listens on.
+# start it (start_on).
 pg_cluster() {
-  local dir=$1 port=$2 o attempt
+  local dir=$1 port=$2 o
   shift 2
   "${RUNAS[@]}" "$PGBIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >/dev/null
   {
@@ -77,17 +97,7 @@ pg_cluster() {
     echo "max_connections = 400"
     for o in "$@"; do echo "$o"; done
   } >>"$dir/postgresql.conf"
-  for attempt in 1 2 3; do
-    echo "port = $port" >>"$dir/postgresql.conf"   # the last setting wins
-    if "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$dir" -l "$dir.log" -w start >/dev/null; then
-      CLUSTER_PORT=$port
-      return 0
-    fi
-    echo "scripts: PostgreSQL did not start on port $port (attempt $attempt); its log:" >&2
-    tail -n 20 "$dir.log" >&2
-    port=$(free_port)
-  done
-  exit 1
+  start_on "$dir" "$port"
 }
 
 start_pg() {
@@ -107,3 +117,10 @@ start_pg_named() {
   printf -v "PG_CTL_$name" '%s' "${RUNAS[*]} $PGBIN/pg_ctl -D $TMP/$name -l $TMP/$name.log -w"
 }
 
+start_standby() {
+  local name=$1 primary=$2 dir=$TMP/$1
+  "${RUNAS[@]}" "$PGBIN/pg_basebackup" -h 127.0.0.1 -p "$primary" -U postgres -D "$dir" -R -X stream >/dev/null
+  start_on "$dir" "$(free_port)"
+  printf -v "PG_URL_$name" '%s' "postgres://postgres@127.0.0.1:$CLUSTER_PORT/postgres"
+  printf -v "PG_CTL_$name" '%s' "${RUNAS[*]} $PGBIN/pg_ctl -D $dir -l $dir.log -w"
+}

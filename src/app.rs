@@ -37,6 +37,10 @@ pub struct Application {
     consumer_ttl: std::time::Duration,
     background: Background,
     shutdown: CancellationToken,
+    /// Cancelled when a drain begins.
+    draining: CancellationToken,
+    /// `TIDINGS_DRAIN_DELAY` and `TIDINGS_DRAIN`.
+    drain: (std::time::Duration, std::time::Duration),
 }
 
 /// The pace of the background tasks.
@@ -57,7 +61,16 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
     }
     Ok(match &settings.database_url {
         Some(url) => Arc::new(
-            PostgresStore::connect(url, PostgresOptions { pool_size: settings.db_pool, acquire_timeout: settings.db_timeout }).await?,
+            PostgresStore::connect(
+                url,
+                PostgresOptions {
+                    pool_size: settings.db_pool,
+                    acquire_timeout: settings.db_timeout,
+                    replica_urls: settings.replica_urls.clone(),
+                    replica_max_lag: settings.replica_max_lag,
+                },
+            )
+            .await?,
         ),
         None => Arc::new(EmbeddedStore::open(&settings.data_dir).await?),
     })
@@ -174,6 +187,8 @@ impl Application {
             },
         );
         let shutdown = CancellationToken::new();
+        let draining = CancellationToken::new();
+        let drain = (settings.drain_delay, settings.drain);
         let listener = TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
         let addr = listener.local_addr()?;
         // What peers are told to reach this server at.
@@ -242,6 +257,7 @@ impl Application {
             server,
             subscriptions: subscriptions.clone(),
             shutdown: shutdown.clone(),
+            draining: draining.clone(),
         });
         seed_peers(&core).await?;
         let state = AppState::new(core, auth, metrics);
@@ -257,7 +273,21 @@ impl Application {
             consumer_ttl,
             background,
             shutdown,
+            draining,
+            drain,
         })
+    }
+
+    /// What ends this server gracefully, for a rolling restart
+    /// ([`Drainer::drain`]); keep it before [`Self::run_until_stopped`].
+    pub fn drainer(&self) -> Drainer {
+        Drainer {
+            draining: self.draining.clone(),
+            shutdown: self.shutdown.clone(),
+            broker: self.broker.clone(),
+            delay: self.drain.0,
+            window: self.drain.1,
+        }
     }
 
     /// The bound address (the port is real even when `:0` was asked for).
@@ -270,7 +300,8 @@ impl Application {
         self.store.clone()
     }
 
-    /// Cancelling this token starts a graceful shutdown.
+    /// Cancelling this token starts a graceful shutdown (at once: a
+    /// rolling restart drains first, [`Self::drainer`]).
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
     }
@@ -299,5 +330,41 @@ impl Application {
         let _ = tokio::join!(listener_task, broker_task, retention_task, expiry_task, probe_task, engine_task);
         tracing::info!("tidings stopped");
         Ok(())
+    }
+}
+
+/// A rolling restart's way out (DESIGN "Scaling out"): `/health/ready`
+/// answers `503` at once; connections are still served for
+/// `TIDINGS_DRAIN_DELAY`, long enough for load balancers to notice; then the
+/// open streams are ended spread over `TIDINGS_DRAIN` (each with a jittered
+/// `retry:`, or WebSocket close 1001), so their reconnections reach the
+/// other processes spread over the window; then the graceful shutdown
+/// begins: no new connections, in-flight requests (publishes) finish.
+#[derive(Debug, Clone)]
+pub struct Drainer {
+    draining: CancellationToken,
+    shutdown: CancellationToken,
+    broker: Broker,
+    delay: std::time::Duration,
+    window: std::time::Duration,
+}
+
+impl Drainer {
+    /// Drains, then starts the shutdown; returns when the shutdown began.
+    /// Cancelling the shutdown token meanwhile (a second signal) cuts it
+    /// short.
+    pub async fn drain(self) {
+        self.draining.cancel();
+        tracing::info!(delay = ?self.delay, window = ?self.window, "draining: /health/ready answers 503");
+        tokio::select! {
+            _ = self.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(self.delay) => {}
+        }
+        tracing::info!(streams = self.broker.client_count(), "draining: ending open streams over the drain window");
+        tokio::select! {
+            _ = self.shutdown.cancelled() => return,
+            _ = self.broker.drain(self.window) => {}
+        }
+        self.shutdown.cancel();
     }
 }

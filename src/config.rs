@@ -237,6 +237,16 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_DB_POOL", default_value_t = 16)]
     pub db_pool: usize,
 
+    /// Hot standbys of the PostgreSQL primary (comma list of URLs): history
+    /// (catch-up, polls, `sync.delta`) is read there as far as a standby
+    /// holds it, the rest on the primary.
+    #[arg(long, env = "TIDINGS_REPLICA_URLS", value_delimiter = ',', num_args = 0..)]
+    pub replica_urls: Vec<String>,
+
+    /// A standby further behind the primary than this is skipped.
+    #[arg(long, env = "TIDINGS_REPLICA_MAX_LAG", default_value = "5s", value_parser = duration)]
+    pub replica_max_lag: Duration,
+
     /// Longest wait for a database connection before answering 503.
     #[arg(long, env = "TIDINGS_DB_TIMEOUT", default_value = "2s", value_parser = duration)]
     pub db_timeout: Duration,
@@ -272,6 +282,16 @@ pub struct Settings {
     /// Longest a client may take to send a request body (beyond: 408 body_timeout, connection closed).
     #[arg(long, env = "TIDINGS_BODY_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub body_timeout: Duration,
+
+    /// After SIGTERM, how long connections are still served as usual while
+    /// `/health/ready` answers 503 (for load balancers to notice).
+    #[arg(long, env = "TIDINGS_DRAIN_DELAY", default_value = "5s", value_parser = duration)]
+    pub drain_delay: Duration,
+
+    /// Then, the window over which open streams are ended, spread (each
+    /// with a jittered retry), before the graceful shutdown.
+    #[arg(long, env = "TIDINGS_DRAIN", default_value = "10s", value_parser = duration)]
+    pub drain: Duration,
 
     /// Deadline for a graceful shutdown; connections still open then are closed.
     #[arg(long, env = "TIDINGS_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = duration)]

@@ -56,9 +56,17 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(settings) => {
             init_logs(settings.log_format);
             let app = Application::build(settings).await?;
-            let shutdown = app.shutdown_token();
+            let (shutdown, drainer) = (app.shutdown_token(), app.drainer());
+            // SIGTERM (what an orchestrator sends) drains, for a rolling
+            // restart; Ctrl-C, or a second signal, shuts down at once.
             tokio::spawn(async move {
-                wait_for_signal().await;
+                if wait_for_signal().await == Signal::Terminate {
+                    tracing::info!("draining, then shutting down (signal again to shut down at once)");
+                    tokio::select! {
+                        _ = drainer.drain() => return,
+                        _ = wait_for_signal() => {}
+                    }
+                }
                 tracing::info!("shutting down");
                 shutdown.cancel();
             });
@@ -106,11 +114,20 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn wait_for_signal() {
+/// The signals that end the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    /// SIGTERM.
+    Terminate,
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+}
+
+async fn wait_for_signal() -> Signal {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
     tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => Signal::Terminate,
+        _ = tokio::signal::ctrl_c() => Signal::Interrupt,
     }
 }

@@ -42,6 +42,13 @@ pub const CONSUMER_LAG: &str = "tidings_consumer_lag_events";
 pub const DATABASE_UP: &str = "tidings_database_up";
 /// 1 while the wake-up listener (LISTEN) is connected.
 pub const LISTENER_UP: &str = "tidings_listener_up";
+/// History reads (catch-up, polls), by the server that answered them
+/// (`primary`, `replica`).
+pub const HISTORY_READS: &str = "tidings_history_reads_total";
+/// 1 while a hot standby serves history, by standby.
+pub const REPLICA_UP: &str = "tidings_replica_up";
+/// How far a hot standby is behind the primary, by standby.
+pub const REPLICA_LAG: &str = "tidings_replica_lag_seconds";
 /// Replay gaps announced to clients.
 pub const REPLAY_GAPS: &str = "tidings_replay_gaps_total";
 /// Payload-rule evaluations stopped by `TIDINGS_RULE_BUDGET` (the event did not match).
@@ -153,6 +160,13 @@ fn describe() {
     describe_counter!(POLL_REQUESTS, Unit::Count, "Poll requests.");
     describe_gauge!(DATABASE_UP, Unit::Count, "1 while the store answers, 0 while it does not.");
     describe_gauge!(LISTENER_UP, Unit::Count, "1 while the LISTEN connection (or the embedded wake-up) is up.");
+    describe_counter!(HISTORY_READS, Unit::Count, "History reads (catch-up, polls), by the server that answered: primary or replica.");
+    describe_gauge!(REPLICA_UP, Unit::Count, "1 while a hot standby serves history (TIDINGS_REPLICA_URLS), by standby.");
+    describe_gauge!(
+        REPLICA_LAG,
+        Unit::Seconds,
+        "Time since a hot standby that is behind the primary replayed a commit; 0 when it holds the head."
+    );
     describe_histogram!(CONSUMER_LAG, Unit::Count, "Durable consumers' events behind the head, sampled by each expiry sweep.");
     describe_counter!(SUBSCRIPTION_NOTIFICATIONS, Unit::Count, "Tree changes matched by a path subscription, by outcome.");
     describe_gauge!(SUBSCRIPTIONS, Unit::Count, "Path subscriptions in the leading engine's index (0 on other processes).");
@@ -190,6 +204,9 @@ fn describe() {
     counter!(POLL_REQUESTS).increment(0);
     gauge!(DATABASE_UP).set(1.0);
     gauge!(LISTENER_UP).set(0.0);
+    for target in ["primary", "replica"] {
+        counter!(HISTORY_READS, "target" => target).increment(0);
+    }
     for outcome in NOTIFICATION_OUTCOMES {
         counter!(SUBSCRIPTION_NOTIFICATIONS, "outcome" => *outcome).increment(0);
     }

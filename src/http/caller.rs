@@ -1,8 +1,8 @@
 //! The caller of a request, as an axum extractor: the verified identity from
 //! a bearer token, or the local identity when authentication is off. Also
 //! the query extractor whose refusals are JSON like every other. Every
-//! handler that needs a caller takes [`Caller`]; `/health`, `/health/deep`
-//! and `/metrics` do not, so they never require a token.
+//! handler that needs a caller takes [`Caller`]; `/health`, `/health/ready`,
+//! `/health/deep` and `/metrics` do not, so they never require a token.
 
 use axum::extract::FromRequestParts;
 use axum::http::header;

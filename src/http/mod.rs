@@ -148,6 +148,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(ops::registry))
         .routes(routes!(ops::health))
         .routes(routes!(ops::health_deep))
+        .routes(routes!(ops::health_ready))
         .routes(routes!(ops::metrics))
         .routes(routes!(openapi::document))
         .routes(routes!(identity::get))

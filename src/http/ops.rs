@@ -58,7 +58,7 @@ pub(crate) async fn health() -> Json<Value> {
     path = "/health/deep",
     tag = "operations",
     responses(
-        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
+        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads} (null without TIDINGS_REPLICA_URLS), uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
         (status = 503, description = "The same document while the database is down", body = Object),
     )
 )]
@@ -85,6 +85,10 @@ pub(crate) async fn health_deep(
         "history_from": floor.map(|f| f + 1),
         "broker_position": app.broker().position(),
         "listener": { "state": listener, "reconnects": reconnects },
+        "replicas": store.replicas().map(|(standbys, primary_reads)| json!({
+            "standbys": standbys,
+            "primary_history_reads": primary_reads,
+        })),
         "uptime_seconds": app.inner.started.elapsed().as_secs(),
         "peers": peers,
         "mirrors": if admin { app.core().subscriptions().mirrors() } else { Value::Null },
@@ -96,6 +100,28 @@ pub(crate) async fn health_deep(
     });
     let status = if up { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
+}
+
+/// Readiness, for load balancers and Kubernetes: `200` while this process
+/// takes new clients, `503` from the moment a drain begins (SIGTERM), while
+/// it still serves the ones it has (DESIGN "Scaling out"). The database is
+/// not part of it: during an outage every process is equally unable, and
+/// streams stay open on heartbeats.
+#[utoipa::path(
+    get,
+    path = "/health/ready",
+    tag = "operations",
+    responses(
+        (status = 200, description = "`{status: \"ready\"}`", body = Object),
+        (status = 503, description = "`{status: \"draining\"}`: the process is on its way out", body = Object),
+    )
+)]
+pub(crate) async fn health_ready(State(app): State<AppState>) -> Response {
+    if app.core().draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "draining"}))).into_response()
+    } else {
+        (StatusCode::OK, Json(json!({"status": "ready"}))).into_response()
+    }
 }
 
 /// Prometheus exposition.

@@ -56,6 +56,7 @@ struct Inner {
     server: Arc<ServerIdentity>,
     subscriptions: Arc<Subscriptions>,
     shutdown: CancellationToken,
+    draining: CancellationToken,
 }
 
 /// What the core is built from (the composition root fills it).
@@ -75,13 +76,15 @@ pub struct CoreParts {
     pub subscriptions: Arc<Subscriptions>,
     /// Cancelled on shutdown: sessions end on it.
     pub shutdown: CancellationToken,
+    /// Cancelled when a drain begins (`/health/ready` answers `503`).
+    pub draining: CancellationToken,
 }
 
 impl Core {
     /// Bundles the handles and starts the group committers of publishes
     /// and tree writes (so it is called inside the runtime).
     pub fn new(parts: CoreParts) -> Self {
-        let CoreParts { settings, store, broker, registry, server, subscriptions, shutdown } = parts;
+        let CoreParts { settings, store, broker, registry, server, subscriptions, shutdown, draining } = parts;
         let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
         let group = crate::store::group::GroupSettings {
             max_events: settings.publish_group_events as usize,
@@ -91,7 +94,19 @@ impl Core {
         // Tree writes are grouped within the same bounds.
         let tree_writer = crate::store::group::GroupCommit::start(store.clone(), group);
         Self {
-            inner: Arc::new(Inner { settings, store, appender, tree_writer, broker, registry, limits, server, subscriptions, shutdown }),
+            inner: Arc::new(Inner {
+                settings,
+                store,
+                appender,
+                tree_writer,
+                broker,
+                registry,
+                limits,
+                server,
+                subscriptions,
+                shutdown,
+                draining,
+            }),
         }
     }
 
@@ -143,6 +158,11 @@ impl Core {
     /// Cancelled when the server shuts down.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.inner.shutdown.clone()
+    }
+
+    /// Whether a drain has begun (the process is on its way out).
+    pub fn draining(&self) -> bool {
+        self.inner.draining.is_cancelled()
     }
 
     /// The filter limits from the settings.

@@ -466,7 +466,7 @@ impl Session {
         }
         let page = tokio::select! {
             _ = self.shutdown.cancelled() => return Some(self.end(End::Shutdown)),
-            page = self.store().read_after(self.cursor, limit) => page,
+            page = self.store().read_history(self.cursor, limit) => page,
         };
         let rows = match page {
             Ok(rows) => rows,

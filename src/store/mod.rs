@@ -44,6 +44,26 @@ impl NewRecord {
     }
 }
 
+/// One standby as `/health/deep` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplicaStatus {
+    /// `host:port/dbname`.
+    pub replica: String,
+    /// Whether reads go to it now.
+    pub usable: bool,
+    /// Whether it answered the last probe.
+    pub up: bool,
+    /// Ids it is behind the primary's head.
+    pub lag_events: i64,
+    /// Milliseconds since it replayed a commit, while behind.
+    pub lag_ms: i64,
+    /// History reads it answered.
+    pub reads: u64,
+    /// Why it is not usable, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
 /// One stored record.
 #[derive(Debug, Clone)]
 pub struct Record {
@@ -357,6 +377,20 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
 
     /// Up to `limit` records with `id > after`, ascending.
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError>;
+
+    /// The same read, of history the caller knows to be committed (every
+    /// id up to `after + limit` exists or was pruned): a catch-up, a poll.
+    /// The PostgreSQL store serves it from a hot standby as far as one
+    /// holds it (`TIDINGS_REPLICA_URLS`), the rest from the primary.
+    async fn read_history(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.read_after(after, limit).await
+    }
+
+    /// The hot standbys serving history, and how many history reads the
+    /// primary answered; `None` without standbys.
+    fn replicas(&self) -> Option<(Vec<ReplicaStatus>, u64)> {
+        None
+    }
 
     /// The highest committed id (0 when empty).
     async fn head(&self) -> Result<EventId, StoreError>;

@@ -314,6 +314,10 @@ pub(crate) fn process_command(envs: &[(&str, String)], port: u16) -> tokio::proc
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("TIDINGS_LISTEN", format!("127.0.0.1:{port}"))
         .env("TIDINGS_REGISTRY", concat!(env!("CARGO_MANIFEST_DIR"), "/registry"))
+        // SIGTERM stops a test's server at once unless a test asks for a
+        // drain (the rolling-restart tests set their own).
+        .env("TIDINGS_DRAIN_DELAY", "0s")
+        .env("TIDINGS_DRAIN", "0s")
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

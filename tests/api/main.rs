@@ -22,6 +22,8 @@ mod poll;
 mod postgres;
 mod publish;
 mod relays;
+mod replicas;
+mod rolling;
 mod scripts;
 mod security;
 mod store;

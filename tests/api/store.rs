@@ -50,7 +50,12 @@ every_store!(
 
 async fn postgres_store() -> Arc<dyn Store> {
     let (url, _) = crate::helpers::fresh_database().await;
-    let options = PostgresOptions { pool_size: 8, acquire_timeout: Duration::from_secs(5) };
+    let options = PostgresOptions {
+        pool_size: 8,
+        acquire_timeout: Duration::from_secs(5),
+        replica_urls: Vec::new(),
+        replica_max_lag: Duration::ZERO,
+    };
     Arc::new(PostgresStore::connect(&url, options).await.expect("connecting the test database"))
 }
 

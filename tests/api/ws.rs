@@ -42,7 +42,7 @@ impl Key {
     }
 
     /// `origin_proof` for `method` and `body` on the connection with `nonce`.
-    fn proof(&self, method: &str, body: &Value, nonce: &str) -> Value {
+    pub(crate) fn proof(&self, method: &str, body: &Value, nonce: &str) -> Value {
         let target = tidings::service::device::proof_target(method, body, nonce);
         let signature = base64::engine::general_purpose::STANDARD.encode(self.key.sign(target.as_bytes()).to_bytes());
         json!({"identity": self.entity, "signature": signature})

@@ -55,6 +55,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (9, "consumer_scope", include_str!("../../../migrations/embedded/0009_consumer_scope.sql")),
     (10, "tree_version", include_str!("../../../migrations/embedded/0010_tree_version.sql")),
     (11, "peer_marks", include_str!("../../../migrations/embedded/0011_peer_marks.sql")),
+    (12, "instance", include_str!("../../../migrations/embedded/0012_instance.sql")),
 ];
 
 /// Read connections kept open. A constant: SQLite readers in WAL mode run

@@ -72,6 +72,18 @@ impl EventLog for PostgresStore {
         Ok(rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect())
     }
 
+    async fn read_history(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
+        if !self.replicas.any() {
+            metrics::counter!(crate::metrics::HISTORY_READS, "target" => "primary").increment(1);
+            return self.read_after(after, limit).await;
+        }
+        self.replicas.read(after, limit, |from, rest| self.read_after(from, rest)).await
+    }
+
+    fn replicas(&self) -> Option<(Vec<crate::store::ReplicaStatus>, u64)> {
+        self.replicas.any().then(|| self.replicas.status())
+    }
+
     async fn head(&self) -> Result<EventId, StoreError> {
         let client = self.client().await?;
         let row = client.query_one("SELECT last_id FROM tidings_head", &[]).await.map_err(pg_error)?;

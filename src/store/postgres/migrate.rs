@@ -18,6 +18,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (9, "consumer_scope", include_str!("../../../migrations/postgres/0009_consumer_scope.sql")),
     (10, "tree_version", include_str!("../../../migrations/postgres/0010_tree_version.sql")),
     (11, "peer_marks", include_str!("../../../migrations/postgres/0011_peer_marks.sql")),
+    (12, "instance", include_str!("../../../migrations/postgres/0012_instance.sql")),
 ];
 
 impl PostgresStore {

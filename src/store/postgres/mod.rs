@@ -15,13 +15,15 @@
 //!
 //! One file per concern: `log` (the event log), `consumers`, `tree` (the
 //! tree and the content store), `engine` (the subscription engine's state
-//! and leader lock), `listen` (the LISTEN task), `migrate` (the schema).
+//! and leader lock), `listen` (the LISTEN task), `migrate` (the schema),
+//! `replica` (hot standbys that serve history).
 
 mod consumers;
 mod engine;
 mod listen;
 mod log;
 mod migrate;
+mod replica;
 mod tree;
 
 use std::collections::HashMap;
@@ -54,6 +56,12 @@ pub struct PostgresOptions {
     /// Longest wait for a pooled connection (and for a new one to connect)
     /// before a request fails with `503` instead of hanging.
     pub acquire_timeout: Duration,
+    /// Hot standbys of the primary that serve history
+    /// (`TIDINGS_REPLICA_URLS`).
+    pub replica_urls: Vec<String>,
+    /// A standby further behind than this is skipped
+    /// (`TIDINGS_REPLICA_MAX_LAG`).
+    pub replica_max_lag: Duration,
 }
 
 /// The PostgreSQL store. Cloning is shallow.
@@ -66,6 +74,8 @@ pub struct PostgresStore {
     leader: Arc<tokio::sync::Mutex<Option<deadpool_postgres::Object>>>,
     /// Where appends hand what they commit ([`HandOff`]).
     hand_off: Arc<std::sync::Mutex<Option<HandOff>>>,
+    /// Hot standbys that serve history (none unless configured).
+    replicas: Arc<replica::Replicas>,
 }
 
 fn lock_hand_off(m: &std::sync::Mutex<Option<HandOff>>) -> std::sync::MutexGuard<'_, Option<HandOff>> {
@@ -100,7 +110,8 @@ impl PostgresStore {
             .recycle_timeout(Some(options.acquire_timeout))
             .build()
             .context("building the PostgreSQL pool")?;
-        let store = Self { pool, config, listener: Arc::default(), leader: Arc::default(), hand_off: Arc::default() };
+        let replicas = replica::Replicas::connect(&options.replica_urls, &options, options.replica_max_lag, pool.clone())?;
+        let store = Self { pool, config, listener: Arc::default(), leader: Arc::default(), hand_off: Arc::default(), replicas };
         store.migrate().await?;
         Ok(store)
     }

@@ -1,0 +1,205 @@
+//! Hot standbys serve history (`TIDINGS_REPLICA_URLS`), PostgreSQL only
+//! (the embedded store is one process's file by nature): `scripts/test`
+//! starts two hot standbys of its throwaway cluster (`pg_basebackup -R`,
+//! streaming replication). Replays, polls and `sync.delta` read through a
+//! standby while publishers run and still see every id exactly once, in
+//! order; history a caught-up standby holds costs the primary no read; and
+//! a standby that lags (its replay paused) or stops changes nothing a
+//! client sees. The second standby is this file's alone to pause and stop.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::{Backend, TestApp, spawn_app_with};
+use crate::mirrors::eventually;
+use crate::ws::{Client, Key};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_read_through_the_standby_exactly_once() {
+    history_is_read_through_the_standby_exactly_once_on("TIDINGS_TEST_STANDBY_URL").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_or_stopped_standby_changes_nothing_a_client_sees() {
+    lagging_or_stopped().await
+}
+
+/// The standby (named by the environment variable `var`) URL of the
+/// database `primary` names.
+fn standby_url(var: &str, primary: &str) -> String {
+    let standby = std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set: run the suite with scripts/test, which starts standbys"));
+    let (base, _) = standby.rsplit_once('/').unwrap();
+    let (_, db) = primary.rsplit_once('/').unwrap();
+    format!("{base}/{db}")
+}
+
+/// A PostgreSQL server whose history is read at the standby `var` names.
+async fn with_standby(var: &'static str, max_lag: Duration) -> TestApp {
+    spawn_app_with(Backend::Postgres, |s| {
+        s.replica_urls = vec![standby_url(var, s.database_url.as_deref().unwrap())];
+        s.replica_max_lag = max_lag;
+    })
+    .await
+}
+
+/// The standby's entry in `/health/deep`.
+async fn standby(app: &TestApp) -> Value {
+    app.deep().await.1["replicas"]["standbys"][0].clone()
+}
+
+async fn primary_reads(app: &TestApp) -> i64 {
+    app.deep().await.1["replicas"]["primary_history_reads"].as_i64().unwrap()
+}
+
+/// Every id after `since` up to `until` through a replay stream.
+async fn replayed(app: &TestApp, since: i64, until: i64) -> Vec<i64> {
+    let mut stream = app.stream("?types=probe.*", Some(since)).await;
+    let mut ids = Vec::new();
+    while ids.last().copied().unwrap_or(since) < until {
+        let event = stream.next().await;
+        ids.push(event.id.as_deref().unwrap().parse().unwrap());
+    }
+    ids
+}
+
+/// Every id after `since` up to `until` through polls of `limit`.
+async fn polled(app: &TestApp, since: i64, until: i64, limit: usize) -> Vec<i64> {
+    let (mut ids, mut since) = (Vec::new(), since);
+    while since < until {
+        let url = app.url(&format!("/v1/poll?types=probe.*&since={since}&limit={limit}&wait_ms=5000"));
+        let page: Value = app.http.get(url).send().await.unwrap().json().await.unwrap();
+        ids.extend(page["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_i64().unwrap()));
+        since = page["next_since"].as_i64().unwrap();
+    }
+    ids
+}
+
+/// Every id after `since` up to `until` through `sync.delta` pages.
+async fn synced(app: &TestApp, since: i64, until: i64) -> Vec<i64> {
+    let mut client = Client::connect(app).await;
+    let answer = client.auth(&Key::new(), json!({"device_id": "reader", "cursor": since, "filter": {"types": ["probe.*"]}})).await;
+    assert!(answer["result"].is_object(), "{answer}");
+    let (mut ids, mut since) = (Vec::new(), since);
+    while since < until {
+        let page = client.call("sync.delta", json!({"device_id": "reader", "since": since, "limit": 70})).await;
+        let result = &page["result"];
+        ids.extend(result["items"].as_array().unwrap().iter().map(|i| i["seq"].as_i64().unwrap()));
+        since = result["next_since"].as_i64().unwrap();
+    }
+    ids
+}
+
+async fn publish_many(app: &TestApp, n: usize) -> i64 {
+    let mut last = 0;
+    for chunk in 0..n.div_ceil(50) {
+        let events: Vec<Value> = (0..50.min(n - chunk * 50)).map(|i| json!({"event_type": "probe.tick", "payload": {"i": i}})).collect();
+        let (status, body) = app.post_events(&json!({"events": events})).await;
+        assert_eq!(status, 201, "{body}");
+        last = body["event_ids"].as_array().unwrap().last().unwrap().as_i64().unwrap();
+    }
+    last
+}
+
+async fn history_is_read_through_the_standby_exactly_once_on(var: &'static str) {
+    let app = Arc::new(with_standby(var, Duration::from_secs(5)).await);
+    publish_many(&app, 600).await;
+    eventually("the standby serves history", || async { standby(&app).await["usable"] == true }).await;
+
+    // Readers catch up from the start while publishers run.
+    let stop = Arc::new(AtomicBool::new(false));
+    let publishers: Vec<_> = (0..2)
+        .map(|_| {
+            let (app, stop) = (app.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut last = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    last = last.max(publish_many(&app, 20).await);
+                }
+                last
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let until = app.head().await;
+    let (stream, poll, sync) = tokio::join!(replayed(&app, 0, until), polled(&app, 0, until, 90), synced(&app, 0, until));
+    stop.store(true, Ordering::Relaxed);
+    let mut head = 0;
+    for p in publishers {
+        head = head.max(p.await.unwrap());
+    }
+    assert!(head > until, "publishers ran while the readers caught up");
+    let expected: Vec<i64> = (1..=until).collect();
+    for (how, ids) in [("replay", stream), ("poll", poll), ("sync.delta", sync)] {
+        let ids: Vec<i64> = ids.into_iter().take_while(|id| *id <= until).collect();
+        assert_eq!(ids, expected, "{how}: every id once, in order");
+    }
+    let reads = standby(&app).await["reads"].as_i64().unwrap();
+    assert!(reads > 0, "the standby answered history reads");
+
+    // Once the standby holds the head, history costs the primary nothing.
+    let head = app.head().await;
+    eventually("the standby holds the head", || async {
+        let s = standby(&app).await;
+        s["lag_events"] == 0 && s["usable"] == true
+    })
+    .await;
+    let before = primary_reads(&app).await;
+    let (stream, poll) = tokio::join!(replayed(&app, 0, head), polled(&app, 0, head, 100));
+    assert_eq!(stream, (1..=head).collect::<Vec<_>>());
+    assert_eq!(poll, (1..=head).collect::<Vec<_>>());
+    assert_eq!(primary_reads(&app).await, before, "the primary read no history a caught-up standby holds");
+    assert!(standby(&app).await["reads"].as_i64().unwrap() > reads);
+    let metrics = app.http.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("tidings_history_reads_total{target=\"replica\"}"), "counted by target");
+}
+
+async fn standby_sql(sql: &str) {
+    let url = std::env::var("TIDINGS_TEST_STANDBY2_URL").expect("TIDINGS_TEST_STANDBY2_URL");
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client.batch_execute(sql).await.unwrap();
+}
+
+async fn lagging_or_stopped() {
+    let app = with_standby("TIDINGS_TEST_STANDBY2_URL", Duration::from_secs(1)).await;
+    let first = publish_many(&app, 300).await;
+    eventually("the standby serves history", || async {
+        let s = standby(&app).await;
+        s["usable"] == true && s["lag_events"] == 0
+    })
+    .await;
+
+    // Lagging: its replay paused, it holds the first 300 and no more.
+    standby_sql("SELECT pg_wal_replay_pause()").await;
+    let lagged = publish_many(&app, 300).await;
+    let before = primary_reads(&app).await;
+    assert_eq!(replayed(&app, 0, lagged).await, (1..=lagged).collect::<Vec<_>>(), "a replay through a lagging standby");
+    assert_eq!(polled(&app, 0, lagged, 100).await, (1..=lagged).collect::<Vec<_>>(), "polls through a lagging standby");
+    assert!(primary_reads(&app).await > before, "the primary served what the standby did not hold");
+    eventually("the lag is seen, and the standby skipped", || async {
+        let s = standby(&app).await;
+        s["usable"] == false && s["up"] == true && s["lag_events"].as_i64().unwrap() >= lagged - first
+    })
+    .await;
+
+    // Stopped: fast, mid-stream (a replay is open across the stop).
+    standby_sql("SELECT pg_wal_replay_resume()").await;
+    let mut open = app.stream("?types=probe.*", Some(0)).await;
+    let mut ids: Vec<i64> = Vec::new();
+    for _ in 0..100 {
+        ids.push(open.next().await.id.as_deref().unwrap().parse().unwrap());
+    }
+    let ctl = std::env::var("TIDINGS_TEST_STANDBY2_PG_CTL").expect("TIDINGS_TEST_STANDBY2_PG_CTL");
+    let status = std::process::Command::new("sh").arg("-c").arg(format!("{ctl} -m immediate stop")).status().unwrap();
+    assert!(status.success(), "stopping the standby");
+    let last = publish_many(&app, 200).await;
+    while ids.last().copied().unwrap_or(0) < last {
+        ids.push(open.next().await.id.as_deref().unwrap().parse().unwrap());
+    }
+    assert_eq!(ids, (1..=last).collect::<Vec<_>>(), "a replay open across the standby's stop");
+    assert_eq!(polled(&app, 0, last, 100).await, (1..=last).collect::<Vec<_>>(), "polls after the standby stopped");
+    eventually("the standby is seen down", || async { standby(&app).await["up"] == false }).await;
+}
