@@ -8,6 +8,7 @@ mod attacks;
 mod browser;
 mod cli;
 mod delivery;
+mod deploy;
 mod durability;
 mod filters;
 mod identity;
