@@ -68,6 +68,7 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
                     acquire_timeout: settings.db_timeout,
                     replica_urls: settings.replica_urls.clone(),
                     replica_max_lag: settings.replica_max_lag,
+                    broker_reads_replica: settings.broker_reads == crate::config::BrokerReads::Replica,
                 },
             )
             .await?,

@@ -19,6 +19,16 @@ pub enum AuthSetting {
     Off,
 }
 
+/// `TIDINGS_BROKER_READS`: where the broker reads the log's tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BrokerReads {
+    /// The primary (the default).
+    Primary,
+    /// The hot standbys of `TIDINGS_REPLICA_URLS`, the primary when none
+    /// has replayed a notified commit in time.
+    Replica,
+}
+
 /// How logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -242,6 +252,11 @@ pub struct Settings {
     /// holds it, the rest on the primary.
     #[arg(long, env = "TIDINGS_REPLICA_URLS", value_delimiter = ',', num_args = 0..)]
     pub replica_urls: Vec<String>,
+
+    /// `replica`: the broker's tail reads go to the standbys too (waiting
+    /// up to 100 ms for one to replay a notified commit), not only history.
+    #[arg(long, env = "TIDINGS_BROKER_READS", value_enum, default_value = "primary")]
+    pub broker_reads: BrokerReads,
 
     /// A standby further behind the primary than this is skipped.
     #[arg(long, env = "TIDINGS_REPLICA_MAX_LAG", default_value = "5s", value_parser = duration)]

@@ -63,12 +63,21 @@ async fn main() -> anyhow::Result<()> {
                 if wait_for_signal().await == Signal::Terminate {
                     tracing::info!("draining, then shutting down (signal again to shut down at once)");
                     tokio::select! {
-                        _ = drainer.drain() => return,
-                        _ = wait_for_signal() => {}
+                        _ = drainer.drain() => {}
+                        _ = wait_for_signal() => {
+                            tracing::info!("shutting down");
+                            shutdown.cancel();
+                        }
                     }
+                } else {
+                    tracing::info!("shutting down (signal again to exit at once)");
+                    shutdown.cancel();
                 }
-                tracing::info!("shutting down");
-                shutdown.cancel();
+                // The graceful shutdown is under way; one more signal ends
+                // the process now.
+                wait_for_signal().await;
+                tracing::warn!("exiting at once");
+                std::process::exit(1);
             });
             app.run_until_stopped().await
         }

@@ -45,6 +45,9 @@ pub const LISTENER_UP: &str = "tidings_listener_up";
 /// History reads (catch-up, polls), by the server that answered them
 /// (`primary`, `replica`).
 pub const HISTORY_READS: &str = "tidings_history_reads_total";
+/// The broker's reads of the log's tail, by the server that answered them
+/// (`primary`, `replica`); counted on PostgreSQL with standbys.
+pub const BROKER_READS: &str = "tidings_broker_reads_total";
 /// 1 while a hot standby serves history, by standby.
 pub const REPLICA_UP: &str = "tidings_replica_up";
 /// How far a hot standby is behind the primary, by standby.
@@ -161,6 +164,11 @@ fn describe() {
     describe_gauge!(DATABASE_UP, Unit::Count, "1 while the store answers, 0 while it does not.");
     describe_gauge!(LISTENER_UP, Unit::Count, "1 while the LISTEN connection (or the embedded wake-up) is up.");
     describe_counter!(HISTORY_READS, Unit::Count, "History reads (catch-up, polls), by the server that answered: primary or replica.");
+    describe_counter!(
+        BROKER_READS,
+        Unit::Count,
+        "The broker's reads of the log's tail with TIDINGS_REPLICA_URLS, by the server that answered: primary or replica."
+    );
     describe_gauge!(REPLICA_UP, Unit::Count, "1 while a hot standby serves history (TIDINGS_REPLICA_URLS), by standby.");
     describe_gauge!(
         REPLICA_LAG,

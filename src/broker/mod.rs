@@ -380,7 +380,7 @@ impl Broker {
             // (no wake-up may come for rows that are already committed).
             loop {
                 let after = self.position();
-                match self.shared.store.read_after(after, self.shared.settings.read_batch).await {
+                match self.shared.store.read_tail(after, self.shared.settings.read_batch).await {
                     Ok(rows) if rows.is_empty() => {
                         backoff = BACKOFF_MIN;
                         break;

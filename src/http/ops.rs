@@ -58,7 +58,7 @@ pub(crate) async fn health() -> Json<Value> {
     path = "/health/deep",
     tag = "operations",
     responses(
-        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads} (null without TIDINGS_REPLICA_URLS), uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
+        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads, primary_broker_reads} (null without TIDINGS_REPLICA_URLS; for an admin token, else null), uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
         (status = 503, description = "The same document while the database is down", body = Object),
     )
 )]
@@ -85,9 +85,11 @@ pub(crate) async fn health_deep(
         "history_from": floor.map(|f| f + 1),
         "broker_position": app.broker().position(),
         "listener": { "state": listener, "reconnects": reconnects },
-        "replicas": store.replicas().map(|(standbys, primary_reads)| json!({
+        // Standbys' addresses are shown to admins only, like peers.
+        "replicas": store.replicas().filter(|_| admin).map(|(standbys, primary_reads, primary_tail_reads)| json!({
             "standbys": standbys,
             "primary_history_reads": primary_reads,
+            "primary_broker_reads": primary_tail_reads,
         })),
         "uptime_seconds": app.inner.started.elapsed().as_secs(),
         "peers": peers,

@@ -129,11 +129,19 @@ pub(super) struct Tracked {
     guard: Option<Guard>,
     /// A chunk was handed to hyper and it has not come back since.
     handed: bool,
+    /// What is left of a chunk larger than [`PIECE`], handed in pieces.
+    rest: Bytes,
 }
+
+/// The most a body hands hyper at once: hyper comes back for more only
+/// once a piece is sent whole, so the stall deadline measures progress by
+/// at most this much (a large page taken slowly, but taken, is not a
+/// stall).
+const PIECE: usize = 16 * 1024;
 
 impl Tracked {
     pub(super) fn new(body: axum::body::Body, guard: Guard) -> Self {
-        Self { body, guard: Some(guard), handed: false }
+        Self { body, guard: Some(guard), handed: false, rest: Bytes::new() }
     }
 }
 
@@ -142,7 +150,24 @@ impl http_body::Body for Tracked {
     type Error = axum::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        let polled = if self.rest.is_empty() {
+            match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) if data.len() > PIECE => {
+                        self.rest = data;
+                        let piece = self.rest.split_to(PIECE);
+                        Poll::Ready(Some(Ok(http_body::Frame::data(piece))))
+                    }
+                    Ok(data) => Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
+                    Err(frame) => Poll::Ready(Some(Ok(frame))),
+                },
+                other => other,
+            }
+        } else {
+            let n = self.rest.len().min(PIECE);
+            let piece = self.rest.split_to(n);
+            Poll::Ready(Some(Ok(http_body::Frame::data(piece))))
+        };
         let handed = matches!(&polled, Poll::Ready(Some(Ok(frame))) if frame.data_ref().is_some_and(|d| !d.is_empty()));
         // Each chunk handed restarts the wait; a poll after one ends it.
         if let Some(guard) = &self.guard
@@ -158,11 +183,18 @@ impl http_body::Body for Tracked {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.is_empty() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        let hint = self.body.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut out = http_body::SizeHint::new();
+        out.set_lower(hint.lower() + rest);
+        if let Some(upper) = hint.upper() {
+            out.set_upper(upper + rest);
+        }
+        out
     }
 }
 
@@ -227,5 +259,28 @@ mod tests {
         // Then hyper never comes back for more.
         let handed = Instant::now();
         assert!(stalled.await.unwrap() - handed > limit);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_large_chunk_taken_slowly_in_pieces_is_not_a_stall() {
+        use http_body_util::BodyExt as _;
+        let streams = Arc::new(Streams::default());
+        let limit = Duration::from_secs(4);
+        let big = Bytes::from(vec![7u8; 2 * PIECE + PIECE / 2]);
+        let mut body = Tracked::new(axum::body::Body::from(big.clone()), streams.opened());
+        let stalled = tokio::spawn({
+            let streams = streams.clone();
+            async move { streams.stalled_for(limit).await }
+        });
+        // Three pieces, each taken within the limit, the whole well past it.
+        let mut got = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            assert!(data.len() <= PIECE);
+            got.extend_from_slice(&data);
+            tokio::time::sleep(limit * 3 / 4).await;
+        }
+        assert_eq!(got, big, "the pieces are the chunk, in order");
+        assert!(!stalled.is_finished(), "a chunk taken piece by piece in time is not a stall");
     }
 }

@@ -386,9 +386,18 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
         self.read_after(after, limit).await
     }
 
-    /// The hot standbys serving history, and how many history reads the
-    /// primary answered; `None` without standbys.
-    fn replicas(&self) -> Option<(Vec<ReplicaStatus>, u64)> {
+    /// The broker's read of what follows its position: [`Self::read_after`],
+    /// except on PostgreSQL with `TIDINGS_BROKER_READS=replica`, where the
+    /// ids up to the highest notified head are read at a hot standby once it
+    /// holds them (waiting a little), and nothing is read past that head
+    /// while the LISTEN session holds (every commit notifies).
+    async fn read_tail(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.read_after(after, limit).await
+    }
+
+    /// The hot standbys serving history, and how many history reads and
+    /// broker tail reads the primary answered; `None` without standbys.
+    fn replicas(&self) -> Option<(Vec<ReplicaStatus>, u64, u64)> {
         None
     }
 

@@ -603,7 +603,7 @@ impl Mirrors {
                 tracing::warn!(mirror = spec.name, why, "could not cancel the mirror's subscription; its token's expiry ends it");
             }
             let _ = self.store.device_forget(CURSOR_OWNER, &spec.name).await;
-            let _ = self.store.peer_mark_forget(CURSOR_OWNER, &spec.name).await;
+            let _ = self.store.peer_mark_forget(CURSOR_OWNER, &mark_name(&spec)).await;
             if let Ok(mut states) = self.states.lock() {
                 states.remove(&spec.name);
             }
@@ -900,6 +900,13 @@ struct Read {
     sequence: Option<u64>,
 }
 
+/// The key of a mirror's mark of its peer's log: the mirror and the peer
+/// (a mirror pointed at another peer starts with no mark: the old one
+/// counts another log).
+fn mark_name(spec: &Spec) -> String {
+    format!("{}@{}", spec.name, spec.peer)
+}
+
 /// Just the `ref` of a stored event.
 #[derive(Deserialize)]
 struct Reference {
@@ -930,7 +937,7 @@ impl Applier<'_> {
     /// mirror that never ran); also learns the paths held locally.
     async fn start(&mut self) -> Result<EventId, StoreError> {
         let store = &self.mirror.store;
-        let mark = store.peer_mark(CURSOR_OWNER, &self.spec.name).await?.unwrap_or(0).max(0) as u64;
+        let mark = store.peer_mark(CURSOR_OWNER, &mark_name(self.spec)).await?.unwrap_or(0).max(0) as u64;
         (self.marked, self.unknown_below) = (mark, mark);
         let prefix = literal_prefix(&self.spec.pattern);
         for entry in store.tree_entries_below(&prefix, MAX_KNOWN).await? {
@@ -1016,9 +1023,13 @@ impl Applier<'_> {
                 // replaying. Not a notification of the path: a
                 // reconciliation still compares it with the peer.
                 Some(held) if here != target && sequence <= held => return Ok("rollback_refused"),
-                // Perhaps older than what is held (a deletion taken before
-                // a restart): the peer says what the path holds.
-                None if sequence <= self.unknown_below => proof = Proof::Unsigned,
+                // Nothing here, and perhaps a deletion taken before a
+                // restart (a deletion leaves nothing to read its sequence
+                // from): the peer says what the path holds. With an entity
+                // here, a replay would need the path to hold the old
+                // content again (the A→B→A limit); a change that follows
+                // what is held is taken, as before.
+                None if local.is_none() && sequence <= self.unknown_below => proof = Proof::Unsigned,
                 _ => {}
             }
         }
@@ -1033,6 +1044,9 @@ impl Applier<'_> {
             // it behind on is on its way.
             self.suspects.remove(path);
             if here == target {
+                // Taken too (a deletion of what is absent here, say): a
+                // replay of an older change is refused after a restart.
+                self.mark(sequence).await?;
                 self.held(path, sequence);
                 return Ok("unchanged");
             }
@@ -1074,7 +1088,7 @@ impl Applier<'_> {
     async fn mark(&mut self, sequence: u64) -> Result<(), StoreError> {
         if sequence > self.marked {
             let ahead = i64::try_from(sequence.saturating_add(MARK_AHEAD)).unwrap_or(i64::MAX);
-            let marked = self.mirror.store.peer_mark_raise(CURSOR_OWNER, &self.spec.name, ahead, now_ms()).await?;
+            let marked = self.mirror.store.peer_mark_raise(CURSOR_OWNER, &mark_name(self.spec), ahead, now_ms()).await?;
             self.marked = marked.max(0) as u64;
         }
         Ok(())

@@ -219,6 +219,15 @@ impl TestApp {
         (r.status().as_u16(), r.json().await.unwrap())
     }
 
+    /// `/health/deep` as a caller with `bearer` (or none) sees it.
+    pub(crate) async fn deep_as(&self, bearer: Option<String>) -> Value {
+        let mut request = self.http.get(self.url("/health/deep"));
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        request.send().await.unwrap().json().await.unwrap()
+    }
+
     /// Value of a metric line (exact name with labels) in `/metrics`.
     pub(crate) async fn metric(&self, series: &str) -> f64 {
         let text = self.http.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap();

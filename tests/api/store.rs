@@ -54,6 +54,7 @@ async fn postgres_store() -> Arc<dyn Store> {
         pool_size: 8,
         acquire_timeout: Duration::from_secs(5),
         replica_urls: Vec::new(),
+        broker_reads_replica: false,
         replica_max_lag: Duration::ZERO,
     };
     Arc::new(PostgresStore::connect(&url, options).await.expect("connecting the test database"))

@@ -61,15 +61,17 @@ async fn listen_once(
     backoff: &mut Duration,
 ) -> anyhow::Result<()> {
     let (client, mut connection) = config.connect(NoTls).await.context("connecting the LISTEN session")?;
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<i64>();
     // The connection future must be polled for the client to make progress;
     // it also yields the notifications.
     let driver = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
             match message {
-                Ok(AsyncMessage::Notification(_)) => {
-                    if tx.send(()).is_err() {
+                Ok(AsyncMessage::Notification(n)) => {
+                    // The payload is the head after the commit (0 if it
+                    // does not parse: a wake-up all the same).
+                    if tx.send(n.payload().parse().unwrap_or(0)).is_err() {
                         break;
                     }
                 }
@@ -82,6 +84,9 @@ async fn listen_once(
     let guard = DriverGuard(driver);
     let listen = format!("LISTEN {CHANNEL}");
     client.batch_execute(&listen).await.context("LISTEN")?;
+    // Notifications may have been missed while not listening: the next
+    // tail read asks the primary, whatever the heads notified say.
+    status.unsure.store(true, Ordering::Release);
     status.state.store(1, Ordering::Relaxed);
     *backoff = BACKOFF_MIN;
     tracing::info!("LISTEN connection established");
@@ -93,7 +98,10 @@ async fn listen_once(
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             n = rx.recv() => match n {
-                Some(()) => wake.notify_one(),
+                Some(head) => {
+                    status.notified.fetch_max(head, Ordering::AcqRel);
+                    wake.notify_one();
+                }
                 None => break,
             },
             _ = probe.tick() => {

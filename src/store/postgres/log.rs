@@ -80,7 +80,25 @@ impl EventLog for PostgresStore {
         self.replicas.read(after, limit, |from, rest| self.read_after(from, rest)).await
     }
 
-    fn replicas(&self) -> Option<(Vec<crate::store::ReplicaStatus>, u64)> {
+    async fn read_tail(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
+        if !self.broker_reads_replica || !self.replicas.any() {
+            return self.read_after(after, limit).await;
+        }
+        let listening = self.listener.state.load(Ordering::Relaxed) == 1;
+        // After a (re)connect of the LISTEN session, or without one, the
+        // notified heads say nothing certain: the primary answers.
+        if !listening || self.listener.unsure.swap(false, Ordering::AcqRel) {
+            return self.read_after(after, limit).await;
+        }
+        let until = self.listener.notified.load(Ordering::Acquire);
+        if until <= after {
+            // Every commit notifies its head; none past this one yet.
+            return Ok(Vec::new());
+        }
+        self.replicas.tail(after, until, limit, |from, rest| self.read_after(from, rest)).await
+    }
+
+    fn replicas(&self) -> Option<(Vec<crate::store::ReplicaStatus>, u64, u64)> {
         self.replicas.any().then(|| self.replicas.status())
     }
 

@@ -28,7 +28,7 @@ mod tree;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -62,6 +62,9 @@ pub struct PostgresOptions {
     /// A standby further behind than this is skipped
     /// (`TIDINGS_REPLICA_MAX_LAG`).
     pub replica_max_lag: Duration,
+    /// The broker's tail reads go to the standbys too
+    /// (`TIDINGS_BROKER_READS=replica`).
+    pub broker_reads_replica: bool,
 }
 
 /// The PostgreSQL store. Cloning is shallow.
@@ -76,6 +79,8 @@ pub struct PostgresStore {
     hand_off: Arc<std::sync::Mutex<Option<HandOff>>>,
     /// Hot standbys that serve history (none unless configured).
     replicas: Arc<replica::Replicas>,
+    /// Whether the broker's tail reads go to the standbys.
+    broker_reads_replica: bool,
 }
 
 fn lock_hand_off(m: &std::sync::Mutex<Option<HandOff>>) -> std::sync::MutexGuard<'_, Option<HandOff>> {
@@ -87,6 +92,11 @@ fn lock_hand_off(m: &std::sync::Mutex<Option<HandOff>>) -> std::sync::MutexGuard
 struct ListenerStatus {
     state: AtomicU8,
     reconnects: AtomicU64,
+    /// The highest head a NOTIFY carried.
+    notified: AtomicI64,
+    /// Set on every (re)connect of the LISTEN session: notifications may
+    /// have been missed, so the next tail read asks the primary.
+    unsure: AtomicBool,
 }
 
 impl PostgresStore {
@@ -111,7 +121,15 @@ impl PostgresStore {
             .build()
             .context("building the PostgreSQL pool")?;
         let replicas = replica::Replicas::connect(&options.replica_urls, &options, options.replica_max_lag, pool.clone())?;
-        let store = Self { pool, config, listener: Arc::default(), leader: Arc::default(), hand_off: Arc::default(), replicas };
+        let store = Self {
+            pool,
+            config,
+            listener: Arc::default(),
+            leader: Arc::default(),
+            hand_off: Arc::default(),
+            replicas,
+            broker_reads_replica: options.broker_reads_replica,
+        };
         store.migrate().await?;
         Ok(store)
     }

@@ -32,6 +32,11 @@ use crate::store::{Record, ReplicaStatus, StoreError};
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Most pooled connections to one standby.
 const POOL_SIZE: usize = 8;
+/// Longest one read at a standby may take before the primary answers it.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest the broker waits for a standby to replay a notified commit
+/// before it reads the primary (`TIDINGS_BROKER_READS=replica`).
+const TAIL_WAIT: Duration = Duration::from_millis(100);
 
 /// The standbys of one primary.
 #[derive(Debug)]
@@ -40,15 +45,20 @@ pub(super) struct Replicas {
     max_lag: Duration,
     /// History reads the primary answered (in part or whole).
     primary_reads: AtomicU64,
+    /// The broker's tail reads the primary answered.
+    primary_tail_reads: AtomicU64,
     /// Round-robin position.
     next: AtomicU64,
 }
 
 #[derive(Debug)]
 struct Replica {
-    /// `host:port/dbname`: the URL without credentials, for logs, metrics
-    /// and `/health/deep`.
+    /// `host:port/dbname`: the URL without credentials, for logs and
+    /// `/health/deep` (shown to admins only).
     name: String,
+    /// Its position in `TIDINGS_REPLICA_URLS`: the `replica` label of the
+    /// metrics, which anyone who reaches `/metrics` reads (no addresses).
+    label: String,
     pool: Pool,
     usable: AtomicBool,
     up: AtomicBool,
@@ -83,9 +93,11 @@ impl Replicas {
                 .recycle_timeout(Some(options.acquire_timeout))
                 .build()
                 .context("building a standby's pool")?;
-            metrics::gauge!(m::REPLICA_UP, "replica" => name.clone()).set(0.0);
+            let label = list.len().to_string();
+            metrics::gauge!(m::REPLICA_UP, "replica" => label.clone()).set(0.0);
             list.push(Replica {
                 name,
+                label,
                 pool,
                 usable: AtomicBool::new(false),
                 up: AtomicBool::new(false),
@@ -95,7 +107,13 @@ impl Replicas {
                 last_error: std::sync::Mutex::new(Some("not probed yet".to_owned())),
             });
         }
-        let replicas = Arc::new(Self { list, max_lag, primary_reads: AtomicU64::new(0), next: AtomicU64::new(0) });
+        let replicas = Arc::new(Self {
+            list,
+            max_lag,
+            primary_reads: AtomicU64::new(0),
+            primary_tail_reads: AtomicU64::new(0),
+            next: AtomicU64::new(0),
+        });
         if !replicas.list.is_empty() {
             tokio::spawn(probe(Arc::downgrade(&replicas), primary));
         }
@@ -112,18 +130,10 @@ impl Replicas {
     /// rest from the primary (`primary_read`).
     pub(super) async fn read<F, Fut>(&self, after: i64, limit: usize, primary_read: F) -> Result<Vec<Record>, StoreError>
     where
-        F: FnOnce(i64, usize) -> Fut,
+        F: Fn(i64, usize) -> Fut,
         Fut: std::future::Future<Output = Result<Vec<Record>, StoreError>>,
     {
-        let mut rows = match self.pick() {
-            Some(replica) => replica.read(after, limit).await,
-            None => Vec::new(),
-        };
-        // Only the run that starts right after the cursor and has no hole
-        // is taken (a standby holds a prefix of the log; anything else,
-        // pruning say, is the primary's to say).
-        let contiguous = rows.iter().enumerate().take_while(|(i, r)| r.id == after + 1 + *i as i64).count();
-        rows.truncate(contiguous);
+        let mut rows = self.prefix(after, limit).await;
         if rows.len() == limit {
             metrics::counter!(m::HISTORY_READS, "target" => "replica").increment(1);
             return Ok(rows);
@@ -132,11 +142,64 @@ impl Replicas {
         let rest = primary_read(from, limit - rows.len()).await?;
         self.primary_reads.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(m::HISTORY_READS, "target" => "primary").increment(1);
-        if !rows.is_empty() {
-            metrics::counter!(m::HISTORY_READS, "target" => "replica").increment(1);
+        if rows.is_empty() {
+            return Ok(rest);
         }
+        if rest.first().is_some_and(|r| r.id != from + 1) {
+            // The primary pruned past where the standby stopped: the page
+            // would hide a hole in its middle. The primary's answer from
+            // the cursor shows it where the session looks for it, first.
+            return primary_read(after, limit).await;
+        }
+        metrics::counter!(m::HISTORY_READS, "target" => "replica").increment(1);
         rows.extend(rest);
         Ok(rows)
+    }
+
+    /// What a usable standby holds of the ids after `after` (at most
+    /// `limit`): only the run that starts right after the cursor and has no
+    /// hole is taken (a standby holds a prefix of the log; anything else,
+    /// pruning say, is the primary's to say). Empty without a usable one.
+    async fn prefix(&self, after: i64, limit: usize) -> Vec<Record> {
+        let mut rows = match self.pick() {
+            Some(replica) => replica.read(after, limit).await,
+            None => Vec::new(),
+        };
+        let contiguous = rows.iter().enumerate().take_while(|(i, r)| r.id == after + 1 + *i as i64).count();
+        rows.truncate(contiguous);
+        rows
+    }
+
+    /// The broker's read of the ids after `after` up to `until`, the
+    /// highest head a NOTIFY carried (all committed): from a standby once
+    /// it holds some of them, waiting for it at most [`TAIL_WAIT`]; from
+    /// the primary (`primary_read`) when none does by then. A part is
+    /// enough: the broker reads again from where it ends.
+    pub(super) async fn tail<F, Fut>(&self, after: i64, until: i64, limit: usize, primary_read: F) -> Result<Vec<Record>, StoreError>
+    where
+        F: FnOnce(i64, usize) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<Record>, StoreError>>,
+    {
+        let wanted = limit.min(usize::try_from(until - after).unwrap_or(0));
+        if wanted > 0 {
+            let deadline = tokio::time::Instant::now() + TAIL_WAIT;
+            let mut pause = Duration::from_millis(1);
+            loop {
+                let rows = self.prefix(after, wanted).await;
+                if !rows.is_empty() {
+                    metrics::counter!(m::BROKER_READS, "target" => "replica").increment(1);
+                    return Ok(rows);
+                }
+                if tokio::time::Instant::now() + pause > deadline {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+        }
+        self.primary_tail_reads.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::BROKER_READS, "target" => "primary").increment(1);
+        primary_read(after, limit).await
     }
 
     /// A usable standby, round robin.
@@ -146,8 +209,9 @@ impl Replicas {
         (0..n).map(|i| &self.list[(start + i) % n]).find(|r| r.usable.load(Ordering::Acquire))
     }
 
-    /// Every standby's state, and the primary's share of history reads.
-    pub(super) fn status(&self) -> (Vec<ReplicaStatus>, u64) {
+    /// Every standby's state, and the primary's share of history reads
+    /// and of the broker's tail reads.
+    pub(super) fn status(&self) -> (Vec<ReplicaStatus>, u64, u64) {
         let list = self
             .list
             .iter()
@@ -161,16 +225,25 @@ impl Replicas {
                 last_error: r.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             })
             .collect();
-        (list, self.primary_reads.load(Ordering::Relaxed))
+        (list, self.primary_reads.load(Ordering::Relaxed), self.primary_tail_reads.load(Ordering::Relaxed))
     }
 }
 
 impl Replica {
     /// What this standby holds of the range; nothing when it fails (and
-    /// it is then skipped until a probe finds it usable again).
+    /// it is then skipped until a probe finds it usable again), or takes
+    /// longer than [`READ_TIMEOUT`], or has no connection free in time (a
+    /// busy standby is not a broken one: it stays usable).
     async fn read(&self, after: i64, limit: usize) -> Vec<Record> {
-        let result = async {
-            let client = self.pool.get().await.map_err(pool_error)?;
+        let client = match self.pool.get().await {
+            Ok(c) => c,
+            Err(deadpool_postgres::PoolError::Timeout(_)) => return Vec::new(),
+            Err(e) => {
+                self.down(pool_error(e).to_string());
+                return Vec::new();
+            }
+        };
+        let query = async {
             let statement = client
                 .prepare_cached(
                     "SELECT id, body, (extract(epoch FROM recorded_at) * 1000)::bigint FROM events WHERE id > $1 ORDER BY id LIMIT $2",
@@ -178,8 +251,11 @@ impl Replica {
                 .await
                 .map_err(pg_error)?;
             client.query(&statement, &[&after, &(limit as i64)]).await.map_err(pg_error)
-        }
-        .await;
+        };
+        let Ok(result) = tokio::time::timeout(READ_TIMEOUT, query).await else {
+            self.down(format!("a read took longer than {READ_TIMEOUT:?}"));
+            return Vec::new();
+        };
         match result {
             Ok(rows) => {
                 self.reads.fetch_add(1, Ordering::Relaxed);
@@ -197,7 +273,7 @@ impl Replica {
             tracing::warn!(replica = self.name, error = why, "a standby stopped serving history; the primary serves it");
         }
         self.up.store(false, Ordering::Release);
-        metrics::gauge!(m::REPLICA_UP, "replica" => self.name.clone()).set(0.0);
+        metrics::gauge!(m::REPLICA_UP, "replica" => self.label.clone()).set(0.0);
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
     }
 }
@@ -239,7 +315,7 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
                         tracing::info!(replica = replica.name, "a standby serves history");
                     }
                     *replica.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    metrics::gauge!(m::REPLICA_UP, "replica" => replica.name.clone()).set(1.0);
+                    metrics::gauge!(m::REPLICA_UP, "replica" => replica.label.clone()).set(1.0);
                 }
                 Err(why) => {
                     replica.down(why);
@@ -249,27 +325,34 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
                     }
                 }
             }
-            metrics::gauge!(m::REPLICA_LAG, "replica" => replica.name.clone()).set(replica.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0);
+            metrics::gauge!(m::REPLICA_LAG, "replica" => replica.label.clone()).set(replica.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0);
         }
     }
 }
 
 /// Whether `standby` may serve history; records its lag.
 fn judge(standby: &Server, primary: &Server, max_lag: Duration, replica: &Replica) -> Result<(), String> {
+    let (behind, lag_ms, verdict) = verdict(standby, primary, max_lag);
+    replica.lag_events.store(behind, Ordering::Relaxed);
+    replica.lag_ms.store(lag_ms, Ordering::Relaxed);
+    verdict
+}
+
+/// How far `standby` is behind (ids, and ms since it replayed a commit
+/// while behind), and whether it may serve history.
+fn verdict(standby: &Server, primary: &Server, max_lag: Duration) -> (i64, i64, Result<(), String>) {
     if !standby.in_recovery {
-        return Err("not a standby (not in recovery)".to_owned());
+        return (0, 0, Err("not a standby (not in recovery)".to_owned()));
     }
     if standby.instance != primary.instance {
-        return Err("not a copy of the primary's database (another tidings_instance)".to_owned());
+        return (0, 0, Err("not a copy of the primary's database (another tidings_instance)".to_owned()));
     }
     let behind = (primary.head - standby.head).max(0);
     let lag_ms = if behind == 0 { 0 } else { standby.since_replay_ms.max(0) };
-    replica.lag_events.store(behind, Ordering::Relaxed);
-    replica.lag_ms.store(lag_ms, Ordering::Relaxed);
     if u128::try_from(lag_ms).unwrap_or(0) > max_lag.as_millis() {
-        return Err(format!("behind the primary by {behind} events, {lag_ms} ms"));
+        return (behind, lag_ms, Err(format!("behind the primary by {behind} events, {lag_ms} ms")));
     }
-    Ok(())
+    (behind, lag_ms, Ok(()))
 }
 
 /// What a probe learns of a server, primary or standby.
@@ -295,5 +378,37 @@ async fn identify(pool: &Pool) -> Result<Server, StoreError> {
         )
         .await
         .map_err(pg_error)?;
-    Ok(Server { head: row.get(0), instance: row.get(1), in_recovery: row.get(2), since_replay_ms: row.get(3) })
+    // A database without the tables' rows yet answers NULLs: an error, not a
+    // panic of the probe.
+    let missing = |e: tokio_postgres::Error| StoreError::Unavailable(format!("not a tidings database yet: {e}"));
+    Ok(Server {
+        head: row.try_get::<_, i64>(0).map_err(missing)?,
+        instance: row.try_get::<_, String>(1).map_err(missing)?,
+        in_recovery: row.try_get(2).map_err(pg_error)?,
+        since_replay_ms: row.try_get(3).map_err(pg_error)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(head: i64, instance: &str, in_recovery: bool, since_replay_ms: i64) -> Server {
+        Server { head, instance: instance.to_owned(), in_recovery, since_replay_ms }
+    }
+
+    #[test]
+    fn a_standby_serves_only_while_it_is_a_close_enough_copy() {
+        let primary = server(100, "db-1", false, 0);
+        let lag = Duration::from_secs(5);
+        // Holding the head: no lag, however long since the last commit.
+        assert_eq!(verdict(&server(100, "db-1", true, 60_000), &primary, lag), (0, 0, Ok(())));
+        // Behind, replaying recently: usable, its lag shown.
+        assert_eq!(verdict(&server(90, "db-1", true, 1_200), &primary, lag), (10, 1_200, Ok(())));
+        // Behind and stuck for longer than the limit: skipped.
+        assert!(verdict(&server(90, "db-1", true, 6_000), &primary, lag).2.is_err());
+        // Another database, or a primary given as a standby: never.
+        assert!(verdict(&server(100, "db-2", true, 0), &primary, lag).2.is_err());
+        assert!(verdict(&server(100, "db-1", false, 0), &primary, lag).2.is_err());
+    }
 }
