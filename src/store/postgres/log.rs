@@ -61,15 +61,7 @@ impl EventLog for PostgresStore {
     }
 
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
-                "SELECT id, body, (extract(epoch FROM recorded_at) * 1000)::bigint FROM events WHERE id > $1 ORDER BY id LIMIT $2",
-            )
-            .await
-            .map_err(pg_error)?;
-        let rows = client.query(&statement, &[&after, &(limit as i64)]).await.map_err(pg_error)?;
-        Ok(rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect())
+        read_after_on(&self.client().await?, after, limit).await
     }
 
     async fn read_history(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
@@ -189,4 +181,15 @@ impl EventLog for PostgresStore {
         };
         (state, self.listener.reconnects.load(Ordering::Relaxed))
     }
+}
+
+/// The records after `after`, at most `limit`, read on `client` (the
+/// primary's pool or a standby's).
+pub(super) async fn read_after_on(client: &deadpool_postgres::Object, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
+    let statement = client
+        .prepare_cached("SELECT id, body, (extract(epoch FROM recorded_at) * 1000)::bigint FROM events WHERE id > $1 ORDER BY id LIMIT $2")
+        .await
+        .map_err(pg_error)?;
+    let rows = client.query(&statement, &[&after, &(limit as i64)]).await.map_err(pg_error)?;
+    Ok(rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect())
 }

@@ -103,23 +103,7 @@ impl PostgresStore {
     /// Connects (lazily: the pool opens connections on demand) and applies
     /// pending migrations.
     pub async fn connect(url: &str, options: PostgresOptions) -> anyhow::Result<Self> {
-        let mut config: tokio_postgres::Config = url.parse().context("DATABASE_URL is not a valid PostgreSQL URL")?;
-        if config.get_application_name().is_none() {
-            config.application_name("tidings");
-        }
-        config.connect_timeout(options.acquire_timeout);
-        // TCP keepalives find a dead database connection in a pool that sits
-        // idle; 10 s is a transport detail, not a tuning knob.
-        config.keepalives(true).keepalives_idle(Duration::from_secs(10));
-        let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-        let pool = Pool::builder(manager)
-            .max_size(options.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(options.acquire_timeout))
-            .create_timeout(Some(options.acquire_timeout))
-            .recycle_timeout(Some(options.acquire_timeout))
-            .build()
-            .context("building the PostgreSQL pool")?;
+        let (config, pool) = pool(url, "DATABASE_URL", "tidings", options.pool_size, options.acquire_timeout)?;
         let replicas = replica::Replicas::connect(&options.replica_urls, &options, options.replica_max_lag, pool.clone())?;
         let store = Self {
             pool,
@@ -137,6 +121,30 @@ impl PostgresStore {
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(pool_error)
     }
+}
+
+/// A lazily connecting pool of at most `size` connections to `url` (named
+/// `setting` in errors), waiting at most `timeout` for a connection, and
+/// its connection config.
+fn pool(url: &str, setting: &str, application: &str, size: usize, timeout: Duration) -> anyhow::Result<(tokio_postgres::Config, Pool)> {
+    let mut config: tokio_postgres::Config = url.parse().with_context(|| format!("{setting} is not a valid PostgreSQL URL"))?;
+    if config.get_application_name().is_none() {
+        config.application_name(application);
+    }
+    config.connect_timeout(timeout);
+    // TCP keepalives find a dead database connection in a pool that sits
+    // idle; 10 s is a transport detail, not a tuning knob.
+    config.keepalives(true).keepalives_idle(Duration::from_secs(10));
+    let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let pool = Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(timeout))
+        .create_timeout(Some(timeout))
+        .recycle_timeout(Some(timeout))
+        .build()
+        .with_context(|| format!("building the pool of {setting}"))?;
+    Ok((config, pool))
 }
 
 fn pool_error(e: PoolError) -> StoreError {

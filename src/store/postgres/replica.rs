@@ -20,9 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use anyhow::Context as _;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use deadpool_postgres::Pool;
 
 use super::{PostgresOptions, pg_error, pool_error};
 use crate::metrics as m;
@@ -77,22 +75,9 @@ impl Replicas {
     pub(super) fn connect(urls: &[String], options: &PostgresOptions, max_lag: Duration, primary: Pool) -> anyhow::Result<Arc<Self>> {
         let mut list = Vec::with_capacity(urls.len());
         for url in urls {
-            let mut config: tokio_postgres::Config = url.parse().context("a TIDINGS_REPLICA_URLS entry is not a valid PostgreSQL URL")?;
-            if config.get_application_name().is_none() {
-                config.application_name("tidings-replica-reader");
-            }
-            config.connect_timeout(options.acquire_timeout);
-            config.keepalives(true).keepalives_idle(Duration::from_secs(10));
+            let (config, pool) =
+                super::pool(url, "a TIDINGS_REPLICA_URLS entry", "tidings-replica-reader", POOL_SIZE, options.acquire_timeout)?;
             let name = name_of(&config);
-            let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-            let pool = Pool::builder(manager)
-                .max_size(POOL_SIZE)
-                .runtime(Runtime::Tokio1)
-                .wait_timeout(Some(options.acquire_timeout))
-                .create_timeout(Some(options.acquire_timeout))
-                .recycle_timeout(Some(options.acquire_timeout))
-                .build()
-                .context("building a standby's pool")?;
             let label = list.len().to_string();
             metrics::gauge!(m::REPLICA_UP, "replica" => label.clone()).set(0.0);
             list.push(Replica {
@@ -243,23 +228,14 @@ impl Replica {
                 return Vec::new();
             }
         };
-        let query = async {
-            let statement = client
-                .prepare_cached(
-                    "SELECT id, body, (extract(epoch FROM recorded_at) * 1000)::bigint FROM events WHERE id > $1 ORDER BY id LIMIT $2",
-                )
-                .await
-                .map_err(pg_error)?;
-            client.query(&statement, &[&after, &(limit as i64)]).await.map_err(pg_error)
-        };
-        let Ok(result) = tokio::time::timeout(READ_TIMEOUT, query).await else {
+        let Ok(result) = tokio::time::timeout(READ_TIMEOUT, super::log::read_after_on(&client, after, limit)).await else {
             self.down(format!("a read took longer than {READ_TIMEOUT:?}"));
             return Vec::new();
         };
         match result {
             Ok(rows) => {
                 self.reads.fetch_add(1, Ordering::Relaxed);
-                rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect()
+                rows
             }
             Err(e) => {
                 self.down(e.to_string());
