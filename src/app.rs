@@ -33,7 +33,7 @@ pub struct Application {
     store: Arc<dyn Store>,
     subscriptions: Arc<crate::subscription::Subscriptions>,
     options: ServeOptions,
-    retention: (crate::config::Retention, std::time::Duration),
+    retention: (crate::config::Retention, std::time::Duration, std::time::Duration),
     consumer_ttl: std::time::Duration,
     background: Background,
     shutdown: CancellationToken,
@@ -216,7 +216,7 @@ impl Application {
                 _ => None,
             },
         };
-        let retention = (settings.retention, settings.retention_interval);
+        let retention = (settings.retention, settings.idempotency_window, settings.retention_interval);
         let consumer_ttl = settings.consumer_ttl;
         let peer_allow = Arc::new(settings.peer_allow.clone());
         let background = Background {
@@ -314,8 +314,8 @@ impl Application {
         self.store.hand_off_to(self.broker.hand_off());
         let listener_task = self.store.start_wakeups(self.broker.waker(), background.clone());
         let broker_task = tokio::spawn(self.broker.clone().run(self.shutdown.clone(), background.clone()));
-        let (retention, every) = self.retention;
-        let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), retention, every, background.clone()));
+        let (retention, window, every) = self.retention;
+        let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), retention, window, every, background.clone()));
         let expiry_task = tokio::spawn(crate::service::poll::run_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
         let probe_task = tokio::spawn(crate::store::run_health_probe(self.store.clone(), self.background.health_probe, background.clone()));
         let engine = crate::subscription::engine::Engine::new(

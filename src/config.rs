@@ -286,7 +286,12 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_RETENTION", default_value = "off", value_parser = retention)]
     pub retention: Retention,
 
-    /// How often retention prunes history.
+    /// How long a publish's Idempotency-Key is remembered: a retry within it
+    /// with the same key stores nothing and is answered the original ids.
+    #[arg(long, env = "TIDINGS_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = duration)]
+    pub idempotency_window: Duration,
+
+    /// How often retention prunes history (and expired idempotency keys).
     #[arg(long, env = "TIDINGS_RETENTION_INTERVAL", default_value = "1m", value_parser = duration)]
     pub retention_interval: Duration,
 

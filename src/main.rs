@@ -102,6 +102,7 @@ async fn main() -> anyhow::Result<()> {
                 Mode::MirrorDelay => serde_json::to_value(tidings::tools::peers::mirror_delay(&args).await?)?,
                 Mode::MirrorConverge => serde_json::to_value(tidings::tools::peers::mirror_converge(&args).await?)?,
                 Mode::Tree => serde_json::to_value(tidings::tools::peers::tree(&args).await?)?,
+                Mode::Resume => serde_json::to_value(tidings::tools::scale::resume(&args).await?)?,
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())

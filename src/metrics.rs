@@ -14,6 +14,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Events appended, by registered type.
 pub const EVENTS_PUBLISHED: &str = "tidings_events_published_total";
+/// Publishes answered from their Idempotency-Key (nothing stored).
+pub const PUBLISH_IDEMPOTENT_REPLAYS: &str = "tidings_publish_idempotent_replays_total";
 /// Frames written to clients, by transport.
 pub const EVENTS_DELIVERED: &str = "tidings_events_delivered_total";
 /// Connected clients, by transport.
@@ -145,6 +147,11 @@ pub fn install() -> PrometheusHandle {
 fn describe() {
     describe_counter!(EVENTS_PUBLISHED, Unit::Count, "Events appended to the log, by registered type.");
     describe_counter!(
+        PUBLISH_IDEMPOTENT_REPLAYS,
+        Unit::Count,
+        "Publishes whose Idempotency-Key was already recorded with the same body: answered the original ids, nothing stored."
+    );
+    describe_counter!(
         FILTER_BUDGET_EXCEEDED,
         Unit::Count,
         "Payload-rule evaluations stopped by TIDINGS_RULE_BUDGET (the event did not match)."
@@ -234,6 +241,7 @@ fn describe() {
         counter!(PEER_RECEIVED, "outcome" => outcome).increment(0);
     }
     counter!(EVENTS_PUBLISHED, "type" => "unregistered").increment(0);
+    counter!(PUBLISH_IDEMPOTENT_REPLAYS).increment(0);
     counter!(HTTP_REQUESTS, "route" => "/metrics", "status" => "200").increment(0);
     // Registering a histogram renders it with empty buckets; no fake sample.
     let _ = (histogram!(QUEUE_DEPTH), histogram!(BROKER_LAG), histogram!(DELIVERY_LATENCY), histogram!(CONSUMER_LAG));

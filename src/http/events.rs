@@ -5,13 +5,14 @@
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 
 use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
 use crate::config::Settings;
+use crate::service::publish::PublishError;
 
 /// Reads a request body up to `TIDINGS_MAX_BODY` bytes (over it is `413
 /// body_too_large`), all of it within `TIDINGS_BODY_TIMEOUT` (else `408
@@ -55,14 +56,17 @@ pub(crate) async fn read_body(settings: &Settings, headers: &HeaderMap, body: Bo
         content_type = "application/json",
         description = "One event `{event_type, ref?, agent?: {id, kind?}, session_id?, occurred_at?, payload?, links?: [{rel, ref}], visibility?}` or a batch `{\"events\": [...]}` (all or nothing)"
     ),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters, new for each new publish and the same on its retries: within `TIDINGS_IDEMPOTENCY_WINDOW` (24 h) a retry with the same body stores nothing and is answered the original ids (with `Idempotent-Replayed: true`). Scoped by the publisher's identity.")
+    ),
     responses(
-        (status = 201, description = "Stored: `{\"event_ids\": [...]}`", body = Object),
-        (status = 400, description = "`malformed_json`, `invalid_event`, `malformed_body`", body = crate::http::openapi::ErrorBody),
+        (status = 201, description = "Stored: `{\"event_ids\": [...]}`; with `Idempotent-Replayed: true`, stored before under this Idempotency-Key", body = Object),
+        (status = 400, description = "`malformed_json`, `invalid_event`, `malformed_body`, `invalid_idempotency_key`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`forbidden_event_type`, `agent_spoofing`, `reserved_event_type`", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "`body_too_large`, `payload_too_large`, `batch_too_large`", body = crate::http::openapi::ErrorBody),
         (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
-        (status = 422, description = "`invalid_event_name`; in strict mode `unregistered_event_type`, `payload_schema_violation`", body = crate::http::openapi::ErrorBody),
+        (status = 422, description = "`invalid_event_name`, `idempotency_key_reused` (the key was used with another body); in strict mode `unregistered_event_type`, `payload_schema_violation`", body = crate::http::openapi::ErrorBody),
         (status = 429, description = "`rate_limited` (with Retry-After)", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "`store_unavailable` (with Retry-After)", body = crate::http::openapi::ErrorBody),
     ),
@@ -73,8 +77,16 @@ pub(crate) async fn publish(
     Caller(caller): Caller,
     headers: HeaderMap,
     body: Body,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, HeaderMap, Json<Value>), ApiError> {
+    let key = match headers.get("idempotency-key") {
+        None => None,
+        Some(value) => Some(value.to_str().map_err(|_| ApiError::from(PublishError::InvalidIdempotencyKey))?),
+    };
     let bytes = read_body(app.settings(), &headers, body).await?;
-    let event_ids = crate::service::publish::publish(app.core(), &caller, &bytes).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "event_ids": event_ids }))))
+    let accepted = crate::service::publish::publish(app.core(), &caller, &bytes, key).await?;
+    let mut answer = HeaderMap::new();
+    if accepted.replayed {
+        answer.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok((StatusCode::CREATED, answer, Json(json!({ "event_ids": accepted.event_ids }))))
 }

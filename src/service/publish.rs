@@ -14,7 +14,8 @@ use crate::auth::Identity;
 use crate::event::{EventError, EventId, PublishRequest};
 use crate::metrics as m;
 use crate::registry::{Problem, RegistryMode};
-use crate::store::{NewRecord, StoreError};
+use crate::store::{IdempotencyKey, NewRecord, Publish, Published, StoreError};
+use sha2::{Digest as _, Sha256};
 
 /// Why a publish stored nothing. Each variant is one stable error code.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +55,12 @@ pub enum PublishError {
     /// `payload_schema_violation` (strict registry).
     #[error("{0}")]
     PayloadSchemaViolation(String),
+    /// `invalid_idempotency_key`: not 1–255 visible ASCII characters.
+    #[error("an Idempotency-Key is 1 to 255 visible ASCII characters")]
+    InvalidIdempotencyKey,
+    /// `idempotency_key_reused`: the key was used with another body.
+    #[error("this Idempotency-Key was used for a publish with another body; use a new key for a new publish")]
+    IdempotencyKeyReused,
     /// `rate_limited`: the identity's publish budget is spent.
     #[error(transparent)]
     Limited(#[from] LimitError),
@@ -75,6 +82,8 @@ impl Refusal for PublishError {
             Self::ForbiddenEventType(_) => "forbidden_event_type",
             Self::UnregisteredEventType(_) => "unregistered_event_type",
             Self::PayloadSchemaViolation(_) => "payload_schema_violation",
+            Self::InvalidIdempotencyKey => "invalid_idempotency_key",
+            Self::IdempotencyKeyReused => "idempotency_key_reused",
             Self::Limited(e) => e.code(),
             Self::Store(e) => e.code(),
         }
@@ -82,9 +91,11 @@ impl Refusal for PublishError {
 
     fn kind(&self) -> Kind {
         match self {
-            Self::MalformedJson(_) | Self::InvalidEvent(_) => Kind::Invalid,
+            Self::MalformedJson(_) | Self::InvalidEvent(_) | Self::InvalidIdempotencyKey => Kind::Invalid,
             Self::BatchTooLarge { .. } | Self::PayloadTooLarge(_) => Kind::TooLarge,
-            Self::InvalidEventName(_) | Self::UnregisteredEventType(_) | Self::PayloadSchemaViolation(_) => Kind::Unprocessable,
+            Self::InvalidEventName(_) | Self::UnregisteredEventType(_) | Self::PayloadSchemaViolation(_) | Self::IdempotencyKeyReused => {
+                Kind::Unprocessable
+            }
             Self::AgentSpoofing(_) | Self::ReservedEventType(_) | Self::ForbiddenEventType(_) => Kind::Forbidden,
             Self::Limited(e) => e.kind(),
             Self::Store(e) => e.kind(),
@@ -100,10 +111,31 @@ impl Refusal for PublishError {
     }
 }
 
+/// What a publish was answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    /// The id of each published event, in order (aliases a rename fires get
+    /// ids too, but are not listed).
+    pub event_ids: Vec<EventId>,
+    /// The publish's Idempotency-Key was already recorded with this body:
+    /// these are the ids of that publish, and nothing was stored now.
+    pub replayed: bool,
+}
+
+/// Whether `key` may be an `Idempotency-Key`: 1 to 255 visible ASCII
+/// characters (no spaces, no controls).
+pub fn valid_idempotency_key(key: &str) -> bool {
+    (1..=255).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic())
+}
+
 /// Publishes the JSON `body` (one event, or `{"events": [...]}`) as
-/// `caller`; returns the id of each published event, in order (aliases a
-/// rename fires get ids too, but are not listed).
-pub async fn publish(core: &Core, caller: &Identity, body: &[u8]) -> Result<Vec<EventId>, PublishError> {
+/// `caller`, once per `idempotency_key` if one is given (see
+/// [`crate::store::idempotency`]: the key is scoped by the caller's
+/// identity and compared by the SHA-256 of `body`).
+pub async fn publish(core: &Core, caller: &Identity, body: &[u8], idempotency_key: Option<&str>) -> Result<Accepted, PublishError> {
+    if idempotency_key.is_some_and(|k| !valid_idempotency_key(k)) {
+        return Err(PublishError::InvalidIdempotencyKey);
+    }
     let value: Value = serde_json::from_slice(body).map_err(|e| PublishError::MalformedJson(e.to_string()))?;
     let (items, batch) = match value {
         Value::Object(mut map) if map.contains_key("events") && !map.contains_key("event_type") => {
@@ -193,11 +225,29 @@ pub async fn publish(core: &Core, caller: &Identity, body: &[u8]) -> Result<Vec<
         records.iter().map(|r| if registry.contains(&r.event_type) { r.event_type.clone() } else { "unregistered".to_owned() }).collect();
     // Group-committed with the publishes in flight alongside (one
     // transaction and one fsync for all of them).
-    let ids = core.appender().append(records).await?;
+    let key = idempotency_key.map(|key| {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        IdempotencyKey {
+            scope: caller.sub.clone(),
+            key: key.to_owned(),
+            body_hash: Sha256::digest(body).into(),
+            answer: primary.clone(),
+            now_ms,
+            window_ms: i64::try_from(core.settings().idempotency_window.as_millis()).unwrap_or(i64::MAX),
+        }
+    });
+    let ids = match core.appender().publish(Publish { records, key }).await? {
+        Published::Stored(ids) => ids,
+        Published::Replayed(event_ids) => {
+            metrics::counter!(m::PUBLISH_IDEMPOTENT_REPLAYS).increment(1);
+            return Ok(Accepted { event_ids, replayed: true });
+        }
+        Published::KeyReused => return Err(PublishError::IdempotencyKeyReused),
+    };
     for label in labels {
         metrics::counter!(m::EVENTS_PUBLISHED, "type" => label).increment(1);
     }
     // Wake the local broker at once instead of waiting for the NOTIFY round trip.
     core.broker().wake();
-    Ok(primary.into_iter().map(|i| ids[i]).collect())
+    Ok(Accepted { event_ids: primary.into_iter().map(|i| ids[i]).collect(), replayed: false })
 }

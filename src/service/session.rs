@@ -31,7 +31,7 @@ use crate::broker::{Broker, Detached, Frame, SubscribeOptions, Subscription};
 use crate::event::{Event, EventId};
 use crate::filter::Filter;
 use crate::metrics as m;
-use crate::store::{EventLog, StoreError};
+use crate::store::{Bounds, EventLog, StoreError};
 
 /// Where a session starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,7 +272,7 @@ impl Session {
         let cursor = match start {
             Start::Now => position,
             Start::Resume(requested) | Start::After(requested) => {
-                let head = store.head().await?;
+                let Bounds { floor, head } = store.bounds().await?;
                 // The oldest point one resume may replay from: retained
                 // history, and for a stream at most max_replay events back
                 // (mercure's maxHistoryScan: a reconnect cannot force an
@@ -281,7 +281,7 @@ impl Session {
                     Start::Resume(_) => head.saturating_sub(i64::try_from(options.max_replay).unwrap_or(i64::MAX)),
                     _ => 0,
                 };
-                let floor = store.floor().await?.max(cap);
+                let floor = floor.max(cap);
                 if requested > head || requested < floor {
                     metrics::counter!(m::REPLAY_GAPS).increment(1);
                     gap = Some(Gap { requested, available_from: floor + 1, head });

@@ -26,8 +26,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{NewRecord, Store, StoreError, TreeOutcome, TreeWrite};
-use crate::event::EventId;
+use super::{Publish, Published, Store, StoreError, TreeOutcome, TreeWrite};
 
 /// Appends waiting for the committer, at most.
 const QUEUE: usize = 4096;
@@ -60,29 +59,28 @@ pub trait Grouped: Send + Sync + 'static {
     async fn together(store: &dyn Store, requests: Vec<Self::Request>) -> Result<Vec<Self::Answer>, StoreError>;
 }
 
-/// Publishes: a request is its records, its answer their ids.
+/// Publishes: a request is its records and its idempotency key, its answer
+/// their ids (or the ids its key answered before).
 #[derive(Debug)]
 pub struct Publishes;
 
 #[async_trait::async_trait]
 impl Grouped for Publishes {
-    type Request = Vec<NewRecord>;
-    type Answer = Vec<EventId>;
+    type Request = Publish;
+    type Answer = Published;
     const KIND: &'static str = "publish";
 
     fn events(request: &Self::Request) -> usize {
-        request.len()
+        request.records.len()
     }
 
     async fn alone(store: &dyn Store, request: Self::Request) -> Result<Self::Answer, StoreError> {
-        store.append(request).await
+        let mut answers = store.publish(vec![request]).await?;
+        answers.pop().ok_or_else(|| StoreError::Unavailable("the store answered a publish with nothing".into()))
     }
 
     async fn together(store: &dyn Store, requests: Vec<Self::Request>) -> Result<Vec<Self::Answer>, StoreError> {
-        let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
-        let ids = store.append(requests.into_iter().flatten().collect()).await?;
-        let mut ids = ids.into_iter();
-        Ok(sizes.into_iter().map(|size| ids.by_ref().take(size).collect()).collect())
+        store.publish(requests).await
     }
 }
 
@@ -152,13 +150,13 @@ impl<G: Grouped> GroupCommit<G> {
 }
 
 impl GroupCommit<Publishes> {
-    /// Appends `records` in the next group; their ids, in order, once the
-    /// group is durable.
-    pub async fn append(&self, records: Vec<NewRecord>) -> Result<Vec<EventId>, StoreError> {
-        if records.is_empty() {
-            return Ok(Vec::new());
+    /// Publishes in the next group; what became of it once the group is
+    /// durable.
+    pub async fn publish(&self, publish: Publish) -> Result<Published, StoreError> {
+        if publish.records.is_empty() {
+            return Ok(Published::Stored(Vec::new()));
         }
-        self.submit(records).await
+        self.submit(publish).await
     }
 }
 

@@ -16,6 +16,7 @@
 
 pub mod embedded;
 pub mod group;
+pub mod idempotency;
 pub mod postgres;
 
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::event::{EventBody, EventId};
 pub use crate::tree::{ChangeEvent, ChangeKind};
+pub use idempotency::{IdempotencyKey, Publish, Published};
 
 /// One record to append.
 #[derive(Debug, Clone)]
@@ -356,6 +358,15 @@ pub enum StoreError {
 /// collides with it). Retention never prunes past the lowest of them.
 pub const COURIER_CURSORS: &str = "tidings:courier";
 
+/// The retained stretch of the log, read at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// The oldest resume point served without a gap ([`EventLog::floor`]).
+    pub floor: EventId,
+    /// The highest committed id ([`EventLog::head`]).
+    pub head: EventId,
+}
+
 /// The event log: append with gap-free, commit-ordered ids, read after an
 /// id, the head and the floor, retention, and the wake-ups after commits.
 #[async_trait]
@@ -407,6 +418,21 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// The lowest retained id minus one, i.e. the oldest resume point that can
     /// be served without a gap (0 when nothing was ever pruned).
     async fn floor(&self) -> Result<EventId, StoreError>;
+
+    /// Publishes: each one's records appended all or nothing, with its
+    /// `Idempotency-Key` recorded in the same transaction, in one
+    /// transaction for the whole group (see [`idempotency`]). A publish
+    /// whose key is live stores nothing and is answered from the key.
+    async fn publish(&self, publishes: Vec<Publish>) -> Result<Vec<Published>, StoreError>;
+
+    /// Forgets the idempotency keys recorded before `before_ms` (Unix ms);
+    /// how many.
+    async fn prune_idempotency(&self, before_ms: i64) -> Result<u64, StoreError>;
+
+    /// [`Self::floor`] and [`Self::head`] read together, in one round trip
+    /// where the store has round trips: what a resuming stream checks its
+    /// `Last-Event-ID` against (a reconnect storm pays it once per client).
+    async fn bounds(&self) -> Result<Bounds, StoreError>;
 
     /// Deletes history: every event up to the newest one recorded before
     /// `recorded_before_ms` (Unix ms), and every event more than `keep_last`
@@ -555,24 +581,33 @@ pub trait Store: EventLog + ConsumerStore + TreeStore + EngineStore {}
 impl<T: EventLog + ConsumerStore + TreeStore + EngineStore> Store for T {}
 
 /// Prunes history by `retention` every `every` until `cancel` (the
-/// background half of `TIDINGS_RETENTION`). Failures are logged and retried
-/// at the next tick: retention is housekeeping, never a reason to stop.
+/// background half of `TIDINGS_RETENTION`), and the idempotency keys older
+/// than `idempotency_window`. Failures are logged and retried at the next
+/// tick: retention is housekeeping, never a reason to stop.
 pub async fn run_retention(
     store: Arc<dyn Store>,
     retention: crate::config::Retention,
+    idempotency_window: std::time::Duration,
     every: std::time::Duration,
     cancel: CancellationToken,
 ) {
-    if !retention.is_on() {
-        return;
-    }
     let mut tick = tokio::time::interval(every);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let before = retention.max_age.map(|age| chrono::Utc::now().timestamp_millis() - age.as_millis().min(i64::MAX as u128) as i64);
+        let now = chrono::Utc::now().timestamp_millis();
+        let window = i64::try_from(idempotency_window.as_millis()).unwrap_or(i64::MAX);
+        match store.prune_idempotency(now.saturating_sub(window)).await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::debug!(deleted, "forgot expired idempotency keys"),
+            Err(e) => tracing::warn!(error = %e, "could not prune idempotency keys; retrying at the next interval"),
+        }
+        if !retention.is_on() {
+            continue;
+        }
+        let before = retention.max_age.map(|age| now - age.as_millis().min(i64::MAX as u128) as i64);
         match store.prune(before, retention.max_events).await {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "retention pruned history"),

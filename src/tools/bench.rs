@@ -109,6 +109,19 @@ pub struct BenchArgs {
     /// With `--http-version 2`: streams per connection.
     #[arg(long, default_value_t = 100)]
     pub streams_per_connection: usize,
+    /// `deliver` with `--rate 0` and `resume`: create this file once every
+    /// subscriber is connected, so a script can start the publisher (or the
+    /// fault) only then.
+    #[arg(long)]
+    pub ready_file: Option<std::path::PathBuf>,
+}
+
+/// Creates `--ready-file`, if one was given.
+pub(super) fn mark_ready(args: &BenchArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.ready_file {
+        std::fs::write(path, b"ready\n")?;
+    }
+    Ok(())
 }
 
 /// An HTTP/1.1 client that trusts `--ca-file`, keeping `idle` connections
@@ -291,6 +304,9 @@ pub enum Mode {
     /// that capacity redirects form, write-to-leaf delay for `--events` at
     /// `--rate`, then the time from killing a relay to full repair.
     Tree,
+    /// `--clients` SSE subscribers on `--url` that, when it goes away,
+    /// resume on `--peer-urls`: see [`super::scale`].
+    Resume,
 }
 
 /// Result of `idle`.
@@ -800,7 +816,7 @@ pub async fn replay_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRep
     })
 }
 
-async fn head(http: &reqwest::Client, url: &str) -> anyhow::Result<i64> {
+pub(super) async fn head(http: &reqwest::Client, url: &str) -> anyhow::Result<i64> {
     let v: Value = http.get(format!("{url}/health/deep")).send().await?.json().await?;
     v["head_event_id"].as_i64().ok_or_else(|| anyhow::anyhow!("no head_event_id in /health/deep"))
 }
@@ -893,36 +909,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let cpu_before = args.server_pid.and_then(proc_cpu_seconds);
 
     let shards = args.shards.max(1);
-    let accepted: Arc<Vec<AtomicU64>> = Arc::new((0..shards).map(|_| AtomicU64::new(0)).collect());
-    let total = (args.rate * args.duration.as_secs_f64()).round() as u64;
-    let interval = Duration::from_secs_f64(1.0 / args.rate);
-    let start = tokio::time::Instant::now();
-    let mut publishes = Vec::with_capacity(total as usize);
-    for n in 0..total {
-        tokio::time::sleep_until(start + interval.mul_f64(n as f64)).await;
-        let http = http.clone();
-        let generic = args.generic_publish.clone();
-        let url = generic.clone().unwrap_or_else(|| format!("{}/v1/events", args.url));
-        let accepted = accepted.clone();
-        let event_type = args.event_type.clone();
-        publishes.push(tokio::spawn(async move {
-            let shard = n % shards;
-            let body = if generic.is_some() {
-                json!({"sent_us": now_us(), "shard": shard})
-            } else {
-                json!({"event_type": event_type, "payload": {"sent_us": now_us(), "weight": 1, "shard": shard}})
-            };
-            if let Ok(r) = http.post(url).json(&body).send().await
-                && r.status().is_success()
-            {
-                accepted[shard as usize].fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-    for p in publishes {
-        let _ = p.await;
-    }
-    let per_shard: Vec<u64> = accepted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    let per_shard =
+        if args.rate > 0.0 { publish_at_rate(&args, &http, shards).await } else { await_publisher(&args, &http, shards).await? };
     let accepted: u64 = per_shard.iter().sum();
     let owed = |i: usize| per_shard[i % shards as usize];
     // Let the last deliveries land: wait until every subscriber has them, or 5 s.
@@ -958,6 +946,59 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         server_cpu_s: cpu_before.zip(cpu_after).map(|(a, b)| b - a),
         server_peak_rss_kib: args.server_pid.and_then(proc_peak_rss_kib),
     })
+}
+
+/// `deliver`: publishes `--rate` events/s for `--duration`, open loop, and
+/// returns the publishes accepted per shard.
+async fn publish_at_rate(args: &BenchArgs, http: &reqwest::Client, shards: u64) -> Vec<u64> {
+    let accepted: Arc<Vec<AtomicU64>> = Arc::new((0..shards).map(|_| AtomicU64::new(0)).collect());
+    let total = (args.rate * args.duration.as_secs_f64()).round() as u64;
+    let interval = Duration::from_secs_f64(1.0 / args.rate);
+    let start = tokio::time::Instant::now();
+    let mut publishes = Vec::with_capacity(total as usize);
+    for n in 0..total {
+        tokio::time::sleep_until(start + interval.mul_f64(n as f64)).await;
+        let http = http.clone();
+        let generic = args.generic_publish.clone();
+        let url = generic.clone().unwrap_or_else(|| format!("{}/v1/events", args.url));
+        let accepted = accepted.clone();
+        let event_type = args.event_type.clone();
+        publishes.push(tokio::spawn(async move {
+            let shard = n % shards;
+            let body = if generic.is_some() {
+                json!({"sent_us": now_us(), "shard": shard})
+            } else {
+                json!({"event_type": event_type, "payload": {"sent_us": now_us(), "weight": 1, "shard": shard}})
+            };
+            if let Ok(r) = http.post(url).json(&body).send().await
+                && r.status().is_success()
+            {
+                accepted[shard as usize].fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for p in publishes {
+        let _ = p.await;
+    }
+    accepted.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+}
+
+/// `deliver` with `--rate 0`: the subscribers of this process are one part
+/// of a run whose events another process publishes (`scripts/bench-scale`
+/// with `PROCESSES`). Marks the run ready, then waits until the log's head
+/// has advanced by `--events` (or `--duration` ran out); every event
+/// appended meanwhile is owed to every subscriber.
+async fn await_publisher(args: &BenchArgs, http: &reqwest::Client, shards: u64) -> anyhow::Result<Vec<u64>> {
+    anyhow::ensure!(shards == 1, "--rate 0 takes no --shards");
+    let start = head(http, &args.url).await?;
+    mark_ready(args)?;
+    let deadline = Instant::now() + args.duration;
+    let mut now = start;
+    while now - start < args.events as i64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        now = head(http, &args.url).await?;
+    }
+    Ok(vec![u64::try_from(now - start).unwrap_or(0)])
 }
 
 fn urlencode(s: &str) -> String {

@@ -87,6 +87,14 @@ pub struct PublishArgs {
     /// Bearer token.
     #[arg(long, env = "TIDINGS_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The publish's Idempotency-Key (default: a new random one). Its
+    /// retries carry it, so a retry after a lost answer stores nothing twice.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Retries after a `503` or a lost connection, with backoff (never
+    /// after a refusal).
+    #[arg(long, default_value_t = 5)]
+    pub retries: u32,
 }
 
 /// `tidings registry ...`.
@@ -191,18 +199,45 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     if let Some(a) = args.agent {
         body["agent"] = json!({"id": a});
     }
-    let mut request = reqwest::Client::new().post(format!("{}/v1/events", args.url.trim_end_matches('/'))).json(&body);
-    if let Some(t) = &args.token {
-        request = request.bearer_auth(t);
+    let key = args.idempotency_key.clone().unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+    let url = format!("{}/v1/events", args.url.trim_end_matches('/'));
+    let mut backoff = Duration::from_millis(250);
+    let mut attempt = 0;
+    loop {
+        let mut request = http.post(&url).header("idempotency-key", &key).json(&body);
+        if let Some(t) = &args.token {
+            request = request.bearer_auth(t);
+        }
+        // A lost connection or a 503 may have committed or not: the retry
+        // carries the same key, so it is stored once either way.
+        let failure = match request.send().await {
+            Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                let after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                if let Some(seconds) = after {
+                    backoff = backoff.max(Duration::from_secs(seconds.min(30)));
+                }
+                format!("503: {}", response.text().await.unwrap_or_default())
+            }
+            Ok(response) => {
+                let status = response.status();
+                let answer: Value = response.json().await.unwrap_or(Value::Null);
+                if !status.is_success() {
+                    anyhow::bail!("{status}: {} ({})", answer["error"].as_str().unwrap_or("error"), answer["message"].as_str().unwrap_or(""));
+                }
+                println!("{}", answer["event_ids"][0]);
+                return Ok(());
+            }
+            Err(e) => format!("{e}"),
+        };
+        if attempt >= args.retries {
+            anyhow::bail!("publishing failed after {} attempts: {failure}", attempt + 1);
+        }
+        attempt += 1;
+        eprintln!("tidings publish: {failure}; retrying with the same Idempotency-Key");
+        tokio::time::sleep(backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0)).await;
+        backoff = (backoff * 2).min(Duration::from_secs(10));
     }
-    let response = request.send().await.context("sending the event")?;
-    let status = response.status();
-    let answer: Value = response.json().await.unwrap_or(Value::Null);
-    if !status.is_success() {
-        anyhow::bail!("{status}: {} ({})", answer["error"].as_str().unwrap_or("error"), answer["message"].as_str().unwrap_or(""));
-    }
-    println!("{}", answer["event_ids"][0]);
-    Ok(())
 }
 
 /// Validates a registry directory (the directory itself, never the built-in copy).

@@ -11,4 +11,5 @@ pub mod client;
 pub mod device;
 pub mod lossy;
 pub mod peers;
+pub mod scale;
 pub mod subscribe;

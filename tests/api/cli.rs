@@ -10,7 +10,12 @@ use serde_json::Value;
 use crate::both_stores;
 use crate::helpers::{Backend, free_port, process_store, spawn_process_at};
 
-both_stores!(publish_and_tail_resume_across_a_restart, listen_resumes_across_a_restart_and_acks, listen_stops_on_a_rejection);
+both_stores!(
+    publish_and_tail_resume_across_a_restart,
+    listen_resumes_across_a_restart_and_acks,
+    listen_stops_on_a_rejection,
+    publish_retries_a_lost_answer_without_storing_twice
+);
 
 fn tidings() -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tidings"));
@@ -22,6 +27,25 @@ async fn publish(url: &str, payload: &str) -> i64 {
     let out = tidings().args(["publish", "comment.posted", "--payload", payload, "--url", url]).output().await.unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
+}
+
+/// The answer to `tidings publish` is lost once (a proxy drops it after
+/// the server committed): it retries with the same Idempotency-Key, prints
+/// the original id, and the log holds the event once.
+async fn publish_retries_a_lost_answer_without_storing_twice(backend: Backend) {
+    let app = crate::helpers::spawn_app(backend).await;
+    let proxy = crate::helpers::answer_dropping_proxy(app.base.trim_start_matches("http://").parse().unwrap(), 1).await;
+    let out = tidings().args(["publish", "comment.posted", "--url", &format!("http://{proxy}")]).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("retrying with the same Idempotency-Key"), "the first answer was lost: {stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1", "the original id");
+    assert_eq!(app.head().await, 1, "stored once");
+    // A refusal is not retried.
+    let out = tidings().args(["publish", "Not-A-Name", "--url", &app.base]).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("invalid_event_name") && !stderr.contains("retrying"), "{stderr}");
+    assert_eq!(app.head().await, 1);
 }
 
 async fn publish_and_tail_resume_across_a_restart(backend: Backend) {

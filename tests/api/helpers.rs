@@ -402,3 +402,40 @@ pub(crate) fn ed25519_identity() -> (ed25519_dalek::SigningKey, Value, String) {
     let hash = tidings::tree::capability::hash_of(&entity).unwrap();
     (key, entity, hash)
 }
+
+/// A TCP proxy to `upstream` that loses the answers of its first `drop`
+/// connections: it forwards the request, reads the server's first byte (the
+/// answer is on its way, so the request was served) and closes both sides
+/// without passing anything back. Later connections are forwarded whole.
+pub(crate) async fn answer_dropping_proxy(upstream: std::net::SocketAddr, drop: usize) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut served = 0;
+        while let Ok((mut client, _)) = listener.accept().await {
+            let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else { return };
+            served += 1;
+            if served > drop {
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+                continue;
+            }
+            tokio::spawn(async move {
+                let (mut request, mut answer) = (vec![0u8; 64 * 1024], [0u8; 1]);
+                loop {
+                    tokio::select! {
+                        n = client.read(&mut request) => match n {
+                            Ok(n) if n > 0 => if server.write_all(&request[..n]).await.is_err() { return },
+                            _ => return,
+                        },
+                        // The answer began: lose it, and the connection.
+                        _ = server.read(&mut answer) => return,
+                    }
+                }
+            });
+        }
+    });
+    addr
+}

@@ -11,6 +11,7 @@ mod delivery;
 mod deploy;
 mod durability;
 mod filters;
+mod idempotency;
 mod identity;
 mod js_client;
 mod layers;

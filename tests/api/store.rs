@@ -12,7 +12,8 @@ use tidings::event::{Agent, EventBody, Visibility};
 use tidings::store::embedded::EmbeddedStore;
 use tidings::store::postgres::{PostgresOptions, PostgresStore};
 use tidings::store::{
-    Acked, Actor, ChangeKind, Condition, ConsumerOpen, EngineCommit, EngineEffect, NewRecord, Opened, Store, TreeOutcome, TreeWrite,
+    Acked, Actor, Bounds, ChangeKind, Condition, ConsumerOpen, EngineCommit, EngineEffect, IdempotencyKey, NewRecord, Opened, Publish,
+    Published, Store, TreeOutcome, TreeWrite,
 };
 use tidings::tree::change_event;
 
@@ -46,6 +47,7 @@ every_store!(
     content_store_is_idempotent,
     engine_cursor_is_compare_and_set,
     prune_keeps_history_contiguous_and_spares_the_engine,
+    idempotency_keys_replay_refuse_expire_and_are_pruned,
 );
 
 async fn postgres_store() -> Arc<dyn Store> {
@@ -71,6 +73,7 @@ fn record(n: usize) -> NewRecord {
 async fn append_and_read_in_order(store: Arc<dyn Store>) {
     assert_eq!(store.head().await.unwrap(), 0, "a new store is empty");
     assert_eq!(store.floor().await.unwrap(), 0);
+    assert_eq!(store.bounds().await.unwrap(), Bounds { floor: 0, head: 0 });
     assert!(store.read_after(0, 10).await.unwrap().is_empty());
 
     assert_eq!(store.append(vec![record(0)]).await.unwrap(), vec![1]);
@@ -404,12 +407,65 @@ async fn engine_cursor_is_compare_and_set(store: Arc<dyn Store>) {
     store.engine_resign().await;
 }
 
+fn keyed(scope: &str, key: &str, body: u8, records: usize, now_ms: i64) -> Publish {
+    Publish {
+        records: (0..records).map(record).collect(),
+        key: Some(IdempotencyKey {
+            scope: scope.into(),
+            key: key.into(),
+            body_hash: [body; 32],
+            // The second record is an alias: stored, not answered.
+            answer: (0..records).filter(|&p| p != 1).collect(),
+            now_ms,
+            window_ms: 1_000,
+        }),
+    }
+}
+
+async fn idempotency_keys_replay_refuse_expire_and_are_pruned(store: Arc<dyn Store>) {
+    let plain = Publish { records: vec![record(0)], key: None };
+    let answers = store.publish(vec![plain.clone(), keyed("alice", "k", 1, 3, 10_000), plain]).await.unwrap();
+    assert_eq!(answers, vec![Published::Stored(vec![1]), Published::Stored(vec![2, 3, 4]), Published::Stored(vec![5])]);
+    // Later groups: the same body is answered the recorded ids (the alias
+    // left out), another body refused, another scope is another key; a
+    // group holding one key twice stores it once.
+    let answers = store
+        .publish(vec![
+            keyed("alice", "k", 1, 3, 10_500),
+            keyed("alice", "k", 2, 3, 10_500),
+            keyed("bob", "k", 1, 1, 10_500),
+            keyed("bob", "j", 1, 1, 10_500),
+            keyed("bob", "j", 1, 1, 10_500),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        vec![
+            Published::Replayed(vec![2, 4]),
+            Published::KeyReused,
+            Published::Stored(vec![6]),
+            Published::Stored(vec![7]),
+            Published::Replayed(vec![7]),
+        ]
+    );
+    assert_eq!(store.head().await.unwrap(), 7, "replays and refusals stored nothing");
+    // Past its window a key is absent: the publish is new.
+    let answers = store.publish(vec![keyed("alice", "k", 2, 1, 11_001)]).await.unwrap();
+    assert_eq!(answers, vec![Published::Stored(vec![8])]);
+    // Pruning forgets keys recorded before the cut, and only those.
+    assert_eq!(store.prune_idempotency(10_600).await.unwrap(), 2, "bob's two keys, recorded at 10,500");
+    assert_eq!(store.publish(vec![keyed("alice", "k", 2, 1, 11_002)]).await.unwrap(), vec![Published::Replayed(vec![8])]);
+    assert_eq!(store.publish(vec![keyed("bob", "j", 1, 1, 10_600)]).await.unwrap(), vec![Published::Stored(vec![9])]);
+}
+
 async fn prune_keeps_history_contiguous_and_spares_the_engine(store: Arc<dyn Store>) {
     store.append((0..10).map(record).collect()).await.unwrap();
     assert_eq!(store.prune(None, Some(3)).await.unwrap(), 0, "nothing the engine has not reached is pruned");
     assert!(store.engine_commit(EngineCommit { from: 0, to: 10, effects: vec![], counts: vec![] }).await.unwrap());
     assert_eq!(store.prune(None, Some(3)).await.unwrap(), 7);
     assert_eq!(store.floor().await.unwrap(), 7, "the oldest resume point served without a gap");
+    assert_eq!(store.bounds().await.unwrap(), Bounds { floor: 7, head: 10 }, "both read at once");
     assert_eq!(store.read_after(0, 100).await.unwrap().iter().map(|r| r.id).collect::<Vec<_>>(), vec![8, 9, 10]);
     assert_eq!(store.head().await.unwrap(), 10, "pruning never moves the head");
     assert_eq!(store.append(vec![record(10)]).await.unwrap(), vec![11], "ids go on after a prune");

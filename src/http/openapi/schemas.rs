@@ -222,6 +222,7 @@ fn parameter_schema(location: &str, name: &str, method: &str, settings: &Setting
         ("header", "Last-Event-ID") => json!({"type": "string", "pattern": "^ *[0-9]{1,18} *$"}),
         ("header", "If-None-Match") => json!({"type": "string", "enum": ["*"]}),
         ("header", "If-Match") => json!({"type": "string", "pattern": "^(?:\\*|\"?sha256:[0-9a-f]{64}\"?)$"}),
+        ("header", "Idempotency-Key") => json!({"type": "string", "pattern": "^[!-~]{1,255}$"}),
         ("header", "X-Chain-Id") => {
             json!({"type": "string", "pattern": format!("^{PATH_SEGMENT}$"), "maxLength": crate::tree::MAX_CHAIN_ID_LEN})
         }

@@ -83,6 +83,71 @@ impl EventLog for EmbeddedStore {
         .await
     }
 
+    async fn publish(&self, mut publishes: Vec<Publish>) -> Result<Vec<Published>, StoreError> {
+        if publishes.iter().all(|p| p.key.is_none()) {
+            return idempotency::unkeyed(self, publishes).await;
+        }
+        let hand_off = lock(&self.inner.hand_off).clone();
+        let (answers, taken) = self
+            .write(move |conn| {
+                let now = chrono::Utc::now().timestamp_millis();
+                let (answers, batch, ids) = immediate(conn, |tx| {
+                    let mut recorded = HashMap::new();
+                    let mut find = tx.prepare_cached(
+                        "SELECT body_hash, event_ids FROM tidings_idempotency WHERE scope = ?1 AND key = ?2 AND created_ms >= ?3",
+                    )?;
+                    for key in idempotency::distinct_keys(&publishes) {
+                        let row = find
+                            .query_row(params![key.scope, key.key, key.now_ms.saturating_sub(key.window_ms)], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?)))
+                            .optional()?;
+                        if let Some((body_hash, ids)) = row {
+                            let event_ids = serde_json::from_str(&ids).unwrap_or_default();
+                            recorded.insert((key.scope.clone(), key.key.clone()), idempotency::Recorded { body_hash, event_ids });
+                        }
+                    }
+                    let plans = idempotency::plan(&publishes, &recorded);
+                    let (batch, shares) = idempotency::take_batch(&mut publishes, &plans);
+                    let ids = if batch.is_empty() { Vec::new() } else { append_at(tx, &batch, now)? };
+                    let appended = idempotency::split(&ids, &shares);
+                    let mut record = tx.prepare_cached(
+                        "INSERT OR REPLACE INTO tidings_idempotency (scope, key, body_hash, event_ids, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?;
+                    for (publish, ids) in publishes.iter().zip(&appended) {
+                        if let (Some(key), Some(ids)) = (&publish.key, ids) {
+                            let answered = serde_json::to_string(&idempotency::answered(key, ids)).unwrap_or_default();
+                            record.execute(params![key.scope, key.key, key.body_hash.as_slice(), answered, key.now_ms])?;
+                        }
+                    }
+                    Ok((idempotency::finish(&publishes, plans, appended), batch, ids))
+                })?;
+                // Handed off with the writer still held, as `append` does.
+                let taken = !batch.is_empty()
+                    && hand_off.is_some_and(|to| {
+                        to.give(ids.iter().zip(batch).map(|(&id, record)| Record { id, body: record.body, recorded_ms: now }).collect())
+                    });
+                Ok((answers, taken))
+            })
+            .await?;
+        if !taken {
+            self.wake();
+        }
+        Ok(answers)
+    }
+
+    async fn prune_idempotency(&self, before_ms: i64) -> Result<u64, StoreError> {
+        self.write(move |conn| Ok(conn.execute("DELETE FROM tidings_idempotency WHERE created_ms < ?1", [before_ms])? as u64)).await
+    }
+
+    async fn bounds(&self) -> Result<Bounds, StoreError> {
+        self.read(|conn| {
+            conn.prepare_cached(
+                "SELECT coalesce((SELECT min(id) - 1 FROM events), last_id), last_id FROM tidings_head WHERE singleton = 1",
+            )?
+            .query_row([], |r| Ok(Bounds { floor: r.get(0)?, head: r.get(1)? }))
+        })
+        .await
+    }
+
     async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError> {
         let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
         self.write(move |conn| {

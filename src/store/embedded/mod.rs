@@ -38,8 +38,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, HandOff,
-    ListenerState, NewRecord, Opened, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
+    Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, HandOff,
+    ListenerState, NewRecord, Opened, Publish, Published, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore,
+    TreeWrite, idempotency,
 };
 use crate::event::EventId;
 
@@ -56,6 +57,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (10, "tree_version", include_str!("../../../migrations/embedded/0010_tree_version.sql")),
     (11, "peer_marks", include_str!("../../../migrations/embedded/0011_peer_marks.sql")),
     (12, "instance", include_str!("../../../migrations/embedded/0012_instance.sql")),
+    (13, "idempotency", include_str!("../../../migrations/embedded/0013_idempotency.sql")),
 ];
 
 /// Read connections kept open. A constant: SQLite readers in WAL mode run

@@ -19,6 +19,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (10, "tree_version", include_str!("../../../migrations/postgres/0010_tree_version.sql")),
     (11, "peer_marks", include_str!("../../../migrations/postgres/0011_peer_marks.sql")),
     (12, "instance", include_str!("../../../migrations/postgres/0012_instance.sql")),
+    (13, "idempotency", include_str!("../../../migrations/postgres/0013_idempotency.sql")),
 ];
 
 impl PostgresStore {

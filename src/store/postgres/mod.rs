@@ -40,8 +40,9 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Acked, Actor, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, HandOff,
-    ListenerState, NewRecord, Opened, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite,
+    Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, HandOff,
+    ListenerState, NewRecord, Opened, Publish, Published, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore,
+    TreeWrite, idempotency,
 };
 use crate::event::EventId;
 
@@ -165,6 +166,18 @@ fn pg_error(e: tokio_postgres::Error) -> StoreError {
         || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
     if unavailable { StoreError::Unavailable(e.to_string()) } else { StoreError::Other(e.into()) }
 }
+
+/// Claims idempotency keys (sorted, one row each): inserts the new ones and
+/// takes over the expired ones, returning what it claimed; a live key is
+/// left alone (and, if another transaction is inserting it, waited for).
+const CLAIM_KEYS_SQL: &str = "
+INSERT INTO tidings_idempotency (scope, key, body_hash, event_ids, created_ms)
+SELECT t.scope, t.key, t.body_hash, '[]', t.now
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) WITH ORDINALITY AS t(scope, key, body_hash, now, ord)
+ORDER BY t.ord
+ON CONFLICT (scope, key) DO UPDATE SET body_hash = EXCLUDED.body_hash, event_ids = '[]', created_ms = EXCLUDED.created_ms
+WHERE tidings_idempotency.created_ms < EXCLUDED.created_ms - $5::bigint
+RETURNING scope, key";
 
 const APPEND_SQL: &str = "
 WITH head AS (
