@@ -26,6 +26,7 @@ use crate::subscription::engine::EngineSettings;
 /// A built, bound server, ready to run.
 #[derive(Debug)]
 pub struct Application {
+    core: Core,
     listener: TcpListener,
     addr: SocketAddr,
     router: axum::Router,
@@ -261,8 +262,13 @@ impl Application {
             draining: draining.clone(),
         });
         seed_peers(&core).await?;
-        let state = AppState::new(core, auth, metrics);
+        // What tidings.publish (SQL) checks names against: this registry.
+        let names = core.registry().docs().flat_map(|d| std::iter::once(d.name.clone()).chain(d.renamed_from.iter().cloned())).collect();
+        let strict = core.registry().mode() == crate::registry::RegistryMode::Strict;
+        core.store().registry_sync(names, strict).await.context("writing the registry for tidings.publish")?;
+        let state = AppState::new(core.clone(), auth, metrics);
         Ok(Self {
+            core,
             listener,
             addr,
             router: router(state),
@@ -325,10 +331,11 @@ impl Application {
             self.background.engine.clone(),
         );
         let engine_task = tokio::spawn(engine.run(background.clone()));
+        let outbox_task = tokio::spawn(crate::service::outbox::run_mover(self.core.clone(), background.clone()));
         tracing::info!(addr = %self.addr, "tidings is serving");
         serve(self.listener, self.router, self.options, self.shutdown).await;
         background.cancel();
-        let _ = tokio::join!(listener_task, broker_task, retention_task, expiry_task, probe_task, engine_task);
+        let _ = tokio::join!(listener_task, broker_task, retention_task, expiry_task, probe_task, engine_task, outbox_task);
         tracing::info!("tidings stopped");
         Ok(())
     }

@@ -103,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
                 Mode::MirrorConverge => serde_json::to_value(tidings::tools::peers::mirror_converge(&args).await?)?,
                 Mode::Tree => serde_json::to_value(tidings::tools::peers::tree(&args).await?)?,
                 Mode::Resume => serde_json::to_value(tidings::tools::scale::resume(&args).await?)?,
+                Mode::SqlPublish => serde_json::to_value(tidings::tools::sqlpublish::sql_publish(&args).await?)?,
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())

@@ -16,6 +16,12 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 pub const EVENTS_PUBLISHED: &str = "tidings_events_published_total";
 /// Publishes answered from their Idempotency-Key (nothing stored).
 pub const PUBLISH_IDEMPOTENT_REPLAYS: &str = "tidings_publish_idempotent_replays_total";
+/// Rows of the SQL outbox moved into the log (or answered by their key).
+pub const OUTBOX_MOVED: &str = "tidings_outbox_moved_total";
+/// Rows of the SQL outbox set aside, by code.
+pub const OUTBOX_SET_ASIDE: &str = "tidings_outbox_set_aside_total";
+/// From a `tidings.publish` call to its move into the log.
+pub const OUTBOX_DELAY: &str = "tidings_outbox_delay_seconds";
 /// Frames written to clients, by transport.
 pub const EVENTS_DELIVERED: &str = "tidings_events_delivered_total";
 /// Connected clients, by transport.
@@ -146,6 +152,13 @@ pub fn install() -> PrometheusHandle {
 
 fn describe() {
     describe_counter!(EVENTS_PUBLISHED, Unit::Count, "Events appended to the log, by registered type.");
+    describe_counter!(OUTBOX_MOVED, Unit::Count, "Rows of the SQL outbox (tidings.publish) moved into the log, or answered by their key.");
+    describe_counter!(OUTBOX_SET_ASIDE, Unit::Count, "Rows of the SQL outbox set aside (never delivered), by error code.");
+    describe_histogram!(
+        OUTBOX_DELAY,
+        Unit::Seconds,
+        "From a tidings.publish call to its move into the log (its transaction's duration included)."
+    );
     describe_counter!(
         PUBLISH_IDEMPOTENT_REPLAYS,
         Unit::Count,
@@ -242,6 +255,8 @@ fn describe() {
     }
     counter!(EVENTS_PUBLISHED, "type" => "unregistered").increment(0);
     counter!(PUBLISH_IDEMPOTENT_REPLAYS).increment(0);
+    counter!(OUTBOX_MOVED).increment(0);
+    let _ = histogram!(OUTBOX_DELAY);
     counter!(HTTP_REQUESTS, "route" => "/metrics", "status" => "200").increment(0);
     // Registering a histogram renders it with empty buckets; no fake sample.
     let _ = (histogram!(QUEUE_DEPTH), histogram!(BROKER_LAG), histogram!(DELIVERY_LATENCY), histogram!(CONSUMER_LAG));

@@ -108,8 +108,11 @@ pub fn cors(origins: &str) -> anyhow::Result<Option<tower_http::cors::CorsLayer>
         return Ok(None);
     }
     let methods = [Method::GET, Method::POST, Method::PUT, Method::DELETE];
+    // What a page may read of an answer beyond the safelisted headers: that
+    // a publish was answered from its Idempotency-Key.
+    let exposed = [HeaderName::from_static("idempotent-replayed")];
     if origins == "*" {
-        return Ok(Some(CorsLayer::new().allow_origin(Any).allow_methods(methods).allow_headers(Any)));
+        return Ok(Some(CorsLayer::new().allow_origin(Any).allow_methods(methods).allow_headers(Any).expose_headers(exposed)));
     }
     let list = origins
         .split(',')
@@ -120,9 +123,22 @@ pub fn cors(origins: &str) -> anyhow::Result<Option<tower_http::cors::CorsLayer>
             HeaderValue::from_str(o).map_err(|_| anyhow::anyhow!("TIDINGS_CORS_ORIGINS: {o:?} is not a valid origin"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let headers =
-        [header::AUTHORIZATION, header::CONTENT_TYPE, HeaderName::from_static("last-event-id"), header::IF_MATCH, header::IF_NONE_MATCH];
-    Ok(Some(CorsLayer::new().allow_origin(AllowOrigin::list(list)).allow_credentials(true).allow_methods(methods).allow_headers(headers)))
+    let headers = [
+        header::AUTHORIZATION,
+        header::CONTENT_TYPE,
+        HeaderName::from_static("last-event-id"),
+        HeaderName::from_static("idempotency-key"),
+        header::IF_MATCH,
+        header::IF_NONE_MATCH,
+    ];
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(list))
+            .allow_credentials(true)
+            .allow_methods(methods)
+            .allow_headers(headers)
+            .expose_headers(exposed),
+    ))
 }
 
 /// Builds the router and, from the same handler annotations, the OpenAPI

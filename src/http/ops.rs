@@ -58,7 +58,7 @@ pub(crate) async fn health() -> Json<Value> {
     path = "/health/deep",
     tag = "operations",
     responses(
-        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads, primary_broker_reads} (null without TIDINGS_REPLICA_URLS; for an admin token, else null), uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
+        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads, primary_broker_reads} (null without TIDINGS_REPLICA_URLS; for an admin token, else null), outbox: {depth, oldest_age_ms, set_aside} (PostgreSQL; else null), uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
         (status = 503, description = "The same document while the database is down", body = Object),
     )
 )]
@@ -70,10 +70,13 @@ pub(crate) async fn health_deep(
     // are shown to admins only: with auth on, a token with `admin`.
     let admin = matches!(caller, Ok(super::caller::MaybeCaller(Some(ref identity))) if identity.admin);
     let store = app.store();
-    let probe = tokio::time::timeout(Duration::from_secs(2), async { (store.ping().await, store.head().await, store.floor().await) }).await;
-    let (up, head, floor) = match probe {
-        Ok((Ok(()), Ok(head), Ok(floor))) => (true, Some(head), Some(floor)),
-        _ => (false, None, None),
+    let probe = tokio::time::timeout(Duration::from_secs(2), async {
+        (store.ping().await, store.head().await, store.floor().await, store.outbox_status().await)
+    })
+    .await;
+    let (up, head, floor, outbox) = match probe {
+        Ok((Ok(()), Ok(head), Ok(floor), outbox)) => (true, Some(head), Some(floor), outbox.ok().flatten()),
+        _ => (false, None, None, None),
     };
     let (listener, reconnects) = store.listener();
     let peers = if up && admin { app.core().subscriptions().peers().await.ok() } else { None };
@@ -91,6 +94,9 @@ pub(crate) async fn health_deep(
             "primary_history_reads": primary_reads,
             "primary_broker_reads": primary_tail_reads,
         })),
+        // The SQL outbox (PostgreSQL's tidings.publish): rows waiting to be
+        // moved into the log, the oldest one's age, and rows set aside.
+        "outbox": outbox,
         "uptime_seconds": app.inner.started.elapsed().as_secs(),
         "peers": peers,
         "mirrors": if admin { app.core().subscriptions().mirrors() } else { Value::Null },

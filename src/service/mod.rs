@@ -21,6 +21,7 @@
 pub mod device;
 pub mod error;
 pub mod limits;
+pub mod outbox;
 pub mod poll;
 pub mod publish;
 pub mod session;

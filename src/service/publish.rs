@@ -11,9 +11,10 @@ use super::Core;
 use super::error::{Kind, Refusal};
 use super::limits::LimitError;
 use crate::auth::Identity;
+use crate::event::EventBody;
 use crate::event::{EventError, EventId, PublishRequest};
 use crate::metrics as m;
-use crate::registry::{Problem, RegistryMode};
+use crate::registry::{Problem, Registry, RegistryMode};
 use crate::store::{IdempotencyKey, NewRecord, Publish, Published, StoreError};
 use sha2::{Digest as _, Sha256};
 
@@ -111,6 +112,42 @@ impl Refusal for PublishError {
     }
 }
 
+/// The records one valid event appends: itself, then the aliases a rename
+/// fires. In strict mode an unregistered type or a payload that breaks its
+/// schema is refused; in warn mode it is logged and counted, and accepted.
+pub(crate) fn registered_records(
+    registry: &Registry,
+    body: &EventBody,
+    at: &dyn Fn(String) -> String,
+) -> Result<Vec<NewRecord>, PublishError> {
+    let check = registry.check(&body.event_type, &body.payload);
+    if let Some(problem) = &check.problem {
+        let (refusal, kind): (fn(String) -> PublishError, _) = match problem {
+            Problem::Unregistered => (PublishError::UnregisteredEventType, "unregistered_type"),
+            Problem::SchemaViolation(_) => (PublishError::PayloadSchemaViolation, "schema_violation"),
+        };
+        let message = match problem {
+            Problem::Unregistered => format!("event type {:?} is not in the registry", body.event_type),
+            Problem::SchemaViolation(detail) => format!("payload does not match the schema of {:?}: {detail}", body.event_type),
+        };
+        let refused = refusal(at(message));
+        if registry.mode() == RegistryMode::Strict {
+            return Err(refused);
+        }
+        tracing::warn!(event_type = %body.event_type, problem = refused.code(), "accepting an event the registry does not vouch for (warn mode)");
+        metrics::counter!(m::REGISTRY_VIOLATIONS, "kind" => kind).increment(1);
+    }
+    Ok(check
+        .fire
+        .into_iter()
+        .map(|name| {
+            let mut copy = body.clone();
+            copy.event_type = name;
+            NewRecord::event(&copy)
+        })
+        .collect())
+}
+
 /// What a publish was answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accepted {
@@ -194,29 +231,8 @@ pub async fn publish(core: &Core, caller: &Identity, body: &[u8], idempotency_ke
         if !caller.may_publish(&body.event_type) {
             return Err(PublishError::ForbiddenEventType(at(format!("the caller may not publish {:?}", body.event_type))));
         }
-        let check = registry.check(&body.event_type, &body.payload);
-        if let Some(problem) = &check.problem {
-            let (refusal, kind): (fn(String) -> PublishError, _) = match problem {
-                Problem::Unregistered => (PublishError::UnregisteredEventType, "unregistered_type"),
-                Problem::SchemaViolation(_) => (PublishError::PayloadSchemaViolation, "schema_violation"),
-            };
-            let message = match problem {
-                Problem::Unregistered => format!("event type {:?} is not in the registry", body.event_type),
-                Problem::SchemaViolation(detail) => format!("payload does not match the schema of {:?}: {detail}", body.event_type),
-            };
-            let refused = refusal(at(message));
-            if registry.mode() == RegistryMode::Strict {
-                return Err(refused);
-            }
-            tracing::warn!(event_type = %body.event_type, problem = refused.code(), "accepting an event the registry does not vouch for (warn mode)");
-            metrics::counter!(m::REGISTRY_VIOLATIONS, "kind" => kind).increment(1);
-        }
         primary.push(records.len());
-        for name in check.fire {
-            let mut copy = body.clone();
-            copy.event_type = name;
-            records.push(NewRecord::event(&copy));
-        }
+        records.extend(registered_records(registry, &body, &at)?);
     }
 
     // Only a valid publish spends the budget.
@@ -228,7 +244,7 @@ pub async fn publish(core: &Core, caller: &Identity, body: &[u8], idempotency_ke
     let key = idempotency_key.map(|key| {
         let now_ms = chrono::Utc::now().timestamp_millis();
         IdempotencyKey {
-            scope: caller.sub.clone(),
+            scope: format!("token:{}", caller.sub),
             key: key.to_owned(),
             body_hash: Sha256::digest(body).into(),
             answer: primary.clone(),

@@ -578,17 +578,42 @@ fn subscribe(kill: &Option<CancellationToken>, transport: &'static str, catching
     SubscribeOptions { kill: kill.clone(), transport, catching_up }
 }
 
+/// The series every write of a stream updates, looked up once. A
+/// `counter!` or `histogram!` call hashes its name and labels and searches
+/// the registry each time: with the handles' drops, 2.5% of the server's
+/// CPU in a 1,000-stream fan-out (`perf`, `cpu-clock`); a handle is an
+/// atomic add. Taken at the first write, after the recorder is installed.
+struct DeliverySeries {
+    sse: metrics::Counter,
+    ws: metrics::Counter,
+    replayed: metrics::Counter,
+    latency: metrics::Histogram,
+}
+
+static DELIVERY_SERIES: std::sync::LazyLock<DeliverySeries> = std::sync::LazyLock::new(|| DeliverySeries {
+    sse: metrics::counter!(m::EVENTS_DELIVERED, "transport" => "sse"),
+    ws: metrics::counter!(m::EVENTS_DELIVERED, "transport" => "ws"),
+    replayed: metrics::counter!(m::REPLAYED_EVENTS),
+    latency: metrics::histogram!(m::DELIVERY_LATENCY),
+});
+
 /// Counts `frames` as delivered on `transport` once written: replayed ones
 /// as replayed, live ones with their publish-to-send latency, sampled once
 /// per write (a histogram sample per frame would cost more than the frame).
 pub fn record_delivery(transport: &'static str, frames: &[Frame], replayed: bool) {
     let Some(first) = frames.first() else { return };
-    metrics::counter!(m::EVENTS_DELIVERED, "transport" => transport).increment(frames.len() as u64);
+    let series = &*DELIVERY_SERIES;
+    let n = frames.len() as u64;
+    match transport {
+        "sse" => series.sse.increment(n),
+        "ws" => series.ws.increment(n),
+        other => metrics::counter!(m::EVENTS_DELIVERED, "transport" => other).increment(n),
+    }
     if replayed {
-        metrics::counter!(m::REPLAYED_EVENTS).increment(frames.len() as u64);
+        series.replayed.increment(n);
     } else {
         let latency = (chrono::Utc::now().timestamp_millis() - first.recorded_ms).max(0) as f64 / 1000.0;
-        metrics::histogram!(m::DELIVERY_LATENCY).record(latency);
+        series.latency.record(latency);
     }
 }
 

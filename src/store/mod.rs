@@ -17,6 +17,7 @@
 pub mod embedded;
 pub mod group;
 pub mod idempotency;
+pub mod outbox;
 pub mod postgres;
 
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::event::{EventBody, EventId};
 pub use crate::tree::{ChangeEvent, ChangeKind};
 pub use idempotency::{IdempotencyKey, Publish, Published};
+pub use outbox::{Decide, OutboxDecision, OutboxMoved, OutboxRow, OutboxStatus};
 
 /// One record to append.
 #[derive(Debug, Clone)]
@@ -428,6 +430,33 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// Forgets the idempotency keys recorded before `before_ms` (Unix ms);
     /// how many.
     async fn prune_idempotency(&self, before_ms: i64) -> Result<u64, StoreError>;
+
+    /// The SQL outbox (PostgreSQL's `tidings.publish`): moves up to `limit`
+    /// committed rows into the log, each as `decide` says, in one
+    /// transaction with their deletion (see [`outbox`]); a row over
+    /// `max_bytes` is set aside as `payload_too_large` without being read.
+    /// A store without an outbox moves nothing.
+    async fn outbox_move(&self, _limit: usize, _max_bytes: usize, _decide: &Decide<'_>) -> Result<OutboxMoved, StoreError> {
+        Ok(OutboxMoved::default())
+    }
+
+    /// Wakes whoever moves the outbox after a `tidings.publish` commits
+    /// (and after each reconnect of the LISTEN session); `None` without an
+    /// outbox.
+    fn outbox_wakeups(&self) -> Option<Arc<Notify>> {
+        None
+    }
+
+    /// The outbox's depth and age; `None` without one.
+    async fn outbox_status(&self) -> Result<Option<OutboxStatus>, StoreError> {
+        Ok(None)
+    }
+
+    /// Writes the registry's names (with aliases) and whether it is strict
+    /// where `tidings.publish` checks them; nothing without an outbox.
+    async fn registry_sync(&self, _names: Vec<String>, _strict: bool) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// [`Self::floor`] and [`Self::head`] read together, in one round trip
     /// where the store has round trips: what a resuming stream checks its

@@ -307,6 +307,9 @@ pub enum Mode {
     /// `--clients` SSE subscribers on `--url` that, when it goes away,
     /// resume on `--peer-urls`: see [`super::scale`].
     Resume,
+    /// PostgreSQL: `--concurrency` HTTP publishers, then as many sessions
+    /// calling `tidings.publish` on `--database-url`: see [`super::sqlpublish`].
+    SqlPublish,
 }
 
 /// Result of `idle`.
@@ -850,7 +853,7 @@ pub struct BenchReport {
     pub server_peak_rss_kib: Option<u64>,
 }
 
-fn now_us() -> u64 {
+pub(super) fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 

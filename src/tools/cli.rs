@@ -223,7 +223,11 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
                 let status = response.status();
                 let answer: Value = response.json().await.unwrap_or(Value::Null);
                 if !status.is_success() {
-                    anyhow::bail!("{status}: {} ({})", answer["error"].as_str().unwrap_or("error"), answer["message"].as_str().unwrap_or(""));
+                    anyhow::bail!(
+                        "{status}: {} ({})",
+                        answer["error"].as_str().unwrap_or("error"),
+                        answer["message"].as_str().unwrap_or("")
+                    );
                 }
                 println!("{}", answer["event_ids"][0]);
                 return Ok(());

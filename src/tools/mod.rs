@@ -12,4 +12,5 @@ pub mod device;
 pub mod lossy;
 pub mod peers;
 pub mod scale;
+pub mod sqlpublish;
 pub mod subscribe;

@@ -19,6 +19,7 @@ mod metrics;
 mod mirrors;
 mod openapi;
 mod ordering;
+mod outbox;
 mod peers;
 mod poll;
 mod postgres;

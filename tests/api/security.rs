@@ -386,6 +386,28 @@ async fn cors_origins(backend: Backend) {
     assert_eq!(ok.headers()["access-control-allow-credentials"], "true");
     let other = preflight("https://evil.example").await.unwrap();
     assert!(!other.headers().contains_key("access-control-allow-origin"));
+    // A page's publish may carry an Idempotency-Key and read whether it
+    // was replayed.
+    let publish = app
+        .http
+        .request(reqwest::Method::OPTIONS, app.url("/v1/events"))
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "content-type,idempotency-key")
+        .send()
+        .await
+        .unwrap();
+    let allowed = publish.headers()["access-control-allow-headers"].to_str().unwrap().to_owned();
+    assert!(allowed.contains("idempotency-key"), "{allowed}");
+    let r = app
+        .http
+        .post(app.url("/v1/events"))
+        .header("origin", "https://app.example")
+        .json(&json!({"event_type": "comment.posted"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["access-control-expose-headers"], "idempotent-replayed");
     let any = spawn_app_with(backend, |s| s.cors_origins = "*".into()).await;
     let r = any.http.get(any.url("/health")).header("origin", "https://x.example").send().await.unwrap();
     assert_eq!(r.headers()["access-control-allow-origin"], "*");

@@ -11,7 +11,8 @@
  *   an auth signed with a WebCrypto Ed25519 key, catch-up, realtime, acks,
  *   and reconnection with backoff that carries the cursor; never a retry
  *   after a rejection.
- * - {@link publish}: `POST /v1/events`.
+ * - {@link publish}: `POST /v1/events`, with an `Idempotency-Key`, retried
+ *   after a `503` or a lost connection without ever storing twice.
  *
  * The module is also served by every tidings server at `/tidings.js`, so a
  * page can `import { stream } from "/tidings.js"` with no build step.
@@ -120,8 +121,26 @@ export interface Backoff {
     initialMs?: number;
     maxMs?: number;
 }
-/** Publishes one event or a batch (all or nothing); resolves to the assigned ids. */
-export declare function publish(events: NewEvent | NewEvent[], options?: ClientOptions): Promise<number[]>;
+/** How {@link publish} retries. */
+export interface PublishOptions extends ClientOptions {
+    /**
+     * The publish's `Idempotency-Key` (1–255 visible ASCII characters;
+     * default: a new random one per call). Every retry of the call carries
+     * it, so a retry after an answer that was lost stores nothing twice.
+     */
+    idempotencyKey?: string;
+    /** Retries after a `503` or a lost connection (default 5); a refusal is never retried. */
+    retries?: number;
+    /** Delay between retries (a `503`'s `Retry-After` is waited at least). */
+    backoff?: Backoff;
+}
+/**
+ * Publishes one event or a batch (all or nothing); resolves to the assigned
+ * ids. A `503` or a lost connection may have stored the events or not; the
+ * retry carries the same `Idempotency-Key`, so the server stores them once
+ * and answers the retry with the original ids either way.
+ */
+export declare function publish(events: NewEvent | NewEvent[], options?: PublishOptions): Promise<number[]>;
 /** How {@link stream} is told what happens. */
 export interface StreamOptions extends ClientOptions {
     /**

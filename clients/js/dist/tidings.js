@@ -11,7 +11,8 @@
  *   an auth signed with a WebCrypto Ed25519 key, catch-up, realtime, acks,
  *   and reconnection with backoff that carries the cursor; never a retry
  *   after a rejection.
- * - {@link publish}: `POST /v1/events`.
+ * - {@link publish}: `POST /v1/events`, with an `Idempotency-Key`, retried
+ *   after a `503` or a lost connection without ever storing twice.
  *
  * The module is also served by every tidings server at `/tidings.js`, so a
  * page can `import { stream } from "/tidings.js"` with no build step.
@@ -132,13 +133,51 @@ class Delay {
     }
 }
 const delay = (b = {}) => new Delay({ initialMs: b.initialMs ?? 250, maxMs: b.maxMs ?? 10_000 });
-// ---------------------------------------------------------------------------
-// Publishing
-/** Publishes one event or a batch (all or nothing); resolves to the assigned ids. */
+/** A new random Idempotency-Key: 32 hex digits. */
+function newKey() {
+    const bytes = new Uint8Array(16);
+    globalThis.crypto.getRandomValues(bytes);
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+/**
+ * Publishes one event or a batch (all or nothing); resolves to the assigned
+ * ids. A `503` or a lost connection may have stored the events or not; the
+ * retry carries the same `Idempotency-Key`, so the server stores them once
+ * and answers the retry with the original ids either way.
+ */
 export async function publish(events, options = {}) {
-    const body = Array.isArray(events) ? { events } : events;
-    const answer = await call(options, "POST", endpoint(options, "/v1/events"), body);
-    return answer.event_ids;
+    const body = JSON.stringify(Array.isArray(events) ? { events } : events);
+    const key = options.idempotencyKey ?? newKey();
+    const retries = options.retries ?? 5;
+    const wait = delay(options.backoff);
+    const never = new AbortController().signal;
+    for (let attempt = 0;; attempt++) {
+        let failure;
+        let atLeastMs = 0;
+        try {
+            const response = await fetcher(options)(endpoint(options, "/v1/events"), {
+                method: "POST",
+                headers: await headers(options, { "content-type": "application/json", "idempotency-key": key }),
+                body,
+            });
+            if (response.ok)
+                return (await response.json()).event_ids;
+            const refused = await refusal(response);
+            if (response.status !== 503)
+                throw refused;
+            failure = refused;
+            atLeastMs = 1000 * Math.min(Number(response.headers.get("retry-after")) || 0, 30);
+        }
+        catch (e) {
+            if (e instanceof TidingsError && e.status !== 503)
+                throw e;
+            // A lost connection (or an answer cut short): the same key again.
+            failure = e;
+        }
+        if (attempt >= retries)
+            throw failure;
+        await sleep(Math.max(wait.take(), atLeastMs), never);
+    }
 }
 const NOTICES = ["system.replay_gap", "system.client_dropped_slow", "system.token_expired"];
 /**

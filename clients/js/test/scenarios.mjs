@@ -643,6 +643,41 @@ async function deviceTokenRefreshed(lib, env) {
 }
 
 /** Canonical JSON as RFC 8785 has it (the form every proof signs). */
+/**
+ * A publish whose answer is lost after the server stored it is retried with
+ * the same Idempotency-Key: the original ids, the event stored once. A
+ * refusal is not retried.
+ */
+async function publishRetriesALostAnswer(lib, env) {
+  const run = tag();
+  const keys = [];
+  let calls = 0;
+  const lossy = async (url, init) => {
+    keys.push(init.headers["idempotency-key"]);
+    const response = await fetch(url, init);
+    // Only the very first answer is lost.
+    if (++calls > 1) return response;
+    await response.arrayBuffer();
+    throw new TypeError("the connection was lost before the answer");
+  };
+  const options = { url: env.url, fetch: lossy, backoff: { initialMs: 10, maxMs: 20 } };
+  const ids = await lib.publish({ event_type: "comment.posted", payload: { run } }, options);
+  equal(keys.length, 2, "one retry");
+  ok(/^[0-9a-f]{32}$/.test(keys[0]) && keys[1] === keys[0], "the retry carried the first attempt's key");
+  const page = await (await fetch(new URL(`/v1/poll?since=${ids[0] - 1}&types=comment.posted&limit=1000`, env.url))).json();
+  const stored = page.events.filter((e) => e.payload.run === run).map((e) => e.event_id);
+  equal(JSON.stringify(stored), JSON.stringify(ids), "stored once, under the ids the retry was answered");
+  keys.length = 0;
+  let refused;
+  try {
+    await lib.publish({ event_type: "Not-A-Name" }, options);
+  } catch (e) {
+    refused = e;
+  }
+  ok(refused instanceof lib.TidingsError && refused.code === "invalid_event_name", `a refusal: ${refused}`);
+  equal(keys.length, 1, "a refusal is not retried");
+}
+
 async function canonicalJson(lib) {
   equal(lib.canonicalJson({ b: [1, 2.5, "x"], a: { d: null, c: true }, "\u00e9": 1e21, "\u20ac": 1, "\ud83d\ude00": 0.1 }), '{"a":{"c":true,"d":null},"b":[1,2.5,"x"],"é":1e+21,"€":1,"😀":0.1}', "canonical");
 }
@@ -669,6 +704,7 @@ export const scenarios = [
   { name: "stream (EventSource): a resume point past another server's head", server: "main", browser: true, run: (lib, env) => resumePastTheHeadOfAnotherServer(lib, env, "eventsource") },
   { name: "stream (fetch): a handler that throws gets the event again", server: "main", run: (lib, env) => throwingHandlerGetsTheEventAgain(lib, env) },
   { name: "poll and a durable consumer", server: "main", run: (lib, env) => pollAndConsumer(lib, env) },
+  { name: "publish: a lost answer is retried with its Idempotency-Key, stored once", server: "main", run: (lib, env) => publishRetriesALostAnswer(lib, env) },
   { name: "websocket: a reconnect resumes from the acked cursor", server: "main", run: (lib, env) => websocketResumesFromAckedCursor(lib, env) },
   { name: "websocket: a handler that throws gets the event again", server: "main", run: (lib, env) => websocketHandlerErrorRedelivers(lib, env) },
   { name: "websocket: a rejection is not retried", server: "main", run: (lib, env) => websocketRejectionIsNotRetried(lib, env) },

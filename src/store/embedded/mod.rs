@@ -58,6 +58,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (11, "peer_marks", include_str!("../../../migrations/embedded/0011_peer_marks.sql")),
     (12, "instance", include_str!("../../../migrations/embedded/0012_instance.sql")),
     (13, "idempotency", include_str!("../../../migrations/embedded/0013_idempotency.sql")),
+    (14, "sql_publish", include_str!("../../../migrations/embedded/0014_sql_publish.sql")),
 ];
 
 /// Read connections kept open. A constant: SQLite readers in WAL mode run

@@ -61,7 +61,8 @@ async fn listen_once(
     backoff: &mut Duration,
 ) -> anyhow::Result<()> {
     let (client, mut connection) = config.connect(NoTls).await.context("connecting the LISTEN session")?;
-    let (tx, mut rx) = mpsc::unbounded_channel::<i64>();
+    // A commit's head, or `None` for a wake-up of the outbox.
+    let (tx, mut rx) = mpsc::unbounded_channel::<Option<i64>>();
     // The connection future must be polled for the client to make progress;
     // it also yields the notifications.
     let driver = tokio::spawn(async move {
@@ -71,7 +72,8 @@ async fn listen_once(
                 Ok(AsyncMessage::Notification(n)) => {
                     // The payload is the head after the commit (0 if it
                     // does not parse: a wake-up all the same).
-                    if tx.send(n.payload().parse().unwrap_or(0)).is_err() {
+                    let head = (n.channel() != OUTBOX_CHANNEL).then(|| n.payload().parse().unwrap_or(0));
+                    if tx.send(head).is_err() {
                         break;
                     }
                 }
@@ -82,7 +84,7 @@ async fn listen_once(
         Ok(())
     });
     let guard = DriverGuard(driver);
-    let listen = format!("LISTEN {CHANNEL}");
+    let listen = format!("LISTEN {CHANNEL}; LISTEN {OUTBOX_CHANNEL}");
     client.batch_execute(&listen).await.context("LISTEN")?;
     // Notifications may have been missed while not listening: the next
     // tail read asks the primary, whatever the heads notified say.
@@ -90,18 +92,21 @@ async fn listen_once(
     status.state.store(1, Ordering::Relaxed);
     *backoff = BACKOFF_MIN;
     tracing::info!("LISTEN connection established");
-    // Anything committed while we were not listening is read now.
+    // Anything committed while we were not listening is read now (and
+    // moved, for the outbox).
     wake.notify_one();
+    status.outbox.notify_one();
     let mut probe = tokio::time::interval(LISTENER_PROBE);
     probe.tick().await;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             n = rx.recv() => match n {
-                Some(head) => {
+                Some(Some(head)) => {
                     status.notified.fetch_max(head, Ordering::AcqRel);
                     wake.notify_one();
                 }
+                Some(None) => status.outbox.notify_one(),
                 None => break,
             },
             _ = probe.tick() => {

@@ -4,6 +4,7 @@
 
 use super::listen::listen_loop;
 use super::*;
+use crate::store::{Decide, OutboxMoved, OutboxStatus};
 
 #[async_trait]
 impl EventLog for PostgresStore {
@@ -109,85 +110,33 @@ impl EventLog for PostgresStore {
         Ok(row.get(0))
     }
 
-    async fn publish(&self, mut publishes: Vec<Publish>) -> Result<Vec<Published>, StoreError> {
+    async fn publish(&self, publishes: Vec<Publish>) -> Result<Vec<Published>, StoreError> {
         if publishes.iter().all(|p| p.key.is_none()) {
             return idempotency::unkeyed(self, publishes).await;
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
-        // Claim the keys first, sorted, before the head row: a key another
-        // transaction holds (a retry racing its first attempt, in this
-        // process or another) makes this one wait for that outcome, and no
-        // transaction ever holds the head row while waiting for a key. An
-        // expired key is taken over; a live one is left as it is and read.
-        let keys = idempotency::distinct_keys(&publishes);
-        let (scopes, names): (Vec<&str>, Vec<&str>) = keys.iter().map(|k| (k.scope.as_str(), k.key.as_str())).unzip();
-        let hashes: Vec<&[u8]> = keys.iter().map(|k| k.body_hash.as_slice()).collect();
-        let now: Vec<i64> = keys.iter().map(|k| k.now_ms).collect();
-        let window = keys.first().map_or(0, |k| k.window_ms);
-        let claim = tx.prepare_cached(CLAIM_KEYS_SQL).await.map_err(pg_error)?;
-        let claimed = tx.query(&claim, &[&scopes, &names, &hashes, &now, &window]).await.map_err(pg_error)?;
-        let claimed: std::collections::HashSet<(String, String)> = claimed.iter().map(|r| (r.get(0), r.get(1))).collect();
-        let mut recorded = HashMap::new();
-        let unclaimed: Vec<(&str, &str)> = scopes
-            .iter()
-            .zip(&names)
-            .map(|(s, k)| (*s, *k))
-            .filter(|(s, k)| !claimed.contains(&((*s).to_owned(), (*k).to_owned())))
-            .collect();
-        if !unclaimed.is_empty() {
-            let (scopes, names): (Vec<&str>, Vec<&str>) = unclaimed.into_iter().unzip();
-            let rows = tx
-                .query(
-                    "SELECT i.scope, i.key, i.body_hash, i.event_ids FROM tidings_idempotency i
-                     JOIN unnest($1::text[], $2::text[]) AS t(scope, key) ON i.scope = t.scope AND i.key = t.key",
-                    &[&scopes, &names],
-                )
-                .await
-                .map_err(pg_error)?;
-            for row in rows {
-                let event_ids = serde_json::from_str(row.get::<_, &str>(3)).unwrap_or_default();
-                recorded.insert((row.get(0), row.get(1)), idempotency::Recorded { body_hash: row.get(2), event_ids });
-            }
-        }
-        let plans = idempotency::plan(&publishes, &recorded);
-        let (batch, shares) = idempotency::take_batch(&mut publishes, &plans);
-        let (types, bodies): (Vec<String>, Vec<String>) = batch.into_iter().map(|r| (r.event_type, r.body)).unzip();
-        let ids: Vec<EventId> = if types.is_empty() {
-            Vec::new()
-        } else {
-            let statement = tx.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
-            let base: i64 = tx.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?.get(0);
-            (1..=types.len() as i64).map(|i| base + i).collect()
-        };
-        let appended = idempotency::split(&ids, &shares);
-        let (mut scopes, mut names, mut answers) = (Vec::new(), Vec::new(), Vec::new());
-        for (publish, ids) in publishes.iter().zip(&appended) {
-            if let (Some(key), Some(ids)) = (&publish.key, ids) {
-                scopes.push(key.scope.as_str());
-                names.push(key.key.as_str());
-                answers.push(serde_json::to_string(&idempotency::answered(key, ids)).unwrap_or_default());
-            }
-        }
-        if !scopes.is_empty() {
-            tx.execute(
-                "UPDATE tidings_idempotency i SET event_ids = t.ids FROM unnest($1::text[], $2::text[], $3::text[]) AS t(scope, key, ids)
-                 WHERE i.scope = t.scope AND i.key = t.key",
-                &[&scopes, &names, &answers],
-            )
-            .await
-            .map_err(pg_error)?;
-        }
+        let (answers, appended) = publish_in(&tx, publishes).await?;
         tx.commit().await.map_err(pg_error)?;
         drop(client);
-        if !ids.is_empty() {
-            let hand_off = lock_hand_off(&self.hand_off).clone();
-            if let Some(to) = hand_off {
-                let now = chrono::Utc::now().timestamp_millis();
-                to.give(ids.iter().zip(bodies).map(|(&id, body)| Record { id, body, recorded_ms: now }).collect());
-            }
-        }
-        Ok(idempotency::finish(&publishes, plans, appended))
+        self.hand_off_appended(appended);
+        Ok(answers)
+    }
+
+    async fn outbox_move(&self, limit: usize, max_bytes: usize, decide: &Decide<'_>) -> Result<OutboxMoved, StoreError> {
+        self.move_outbox(limit, max_bytes, decide).await
+    }
+
+    fn outbox_wakeups(&self) -> Option<Arc<Notify>> {
+        Some(self.listener.outbox.clone())
+    }
+
+    async fn outbox_status(&self) -> Result<Option<OutboxStatus>, StoreError> {
+        self.outbox_status_now().await.map(Some)
+    }
+
+    async fn registry_sync(&self, names: Vec<String>, strict: bool) -> Result<(), StoreError> {
+        self.write_registry(names, strict).await
     }
 
     async fn prune_idempotency(&self, before_ms: i64) -> Result<u64, StoreError> {
@@ -288,4 +237,91 @@ pub(super) async fn read_after_on(client: &deadpool_postgres::Object, after: Eve
         .map_err(pg_error)?;
     let rows = client.query(&statement, &[&after, &(limit as i64)]).await.map_err(pg_error)?;
     Ok(rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect())
+}
+
+/// Publishes in `tx` (see [`EventLog::publish`]): what became of each, and
+/// the ids and bodies appended, for the broker once `tx` commits.
+pub(super) async fn publish_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    mut publishes: Vec<Publish>,
+) -> Result<(Vec<Published>, Vec<(EventId, String)>), StoreError> {
+    // Claim the keys first, sorted, before the head row: a key another
+    // transaction holds (a retry racing its first attempt, in this
+    // process or another) makes this one wait for that outcome, and no
+    // transaction ever holds the head row while waiting for a key. An
+    // expired key is taken over; a live one is left as it is and read.
+    let keys = idempotency::distinct_keys(&publishes);
+    let (scopes, names): (Vec<&str>, Vec<&str>) = keys.iter().map(|k| (k.scope.as_str(), k.key.as_str())).unzip();
+    let hashes: Vec<&[u8]> = keys.iter().map(|k| k.body_hash.as_slice()).collect();
+    let now: Vec<i64> = keys.iter().map(|k| k.now_ms).collect();
+    let window = keys.first().map_or(0, |k| k.window_ms);
+    let claimed = if keys.is_empty() {
+        Vec::new()
+    } else {
+        let claim = tx.prepare_cached(CLAIM_KEYS_SQL).await.map_err(pg_error)?;
+        tx.query(&claim, &[&scopes, &names, &hashes, &now, &window]).await.map_err(pg_error)?
+    };
+    let claimed: std::collections::HashSet<(String, String)> = claimed.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let mut recorded = HashMap::new();
+    let unclaimed: Vec<(&str, &str)> =
+        scopes.iter().zip(&names).map(|(s, k)| (*s, *k)).filter(|(s, k)| !claimed.contains(&((*s).to_owned(), (*k).to_owned()))).collect();
+    if !unclaimed.is_empty() {
+        let (scopes, names): (Vec<&str>, Vec<&str>) = unclaimed.into_iter().unzip();
+        let rows = tx
+            .query(
+                "SELECT i.scope, i.key, i.body_hash, i.event_ids FROM tidings_idempotency i
+                 JOIN unnest($1::text[], $2::text[]) AS t(scope, key) ON i.scope = t.scope AND i.key = t.key",
+                &[&scopes, &names],
+            )
+            .await
+            .map_err(pg_error)?;
+        for row in rows {
+            let event_ids = serde_json::from_str(row.get::<_, &str>(3)).unwrap_or_default();
+            recorded.insert((row.get(0), row.get(1)), idempotency::Recorded { body_hash: row.get(2), event_ids });
+        }
+    }
+    let plans = idempotency::plan(&publishes, &recorded);
+    let (batch, shares) = idempotency::take_batch(&mut publishes, &plans);
+    let (types, bodies): (Vec<String>, Vec<String>) = batch.into_iter().map(|r| (r.event_type, r.body)).unzip();
+    let ids: Vec<EventId> = if types.is_empty() {
+        Vec::new()
+    } else {
+        let statement = tx.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
+        let base: i64 = tx.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?.get(0);
+        (1..=types.len() as i64).map(|i| base + i).collect()
+    };
+    let appended = idempotency::split(&ids, &shares);
+    let (mut scopes, mut names, mut answers) = (Vec::new(), Vec::new(), Vec::new());
+    for (publish, ids) in publishes.iter().zip(&appended) {
+        if let (Some(key), Some(ids)) = (&publish.key, ids) {
+            scopes.push(key.scope.as_str());
+            names.push(key.key.as_str());
+            answers.push(serde_json::to_string(&idempotency::answered(key, ids)).unwrap_or_default());
+        }
+    }
+    if !scopes.is_empty() {
+        tx.execute(
+            "UPDATE tidings_idempotency i SET event_ids = t.ids FROM unnest($1::text[], $2::text[], $3::text[]) AS t(scope, key, ids)
+             WHERE i.scope = t.scope AND i.key = t.key",
+            &[&scopes, &names, &answers],
+        )
+        .await
+        .map_err(pg_error)?;
+    }
+    let answers = idempotency::finish(&publishes, plans, appended);
+    Ok((answers, ids.into_iter().zip(bodies).collect()))
+}
+
+impl PostgresStore {
+    /// Hands committed records to the broker, as [`EventLog::append`] does.
+    pub(super) fn hand_off_appended(&self, appended: Vec<(EventId, String)>) {
+        if appended.is_empty() {
+            return;
+        }
+        let hand_off = lock_hand_off(&self.hand_off).clone();
+        if let Some(to) = hand_off {
+            let now = chrono::Utc::now().timestamp_millis();
+            to.give(appended.into_iter().map(|(id, body)| Record { id, body, recorded_ms: now }).collect());
+        }
+    }
 }

@@ -20,6 +20,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (11, "peer_marks", include_str!("../../../migrations/postgres/0011_peer_marks.sql")),
     (12, "instance", include_str!("../../../migrations/postgres/0012_instance.sql")),
     (13, "idempotency", include_str!("../../../migrations/postgres/0013_idempotency.sql")),
+    (14, "sql_publish", include_str!("../../../migrations/postgres/0014_sql_publish.sql")),
 ];
 
 impl PostgresStore {

@@ -23,6 +23,7 @@ mod engine;
 mod listen;
 mod log;
 mod migrate;
+mod outbox;
 mod replica;
 mod tree;
 
@@ -48,6 +49,8 @@ use crate::event::EventId;
 
 /// The NOTIFY channel.
 const CHANNEL: &str = "tidings_events";
+/// The channel `tidings.publish` notifies (at its caller's commit).
+const OUTBOX_CHANNEL: &str = "tidings_outbox";
 
 /// Pool and timeout settings.
 #[derive(Debug, Clone)]
@@ -98,6 +101,9 @@ struct ListenerStatus {
     /// Set on every (re)connect of the LISTEN session: notifications may
     /// have been missed, so the next tail read asks the primary.
     unsure: AtomicBool,
+    /// Woken by each `tidings.publish` commit (NOTIFY tidings_outbox) and
+    /// each (re)connect: the outbox mover's wake-up.
+    outbox: Arc<Notify>,
 }
 
 impl PostgresStore {

@@ -1,0 +1,105 @@
+//! The mover of the SQL outbox (PostgreSQL): what an application published
+//! from its own transaction with `tidings.publish(...)` enters the log
+//! here, exactly once, in the order the commits became visible, with ids
+//! gap-free among every other publish. Each row is checked as an HTTP
+//! publish is (the envelope's fields, reserved types, the registry: in
+//! strict mode a payload that breaks its schema is set aside with its code,
+//! counted and shown in `/health/deep`, never delivered; in warn mode it is
+//! stored, logged and counted). The application's role is trusted as a
+//! publisher (it was granted EXECUTE): its events may name any agent, and
+//! its idempotency keys are scoped by the role.
+
+use std::time::Duration;
+
+use sha2::{Digest as _, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use super::Core;
+use super::error::Refusal as _;
+use super::publish::{PublishError, registered_records};
+use crate::event::{EventError, PublishRequest};
+use crate::metrics as m;
+use crate::store::{IdempotencyKey, OutboxDecision, OutboxRow, Publish};
+
+/// Rows one move takes at most (one transaction).
+const BATCH: usize = 500;
+/// How often the outbox is looked at without a wake-up: a NOTIFY lost with
+/// the LISTEN session is recovered by the reconnect's wake-up; this bounds
+/// the rest.
+const SWEEP: Duration = Duration::from_secs(1);
+
+/// Moves the outbox whenever `tidings.publish` commits (and every
+/// [`SWEEP`]) until `cancel`; nothing on a store without one.
+pub async fn run_mover(core: Core, cancel: CancellationToken) {
+    let Some(wake) = core.store().outbox_wakeups() else { return };
+    let mut sweep = tokio::time::interval(SWEEP);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = wake.notified() => {}
+            _ = sweep.tick() => {}
+        }
+        loop {
+            // The payload's limit, and room for the other fields.
+            let max_bytes = core.settings().max_payload + 64 * 1024;
+            match core.store().outbox_move(BATCH, max_bytes, &|row| decide(&core, row)).await {
+                Ok(moved) => {
+                    if moved.appended > 0 {
+                        core.broker().wake();
+                    }
+                    metrics::counter!(m::OUTBOX_MOVED).increment(moved.rows.saturating_sub(moved.set_aside.len()) as u64);
+                    metrics::counter!(m::PUBLISH_IDEMPOTENT_REPLAYS).increment(moved.replayed as u64);
+                    for code in &moved.set_aside {
+                        metrics::counter!(m::OUTBOX_SET_ASIDE, "code" => *code).increment(1);
+                    }
+                    for delay in &moved.delays_ms {
+                        metrics::histogram!(m::OUTBOX_DELAY).record(*delay as f64 / 1000.0);
+                    }
+                    if moved.busy || moved.rows < BATCH {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not move the SQL outbox; retrying");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// What one row becomes.
+fn decide(core: &Core, row: &OutboxRow) -> OutboxDecision {
+    match prepare(core, row) {
+        Ok(publish) => OutboxDecision::Publish(publish),
+        Err(e) => {
+            tracing::warn!(seq = row.seq, code = e.code(), error = %e, "set aside an event published from SQL");
+            OutboxDecision::SetAside { code: e.code(), message: e.to_string() }
+        }
+    }
+}
+
+fn prepare(core: &Core, row: &OutboxRow) -> Result<Publish, PublishError> {
+    let value: serde_json::Value = serde_json::from_str(&row.event).map_err(|e| PublishError::MalformedJson(e.to_string()))?;
+    let request: PublishRequest = crate::json::from_object(value).map_err(|e| PublishError::InvalidEvent(e.to_string()))?;
+    let now = chrono::DateTime::from_timestamp_millis(row.created_ms).unwrap_or_else(chrono::Utc::now);
+    let body = request.into_body(core.settings().max_payload, now).map_err(|e| match e {
+        EventError::InvalidName(_) => PublishError::InvalidEventName(e.to_string()),
+        EventError::InvalidField(_) => PublishError::InvalidEvent(e.to_string()),
+        EventError::PayloadTooLarge { .. } => PublishError::PayloadTooLarge(e.to_string()),
+    })?;
+    if crate::event::names::RESERVED.contains(&body.event_type.as_str()) {
+        return Err(PublishError::ReservedEventType(format!("{:?} is written by tidings itself", body.event_type)));
+    }
+    let records = registered_records(core.registry(), &body, &|message| message)?;
+    let key = row.idempotency_key.as_ref().map(|key| IdempotencyKey {
+        scope: format!("role:{}", row.publisher),
+        key: key.clone(),
+        body_hash: Sha256::digest(row.event.as_bytes()).into(),
+        answer: vec![0],
+        now_ms: chrono::Utc::now().timestamp_millis(),
+        window_ms: i64::try_from(core.settings().idempotency_window.as_millis()).unwrap_or(i64::MAX),
+    });
+    Ok(Publish { records, key })
+}
