@@ -331,7 +331,11 @@ impl Application {
             self.background.engine.clone(),
         );
         let engine_task = tokio::spawn(engine.run(background.clone()));
-        let outbox_task = tokio::spawn(crate::service::outbox::run_mover(self.core.clone(), background.clone()));
+        // The mover takes the application's own handle: once serving ends,
+        // nothing here holds the core longer than its tasks (the group
+        // committers release the store when the last handle goes, and an
+        // embedded store's directory lock with it).
+        let outbox_task = tokio::spawn(crate::service::outbox::run_mover(self.core, background.clone()));
         tracing::info!(addr = %self.addr, "tidings is serving");
         serve(self.listener, self.router, self.options, self.shutdown).await;
         background.cancel();

@@ -23,10 +23,15 @@ use crate::store::{IdempotencyKey, OutboxDecision, OutboxRow, Publish};
 
 /// Rows one move takes at most (one transaction).
 const BATCH: usize = 500;
-/// How often the outbox is looked at without a wake-up: a NOTIFY lost with
-/// the LISTEN session is recovered by the reconnect's wake-up; this bounds
-/// the rest.
-const SWEEP: Duration = Duration::from_secs(1);
+/// How often the outbox is looked at without a wake-up. `tidings.publish`
+/// notifies only when it sees no other committed row waiting (a NOTIFY per
+/// call serialises the callers' commits); a call that saw one but committed
+/// after the mover emptied the outbox waits for this sweep. A NOTIFY lost
+/// with the LISTEN session is recovered by the reconnect's wake-up.
+const SWEEP: Duration = Duration::from_millis(100);
+/// While moves find rows, the next one follows this soon: under load the
+/// mover polls instead of waiting for wake-ups nobody sends.
+const BUSY: Duration = Duration::from_millis(2);
 
 /// Moves the outbox whenever `tidings.publish` commits (and every
 /// [`SWEEP`]) until `cancel`; nothing on a store without one.
@@ -40,7 +45,7 @@ pub async fn run_mover(core: Core, cancel: CancellationToken) {
             _ = wake.notified() => {}
             _ = sweep.tick() => {}
         }
-        loop {
+        while !cancel.is_cancelled() {
             // The payload's limit, and room for the other fields.
             let max_bytes = core.settings().max_payload + 64 * 1024;
             match core.store().outbox_move(BATCH, max_bytes, &|row| decide(&core, row)).await {
@@ -56,8 +61,11 @@ pub async fn run_mover(core: Core, cancel: CancellationToken) {
                     for delay in &moved.delays_ms {
                         metrics::histogram!(m::OUTBOX_DELAY).record(*delay as f64 / 1000.0);
                     }
-                    if moved.busy || moved.rows < BATCH {
+                    if moved.busy || moved.rows == 0 {
                         break;
+                    }
+                    if moved.rows < BATCH {
+                        tokio::time::sleep(BUSY).await;
                     }
                 }
                 Err(e) => {

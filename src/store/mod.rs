@@ -620,7 +620,9 @@ pub async fn run_retention(
     every: std::time::Duration,
     cancel: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(every);
+    // The first pass one interval after start, not at once: a server that
+    // starts and stops at once has nothing to prune.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
