@@ -24,6 +24,12 @@ CREATE TABLE IF NOT EXISTS tidings.outbox (
 );
 CREATE INDEX IF NOT EXISTS tidings_outbox_pending ON tidings.outbox (seq) WHERE error_code IS NULL;
 
+-- The mover's turn: one process at a time holds this row for its move. A
+-- row lock on a table of tidings' own, not an advisory lock, which any
+-- role that can connect could take and hold.
+CREATE TABLE IF NOT EXISTS tidings.mover (singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton));
+INSERT INTO tidings.mover DEFAULT VALUES ON CONFLICT DO NOTHING;
+
 -- The server's registry as SQL sees it: every registered name and alias,
 -- and whether unregistered types are refused. Written by each tidings
 -- process at start-up and on reload.

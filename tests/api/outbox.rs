@@ -248,3 +248,17 @@ async fn a_publishing_role_needs_execute_and_nothing_on_the_log() {
         .await
         .unwrap();
 }
+
+/// A session of any role holding the advisory lock an earlier build moved
+/// under (no privilege needed to take one) does not stop the mover: its
+/// turn is a row of tidings' own table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_advisory_lock_of_a_stranger_stops_the_mover() {
+    let app = spawn_app(Backend::Postgres).await;
+    let squatter = app.db().await;
+    squatter.execute("SELECT pg_advisory_lock(8388065426542498671)", &[]).await.unwrap();
+    let db = app.db().await;
+    sql_publish(&db, "comment.posted", json!({"moved": true})).await;
+    settled(&app, 1).await;
+    drop(squatter);
+}

@@ -6,52 +6,57 @@ use super::log::publish_in;
 use super::*;
 use crate::store::{Decide, OutboxDecision, OutboxMoved, OutboxRow, OutboxStatus};
 
-/// The advisory lock one mover at a time holds for its transaction, so
-/// rows are moved in the order they became visible, whichever process
-/// moves them (the subscription engine's lock is another key).
-const OUTBOX_LOCK: i64 = 0x7469_6469_6e67_736f;
+/// Marks `rows` (seq, code, message) as set aside, in one statement.
+async fn set_aside(tx: &deadpool_postgres::Transaction<'_>, rows: &[(i64, &'static str, String)]) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let seqs: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let codes: Vec<&str> = rows.iter().map(|r| r.1).collect();
+    let messages: Vec<&str> = rows.iter().map(|r| r.2.as_str()).collect();
+    tx.execute(
+        "UPDATE tidings.outbox o SET error_code = t.code, error = t.message
+         FROM unnest($1::bigint[], $2::text[], $3::text[]) AS t(seq, code, message) WHERE o.seq = t.seq",
+        &[&seqs, &codes, &messages],
+    )
+    .await
+    .map_err(pg_error)?;
+    Ok(())
+}
 
 impl PostgresStore {
     pub(super) async fn move_outbox(&self, limit: usize, max_bytes: usize, decide: &Decide<'_>) -> Result<OutboxMoved, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
-        let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&OUTBOX_LOCK]).await.map_err(pg_error)?.get(0);
-        if !locked {
+        let turn = tx.query_opt("SELECT 1 FROM tidings.mover FOR UPDATE SKIP LOCKED", &[]).await.map_err(pg_error)?;
+        if turn.is_none() {
             return Ok(OutboxMoved { busy: true, ..OutboxMoved::default() });
         }
-        // A row no publish could carry is set aside unread, so one huge call
-        // never makes the mover hold a page of them in memory.
-        let oversized = tx
-            .execute(
-                "UPDATE tidings.outbox SET error_code = 'payload_too_large', error = 'the event is over TIDINGS_MAX_PAYLOAD'
-                 WHERE error_code IS NULL AND octet_length(event::text) > $1::bigint",
-                &[&i64::try_from(max_bytes).unwrap_or(i64::MAX)],
-            )
-            .await
-            .map_err(pg_error)?;
-        let mut set_aside_unread = vec!["payload_too_large"; usize::try_from(oversized).unwrap_or(0)];
+        // The size is tested in the same statement that reads the rows, so a
+        // row no publish could carry is never loaded (one huge call cannot
+        // make the mover hold a page of them), and only this page is looked at.
         let statement = tx
             .prepare_cached(
-                "SELECT seq, event::text, idempotency_key, publisher, (extract(epoch FROM created_at) * 1000)::bigint
+                "SELECT seq, CASE WHEN octet_length(event::text) <= $2::bigint THEN event::text END, idempotency_key, publisher,
+                        (extract(epoch FROM created_at) * 1000)::bigint
                  FROM tidings.outbox WHERE error_code IS NULL ORDER BY seq LIMIT $1",
             )
             .await
             .map_err(pg_error)?;
-        let rows = tx.query(&statement, &[&(limit as i64)]).await.map_err(pg_error)?;
-        let rows: Vec<OutboxRow> = rows
-            .into_iter()
-            .map(|r| OutboxRow { seq: r.get(0), event: r.get(1), idempotency_key: r.get(2), publisher: r.get(3), created_ms: r.get(4) })
-            .collect();
-        let mut moved = OutboxMoved { rows: rows.len() + set_aside_unread.len(), ..OutboxMoved::default() };
-        moved.set_aside.append(&mut set_aside_unread);
+        let rows = tx.query(&statement, &[&(limit as i64), &i64::try_from(max_bytes).unwrap_or(i64::MAX)]).await.map_err(pg_error)?;
+        let mut moved = OutboxMoved { rows: rows.len(), ..OutboxMoved::default() };
         if rows.is_empty() {
-            tx.commit().await.map_err(pg_error)?;
             return Ok(moved);
         }
         let now = chrono::Utc::now().timestamp_millis();
         let (mut publishes, mut published_seqs, mut aside) = (Vec::new(), Vec::new(), Vec::new());
-        for row in &rows {
-            match decide(row) {
+        for r in rows {
+            let Some(event) = r.get::<_, Option<String>>(1) else {
+                aside.push((r.get::<_, i64>(0), "payload_too_large", "the event is over TIDINGS_MAX_PAYLOAD".to_owned()));
+                continue;
+            };
+            let row = OutboxRow { seq: r.get(0), event, idempotency_key: r.get(2), publisher: r.get(3), created_ms: r.get(4) };
+            match decide(&row) {
                 OutboxDecision::Publish(publish) => {
                     publishes.push(publish);
                     published_seqs.push(row.seq);
@@ -60,6 +65,9 @@ impl PostgresStore {
                 OutboxDecision::SetAside { code, message } => aside.push((row.seq, code, message)),
             }
         }
+        // Set aside in one statement, before the append takes the head row.
+        set_aside(&tx, &aside).await?;
+        moved.set_aside.extend(aside.drain(..).map(|(_, code, _)| code));
         let (answers, appended) = publish_in(&tx, publishes).await?;
         let mut done = Vec::with_capacity(published_seqs.len());
         for (seq, answer) in published_seqs.into_iter().zip(answers) {
@@ -79,12 +87,8 @@ impl PostgresStore {
         if !done.is_empty() {
             tx.execute("DELETE FROM tidings.outbox WHERE seq = ANY($1)", &[&done]).await.map_err(pg_error)?;
         }
-        for (seq, code, message) in &aside {
-            tx.execute("UPDATE tidings.outbox SET error_code = $2, error = $3 WHERE seq = $1", &[seq, code, message])
-                .await
-                .map_err(pg_error)?;
-            moved.set_aside.push(code);
-        }
+        set_aside(&tx, &aside).await?;
+        moved.set_aside.extend(aside.into_iter().map(|(_, code, _)| code));
         tx.commit().await.map_err(pg_error)?;
         drop(client);
         moved.appended = appended.len();
@@ -110,6 +114,9 @@ impl PostgresStore {
     pub(super) async fn write_registry(&self, names: Vec<String>, strict: bool) -> Result<(), StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
+        // Processes starting together each replace the copy whole, one after
+        // the other.
+        tx.execute("LOCK TABLE tidings.registry IN EXCLUSIVE MODE", &[]).await.map_err(pg_error)?;
         tx.execute("DELETE FROM tidings.registry", &[]).await.map_err(pg_error)?;
         tx.execute("INSERT INTO tidings.registry (name) SELECT DISTINCT unnest($1::text[])", &[&names]).await.map_err(pg_error)?;
         tx.execute(
