@@ -24,6 +24,7 @@ mod peers;
 mod poll;
 mod postgres;
 mod publish;
+mod python_client;
 mod relays;
 mod replicas;
 mod rolling;

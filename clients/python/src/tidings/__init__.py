@@ -1,0 +1,53 @@
+"""The Python client of tidings: retry-safe publishing, streams that resume
+after any disconnect, durable consumers acknowledged only once handled, and
+the WebSocket device, as a blocking :class:`Client` and an asyncio
+:class:`AsyncClient` with the same methods."""
+
+from ._async import AsyncClient, AsyncConsumer, AsyncDevice, AsyncStream, AsyncTokenSource
+from ._core import Backoff, DeviceKey
+from ._model import (
+    Agent,
+    Dropped,
+    Envelope,
+    Event,
+    Filter,
+    Gap,
+    Link,
+    NewEvent,
+    Page,
+    Refused,
+    ReplayGap,
+    TidingsError,
+    Unavailable,
+    Visibility,
+)
+from ._sync import Client, Consumer, Device, Stream, TokenSource
+
+__all__ = [
+    "Agent",
+    "AsyncClient",
+    "AsyncConsumer",
+    "AsyncDevice",
+    "AsyncStream",
+    "AsyncTokenSource",
+    "Backoff",
+    "Client",
+    "Consumer",
+    "Device",
+    "DeviceKey",
+    "Dropped",
+    "Envelope",
+    "Event",
+    "Filter",
+    "Gap",
+    "Link",
+    "NewEvent",
+    "Page",
+    "Refused",
+    "ReplayGap",
+    "Stream",
+    "TidingsError",
+    "TokenSource",
+    "Unavailable",
+    "Visibility",
+]

@@ -1,0 +1,442 @@
+"""The asyncio client: :class:`AsyncClient`, with the methods of
+:class:`~tidings.Client`, and its resuming :class:`AsyncStream`, durable
+:class:`AsyncConsumer` and WebSocket :class:`AsyncDevice`
+(`async with`, `async for`)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections import deque
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
+from urllib.parse import quote
+
+import httpx
+from httpx_sse import EventSource
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from ._core import (
+    POLL_SLACK,
+    REFUSING_CLOSES,
+    RETRIED_STATUSES,
+    STREAM_READ_TIMEOUT,
+    Again,
+    Backoff,
+    DeviceKey,
+    DeviceState,
+    OnGap,
+    StreamState,
+    auth_headers,
+    Lost,
+    is_final,
+    new_key,
+    poll_body,
+    publish_body,
+    refusal,
+    refusal_of_upgrade,
+    retry_after,
+    ws_url,
+)
+from ._model import Envelope, Event, Filter, Gap, Page, Refused, Unavailable
+
+#: A bearer token, or a function (plain or async) returning one, called
+#: before every request and (re)connect.
+AsyncTokenSource = Union[str, Callable[[], Union[str, Awaitable[str]]], None]
+
+
+class AsyncClient:
+    """A tidings server, reached over HTTP from asyncio.
+
+    >>> async with AsyncClient("http://127.0.0.1:8080") as client:
+    ...     await client.publish({"event_type": "comment.posted"})
+    ...     async for envelope in client.stream({"types": ["comment.*"]}):
+    ...         print(envelope.event_id)
+    """
+
+    def __init__(self, url: str, token: AsyncTokenSource = None, *, timeout: float = 30.0, http: httpx.AsyncClient | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._token = token
+        self._timeout = timeout
+        self._http = http or httpx.AsyncClient(timeout=timeout)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def token(self) -> str | None:
+        """The token to send now: the fixed one, or a fresh one from the function."""
+        if not callable(self._token):
+            return self._token
+        value = self._token()
+        return await value if inspect.isawaitable(value) else value
+
+    async def _request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+        for attempt in (0, 1):
+            response = await self._http.request(
+                method,
+                self.url + path,
+                content=None if body is None else json.dumps(body).encode(),
+                headers=auth_headers(await self.token(), {"content-type": "application/json"} if body is not None else None),
+                timeout=timeout if timeout is not None else self._timeout,
+            )
+            if response.status_code == 401 and callable(self._token) and attempt == 0:
+                continue
+            if response.is_error:
+                raise refusal(response)
+            return None if response.status_code == 204 else response.json()
+        raise AssertionError("unreachable")
+
+    async def publish(self, events: Event | Sequence[Event], idempotency_key: str | None = None, *, retries: int = 5) -> list[int]:
+        """As :meth:`tidings.Client.publish`."""
+        body = publish_body(events)
+        key = idempotency_key or new_key()
+        backoff = Backoff()
+        fresh_token = callable(self._token)
+        failure: Exception | None = None
+        for attempt in range(retries + 1):
+            at_least = 0.0
+            try:
+                response = await self._http.post(
+                    self.url + "/v1/events",
+                    content=body,
+                    headers=auth_headers(await self.token(), {"content-type": "application/json", "idempotency-key": key}),
+                )
+                if response.is_success:
+                    return [int(i) for i in response.json()["event_ids"]]
+                refused = refusal(response)
+                if response.status_code == 401 and fresh_token:
+                    fresh_token = False
+                    failure = refused
+                    continue
+                if response.status_code not in RETRIED_STATUSES:
+                    raise refused
+                failure, at_least = refused, retry_after(response)
+            except httpx.TransportError as error:
+                failure = error
+            if attempt < retries:
+                await asyncio.sleep(max(backoff.take(), at_least))
+        if isinstance(failure, Refused) and is_final(failure.status):
+            raise failure
+        raise Unavailable(f"publishing failed after {retries + 1} attempts: {failure}") from failure
+
+    async def poll(
+        self,
+        filter: Filter | Mapping[str, Any] | None = None,
+        since: int | None = None,
+        *,
+        consumer_id: str | None = None,
+        wait: float | None = None,
+        limit: int | None = None,
+    ) -> Page:
+        """As :meth:`tidings.Client.poll`."""
+        timeout = self._timeout + (wait or 0) + POLL_SLACK
+        body = poll_body(filter, since, consumer_id, wait, limit)
+        return Page.from_json(await self._request("POST", "/v1/poll", body, timeout=timeout))
+
+    def stream(self, filter: Filter | Mapping[str, Any] | None = None, since: int | None = None, *, on_gap: OnGap = "raise") -> AsyncStream:
+        """As :meth:`tidings.Client.stream`: an async iterator that resumes by itself."""
+        return AsyncStream(self, StreamState(filter, since, on_gap))
+
+    def consumer(self, consumer_id: str, filter: Filter | Mapping[str, Any] | None = None) -> AsyncConsumer:
+        """As :meth:`tidings.Client.consumer`."""
+        return AsyncConsumer(self, consumer_id, filter)
+
+    def device(
+        self, device_id: str, key: DeviceKey, filter: Filter | Mapping[str, Any] | None = None, *, cursor: int | None = None
+    ) -> AsyncDevice:
+        """As :meth:`tidings.Client.device`."""
+        return AsyncDevice(self, DeviceState(device_id, key, filter, high_water=cursor or 0))
+
+
+
+class AsyncStream:
+    """An async iterator of :class:`Envelope` that resumes by itself. An
+    `async for` whose body does not come back for 30 s (SPEC-065 §2.5) is
+    closed by the server as slow; the next `await` resumes it from the last
+    event handed out, with nothing lost."""
+
+    def __init__(self, client: AsyncClient, state: StreamState) -> None:
+        self._client = client
+        self.state = state
+        self._events = self._run()
+
+    @property
+    def last_event_id(self) -> int | None:
+        return self.state.last_event_id
+
+    def __aiter__(self) -> AsyncStream:
+        return self
+
+    async def __anext__(self) -> Envelope:
+        return await self._events.__anext__()
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    async def _run(self) -> AsyncGenerator[Envelope, None]:
+        client, state, backoff = self._client, self.state, Backoff()
+        fresh_token = callable(client._token)
+        while True:
+            try:
+                async with client._http.stream(
+                    "GET",
+                    client.url + "/v1/stream",
+                    params=state.params(),
+                    headers=auth_headers(await client.token(), {"accept": "text/event-stream", "cache-control": "no-store"}),
+                    timeout=httpx.Timeout(client._timeout, read=STREAM_READ_TIMEOUT),
+                ) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        refused = refusal(response)
+                        if response.status_code == 401 and fresh_token:
+                            fresh_token = False
+                            raise Again(0.0)
+                        if is_final(response.status_code):
+                            raise refused
+                        raise Again(retry_after(response))
+                    state.connections += 1
+                    fresh_token = callable(client._token)
+                    backoff.reset()
+                    async for sse in EventSource(response).aiter_sse():
+                        if sse.retry is not None:
+                            state.retry_ms = sse.retry
+                        envelope = state.frame(sse.event, sse.data, sse.id)
+                        if envelope is not None:
+                            yield envelope
+                wait = state.retry_ms / 1000 if state.retry_ms is not None else backoff.take()
+                if state.token_expired:
+                    state.token_expired, wait = False, 0.0
+            except httpx.TransportError:
+                wait = backoff.take()
+            except Again as again:
+                wait = max(backoff.take(), again.at_least)
+            await asyncio.sleep(wait)
+
+
+class AsyncConsumer:
+    """As :class:`tidings.Consumer`, for `async for`."""
+
+    def __init__(self, client: AsyncClient, consumer_id: str, filter: Filter | Mapping[str, Any] | None) -> None:
+        self._client = client
+        self.id = consumer_id
+        self.filter = filter
+        self.cursor: int | None = None
+        self.wait = 25.0
+        self.limit: int | None = None
+
+    async def poll(self, wait: float | None = None, limit: int | None = None, *, since: int | None = None) -> Page:
+        page = await self._client.poll(self.filter, since, consumer_id=self.id, wait=wait, limit=limit)
+        if since is not None:
+            self.cursor = max(self.cursor or 0, min(since, page.next_since))
+        return page
+
+    async def ack(self, cursor: int) -> int:
+        answer = await self._client._request("POST", f"/v1/consumers/{quote(self.id, safe='')}/ack", {"cursor": cursor})
+        self.cursor = int(answer["cursor"])
+        return self.cursor
+
+    async def delete(self) -> None:
+        await self._client._request("DELETE", f"/v1/consumers/{quote(self.id, safe='')}")
+
+    async def __aiter__(self) -> AsyncIterator[Envelope]:
+        backoff: Backoff = Backoff()
+        since: int | None = None
+        while True:
+            try:
+                page = await self.poll(self.wait, self.limit, since=since)
+            except Refused as refused:
+                if is_final(refused.status):
+                    raise
+                await asyncio.sleep(backoff.take())
+                continue
+            except httpx.TransportError:
+                await asyncio.sleep(backoff.take())
+                continue
+            backoff.reset()
+            for event in page.events:
+                yield event
+            since = page.next_since
+
+
+
+class AsyncDevice:
+    """As :class:`tidings.Device`, for `async for`."""
+
+    def __init__(self, client: AsyncClient, state: DeviceState) -> None:
+        self._client = client
+        self.state = state
+        self._socket: ClientConnection | None = None
+        self._session: _AsyncSession | None = None
+        self._items = self._run()
+
+    @property
+    def cursor(self) -> int | None:
+        return self.state.cursor
+
+    @property
+    def high_water(self) -> int:
+        return self.state.high_water
+
+    def __aiter__(self) -> AsyncDevice:
+        return self
+
+    async def __anext__(self) -> tuple[int, Envelope]:
+        return await self._items.__anext__()
+
+    async def __aenter__(self) -> AsyncDevice:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._items.aclose()
+        if self._socket is not None:
+            await self._socket.close()
+
+    async def ack(self, timeout: float = 30.0) -> int | None:
+        """As :meth:`tidings.Device.ack`."""
+        if self._session is not None:
+            await asyncio.wait_for(self._session.confirm(), timeout)
+        return self.state.cursor
+
+    async def _run(self) -> AsyncGenerator[tuple[int, Envelope], None]:
+        backoff = Backoff()
+        while True:
+            try:
+                token = await self._client.token()
+                async with connect(ws_url(self._client.url, token), open_timeout=self._client._timeout, max_size=None) as socket:
+                    self._socket = socket
+                    self._session = _AsyncSession(socket, self.state)
+                    async for item in self._session.run(backoff):
+                        yield item
+            except InvalidStatus as error:
+                status = error.response.status_code
+                if status in (401, 403):
+                    raise refusal_of_upgrade(status, error.response.body or b"") from error
+            except ConnectionClosed as closed:
+                code = closed.rcvd.code if closed.rcvd is not None else 1006
+                if code in REFUSING_CLOSES:
+                    reason = closed.rcvd.reason if closed.rcvd is not None else ""
+                    raise Refused(0, reason or "protocol_error", f"closed with {code}", close_code=code) from closed
+            except (OSError, TimeoutError, Lost):
+                pass
+            finally:
+                self._session = None
+            await asyncio.sleep(backoff.take())
+
+
+class _AsyncSession:
+    def __init__(self, socket: ClientConnection, state: DeviceState) -> None:
+        self.socket = socket
+        self.state = state
+        self.nonce = ""
+        self.next_id = 0
+        self.inbox: deque[dict[str, Any]] = deque()
+        self.acks_pending: set[int] = set()
+
+    async def send(self, method: str, params: Any) -> int:
+        self.next_id += 1
+        await self.socket.send(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}))
+        return self.next_id
+
+    async def receive(self) -> dict[str, Any]:
+        """The next message that is not the answer to an ack."""
+        while True:
+            message = await self.receive_any()
+            if message is not None:
+                return message
+
+    async def receive_any(self) -> dict[str, Any] | None:
+        """The next message, or None for the answer to an ack (which moves the cursor)."""
+        return self.state.absorb(json.loads(await self.socket.recv()), self.acks_pending)
+
+    async def call(self, method: str, params: Any) -> Any:
+        request = await self.send(method, params)
+        while True:
+            message = await self.receive()
+            if "method" in message:
+                self.inbox.append(message)
+                continue
+            if message.get("id") == request:
+                return self.state.answer(message)
+
+    async def ack(self, seq: int) -> None:
+        if seq <= (self.state.cursor or 0) or seq <= 0:
+            return
+        body = {"seq": seq}
+        self.acks_pending.add(await self.send("stream.ack", {"body": body, "origin_proof": self.state.key.proof("stream.ack", body, self.nonce)}))
+
+    async def confirm(self) -> None:
+        target = max(self.state.high_water, self.state.handed_out)
+        await self.ack(target)
+        while (self.state.cursor or 0) < target and self.acks_pending:
+            message = await self.receive_any()
+            if message is not None:
+                self.inbox.append(message)
+
+    async def run(self, backoff: Backoff) -> AsyncIterator[tuple[int, Envelope]]:
+        hello = await asyncio.wait_for(self.receive(), 30)
+        if hello.get("method") != "stream.hello":
+            raise Lost()
+        self.nonce = str(hello["params"]["nonce"])
+        state = self.state
+        body = state.auth_body()
+        answer = await self.call("stream.auth", {"body": body, "origin_proof": state.key.proof("stream.auth", body, self.nonce)})
+        head, cursor = int(answer["head_seq"]), int(answer["cursor"])
+        state.cursor = cursor
+        state.connections += 1
+        if state.high_water > head:
+            state.high_water = min(cursor, head)
+        since = max(cursor, 0)
+        while since < head:
+            page = await self.call("sync.delta", {"device_id": state.device_id, "since": since, "limit": state.page_size})
+            if isinstance(page.get("gap"), dict):
+                state.gaps.append(Gap.from_json(page["gap"]))
+            for item in page["items"]:
+                seq = int(item["seq"])
+                if seq <= state.high_water:
+                    continue
+                state.handed_out = seq
+                yield seq, Envelope.from_json(item["event"])
+                state.high_water = seq
+            await self.ack(state.high_water)
+            next_since = int(page["next_since"])
+            if next_since <= since and not page["has_more"]:
+                break
+            since = next_since
+            if not page["has_more"] and since >= head:
+                break
+        backoff.reset()
+        while True:
+            if self.inbox:
+                message = self.inbox.popleft()
+            else:
+                await self.ack(state.high_water)
+                message = await self.receive()
+            method = message.get("method")
+            params = message.get("params") or {}
+            if method == "stream.event":
+                seq = int(params["seq"])
+                if seq <= state.high_water:
+                    continue
+                state.handed_out = seq
+                yield seq, Envelope.from_json(params["event"])
+                state.high_water = seq
+            elif method == "stream.gap":
+                state.gaps.append(Gap.from_json(params))
+            elif method == "stream.token_expired":
+                raise Lost()

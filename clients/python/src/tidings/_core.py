@@ -1,0 +1,313 @@
+"""What the sync and async clients share, with no I/O of its own: URLs and
+headers, reading refusals, the retry rules and backoff, idempotency keys,
+the stream's frame handling and the device's signed proofs."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import random
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+import httpx
+import rfc8785
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ._model import Dropped, Envelope, Event, Filter, Gap, Refused, ReplayGap
+
+OnGap = Literal["raise", "skip"]
+
+#: Heartbeats come every 15 s: a stream silent for this long is gone.
+STREAM_READ_TIMEOUT = 45.0
+#: A long poll is held at most this long by the server, plus slack.
+POLL_SLACK = 15.0
+
+
+def new_key() -> str:
+    """A new random `Idempotency-Key`: 32 hex digits."""
+    return secrets.token_hex(16)
+
+
+def publish_body(events: Event | Sequence[Event]) -> bytes:
+    """The body of `POST /v1/events`: one event, or `{events: [...]}`."""
+    if isinstance(events, Mapping):
+        return json.dumps(dict(events)).encode()
+    return json.dumps({"events": [dict(e) for e in events]}).encode()
+
+
+def auth_headers(token: str | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    headers = dict(extra or {})
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    return headers
+
+
+def filter_param(flt: Filter | Mapping[str, Any] | None) -> str | None:
+    return json.dumps(dict(flt), separators=(",", ":")) if flt else None
+
+
+def refusal(response: httpx.Response) -> Refused:
+    """A refusal's `{error, message}` body as a :class:`Refused` (a body
+    that is not JSON, a proxy's page say, gives `http_<status>`)."""
+    body: Any = None
+    try:
+        body = response.json()
+    except (ValueError, httpx.ResponseNotRead):
+        pass
+    b = body if isinstance(body, dict) else {}
+    code = b.get("error") if isinstance(b.get("error"), str) else f"http_{response.status_code}"
+    message = b.get("message") if isinstance(b.get("message"), str) else response.reason_phrase
+    return Refused(response.status_code, str(code), str(message), body)
+
+
+def is_final(status: int) -> bool:
+    """A refusal the same request would meet again: never retried."""
+    return 400 <= status < 500 and status not in (408, 429)
+
+
+#: Answers a retry may fix: the server (or a proxy before it) is not there now.
+RETRIED_STATUSES = frozenset({408, 429, 502, 503, 504})
+
+
+def retry_after(response: httpx.Response) -> float:
+    """A `Retry-After` in seconds (at most 30), or 0."""
+    try:
+        return min(max(float(response.headers.get("retry-after", "0")), 0.0), 30.0)
+    except ValueError:
+        return 0.0
+
+
+@dataclass
+class Backoff:
+    """Doubles from `initial` up to `maximum` seconds, with jitter in [½, 1]."""
+
+    initial: float = 0.25
+    maximum: float = 10.0
+    _next: float = field(default=0.0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._next = self.initial
+
+    def take(self) -> float:
+        wait = self._next * (0.5 + random.random() / 2)
+        self._next = min(self._next * 2, self.maximum)
+        return wait
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+class Again(Exception):
+    """This attempt failed in a way a retry may fix, after at least `at_least` seconds."""
+
+    def __init__(self, at_least: float) -> None:
+        self.at_least = at_least
+
+
+class Lost(Exception):
+    """A device connection is over; the next one resumes from the cursor."""
+
+
+@dataclass
+class StreamState:
+    """Where a stream is: what it has delivered, and what the server told it."""
+
+    filter: Filter | Mapping[str, Any] | None
+    since: int | None
+    on_gap: OnGap
+    last_event_id: int | None = None
+    retry_ms: int | None = None
+    connections: int = 0
+    drops: list[Dropped] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
+    token_expired: bool = False
+
+    def params(self) -> dict[str, str]:
+        params: dict[str, str] = {}
+        flt = filter_param(self.filter)
+        if flt is not None:
+            params["filter"] = flt
+        start = self.last_event_id if self.last_event_id is not None else self.since
+        if start is not None:
+            params["since"] = str(start)
+        return params
+
+    def frame(self, event: str, data: str, frame_id: str) -> Envelope | None:
+        """One frame: the envelope to deliver, or None. Raises
+        :class:`ReplayGap` for a gap unless `on_gap="skip"`."""
+        if event in ("", "message"):
+            if not data:
+                return None  # a `retry:` or `id:` alone
+            envelope = Envelope.from_json(json.loads(data))
+            seq = int(frame_id) if frame_id else envelope.event_id
+            if self.last_event_id is not None and seq <= self.last_event_id:
+                return None
+            self.last_event_id = seq
+            return envelope
+        if event == "system.replay_gap":
+            gap = Gap.from_json(json.loads(data))
+            self.gaps.append(gap)
+            # A resume point past the head (a server that lost its log, or
+            # another server's ids): what comes after the head is new.
+            if self.last_event_id is not None and gap.requested > gap.head:
+                self.last_event_id = gap.head
+            if self.on_gap == "raise":
+                raise ReplayGap(gap)
+        elif event == "system.client_dropped_slow":
+            notice = json.loads(data)
+            last = notice.get("last_event_id")
+            self.drops.append(Dropped(str(notice.get("reason", "")), None if last is None else int(last), int(notice.get("queue", 0))))
+        elif event == "system.token_expired":
+            self.token_expired = True
+        return None
+
+
+# ---------------------------------------------------------------------------
+# The WebSocket device (seed 003)
+
+
+class DeviceKey:
+    """A device's Ed25519 key: what signs its `stream.auth` and acks, and
+    with the device id names its cursor on the server."""
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self.private_key = private_key
+        raw = private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self.identity: dict[str, Any] = {
+            "type": "system/identity",
+            "data": {"algorithm": "ed25519", "public_key": base64.b64encode(raw).decode()},
+        }
+
+    @classmethod
+    def generate(cls) -> DeviceKey:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_pem(cls, pem: bytes) -> DeviceKey:
+        """A PKCS#8 PEM key (what `tidings listen --key` keeps)."""
+        key = serialization.load_pem_private_key(pem, password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError("tidings: a device key is an Ed25519 key")
+        return cls(key)
+
+    def to_pem(self) -> bytes:
+        return self.private_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    def proof(self, method: str, body: Any, nonce: str) -> dict[str, Any]:
+        """The `origin_proof` of a signed call: the signature over
+        `sha256:<hex>` of the RFC 8785 canonical `{method, body, nonce}`."""
+        digest = hashlib.sha256(rfc8785.dumps({"method": method, "body": body, "nonce": nonce})).hexdigest()
+        signature = self.private_key.sign(f"sha256:{digest}".encode())
+        return {"identity": self.identity, "signature": base64.b64encode(signature).decode()}
+
+
+#: Close codes after which the same connection would be refused again.
+REFUSING_CLOSES = frozenset({1002, 1003, 1007, 1008, 1009})
+#: JSON-RPC errors the same request would meet again: final.
+FINAL_RPC_ERRORS = frozenset({-32600, -32601, -32602, -32001, -32003})
+
+
+def rpc_refusal(error: Mapping[str, Any]) -> Refused:
+    data = error.get("data")
+    code = data.get("code") if isinstance(data, Mapping) else None
+    return Refused(0, str(code or "rpc_error"), str(error.get("message", "")), dict(error), rpc_code=int(error.get("code", 0)))
+
+
+def ws_url(base: str, token: str | None) -> str:
+    url = httpx.URL(base).join("/v1/ws")
+    if token:
+        url = url.copy_merge_params({"access_token": token})
+    scheme = "wss" if url.scheme == "https" else "ws"
+    return str(url.copy_with(scheme=scheme))
+
+
+@dataclass
+class DeviceState:
+    """A device connection's progress, kept across reconnects."""
+
+    device_id: str
+    key: DeviceKey
+    filter: Filter | Mapping[str, Any] | None
+    high_water: int = 0
+    """The highest seq the loop body has finished (acknowledged automatically)."""
+    handed_out: int = 0
+    """The highest seq handed out (acknowledged by an explicit `ack()`)."""
+    cursor: int | None = None
+    """The cursor the server confirmed last."""
+    page_size: int = 500
+    gaps: list[Gap] = field(default_factory=list)
+    connections: int = 0
+
+    def absorb(self, message: Any, acks_pending: set[int]) -> dict[str, Any] | None:
+        """A message read on the connection: None for the answer to an ack
+        (which moves the cursor) or for anything that is not an object.
+        An error about the connection raises: :class:`Refused` when final,
+        else :class:`Lost`."""
+        if not isinstance(message, dict):
+            return None
+        if "method" not in message:
+            if message.get("id") in acks_pending:
+                acks_pending.discard(message["id"])
+                if isinstance(message.get("result"), dict):
+                    self.cursor = max(self.cursor or 0, int(message["result"]["cursor"]))
+                return None
+            if message.get("id") is None and isinstance(message.get("error"), dict):
+                # About the connection: a refused token is final.
+                error = rpc_refusal(message["error"])
+                if error.rpc_code in FINAL_RPC_ERRORS:
+                    raise error
+                raise Lost()
+        return message
+
+    def answer(self, message: dict[str, Any]) -> Any:
+        """The result of an answer, or its error raised (final or :class:`Lost`)."""
+        if "error" in message:
+            error = rpc_refusal(message["error"])
+            if error.rpc_code in FINAL_RPC_ERRORS:
+                raise error
+            raise Lost()
+        return message["result"]
+
+    def auth_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"device_id": self.device_id}
+        if self.filter:
+            body["filter"] = dict(self.filter)
+        # The high-water mark goes along: a device whose acks never landed
+        # would otherwise start at the head, past what came meanwhile.
+        if self.high_water > 0:
+            body["cursor"] = self.high_water
+        return body
+
+
+def poll_body(
+    flt: Filter | Mapping[str, Any] | None, since: int | None, consumer_id: str | None, wait: float | None, limit: int | None
+) -> dict[str, Any]:
+    """The body of `POST /v1/poll`; `wait` is in seconds."""
+    body: dict[str, Any] = {}
+    if flt:
+        body["filter"] = dict(flt)
+    if since is not None:
+        body["since"] = since
+    if consumer_id is not None:
+        body["consumer_id"] = consumer_id
+    if wait is not None:
+        body["wait_ms"] = int(wait * 1000)
+    if limit is not None:
+        body["limit"] = limit
+    return body
+
+
+def refusal_of_upgrade(status: int, body: bytes | bytearray) -> Refused:
+    """A WebSocket upgrade refused with `status` and an `{error, message}` body."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        value = {}
+    value = value if isinstance(value, dict) else {}
+    return Refused(status, str(value.get("error", f"http_{status}")), str(value.get("message", "")), value)

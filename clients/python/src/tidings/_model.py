@@ -1,0 +1,182 @@
+"""What tidings sends and refuses, as typed values: envelopes, poll pages,
+replay gaps and the errors a caller can catch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, TypedDict, Union
+
+from typing_extensions import NotRequired
+
+Visibility = Literal["public", "reviewer_only", "admin"]
+
+
+@dataclass(frozen=True)
+class Agent:
+    """The agent an event is attributed to."""
+
+    id: str
+    kind: str | None = None
+
+
+@dataclass(frozen=True)
+class Link:
+    """A typed relation from an event to something it concerns."""
+
+    rel: str
+    ref: str
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """An event as the server delivers it (envelope version 1)."""
+
+    event_id: int
+    """Assigned by the server: increasing, the resume point of every transport."""
+    event_type: str
+    occurred_at: str
+    payload: dict[str, Any]
+    visibility: str = "public"
+    ref: str | None = None
+    agent: Agent | None = None
+    session_id: str | None = None
+    links: list[Link] = field(default_factory=list)
+    envelope_version: int = 1
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Envelope:
+        """Reads an envelope the server sent; unknown fields are ignored."""
+        agent = value.get("agent")
+        return cls(
+            event_id=int(value["event_id"]),
+            event_type=str(value["event_type"]),
+            occurred_at=str(value.get("occurred_at", "")),
+            payload=dict(value.get("payload") or {}),
+            visibility=str(value.get("visibility", "public")),
+            ref=value.get("ref"),
+            agent=Agent(id=str(agent["id"]), kind=None if agent.get("kind") is None else str(agent["kind"])) if isinstance(agent, Mapping) else None,
+            session_id=value.get("session_id"),
+            links=[Link(rel=str(link["rel"]), ref=str(link["ref"])) for link in value.get("links") or []],
+            envelope_version=int(value.get("envelope_version", 1)),
+        )
+
+
+class Filter(TypedDict, total=False):
+    """What a client asks for: fields are AND-combined, values within one OR-combined."""
+
+    types: list[str]
+    """Globs over dotted event types: `*` is one segment, `**` one or more."""
+    agents: list[str]
+    targets: list[str]
+    """Matches an event's `ref` or any of its `links[].ref`."""
+    payload: Any
+    """A JsonLogic rule over the payload, evaluated by the server."""
+
+
+class NewEvent(TypedDict):
+    """An event to publish: the server assigns the id (and the time, by default)."""
+
+    event_type: str
+    payload: NotRequired[dict[str, Any]]
+    ref: NotRequired[str]
+    agent: NotRequired[dict[str, str]]
+    session_id: NotRequired[str]
+    links: NotRequired[list[dict[str, str]]]
+    visibility: NotRequired[Visibility]
+    occurred_at: NotRequired[str]
+
+
+Event = Union[NewEvent, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A resume point the server could not serve whole: history before
+    `available_from` was pruned (or the point was past the `head`)."""
+
+    requested: int
+    available_from: int
+    head: int
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Gap:
+        return cls(int(value["requested"]), int(value["available_from"]), int(value["head"]))
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """The server closed a stream that fell behind; it resumed from `last_event_id`."""
+
+    reason: str
+    last_event_id: int | None
+    queue: int
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a poll."""
+
+    events: list[Envelope]
+    next_since: int
+    """Where the next poll starts, and what to acknowledge once these are handled."""
+    has_more: bool
+    gap: Gap | None = None
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Page:
+        gap = value.get("gap")
+        return cls(
+            events=[Envelope.from_json(e) for e in value["events"]],
+            next_since=int(value["next_since"]),
+            has_more=bool(value["has_more"]),
+            gap=Gap.from_json(gap) if isinstance(gap, Mapping) else None,
+        )
+
+
+class TidingsError(Exception):
+    """Anything this client raises."""
+
+
+class Refused(TidingsError):
+    """A request the server refused, with its stable error code. The same
+    request would be refused again, so it is never retried.
+
+    `status` is the HTTP status (0 for a WebSocket refusal, where `rpc_code`
+    or `close_code` says which)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str = "",
+        body: Any = None,
+        *,
+        rpc_code: int | None = None,
+        close_code: int | None = None,
+    ) -> None:
+        super().__init__(f"{code}: {message}" if message else code)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.body = body
+        self.rpc_code = rpc_code
+        self.close_code = close_code
+
+
+class Unavailable(TidingsError):
+    """The server could not be reached, or answered `503`, on every retry.
+    A publish that ends here may have been stored or not: calling it again
+    with the same `idempotency_key` stores it at most once."""
+
+
+class ReplayGap(TidingsError):
+    """A stream's resume point could not be served whole: the events between
+    `requested` and `available_from` are gone. Resume with
+    `since=gap.available_from - 1`, or pass `on_gap="skip"` to go on."""
+
+    def __init__(self, gap: Gap) -> None:
+        super().__init__(f"replay gap: asked after {gap.requested}, history starts at {gap.available_from} (head {gap.head})")
+        self.gap = gap
+        self.requested = gap.requested
+        self.available_from = gap.available_from
+        self.head = gap.head

@@ -1,0 +1,476 @@
+"""The blocking client: :class:`Client` and what it hands out (a resuming
+:class:`Stream`, a durable :class:`Consumer`, a WebSocket :class:`Device`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from typing import Any, Callable, Generator, Mapping, Sequence, Union
+
+from urllib.parse import quote
+
+import httpx
+from httpx_sse import EventSource
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from ._core import (
+    POLL_SLACK,
+    REFUSING_CLOSES,
+    RETRIED_STATUSES,
+    STREAM_READ_TIMEOUT,
+    Again,
+    Backoff,
+    DeviceKey,
+    DeviceState,
+    OnGap,
+    StreamState,
+    auth_headers,
+    Lost,
+    is_final,
+    new_key,
+    poll_body,
+    publish_body,
+    refusal,
+    refusal_of_upgrade,
+    retry_after,
+    ws_url,
+)
+from ._model import Envelope, Event, Filter, Gap, Page, Refused, Unavailable
+
+#: A bearer token, or a function returning one, called before every request
+#: and (re)connect so that a stream whose token expired goes on under a fresh one.
+TokenSource = Union[str, Callable[[], str], None]
+
+
+class Client:
+    """A tidings server, reached over HTTP.
+
+    >>> with Client("http://127.0.0.1:8080", token=my_token) as client:
+    ...     client.publish({"event_type": "comment.posted", "payload": {"text": "hi"}})
+    ...     for envelope in client.stream({"types": ["comment.*"]}, since=0):
+    ...         print(envelope.event_id, envelope.payload)
+    """
+
+    def __init__(self, url: str, token: TokenSource = None, *, timeout: float = 30.0, http: httpx.Client | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._token = token
+        self._timeout = timeout
+        self._http = http or httpx.Client(timeout=timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def token(self) -> str | None:
+        """The token to send now: the fixed one, or a fresh one from the function."""
+        return self._token() if callable(self._token) else self._token
+
+    def _request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+        for attempt in (0, 1):
+            response = self._http.request(
+                method,
+                self.url + path,
+                content=None if body is None else json.dumps(body).encode(),
+                headers=auth_headers(self.token(), {"content-type": "application/json"} if body is not None else None),
+                timeout=timeout if timeout is not None else self._timeout,
+            )
+            # An expired token: once more with a fresh one from the function.
+            if response.status_code == 401 and callable(self._token) and attempt == 0:
+                continue
+            if response.is_error:
+                raise refusal(response)
+            return None if response.status_code == 204 else response.json()
+        raise AssertionError("unreachable")
+
+    def publish(self, events: Event | Sequence[Event], idempotency_key: str | None = None, *, retries: int = 5) -> list[int]:
+        """Publishes one event or a batch (all or nothing) and returns the
+        assigned ids. A `503` or a lost connection may have stored the events
+        or not; each retry carries the same `Idempotency-Key` (a new random
+        one unless given), so the server stores them once and answers the
+        retry with the original ids. A refusal raises :class:`Refused` at once."""
+        body = publish_body(events)
+        key = idempotency_key or new_key()
+        backoff = Backoff()
+        fresh_token = callable(self._token)
+        failure: Exception | None = None
+        for attempt in range(retries + 1):
+            at_least = 0.0
+            try:
+                response = self._http.post(
+                    self.url + "/v1/events",
+                    content=body,
+                    headers=auth_headers(self.token(), {"content-type": "application/json", "idempotency-key": key}),
+                )
+                if response.is_success:
+                    return [int(i) for i in response.json()["event_ids"]]
+                refused = refusal(response)
+                if response.status_code == 401 and fresh_token:
+                    fresh_token = False
+                    failure = refused
+                    continue
+                if response.status_code not in RETRIED_STATUSES:
+                    raise refused
+                failure, at_least = refused, retry_after(response)
+            except httpx.TransportError as error:
+                # A lost connection, or an answer cut short: the same key again.
+                failure = error
+            if attempt < retries:
+                time.sleep(max(backoff.take(), at_least))
+        if isinstance(failure, Refused) and is_final(failure.status):
+            raise failure
+        raise Unavailable(f"publishing failed after {retries + 1} attempts: {failure}") from failure
+
+    def poll(
+        self,
+        filter: Filter | Mapping[str, Any] | None = None,
+        since: int | None = None,
+        *,
+        consumer_id: str | None = None,
+        wait: float | None = None,
+        limit: int | None = None,
+    ) -> Page:
+        """One poll: events after `since` (or after a durable consumer's
+        stored cursor, or from the head), holding the request open up to
+        `wait` seconds until one matches."""
+        body = poll_body(filter, since, consumer_id, wait, limit)
+        timeout = self._timeout + (wait or 0) + POLL_SLACK
+        return Page.from_json(self._request("POST", "/v1/poll", body, timeout=timeout))
+
+    def stream(self, filter: Filter | Mapping[str, Any] | None = None, since: int | None = None, *, on_gap: OnGap = "raise") -> Stream:
+        """The events that match `filter`, live (after `since`, replayed
+        first, when given), as an iterator that resumes from the last event
+        it handed out after any disconnect, slow drop or server restart:
+        nothing missed, nothing twice."""
+        return Stream(self, StreamState(filter, since, on_gap))
+
+    def consumer(self, consumer_id: str, filter: Filter | Mapping[str, Any] | None = None) -> Consumer:
+        """A durable consumer: the server keeps its filter and a cursor that
+        moves only when a page is acknowledged."""
+        return Consumer(self, consumer_id, filter)
+
+    def device(
+        self, device_id: str, key: DeviceKey, filter: Filter | Mapping[str, Any] | None = None, *, cursor: int | None = None
+    ) -> Device:
+        """A WebSocket device (seed 003) whose cursor the server keeps for
+        (`key`, `device_id`); `cursor` is where a new device starts."""
+        return Device(self, DeviceState(device_id, key, filter, high_water=cursor or 0))
+
+
+class Stream:
+    """An iterator of :class:`Envelope` over `GET /v1/stream` that resumes
+    by itself. Not reading it holds the server's queue: past its limit (or
+    30 s without progress) the server drops the connection as slow, and the
+    next `next()` resumes from the last event handed out, losing nothing."""
+
+    def __init__(self, client: Client, state: StreamState) -> None:
+        self._client = client
+        self.state = state
+        self._events = self._run()
+
+    @property
+    def last_event_id(self) -> int | None:
+        """The id of the last event handed out: where a reconnect resumes."""
+        return self.state.last_event_id
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Envelope:
+        return next(self._events)
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ends the stream and its connection."""
+        self._events.close()
+
+    def _run(self) -> Generator[Envelope, None, None]:
+        client, state, backoff = self._client, self.state, Backoff()
+        fresh_token = callable(client._token)
+        while True:
+            try:
+                with client._http.stream(
+                    "GET",
+                    client.url + "/v1/stream",
+                    params=state.params(),
+                    headers=auth_headers(client.token(), {"accept": "text/event-stream", "cache-control": "no-store"}),
+                    timeout=httpx.Timeout(client._timeout, read=STREAM_READ_TIMEOUT),
+                ) as response:
+                    if response.status_code != 200:
+                        response.read()
+                        refused = refusal(response)
+                        if response.status_code == 401 and fresh_token:
+                            fresh_token = False
+                            raise Again(0.0)
+                        if is_final(response.status_code):
+                            raise refused
+                        raise Again(retry_after(response))
+                    state.connections += 1
+                    fresh_token = callable(client._token)
+                    backoff.reset()
+                    for sse in EventSource(response).iter_sse():
+                        if sse.retry is not None:
+                            state.retry_ms = sse.retry
+                        envelope = state.frame(sse.event, sse.data, sse.id)
+                        if envelope is not None:
+                            yield envelope
+                # The server ended the stream (a drop, a shutdown, an expired
+                # token): back after its `retry:` hint.
+                wait = state.retry_ms / 1000 if state.retry_ms is not None else backoff.take()
+                if state.token_expired:
+                    state.token_expired, wait = False, 0.0
+            except httpx.TransportError:
+                wait = backoff.take()
+            except Again as again:
+                wait = max(backoff.take(), again.at_least)
+            time.sleep(wait)
+
+
+
+class Consumer:
+    """A durable consumer (`consumer_id`): a worker that stops resumes where
+    its last acknowledgement left it. Iterating it long-polls and hands out
+    every event; a page is acknowledged only once the loop body has finished
+    with its last event (the next poll confirms it), so an exception or a
+    crash in the body leaves the page to come again."""
+
+    def __init__(self, client: Client, consumer_id: str, filter: Filter | Mapping[str, Any] | None) -> None:
+        self._client = client
+        self.id = consumer_id
+        self.filter = filter
+        self.cursor: int | None = None
+        """Acknowledged up to here, as far as this object knows."""
+        self.wait = 25.0
+        self.limit: int | None = None
+
+    def poll(self, wait: float | None = None, limit: int | None = None, *, since: int | None = None) -> Page:
+        """The next page after the stored cursor (or after `since`, which also confirms it)."""
+        page = self._client.poll(self.filter, since, consumer_id=self.id, wait=wait, limit=limit)
+        if since is not None:
+            self.cursor = max(self.cursor or 0, min(since, page.next_since))
+        return page
+
+    def ack(self, cursor: int) -> int:
+        """Confirms everything up to `cursor`; the server never moves it backwards or past the head."""
+        path = f"/v1/consumers/{_quote(self.id)}/ack"
+        self.cursor = int(self._client._request("POST", path, {"cursor": cursor})["cursor"])
+        return self.cursor
+
+    def delete(self) -> None:
+        """Removes the consumer and its cursor from the server."""
+        self._client._request("DELETE", f"/v1/consumers/{_quote(self.id)}")
+
+    def __iter__(self) -> Generator[Envelope, None, None]:
+        backoff, since = Backoff(), None
+        while True:
+            try:
+                page = self.poll(self.wait, self.limit, since=since)
+            except Refused as refused:
+                if is_final(refused.status):
+                    raise
+                time.sleep(backoff.take())
+                continue
+            except httpx.TransportError:
+                time.sleep(backoff.take())
+                continue
+            backoff.reset()
+            yield from page.events
+            # The body finished with the page: the next poll confirms it.
+            since = page.next_since
+
+
+def _quote(segment: str) -> str:
+    return quote(segment, safe="")
+
+
+class Device:
+    """The WebSocket device transport (`GET /v1/ws`, JSON-RPC 2.0):
+    iterating yields `(seq, envelope)`, catching up from the server's
+    cursor and then live; each event is acknowledged once the loop body has
+    finished with it. Lost connections, slow-consumer closes and shutdowns
+    reconnect with backoff; a rejection raises :class:`Refused`."""
+
+    def __init__(self, client: Client, state: DeviceState) -> None:
+        self._client = client
+        self.state = state
+        self._socket: ClientConnection | None = None
+        self._session: _Session | None = None
+        self._items = self._run()
+
+    @property
+    def cursor(self) -> int | None:
+        return self.state.cursor
+
+    @property
+    def high_water(self) -> int:
+        return self.state.high_water
+
+    def __iter__(self) -> Device:
+        return self
+
+    def __next__(self) -> tuple[int, Envelope]:
+        return next(self._items)
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._items.close()
+        if self._socket is not None:
+            self._socket.close()
+
+    def ack(self, timeout: float = 30.0) -> int | None:
+        """Confirms now what the loop body has finished (rather than before
+        the next wait) and waits for the server's answer: the cursor it
+        stored. Call it before stopping a device that will not read again."""
+        if self._session is not None:
+            self._session.confirm(timeout)
+        return self.state.cursor
+
+    def _run(self) -> Generator[tuple[int, Envelope], None, None]:
+        backoff = Backoff()
+        while True:
+            try:
+                token = self._client.token()
+                with connect(ws_url(self._client.url, token), open_timeout=self._client._timeout, max_size=None) as socket:
+                    self._socket = socket
+                    self._session = _Session(socket, self.state)
+                    yield from self._session.run(backoff)
+            except InvalidStatus as error:
+                status = error.response.status_code
+                if status in (401, 403):
+                    body = error.response.body or b""
+                    raise refusal_of_upgrade(status, body) from error
+            except ConnectionClosed as closed:
+                code = closed.rcvd.code if closed.rcvd is not None else 1006
+                if code in REFUSING_CLOSES:
+                    reason = closed.rcvd.reason if closed.rcvd is not None else ""
+                    raise Refused(0, reason or "protocol_error", f"closed with {code}", close_code=code) from closed
+            except (OSError, TimeoutError, Lost):
+                pass
+            finally:
+                self._session = None
+            time.sleep(backoff.take())
+
+
+
+class _Session:
+    """One WebSocket connection of a :class:`Device`."""
+
+    def __init__(self, socket: ClientConnection, state: DeviceState) -> None:
+        self.socket = socket
+        self.state = state
+        self.nonce = ""
+        self.next_id = 0
+        self.inbox: deque[dict[str, Any]] = deque()
+        self.acks_pending: set[int] = set()
+
+    def send(self, method: str, params: Any) -> int:
+        self.next_id += 1
+        self.socket.send(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}))
+        return self.next_id
+
+    def receive(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next message that is not the answer to an ack."""
+        while True:
+            message = self.receive_any(timeout)
+            if message is not None:
+                return message
+
+    def receive_any(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next message, or None for the answer to an ack (which moves the cursor)."""
+        return self.state.absorb(json.loads(self.socket.recv(timeout=timeout)), self.acks_pending)
+
+    def call(self, method: str, params: Any) -> Any:
+        request = self.send(method, params)
+        while True:
+            message = self.receive()
+            if "method" in message:
+                self.inbox.append(message)
+                continue
+            if message.get("id") == request:
+                return self.state.answer(message)
+
+    def ack(self, seq: int) -> None:
+        if seq <= (self.state.cursor or 0) or seq <= 0:
+            return
+        body = {"seq": seq}
+        self.acks_pending.add(self.send("stream.ack", {"body": body, "origin_proof": self.state.key.proof("stream.ack", body, self.nonce)}))
+
+    def confirm(self, timeout: float) -> None:
+        target = max(self.state.high_water, self.state.handed_out)
+        self.ack(target)
+        while (self.state.cursor or 0) < target and self.acks_pending:
+            message = self.receive_any(timeout)
+            if message is not None:
+                self.inbox.append(message)
+
+    def run(self, backoff: Backoff) -> Generator[tuple[int, Envelope], None, None]:
+        hello = self.receive(timeout=30)
+        if hello.get("method") != "stream.hello":
+            raise Lost()
+        self.nonce = str(hello["params"]["nonce"])
+        state = self.state
+        body = state.auth_body()
+        answer = self.call("stream.auth", {"body": body, "origin_proof": state.key.proof("stream.auth", body, self.nonce)})
+        head, cursor = int(answer["head_seq"]), int(answer["cursor"])
+        state.cursor = cursor
+        state.connections += 1
+        if state.high_water > head:
+            state.high_water = min(cursor, head)
+        since = max(cursor, 0)
+        while since < head:
+            page = self.call("sync.delta", {"device_id": state.device_id, "since": since, "limit": state.page_size})
+            if isinstance(page.get("gap"), dict):
+                state.gaps.append(Gap.from_json(page["gap"]))
+            for item in page["items"]:
+                seq = int(item["seq"])
+                if seq <= state.high_water:
+                    continue
+                state.handed_out = seq
+                yield seq, Envelope.from_json(item["event"])
+                state.high_water = seq
+            self.ack(state.high_water)
+            next_since = int(page["next_since"])
+            if next_since <= since and not page["has_more"]:
+                break
+            since = next_since
+            if not page["has_more"] and since >= head:
+                break
+        backoff.reset()
+        while True:
+            message = self.inbox.popleft() if self.inbox else None
+            if message is None:
+                # Nothing waiting: confirm what was handled before blocking.
+                self.ack(state.high_water)
+                message = self.receive()
+            method = message.get("method")
+            params = message.get("params") or {}
+            if method == "stream.event":
+                seq = int(params["seq"])
+                if seq <= state.high_water:
+                    continue
+                state.handed_out = seq
+                yield seq, Envelope.from_json(params["event"])
+                state.high_water = seq
+            elif method == "stream.gap":
+                state.gaps.append(Gap.from_json(params))
+            elif method == "stream.token_expired":
+                raise Lost()  # the next connection asks the token function again
+
+
+

@@ -1,0 +1,219 @@
+"""The blocking client against real servers: publishing that is retried
+without storing twice, refusals that are not retried, streams that resume
+across a restart, a slow drop and a replay gap, durable consumers that
+acknowledge only what the loop body finished, the WebSocket device, and
+tokens refreshed through the `token` function."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import tidings
+from conftest import Proxy, Reader, Server, event, free_port, mint, only, tag, take, until
+
+
+def ids(envelopes: list[tidings.Envelope]) -> list[int]:
+    return [e.event_id for e in envelopes]
+
+
+def test_publish_retried_after_a_lost_answer_stores_once(main: Server) -> None:
+    run = tag()
+    proxy = Proxy(main.port, drop=1)
+    try:
+        with tidings.Client(proxy.url) as client:
+            published = client.publish([event(run, i=0), event(run, i=1)])
+        # The first answer was lost; the retry carried the same key.
+        assert proxy.count("POST /v1/events") == 2
+    finally:
+        proxy.close()
+    with tidings.Client(main.url) as client:
+        page = client.poll(only(run), since=0)
+    assert ids(page.events) == published
+    assert [e.payload["i"] for e in page.events] == [0, 1]
+
+
+def test_the_same_key_answers_with_the_first_ids(main: Server) -> None:
+    run = tag()
+    with tidings.Client(main.url) as client:
+        first = client.publish(event(run), idempotency_key=f"order-{run}")
+        again = client.publish(event(run), idempotency_key=f"order-{run}")
+        assert again == first
+        with pytest.raises(tidings.Refused) as refused:
+            client.publish(event(run, other=True), idempotency_key=f"order-{run}")
+        assert refused.value.status == 422
+        assert refused.value.code == "idempotency_key_reused"
+        assert ids(client.poll(only(run), since=0).events) == first
+
+
+def test_refusals_are_raised_and_not_retried(main: Server) -> None:
+    proxy = Proxy(main.port)
+    try:
+        with tidings.Client(proxy.url) as client:
+            with pytest.raises(tidings.Refused) as refused:
+                client.publish({"event_type": "Not A Name"})
+            assert (refused.value.status, refused.value.code) == (422, "invalid_event_name")
+            assert proxy.count("POST /v1/events") == 1
+            stream = client.stream({"payload": {"no_such_operator": [1]}})
+            with pytest.raises(tidings.Refused) as refused:
+                next(stream)
+            assert (refused.value.status, refused.value.code) == (400, "invalid_filter")
+            assert proxy.count("GET /v1/stream") == 1
+            with pytest.raises(tidings.Refused) as refused:
+                client.poll(since=-5)
+            assert refused.value.code == "invalid_since"
+    finally:
+        proxy.close()
+
+
+def test_an_unreachable_server_is_unavailable_after_the_retries() -> None:
+    with tidings.Client(f"http://127.0.0.1:{free_port()}") as client:
+        with pytest.raises(tidings.Unavailable):
+            client.publish({"event_type": "pyclient.step"}, retries=2)
+
+
+def test_a_stream_resumes_across_a_server_restart(main: Server) -> None:
+    run = tag()
+    with tidings.Client(main.url) as client:
+        before = client.publish([event(run, i=i) for i in range(3)])
+        stream = client.stream(only(run), since=before[0] - 1)
+        got = take(stream.__next__, 3)
+        assert ids(got) == before
+        main.restart()
+        # Published before the stream has reconnected: it must still come.
+        after = client.publish([event(run, i=3), event(run, i=4)])
+        got = take(stream.__next__, 2, timeout=60)
+        assert ids(got) == after
+        assert stream.state.connections >= 2
+        assert stream.last_event_id == after[-1]
+        stream.close()
+
+
+def test_a_stream_not_read_is_dropped_as_slow_and_resumes_losslessly(slow: Server) -> None:
+    run = tag()
+    with tidings.Client(slow.url) as client:
+        stream = client.stream(only(run))
+        # The stream is live once the server counts it.
+        until(lambda: slow.deep()["events"]["in_flight_subscriptions"] == 0, "no other stream")
+        first: list[tidings.Envelope] = []
+
+        reader = threading.Thread(target=lambda: first.extend(take(stream.__next__, 1)), daemon=True)
+        reader.start()
+        until(lambda: slow.deep()["events"]["in_flight_subscriptions"] == 1, "the stream to open")
+        published = client.publish(event(run, i=0))
+        reader.join(30)
+        assert ids(first) == published
+        # Not read from now on: the server drops it once its queue is full.
+        blob = "x" * 60_000
+        for i in range(400):
+            published += client.publish(event(run, i=i + 1, blob=blob))
+            if i % 4 == 3 and slow.deep()["events"]["in_flight_subscriptions"] == 0:
+                break
+        assert slow.deep()["events"]["in_flight_subscriptions"] == 0, "the unread stream was dropped"
+        published += client.publish([event(run, i=-1), event(run, i=-2)])
+        rest = take(stream.__next__, len(published) - 1, timeout=60)
+        assert ids(first + rest) == published
+        assert [d.reason for d in stream.state.drops] in (["queue_full"], ["no_progress"])
+        assert stream.state.connections >= 2
+        stream.close()
+
+
+def test_a_replay_gap_is_raised_or_skipped(main: Server) -> None:
+    run = tag()
+    with tidings.Client(main.url) as client:
+        head = main.head()
+        beyond = head + 1_000_000
+        with pytest.raises(tidings.ReplayGap) as gap:
+            next(client.stream(only(run), since=beyond))
+        assert gap.value.requested == beyond
+        assert gap.value.head >= head
+        # Skipped: the stream goes on from the head.
+        stream = client.stream(only(run), since=beyond, on_gap="skip")
+        reader = Reader(stream)
+        until(lambda: len(stream.state.gaps) == 1, "the gap notice")
+        published = client.publish(event(run))
+        assert ids(reader.wait(1)) == published
+
+
+def test_a_consumer_acknowledges_a_page_only_once_the_body_finished_it(main: Server) -> None:
+    run, name = tag(), f"py-{tag()}"
+    with tidings.Client(main.url) as client:
+        consumer = client.consumer(name, only(run))
+        assert consumer.poll().events == []  # created at the head
+        published = client.publish([event(run, i=i) for i in range(5)])
+        consumer.limit, consumer.wait = 2, 5.0
+        seen: list[int] = []
+        with pytest.raises(RuntimeError):
+            for envelope in consumer:
+                if envelope.payload["i"] == 3:
+                    raise RuntimeError("the body failed on the fourth event")
+                seen.append(envelope.event_id)
+        assert seen == published[:3]
+        # The first page was confirmed by the poll for the second; the second
+        # (its body failed) comes again, to a new worker too.
+        worker = tidings.Client(main.url).consumer(name, only(run))
+        worker.limit, worker.wait = 2, 5.0
+        again = take(iter(worker).__next__, 3)
+        assert ids(again) == published[2:]
+        page = worker.poll(since=published[-1])
+        assert page.events == []
+        assert worker.ack(published[-1]) == published[-1]
+        worker.delete()
+
+
+def test_a_device_resumes_after_its_last_finished_event(main: Server) -> None:
+    run = tag()
+    key = tidings.DeviceKey.generate()
+    with tidings.Client(main.url) as client:
+        start = main.head()
+        device = client.device(f"py-{run}", key, only(run), cursor=start)
+        published = client.publish([event(run, i=i) for i in range(3)])
+        got = take(device.__next__, 3)
+        assert [seq for seq, _ in got] == published
+        assert [e.event_id for _, e in got] == published
+        assert device.ack() == published[-1]
+        device.close()
+        later = client.publish([event(run, i=3), event(run, i=4)])
+        # The same key and id: the server's cursor, not a replay from the start.
+        again = client.device(f"py-{run}", tidings.DeviceKey.from_pem(key.to_pem()), only(run))
+        got = take(again.__next__, 2)
+        assert [seq for seq, _ in got] == later
+        again.close()
+
+
+def test_a_device_with_a_bad_filter_is_refused(main: Server) -> None:
+    with tidings.Client(main.url) as client:
+        device = client.device("py-refused", tidings.DeviceKey.generate(), {"payload": {"no_such_operator": [1]}})
+        with pytest.raises(tidings.Refused) as refused:
+            take(device.__next__, 1)
+        assert refused.value.code == "invalid_filter"
+
+
+def test_an_expired_token_is_replaced_through_the_token_function(auth: Server) -> None:
+    run = tag()
+    calls = 0
+
+    def token() -> str:
+        nonlocal calls
+        calls += 1
+        return mint(2)
+
+    publisher = tidings.Client(auth.url, token=lambda: mint(600))
+    with tidings.Client(auth.url, token=token) as client:
+        stream = client.stream(only(run))
+        reader = Reader(stream)
+        until(lambda: stream.state.connections == 1, "the stream to open")
+        first = publisher.publish(event(run, i=0))
+        reader.wait(1)
+        # The token expires; the server ends the stream; the function gives another.
+        until(lambda: stream.state.connections >= 2, "the stream to come back under a fresh token")
+        second = publisher.publish(event(run, i=1))
+        assert ids(reader.wait(2)) == first + second
+        assert calls >= 2
+    # A fixed token that expired is a refusal, not retried.
+    with tidings.Client(auth.url, token=mint(-60)) as stale:
+        with pytest.raises(tidings.Refused) as refused:
+            stale.poll()
+        assert refused.value.status == 401
+    publisher.close()
