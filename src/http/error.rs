@@ -49,9 +49,13 @@ impl ApiError {
     }
 
     /// The stable code.
-    #[cfg(test)]
     pub(crate) fn code(&self) -> &'static str {
         self.code
+    }
+
+    /// The human text.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 
     /// `403` with `code`.

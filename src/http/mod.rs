@@ -9,6 +9,7 @@ mod events;
 mod execute;
 mod guard;
 mod identity;
+mod mcp;
 mod openapi;
 mod ops;
 mod poll;
@@ -171,6 +172,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(identity::me))
         .routes(routes!(identity::mint))
         .routes(routes!(execute::execute))
+        .routes(routes!(mcp::post))
         .routes(routes!(tree::root))
         .routes(routes!(tree::get, tree::put, tree::delete))
         .split_for_parts();

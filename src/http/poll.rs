@@ -137,23 +137,34 @@ pub(crate) async fn poll_post(
     let bytes = super::events::read_body(app.settings(), &headers, body).await?;
     let body: PollBody = crate::json::from_object_slice(&bytes)
         .map_err(|e| ApiError::bad_request("invalid_poll", format!("the poll body is not valid: {e}")))?;
+    let request = request_of(&app, body)?;
+    Ok(answer(service::poll(app.core(), &caller, request).await?))
+}
+
+/// A poll in its JSON form (the body of `POST /v1/poll`, the arguments of
+/// the MCP `poll` tool), checked.
+pub(crate) fn request_of(app: &AppState, body: PollBody) -> Result<PollRequest, ApiError> {
     check_envelope(body.accept_envelope.as_deref())?;
     let filter_json = body.filter.filter(|f| !f.is_null()).map(|f| f.to_string());
     if let Some(json) = &filter_json {
         Filter::from_json(json, app.core().filter_limits())?;
     }
-    let request = PollRequest {
+    Ok(PollRequest {
         filter_json,
         since: uint(body.since.as_ref(), None, MAX_ID, "invalid_since", "since")?,
         consumer_id: body.consumer_id,
         limit: uint(body.limit.as_ref(), None, u64::MAX, "invalid_limit", "limit")?,
         wait_ms: uint(body.wait_ms.as_ref(), None, u64::MAX, "invalid_wait_ms", "wait_ms")?,
-    };
-    Ok(answer(service::poll(app.core(), &caller, request).await?))
+    })
 }
 
 /// The answer, spliced from the stored envelopes: no re-serialisation.
 fn answer(page: PollPage) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], page_json(page)).into_response()
+}
+
+/// A page as JSON: `{events, next_since, has_more, gap?}`.
+pub(crate) fn page_json(page: PollPage) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + page.events.iter().map(|e| e.envelope.len() + 1).sum::<usize>());
     out.extend_from_slice(b"{\"events\":[");
     for (i, event) in page.events.iter().enumerate() {
@@ -168,7 +179,7 @@ fn answer(page: PollPage) -> Response {
         out.extend_from_slice(format!(",\"gap\":{gap}").as_bytes());
     }
     out.push(b'}');
-    ([(header::CONTENT_TYPE, "application/json")], out).into_response()
+    out
 }
 
 /// `POST /v1/consumers/{id}/ack` body.
@@ -208,11 +219,15 @@ pub(crate) async fn ack(
     let bytes = super::events::read_body(app.settings(), &headers, body).await?;
     let body: AckBody = crate::json::from_object_slice(&bytes)
         .map_err(|e| ApiError::bad_request("invalid_cursor", format!("the body must be {{\"cursor\": N}}: {e}")))?;
-    let cursor = uint(Some(&body.cursor), None, MAX_ID, "invalid_cursor", "cursor")?
-        .ok_or_else(|| InvalidField::new("invalid_cursor", "cursor must be an integer event id, not null"))?;
-    let cursor = EventId::try_from(cursor).map_err(|_| InvalidField::new("invalid_cursor", "cursor is too large"))?;
-    let cursor = service::ack(app.core(), &caller, &id, cursor).await?;
+    let cursor = service::ack(app.core(), &caller, &id, ack_cursor(&body.cursor)?).await?;
     Ok(Json(json!({ "consumer_id": id, "cursor": cursor })))
+}
+
+/// An ack's cursor: an integer event id.
+pub(crate) fn ack_cursor(value: &Value) -> Result<EventId, InvalidField> {
+    let cursor = uint(Some(value), None, MAX_ID, "invalid_cursor", "cursor")?
+        .ok_or_else(|| InvalidField::new("invalid_cursor", "cursor must be an integer event id, not null"))?;
+    EventId::try_from(cursor).map_err(|_| InvalidField::new("invalid_cursor", "cursor is too large"))
 }
 
 /// Lists the caller's durable consumers (every one for an admin) with their

@@ -36,14 +36,22 @@ fn condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
     };
     match (text(header::IF_MATCH).transpose()?, text(header::IF_NONE_MATCH).transpose()?) {
         (Some(_), Some(_)) => Err(ApiError::bad_request("invalid_condition", "give If-Match or If-None-Match, not both")),
-        // RFC 9110: `*` matches any current entity; with none there the
-        // write is refused like any other failed precondition (409).
-        (Some(m), None) if m.trim() == "*" => Ok(Condition::IfPresent),
-        (Some(m), None) if is_hash(unquote(m)) => Ok(Condition::IfMatch(unquote(m).to_owned())),
-        (Some(_), None) => Err(ApiError::bad_request("invalid_condition", "If-Match is * or an entity hash (sha256:<64 lowercase hex>)")),
+        (Some(m), None) => if_match(Some(m)),
         (None, Some("*")) => Ok(Condition::IfAbsent),
         (None, Some(_)) => Err(ApiError::bad_request("invalid_condition", "If-None-Match supports only *")),
         (None, None) => Ok(Condition::Always),
+    }
+}
+
+/// The condition of an `If-Match` (or the MCP `tree_put`'s `if_match`):
+/// `*` matches any current entity; with none there the write is refused
+/// like any other failed precondition (409, RFC 9110).
+pub(crate) fn if_match(value: Option<&str>) -> Result<Condition, ApiError> {
+    match value {
+        None => Ok(Condition::Always),
+        Some(m) if m.trim() == "*" => Ok(Condition::IfPresent),
+        Some(m) if is_hash(unquote(m)) => Ok(Condition::IfMatch(unquote(m).to_owned())),
+        Some(_) => Err(ApiError::bad_request("invalid_condition", "If-Match is * or an entity hash (sha256:<64 lowercase hex>)")),
     }
 }
 
@@ -123,12 +131,17 @@ pub(crate) async fn root(State(app): State<AppState>, Caller(caller): Caller) ->
 }
 
 fn listing(listing: Listing) -> Response {
+    Json(listing_json(listing)).into_response()
+}
+
+/// A listing as JSON: `{path, children: [{name, path, entity, has_children}], truncated}`.
+pub(crate) fn listing_json(listing: Listing) -> Value {
     let children: Vec<Value> = listing
         .children
         .into_iter()
         .map(|c| json!({ "name": c.name, "path": c.path, "entity": c.entity, "has_children": c.has_children }))
         .collect();
-    Json(json!({ "path": listing.path, "children": children, "truncated": listing.truncated })).into_response()
+    json!({ "path": listing.path, "children": children, "truncated": listing.truncated })
 }
 
 fn written(written: Written) -> Response {

@@ -15,6 +15,7 @@ mod idempotency;
 mod identity;
 mod js_client;
 mod layers;
+mod mcp;
 mod metrics;
 mod mirrors;
 mod openapi;

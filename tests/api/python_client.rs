@@ -17,6 +17,11 @@ use crate::helpers::{Backend, process_store};
 
 both_stores!(client_scenarios_pass);
 
+/// The MCP server's tests (`clients/python/tests/test_mcp.py`, through the
+/// official MCP Python SDK) run from `tests/api/mcp.rs`; the client's tests
+/// are the rest.
+const MCP_TESTS: &str = "tests/test_mcp.py";
+
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/python");
 const SECRET: &str = "python-client-scenarios-secret-of-enough-bytes";
 
@@ -42,6 +47,12 @@ fn server(envs: &[(&'static str, String)], extra: &[(&str, &str)]) -> serde_json
 }
 
 async fn client_scenarios_pass(backend: Backend) {
+    run_pytest(backend, &["tests", "--ignore", MCP_TESTS]).await;
+}
+
+/// Runs pytest in `clients/python` with `args`, against a `main`, a `slow`
+/// and an `auth` server on `backend` (which the tests start themselves).
+pub(crate) async fn run_pytest(backend: Backend, args: &[&str]) {
     let (main, _main_dir) = process_store(backend).await;
     let (slow, _slow_dir) = process_store(backend).await;
     let (auth, _auth_dir) = process_store(backend).await;
@@ -55,7 +66,8 @@ async fn client_scenarios_pass(backend: Backend) {
     let out = tokio::time::timeout(
         Duration::from_secs(300),
         tokio::process::Command::new(python())
-            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "tests"])
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs"])
+            .args(args)
             .current_dir(CLIENT)
             .env("TIDINGS_BIN", env!("CARGO_BIN_EXE_tidings"))
             .env("TIDINGS_TEST_SERVERS", servers.to_string())
@@ -64,7 +76,7 @@ async fn client_scenarios_pass(backend: Backend) {
             .output(),
     )
     .await
-    .expect("the Python client's tests end within five minutes")
+    .expect("pytest ends within five minutes")
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "pytest failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
@@ -77,6 +89,6 @@ async fn client_scenarios_pass(backend: Backend) {
 /// `clients/python/pyproject.toml`).
 #[test]
 fn the_client_is_typed() {
-    let out = std::process::Command::new(python()).args(["-m", "mypy", "src", "tests"]).current_dir(CLIENT).output().unwrap();
+    let out = std::process::Command::new(python()).args(["-m", "mypy", "src", "tests", "bench"]).current_dir(CLIENT).output().unwrap();
     assert!(out.status.success(), "mypy --strict: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }

@@ -1,0 +1,18 @@
+//! `POST /mcp`, the Model Context Protocol server, driven by the official
+//! MCP Python SDK (`mcp`, pinned in `clients/python/requirements-test.txt`)
+//! on each store: the handshake and tool list with schemas, publish then
+//! poll, a durable consumer acknowledged across two sessions, a CAS
+//! conflict as a tool error with `hash_mismatch`, tools hidden from a token
+//! whose grants cannot use them and refused when called anyway (nothing
+//! stored), and bad calls refused with stable codes while the server keeps
+//! serving. The tests live in `clients/python/tests/test_mcp.py`.
+
+use crate::both_stores;
+use crate::helpers::Backend;
+use crate::python_client::run_pytest;
+
+both_stores!(the_mcp_sdk_uses_every_tool_within_the_grants);
+
+async fn the_mcp_sdk_uses_every_tool_within_the_grants(backend: Backend) {
+    run_pytest(backend, &["tests/test_mcp.py"]).await;
+}
