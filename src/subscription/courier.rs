@@ -42,6 +42,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::inbox::NOTIFICATION;
+use super::marker::Marker;
+use super::retry::{jittered, now_ms, sleep_or_stop};
 use crate::event::{EventId, names};
 use crate::identity::ServerIdentity;
 use crate::store::{Condition, Record, Store, StoreError, TreeOutcome, TreeWrite};
@@ -463,7 +465,7 @@ impl Courier {
     /// Binds the chain-error marker of a notification given up.
     async fn give_up(&self, lane: &Lane, record: &Record, stored: &Stored, chain_id: &str, reason: &str) {
         let data = &stored.payload.data;
-        let marker = super::engine::Marker {
+        let marker = Marker {
             agent: crate::event::Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) },
             subscription_id: &lane.subscription_id,
             reason,
@@ -778,24 +780,6 @@ async fn report_backlog(
     for (peer, behind) in per_peer {
         metrics::gauge!(crate::metrics::PEER_BACKLOG, "peer" => peer.to_owned()).set(behind as f64);
     }
-}
-
-/// Sleeps `d`; `true` if `stop` came first.
-async fn sleep_or_stop(stop: &CancellationToken, d: Duration) -> bool {
-    tokio::select! {
-        _ = stop.cancelled() => true,
-        _ = tokio::time::sleep(d) => false,
-    }
-}
-
-/// `d` scaled by a random factor in [0.5, 1.5).
-pub(super) fn jittered(d: Duration) -> Duration {
-    d.mul_f64(0.5 + rand::random::<f64>())
-}
-
-/// Now, Unix ms.
-pub(super) fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
 }
 
 #[cfg(test)]

@@ -31,12 +31,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::courier::{Courier, Lane, Lanes};
+use super::marker::Marker;
 use super::signed::{self, SignedChange, Transition};
 use super::{DIR, MARKER_DIR, Subscription, Subscriptions, subscription_id_of};
 use crate::event::{EventBody, EventId, Visibility, names};
 use crate::glob::Glob;
 use crate::store::{Condition, EngineCommit, EngineEffect, NewRecord, Record, Store, StoreError, Tally, TreeWrite};
-use crate::tree::{Entity, change_event};
+use crate::tree::change_event;
 
 /// The engine's pace (settings with documented defaults).
 #[derive(Debug, Clone)]
@@ -620,53 +621,6 @@ impl Engine {
             event_id,
         };
         EngineEffect::Tree(marker.write())
-    }
-}
-
-/// A chain-error marker (§4.7) of a notification that was not delivered.
-#[derive(Debug)]
-pub(super) struct Marker<'a> {
-    /// Who binds it (this server).
-    pub(super) agent: crate::event::Agent,
-    pub(super) subscription_id: &'a str,
-    pub(super) reason: &'a str,
-    /// The change kind.
-    pub(super) kind: &'a str,
-    pub(super) uri: &'a str,
-    pub(super) hash: Option<&'a str>,
-    pub(super) previous_hash: Option<&'a str>,
-    pub(super) chain_id: &'a str,
-    /// The log id of the change (or of the notification given up).
-    pub(super) event_id: EventId,
-}
-
-impl Marker<'_> {
-    /// The write binding it at
-    /// `system/runtime/chain-errors/lost/{chain_id}/{subscription_id}/{reason}/{marker_hash}`;
-    /// binding the same marker again is a no-op.
-    pub(super) fn write(&self) -> TreeWrite {
-        let mut data = json!({
-            "chain_id": self.chain_id,
-            "subscription_id": self.subscription_id,
-            "reason": self.reason,
-            "event": self.kind,
-            "uri": self.uri,
-            "event_id": self.event_id,
-        });
-        if let Some(h) = self.hash {
-            data["hash"] = json!(h);
-        }
-        if let Some(p) = self.previous_hash {
-            data["previous_hash"] = json!(p);
-        }
-        let (canonical, hash) = Entity { kind: "system/chain-error/lost".into(), data }.canonical();
-        let path = format!("{MARKER_DIR}/{}/{}/{}/{hash}", self.chain_id, self.subscription_id, self.reason);
-        TreeWrite {
-            path: path.clone(),
-            entity: Some((canonical, hash.clone())),
-            condition: Condition::IfAbsent,
-            event: change_event(&path, self.agent.clone(), Some(hash), self.chain_id.to_owned()),
-        }
     }
 }
 

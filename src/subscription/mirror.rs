@@ -71,8 +71,8 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::courier::{jittered, now_ms};
 use super::inbox::NotificationData;
+use super::retry::{jittered, now_ms};
 use super::signed::{self, Proof, SignedChange, Transition};
 use crate::event::{Agent, EventId, names};
 use crate::glob::Glob;

@@ -43,7 +43,9 @@ pub mod courier;
 pub mod engine;
 pub mod execute;
 pub mod inbox;
+mod marker;
 pub mod mirror;
+mod retry;
 pub mod signed;
 
 use std::collections::BTreeMap;

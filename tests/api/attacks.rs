@@ -280,7 +280,7 @@ async fn long_polls_and_silent_websockets_hold_bounded_places(backend: Backend) 
         }
     };
     let held: Vec<_> = (0..2).map(|_| tokio::spawn(long_poll(30_000))).collect();
-    crate::mirrors::eventually("both long-polls wait", || async { app.clients().await == 2 }).await;
+    crate::helpers::eventually("both long-polls wait", || async { app.clients().await == 2 }).await;
     let (status, body) = long_poll(30_000).await;
     assert_eq!((status, body["error"].as_str()), (503, Some("too_many_streams")), "{body}");
     let sse = app.http.get(app.url("/v1/stream")).send().await.unwrap();
@@ -292,7 +292,7 @@ async fn long_polls_and_silent_websockets_hold_bounded_places(backend: Backend) 
         let (status, body) = poll.await.unwrap();
         assert_eq!((status, body["events"].as_array().map(Vec::len)), (200, Some(1)), "{body}");
     }
-    crate::mirrors::eventually("the places are back", || async {
+    crate::helpers::eventually("the places are back", || async {
         app.http.get(app.url("/v1/poll?wait_ms=1")).send().await.unwrap().status() == 200
     })
     .await;
@@ -308,7 +308,7 @@ async fn long_polls_and_silent_websockets_hold_bounded_places(backend: Backend) 
         assert_eq!(error["error"]["data"]["code"], "auth_timeout", "{error}");
         assert_eq!(socket.closed().await, (1008, "auth_timeout".to_owned()));
     }
-    crate::mirrors::eventually("the sockets' places are back", || async {
+    crate::helpers::eventually("the sockets' places are back", || async {
         app.http.get(app.url("/v1/poll?wait_ms=1")).send().await.unwrap().status() == 200
     })
     .await;
@@ -528,7 +528,7 @@ async fn http2_streams_that_grant_no_window_are_closed(backend: Backend) {
     assert_eq!(app.http.get(app.url("/v1/stream?types=probe.*")).send().await.unwrap().status(), 503);
     let ended = tokio::time::timeout(std::time::Duration::from_secs(20), closed).await;
     assert!(ended.is_ok(), "a stream that is granted no window held its connection");
-    crate::mirrors::eventually("the stream's place is free again", || async {
+    crate::helpers::eventually("the stream's place is free again", || async {
         app.http.get(app.url("/v1/stream?types=probe.*")).send().await.unwrap().status() == 200
     })
     .await;

@@ -243,7 +243,7 @@ async fn stuck_replays_of_large_events_hold_about_one_event_each(backend: Backen
     // and written what its socket takes.
     let metrics = || async { http.get(format!("{}/metrics", server.base)).send().await.unwrap().text().await.unwrap() };
     let connected = || async { metric_sum(&metrics().await, "tidings_clients_connected{transport=\"sse\"}") };
-    crate::mirrors::eventually("every stuck stream is replaying", || async { connected().await >= STUCK as f64 }).await;
+    crate::helpers::eventually("every stuck stream is replaying", || async { connected().await >= STUCK as f64 }).await;
     // Until the replays stop moving (each is stuck on its socket), for at
     // most 30 s.
     let mut last = -1.0;

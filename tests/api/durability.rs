@@ -47,9 +47,10 @@ async fn acknowledged_events_survive_sigkill() {
         })
         .collect();
     // Kill while publishers are mid-flight.
-    while acked.lock().unwrap().len() < 300 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    crate::helpers::wait_until("300 publishes acknowledged", Duration::from_secs(60), Duration::from_millis(5), || async {
+        acked.lock().unwrap().len() >= 300
+    })
+    .await;
     server.child.start_kill().unwrap(); // SIGKILL
     server.child.wait().await.unwrap();
     for p in publishers {

@@ -298,8 +298,50 @@ impl Process {
     }
 }
 
+/// Waits until `check` holds, checking it every `every` (a bare yield when
+/// zero); the test fails with `what` once `within` has passed.
+pub(crate) async fn wait_until<F: std::future::Future<Output = bool>>(
+    what: &str,
+    within: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> F,
+) {
+    let deadline = std::time::Instant::now() + within;
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "waited {within:?} for {what}");
+        if every.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(every).await;
+        }
+    }
+}
+
+/// [`wait_until`] with 30 s, checking every 100 ms.
+pub(crate) async fn eventually<F: std::future::Future<Output = bool>>(what: &str, check: impl FnMut() -> F) {
+    wait_until(what, Duration::from_secs(30), Duration::from_millis(100), check).await
+}
+
+/// A loopback port for a server a test starts as a process. It is taken
+/// below the kernel's ephemeral range (`ip_local_port_range`), where no
+/// outgoing connection of any test is given a local port, so nothing can
+/// take it between this check and the server's bind; within this binary no
+/// port is handed out twice; and it is free now (a bind succeeds).
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (ephemeral_from.saturating_sub(12_000).max(10_000), ephemeral_from);
+    assert!(low < high, "no ports below the ephemeral range ({ephemeral_from})");
+    for _ in 0..10_000 {
+        let port = rand::random_range(low..high);
+        if GIVEN.lock().unwrap().insert(port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {low}..{high}")
 }
 
 /// The environment that puts a `tidings` process on `backend`: a data

@@ -1,5 +1,5 @@
 //! The architecture holds: read from the source, the module graph has no
-//! cycle, the service layer names no HTTP type, nothing below it imports it
+//! cycle (at the top level, nor among the children of any module), the service layer names no HTTP type, nothing below it imports it
 //! (or the transports), and the transports leave replay to the session.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -77,6 +77,86 @@ fn the_module_graph_has_no_cycle() {
         }
     }
     assert!(graph.len() > 10, "the scan found the modules: {:?}", graph.keys());
+}
+
+/// Within each top-level directory module, its children (`subscription/engine.rs`
+/// is `engine`; `store/postgres/log.rs` is `postgres`) and the siblings
+/// each names in code (not in comments), through `super::` or
+/// `crate::<module>::` (the parent's own items, in its `mod.rs`, are not a
+/// sibling).
+fn second_level() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let mut out: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    let comments = regex::Regex::new(r"//[^\n]*").unwrap();
+    for (file, code) in sources(Path::new(SRC)) {
+        let parts: Vec<&str> = file.split('/').collect();
+        if parts.len() < 2 || parts[1] == "mod.rs" {
+            continue;
+        }
+        let (top, child) = (parts[0].to_owned(), parts[1].trim_end_matches(".rs").to_owned());
+        let siblings: BTreeSet<String> = std::fs::read_dir(Path::new(SRC).join(&top))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_dir() || p.extension().is_some_and(|e| e == "rs"))
+            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+            .filter(|name| name != "mod" && *name != child)
+            .collect();
+        // `super::` from a file one level down names a sibling; from deeper
+        // (store/postgres/log.rs) it names its own directory's children.
+        let up = if parts.len() == 2 { r"super::" } else { r"super::super::" };
+        let uses = regex::Regex::new(&format!(r"(?:\b{up}|\bcrate::{top}::)(?:([a-z_]+)|\{{([^}}]*)\}})")).unwrap();
+        let deps = out.entry(top.clone()).or_default().entry(child.clone()).or_default();
+        // What the code uses, not what its comments link to.
+        let code = comments.replace_all(&code, "");
+        for c in uses.captures_iter(&code) {
+            // `super::engine::X`, or each entry of `super::{engine::X, courier}`.
+            let named: Vec<&str> = match (c.get(1), c.get(2)) {
+                (Some(one), _) => vec![one.as_str()],
+                (None, Some(group)) => group.as_str().split(',').map(|e| e.trim().split("::").next().unwrap_or("")).collect(),
+                _ => vec![],
+            };
+            for name in named {
+                if siblings.contains(name) {
+                    deps.insert(name.to_owned());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// No cycle among the children of any module either (a `Marker` the
+/// courier needs lives in a leaf, not in the engine that spawns it).
+#[test]
+fn no_module_has_a_cycle_among_its_children() {
+    let all = second_level();
+    assert!(all.contains_key("subscription") && all.contains_key("store"), "the scan found the directories: {:?}", all.keys());
+    for (top, graph) in &all {
+        fn visit<'a>(
+            node: &'a str,
+            graph: &'a BTreeMap<String, BTreeSet<String>>,
+            colour: &mut BTreeMap<&'a str, u8>,
+            path: &mut Vec<&'a str>,
+            top: &str,
+        ) {
+            colour.insert(node, 1);
+            path.push(node);
+            for next in graph.get(node).into_iter().flatten() {
+                match colour.get(next.as_str()) {
+                    Some(1) => panic!("import cycle in {top}/: {} -> {next}", path.join(" -> ")),
+                    Some(_) => {}
+                    None => visit(next, graph, colour, path, top),
+                }
+            }
+            path.pop();
+            colour.insert(node, 2);
+        }
+        let mut colour = BTreeMap::new();
+        for node in graph.keys() {
+            if !colour.contains_key(node.as_str()) {
+                visit(node, graph, &mut colour, &mut Vec::new(), top);
+            }
+        }
+    }
 }
 
 #[test]

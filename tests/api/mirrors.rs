@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use tidings::tree::capability::hash_of;
 
 use crate::both_stores;
-use crate::helpers::Backend;
+use crate::helpers::{Backend, eventually};
 use crate::peers::Server;
 use crate::subscriptions::inbox_grant;
 
@@ -232,15 +232,6 @@ async fn a_stale_lap_changes_nothing(backend: Backend) {
     }
     assert_eq!(entity(b).await.as_deref(), Some(latest.as_str()), "a delivery by anyone but the peer is not applied");
     assert_eq!(changes(b, 0, 0).await.len(), before);
-}
-
-/// Waits (bounded) until `check` holds.
-pub(crate) async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The mirror `name`'s entry in `server`'s `/health/deep`.

@@ -77,9 +77,8 @@ async fn long_poll_returns_on_the_first_match(backend: Backend) {
     };
     // Non-matching events once the poll is registered: they do not end the
     // wait (the poll is still waiting well after them)...
-    while app.clients().await == 0 {
-        tokio::task::yield_now().await;
-    }
+    crate::helpers::wait_until("the poll to register", Duration::from_secs(30), Duration::ZERO, || async { app.clients().await != 0 })
+        .await;
     app.publish("flag.raised", json!({})).await;
     app.publish("flag.raised", json!({})).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

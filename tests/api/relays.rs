@@ -13,8 +13,9 @@ use serde_json::{Map, Value, json};
 use tidings::tree::capability::{Included, hash_of, verify_signed};
 
 use crate::both_stores;
+use crate::helpers::eventually;
 use crate::helpers::{Backend, spawn_app};
-use crate::mirrors::{PATH, entity, eventually, mirror_of, mirror_state};
+use crate::mirrors::{PATH, entity, mirror_of, mirror_state};
 use crate::peers::{Server, delivery};
 use crate::subscriptions::{Peer, Subscribe, execute_at, inbox_grant, server_hash};
 

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::helpers::eventually;
 use crate::helpers::{Backend, TestApp, spawn_app_with};
-use crate::mirrors::eventually;
 use crate::ws::{Client, Key};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

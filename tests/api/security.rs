@@ -325,8 +325,9 @@ async fn stream_publish_and_replay_limits(backend: Backend) {
     assert_eq!(refused.json::<Value>().await.unwrap()["error"], "rate_limited");
     // Replay cap: a resume 10 events back with a cap of 5 is a gap.
     let ops = admin();
-    let mut published = 0;
+    let (mut published, deadline) = (0, std::time::Instant::now() + Duration::from_secs(30));
     while published < 10 {
+        assert!(std::time::Instant::now() < deadline, "the admin's 10 events within 30 s of the rate limit");
         // The same rate limit applies to the admin: wait it out when refused.
         match publish_as(&app, &ops, json!({"events": [{"event_type": "comment.posted"}, {"event_type": "comment.posted"}]})).await.0 {
             201 => published += 2,

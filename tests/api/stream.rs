@@ -81,15 +81,17 @@ async fn seam_under_concurrent_publishers(backend: Backend) {
         })
         .collect();
     // Connect while they run: once they have committed some events...
-    while app.head().await < 60 {
-        tokio::task::yield_now().await;
-    }
+    crate::helpers::wait_until("60 events committed", std::time::Duration::from_secs(30), std::time::Duration::ZERO, || async {
+        app.head().await >= 60
+    })
+    .await;
     let mut s = app.stream("?types=signal.*.recorded", Some(resume_from)).await;
     // ...and let them commit more after the stream registered.
     let at_open = app.head().await;
-    while app.head().await < at_open + 50 {
-        tokio::task::yield_now().await;
-    }
+    crate::helpers::wait_until("50 more events committed", std::time::Duration::from_secs(30), std::time::Duration::ZERO, || async {
+        app.head().await >= at_open + 50
+    })
+    .await;
     stop.store(true, Ordering::Release);
     let mut published = BTreeSet::new();
     for p in publishers {

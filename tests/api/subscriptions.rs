@@ -1041,9 +1041,13 @@ async fn notifications_survive_sigkill_exactly_once(backend: Backend) {
             })
         })
         .collect();
-    while acked.load(std::sync::atomic::Ordering::Relaxed) < 150 {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    crate::helpers::wait_until(
+        "150 writes acknowledged",
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_millis(5),
+        || async { acked.load(std::sync::atomic::Ordering::Relaxed) >= 150 },
+    )
+    .await;
     server.child.start_kill().unwrap();
     server.child.wait().await.unwrap();
     for w in writers {

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::helpers::Backend;
-use crate::mirrors::{PATH, entity, eventually, mirror_of, mirror_state, settle};
+use crate::helpers::eventually;
+use crate::mirrors::{PATH, entity, mirror_of, mirror_state, settle};
 use crate::peers::Server;
 
 both_stores!(

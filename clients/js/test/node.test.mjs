@@ -13,7 +13,7 @@ import { mint } from "./auth.mjs";
 const servers = { main: process.env.TIDINGS_URL, slow: process.env.TIDINGS_SLOW_URL, other: process.env.TIDINGS_OTHER_URL, auth: process.env.TIDINGS_AUTH_URL };
 const secret = process.env.TIDINGS_AUTH_SECRET;
 if (!servers.main || !servers.slow || !servers.other || !servers.auth || !secret) {
-  throw new Error("set TIDINGS_URL, TIDINGS_SLOW_URL, TIDINGS_OTHER_URL, TIDINGS_AUTH_URL and TIDINGS_AUTH_SECRET");
+  throw new Error("set TIDINGS_URL, TIDINGS_SLOW_URL, TIDINGS_OTHER_URL, TIDINGS_AUTH_URL and TIDINGS_AUTH_SECRET, or run `scripts/test -- js_client` from the repository root, which starts the servers");
 }
 const proxies = { main: await proxy(servers.main), slow: await proxy(servers.slow), auth: await proxy(servers.auth) };
 after(() => Promise.all(Object.values(proxies).map((p) => p.close())));

@@ -79,8 +79,8 @@ def main() -> None:
 
     async def async_stream() -> int:
         got = 0
-        async with tidings.AsyncClient(url) as c:
-            async for _ in c.stream(FILTER, since=start):
+        async with tidings.AsyncClient(url) as c, c.stream(FILTER, since=start) as stream:
+            async for _ in stream:
                 got += 1
                 if got == n:
                     return got
