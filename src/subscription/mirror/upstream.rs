@@ -1,0 +1,252 @@
+//! A mirror's side of the conversation with its peer and any relay: the
+//! signed EXECUTEs that subscribe, renew and cancel, proving a relay's
+//! endpoint, and re-reading a path at the peer.
+
+use super::*;
+
+impl Mirrors {
+    pub(super) async fn endpoint(&self, peer: &str) -> Result<String, String> {
+        match self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await {
+            Ok(Some(entry)) => crate::peer::endpoint_of(&entry.entity).ok_or_else(|| "the peer entity has no endpoint".into()),
+            Ok(None) => Err(format!("peer {peer} is not known here ({}{peer})", crate::peer::PREFIX)),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// A signed EXECUTE on `upstream`'s `system/subscription` (the caller
+    /// capability, minted by the peer, only travels to the peer).
+    pub(super) fn execute(
+        &self,
+        spec: &Spec,
+        upstream: &str,
+        operation: &str,
+        targets: Value,
+        params: Value,
+        mut included: Map<String, Value>,
+    ) -> Value {
+        let mut data = json!({
+            "request_id": generate_id(),
+            "uri": crate::subscription::HANDLER,
+            "operation": operation,
+            "resource": {"targets": targets},
+            "params": params,
+            "author": self.server.hash(),
+        });
+        if let Some((hash, bundle)) = spec.capability.as_ref().filter(|_| upstream == spec.peer) {
+            data["capability"] = json!(hash);
+            included.extend(bundle.clone());
+        }
+        let execute = Entity { kind: "system/protocol/execute".into(), data };
+        let (_, hash) = execute.canonical();
+        self.sign_into(&hash, &mut included);
+        json!({"execute": execute, "included": included})
+    }
+
+    pub(super) fn sign_into(&self, target: &str, included: &mut Map<String, Value>) {
+        let signature = self.server.sign(target);
+        if let Ok(hash) = hash_of(&signature) {
+            included.insert(hash, signature);
+        }
+        included.insert(self.server.hash().to_owned(), self.server.entity().clone());
+    }
+
+    pub(super) async fn post(&self, upstream: &str, envelope: &Value) -> Result<(u16, Value), String> {
+        let endpoint = self.endpoint(upstream).await?;
+        let r = self.http.post(&format!("{endpoint}/v1/execute"))?.json(envelope).send().await.map_err(|e| e.to_string())?;
+        let status = r.status().as_u16();
+        Ok((status, crate::peer::read_json(r).await))
+    }
+
+    /// Subscribes (or renews) at `upstream`.
+    pub(super) async fn subscribe(&self, spec: &Spec, upstream: &str, inbox: &str) -> Subscribed {
+        let expires_at = chrono::Utc::now().timestamp_millis() + self.settings.token_ttl.as_millis() as i64;
+        let token = Entity {
+            kind: "system/capability/token".into(),
+            data: json!({
+                "granter": self.server.hash(),
+                "grantee": upstream,
+                "grants": [{"handler": "system/inbox", "operations": ["receive"], "resources": [inbox]}],
+                "expires_at": expires_at,
+            }),
+        };
+        let (_, token_hash) = token.canonical();
+        let mut included = Map::new();
+        self.sign_into(&token_hash, &mut included);
+        included.insert(token_hash.clone(), serde_json::to_value(&token).unwrap_or_default());
+        let params = json!({"type": "system/subscription/request", "data": {
+            "deliver_to": {"uri": format!("entity://{}/{inbox}", self.server.hash())},
+            "deliver_token": token_hash,
+            "include_payload": true,
+            "relay_endpoint": self.settings.public_url,
+        }});
+        let envelope = self.execute(spec, upstream, "subscribe", json!([spec.pattern]), params, included);
+        match self.post(upstream, &envelope).await {
+            Err(why) => Subscribed::Failed(why),
+            Ok((200, body)) => match body["result"]["subscription_id"].as_str() {
+                Some(id) => Subscribed::Held(id.to_owned()),
+                None => Subscribed::Failed(format!("unexpected answer {body}")),
+            },
+            Ok((303, body)) => Subscribed::Redirected(crate::peer::alternatives(&body, crate::subscription::MAX_ALTERNATIVES)),
+            Ok((status, body)) => Subscribed::Failed(format!("{status} {}", body["error"]["code"].as_str().unwrap_or("refused"))),
+        }
+    }
+
+    /// Subscribes at `from`, following capacity redirects to relays
+    /// ([`crate::peer::follow_redirects`]; each relay proven by
+    /// `GET /v1/identity` and learned here).
+    pub(super) async fn attach(&self, spec: &Spec, from: &str, inbox: &str, avoid: &[&str]) -> Result<Attached, String> {
+        crate::peer::follow_redirects(from, self.server.hash(), avoid, &Asking { mirrors: self, spec, inbox }).await
+    }
+
+    /// Attaches again after `dead` stopped answering: at one of the cached
+    /// `alternatives` (the dead relay's siblings, at its depth `hops`,
+    /// following their redirects), else at the peer, which redirects anew.
+    pub(super) async fn reattach(
+        &self,
+        spec: &Spec,
+        dead: &str,
+        alternatives: &[Relay],
+        hops: u32,
+        inbox: &str,
+        shunned: &[&str],
+    ) -> Result<Attached, String> {
+        use rand::seq::SliceRandom as _;
+        let avoid: Vec<&str> = std::iter::once(dead).chain(shunned.iter().copied()).collect();
+        let mut cached: Vec<&(String, String)> = alternatives
+            .iter()
+            .filter(|(peer, _)| !avoid.contains(&peer.as_str()) && peer != self.server.hash() && *peer != spec.peer)
+            .collect();
+        cached.shuffle(&mut rand::rng());
+        for (peer, endpoint) in cached {
+            if self.prove(peer, endpoint).await
+                && let Ok(a) = self.attach(spec, peer, inbox, &avoid).await
+            {
+                return Ok(a.below(hops));
+            }
+        }
+        self.attach(spec, &spec.peer, inbox, &avoid).await
+    }
+
+    /// Whether `peer` answers `GET /v1/identity` as itself within a
+    /// quarter of the repair timeout (the probe of an upstream).
+    pub(super) async fn answers(&self, peer: &str) -> bool {
+        let Ok(endpoint) = self.endpoint(peer).await else { return false };
+        let within = (self.settings.repair_timeout / 4).min(self.settings.timeout).max(Duration::from_millis(50));
+        self.http.proves(peer, &endpoint, within).await
+    }
+
+    /// Cancels the abandoned subscriptions whose relay answers again (all
+    /// probed at once); forgets those whose token has expired. (One at a
+    /// server attached to again is dropped from the list then: a renewal
+    /// keeps the id, so it is the live subscription.)
+    pub(super) async fn cancel_abandoned(&self, spec: &Spec, abandoned: &mut Vec<Abandoned>) {
+        let now = tokio::time::Instant::now();
+        abandoned.retain(|a| a.until > now);
+        let answering = futures_util::future::join_all(abandoned.iter().map(|a| self.answers(&a.upstream))).await;
+        let mut kept = Vec::new();
+        for (a, answers) in std::mem::take(abandoned).into_iter().zip(answering) {
+            if !answers {
+                kept.push(a);
+                continue;
+            }
+            match self.unsubscribe(spec, &a.upstream, &a.id).await {
+                Ok(()) => tracing::info!(
+                    mirror = spec.name,
+                    upstream = a.upstream,
+                    "cancelled the subscription left at a relay that answers again"
+                ),
+                Err(why) => {
+                    tracing::debug!(mirror = spec.name, upstream = a.upstream, why, "could not cancel a subscription left at a relay yet");
+                    kept.push(a);
+                }
+            }
+        }
+        *abandoned = kept;
+    }
+
+    /// Whether `endpoint` answers `GET /v1/identity` as `peer`; if so, and
+    /// this server does not know `peer` yet, it learns it there.
+    async fn prove(&self, peer: &str, endpoint: &str) -> bool {
+        if !self.http.proves(peer, endpoint, self.settings.timeout).await {
+            return false;
+        }
+        let agent = Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) };
+        match self.store.tree_write(crate::subscription::learned_peer(peer, endpoint, agent, generate_id())).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, peer, "could not store a relay's endpoint");
+                false
+            }
+        }
+    }
+
+    pub(super) async fn unsubscribe(&self, spec: &Spec, upstream: &str, id: &str) -> Result<(), String> {
+        let params = json!({"type": "system/subscription/cancel", "data": {"subscription_id": id}});
+        let envelope = self.execute(spec, upstream, "unsubscribe", json!([]), params, Map::new());
+        match self.post(upstream, &envelope).await? {
+            (200 | 404, _) => Ok(()),
+            (status, body) => Err(format!("{status} {body}")),
+        }
+    }
+
+    /// The peer's entity at `path` now, read at the peer itself.
+    pub(super) async fn reread(&self, peer: &str, path: &str) -> Result<Read, String> {
+        let endpoint = self.endpoint(peer).await?;
+        let r = self.http.get(&format!("{endpoint}/v1/tree/{path}"))?.send().await.map_err(|e| e.to_string())?;
+        // The change that wrote what is there, or (for nothing there) the
+        // change as of which nothing is.
+        let sequence = r.headers().get(crate::tree::CHANGE_ID_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+        match r.status().as_u16() {
+            404 => Ok(Read { bytes: None, sequence }),
+            200 => {
+                let body = String::from_utf8(crate::peer::read_answer(r).await?).map_err(|e| e.to_string())?;
+                let entity: Entity = serde_json::from_str(&body).map_err(|e| format!("the peer's entity at {path}: {e}"))?;
+                entity.check().map_err(|e| e.0)?;
+                Ok(Read { bytes: Some(entity.canonical()), sequence })
+            }
+            status => Err(format!("GET {path} at the peer answered {status}")),
+        }
+    }
+}
+
+/// One mirror subscribing, as [`crate::peer::follow_redirects`] drives it.
+pub(super) struct Asking<'a> {
+    pub(super) mirrors: &'a Mirrors,
+    pub(super) spec: &'a Spec,
+    pub(super) inbox: &'a str,
+}
+
+impl crate::peer::Subscriber for Asking<'_> {
+    async fn subscribe_at(&self, at: &str) -> Subscribed {
+        self.mirrors.subscribe(self.spec, at, self.inbox).await
+    }
+
+    async fn prove(&self, peer: &str, endpoint: &str) -> bool {
+        self.mirrors.prove(peer, endpoint).await
+    }
+}
+
+/// A subscription left at a relay that stopped answering.
+pub(super) struct Abandoned {
+    pub(super) upstream: String,
+    pub(super) id: String,
+    /// When its deliver token expires (and the relay ends it itself).
+    pub(super) until: tokio::time::Instant,
+}
+
+impl Abandoned {
+    /// Remembers subscription `id` left at `upstream` (the newest first,
+    /// at most [`MAX_ABANDONED`]).
+    pub(super) fn push(abandoned: &mut Vec<Abandoned>, upstream: &str, id: String, token_ttl: Duration) {
+        abandoned.truncate(MAX_ABANDONED - 1);
+        abandoned.insert(0, Abandoned { upstream: upstream.to_owned(), id, until: tokio::time::Instant::now() + token_ttl });
+    }
+}
+
+/// What a re-read at the peer found.
+pub(super) struct Read {
+    /// The canonical bytes and hash, `None` when nothing is there.
+    pub(super) bytes: Option<(String, String)>,
+    /// The peer's log id of the change that wrote them (`Tidings-Change-Id`).
+    pub(super) sequence: Option<u64>,
+}
