@@ -40,7 +40,7 @@ enum Command {
 }
 
 fn init_logs(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("TIDINGS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("TIDINGS_LOG").unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
     // Logs go to stderr; stdout stays for command output (bench reports).
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {

@@ -58,6 +58,11 @@ impl ApiError {
         &self.message
     }
 
+    /// The fields the answer adds beside `error` and `message`.
+    pub(crate) fn details(&self) -> Option<&Value> {
+        self.extra.as_ref()
+    }
+
     /// `403` with `code`.
     pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, code, message)

@@ -50,15 +50,26 @@ use crate::service::tree as tree_service;
         (status = 400, description = "`invalid_mcp_message`: not a JSON-RPC message of the protocol", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 405, description = "`method_not_allowed`", body = crate::http::openapi::ErrorBody),
+        (status = 408, description = "`body_timeout`: the message did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`not_acceptable`: `Accept` does not list both `application/json` and `text/event-stream`", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "`body_too_large`: the message is over TIDINGS_MAX_BODY", body = crate::http::openapi::ErrorBody),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = crate::http::openapi::ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json` (a JSON body that is not one message, a batch say, is `400 invalid_mcp_message`)", body = crate::http::openapi::ErrorBody),
         (status = 422, description = "`invalid_mcp_message`: a message the protocol does not take here", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []))
 )]
-pub(crate) async fn post(State(app): State<AppState>, Caller(caller): Caller, mut request: Request) -> Response {
-    request.extensions_mut().insert(caller);
+pub(crate) async fn post(State(app): State<AppState>, Caller(caller): Caller, request: Request) -> Response {
+    // The body is read here, under the same size and time limits as every
+    // other body (TIDINGS_MAX_BODY, TIDINGS_BODY_TIMEOUT), before the SDK
+    // sees the request.
+    let (mut parts, body) = request.into_parts();
+    let bytes = match super::events::read_body(app.settings(), &parts.headers, body).await {
+        Ok(bytes) => bytes,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let json = parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    parts.extensions.insert(caller);
+    let request = Request::from_parts(parts, Body::from(bytes));
     let max_body = app.settings().max_body;
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
@@ -74,20 +85,25 @@ pub(crate) async fn post(State(app): State<AppState>, Caller(caller): Caller, mu
         Ok(response) => response.map(Body::new),
         Err(never) => match never {},
     };
-    stable(response).await
+    stable(response, json).await
 }
 
 /// The SDK's own refusals of a request it could not take as MCP (plain
 /// text) as tidings' JSON errors with stable codes; JSON answers (the
 /// protocol's, with their JSON-RPC errors) go through as they are.
-async fn stable(response: Response) -> Response {
-    let status = response.status();
+async fn stable(response: Response, sent_json: bool) -> Response {
+    let mut status = response.status();
     let json = response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if !status.is_client_error() || json {
         return response;
     }
     let text = axum::body::to_bytes(response.into_body(), 4096).await.unwrap_or_default();
     let message = String::from_utf8_lossy(&text).trim().to_owned();
+    // A JSON body the SDK could not read as a message (malformed, or a
+    // batch) is a bad message, not a wrong media type.
+    if status == StatusCode::UNSUPPORTED_MEDIA_TYPE && sent_json {
+        status = StatusCode::BAD_REQUEST;
+    }
     let code = match status {
         StatusCode::NOT_ACCEPTABLE => "not_acceptable",
         StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
@@ -249,7 +265,11 @@ fn caller(context: &RequestContext<RoleServer>) -> Result<Identity, ErrorData> {
 
 /// A refusal as a tool error: `{error: <stable code>, message}`.
 fn refused(error: ApiError) -> CallToolResult {
-    let body = json!({ "error": error.code(), "message": error.message() });
+    let mut body = json!({ "error": error.code(), "message": error.message() });
+    // What the HTTP answer adds (the current hash of a CAS conflict, ...).
+    if let (Some(Value::Object(extra)), Value::Object(map)) = (error.details(), &mut body) {
+        map.extend(extra.clone());
+    }
     let mut result = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
     result.structured_content = Some(body);
     result
@@ -377,9 +397,17 @@ impl ServerHandler for Tools {
         if !(entry.allowed)(&caller) {
             return Ok(refused(ApiError::forbidden("forbidden_tool", format!("the caller's grants do not allow {}", request.name))).into());
         }
-        Ok(match self.call(&caller, &request.name, request.arguments).await {
-            Ok(value) => CallToolResult::structured(value),
-            Err(error) => refused(error),
+        // On a task of its own: a tool that panicked answers `internal`
+        // rather than leaving the request waiting for an answer forever.
+        let (tools, name) = (self.clone(), request.name.clone());
+        let call = tokio::spawn(async move { tools.call(&caller, &name, request.arguments).await });
+        Ok(match call.await {
+            Ok(Ok(value)) => CallToolResult::structured(value),
+            Ok(Err(error)) => refused(error),
+            Err(panicked) => {
+                tracing::error!(error = %panicked, tool = %request.name, "an MCP tool panicked");
+                refused(internal())
+            }
         }
         .into())
     }

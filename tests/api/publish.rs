@@ -175,19 +175,26 @@ async fn a_publish_whose_client_left_commits_and_is_counted(backend: Backend) {
 /// A body announced but never (fully) sent holds its connection only for
 /// `TIDINGS_BODY_TIMEOUT`: a short Content-Length, a chunk larger than its
 /// data, an endless chunk size and a trickle each get `408 body_timeout`
-/// (JSON, connection closed), and nothing is stored.
+/// (JSON, connection closed), and nothing is stored; on `POST /mcp` too.
 async fn bodies_that_never_arrive_time_out(backend: Backend) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let app = spawn_app_with(backend, |s| s.body_timeout = std::time::Duration::from_millis(300)).await;
     let addr = app.base.trim_start_matches("http://").to_owned();
-    let head =
-        |framing: &str| format!("POST /v1/events HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{framing}\r\n\r\n");
-    let cases = [
-        ("short content-length", head("Content-Length: 100"), "{\"event_type\": \"comment.posted\"".to_owned(), false),
-        ("chunk larger than its data", head("Transfer-Encoding: chunked"), "64\r\n{\"event_type\":".to_owned(), false),
-        ("endless chunk size", head("Transfer-Encoding: chunked"), "ffffffffffffffff\r\n{".to_owned(), false),
-        ("trickle", head("Content-Length: 40"), "{\"event_type\": \"comment.posted\"}".to_owned(), true),
-    ];
+    // The MCP endpoint reads its body under the same limits.
+    let head = |path: &str, framing: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n{framing}\r\n\r\n"
+        )
+    };
+    let mut cases = Vec::new();
+    for path in ["/v1/events", "/mcp"] {
+        cases.extend([
+            ("short content-length", head(path, "Content-Length: 100"), "{\"event_type\": \"comment.posted\"".to_owned(), false),
+            ("chunk larger than its data", head(path, "Transfer-Encoding: chunked"), "64\r\n{\"event_type\":".to_owned(), false),
+            ("endless chunk size", head(path, "Transfer-Encoding: chunked"), "ffffffffffffffff\r\n{".to_owned(), false),
+            ("trickle", head(path, "Content-Length: 40"), "{\"event_type\": \"comment.posted\"}".to_owned(), true),
+        ]);
+    }
     for (what, head, body, trickle) in cases {
         let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
         socket.write_all(head.as_bytes()).await.unwrap();
