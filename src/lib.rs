@@ -16,6 +16,7 @@
 //!                                                                        │
 //! GET /v1/stream ─► http::sse: items as SSE frames ─► server::direct (chunked, vectored) ─► socket
 //! GET /v1/poll   ─► http::poll ─► service::poll (a bounded session) ─► JSON answer
+//! POST /mcp      ─► http::mcp (rmcp, stateless) ─► the same services as the routes above ─► tool results
 //! ```
 //!
 //! Layers, each importing only those below it (`tests/api/layers.rs` holds
@@ -34,7 +35,8 @@
 //!   refusal is), [`json`] (request bodies decode from objects only);
 //! - edges: [`app`] (the composition root), [`config`], [`metrics`];
 //!   [`tools`] is not the server: the load generator, the CLI and the SSE
-//!   client they share.
+//!   client they share (nor are `clients/js` and `clients/python`, the
+//!   JavaScript and Python clients, which live beside the crate).
 
 pub mod app;
 pub mod auth;
