@@ -178,12 +178,10 @@ async fn resume_older_than_retained_history_is_a_replay_gap(backend: Backend) {
         ids.push(app.publish("comment.posted", json!({})).await);
     }
     // Wait for the pruner (bounded): history then starts at id 6.
-    let mut tries = 0;
-    while app.deep().await.1["history_from"] != 6 {
-        tries += 1;
-        assert!(tries < 200, "retention pruned to the last 5 events");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    crate::helpers::wait_until("retention to prune to the last 5 events", Duration::from_secs(5), Duration::from_millis(25), || async {
+        app.deep().await.1["history_from"] == 6
+    })
+    .await;
     let mut s = app.stream("", Some(ids[0])).await;
     let gap = s.next().await;
     assert_eq!(gap.event.as_deref(), Some("system.replay_gap"));

@@ -169,16 +169,11 @@ async fn expiry_answers_410(backend: Backend) {
     assert_eq!(get(&app, "consumer_id=sleepy").await.0, 200);
     let id = app.publish("comment.posted", json!({})).await;
     // Collected by the sweep (or on access) after 300 ms of silence.
-    let mut tries = 0;
-    loop {
+    crate::helpers::wait_until("the consumer to be collected", Duration::from_secs(5), Duration::from_millis(25), || async {
         let list: Value = app.http.get(app.url("/v1/consumers")).send().await.unwrap().json().await.unwrap();
-        if list["consumers"].as_array().unwrap().is_empty() {
-            break;
-        }
-        tries += 1;
-        assert!(tries < 200, "the consumer is collected");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+        list["consumers"].as_array().unwrap().is_empty()
+    })
+    .await;
     let (status, body) = get(&app, "consumer_id=sleepy").await;
     assert_eq!((status, body["error"].as_str()), (410, Some("cursor_expired")), "{body}");
     let (status, body) = post(&app, "/v1/consumers/sleepy/ack", json!({"cursor": 1})).await;
@@ -270,12 +265,10 @@ async fn a_resume_point_the_log_cannot_serve_is_a_gap(backend: Backend) {
     for _ in 0..9 {
         all.push(app.publish("comment.posted", json!({})).await);
     }
-    let mut tries = 0;
-    while app.deep().await.1["history_from"] != all[5] {
-        tries += 1;
-        assert!(tries < 200, "retention pruned to the last 5 events");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    crate::helpers::wait_until("retention to prune to the last 5 events", Duration::from_secs(5), Duration::from_millis(25), || async {
+        app.deep().await.1["history_from"] == all[5]
+    })
+    .await;
     let (_, page) = get(&app, "since=0&limit=100").await;
     assert_eq!(page["gap"], json!({"requested": 0, "available_from": all[5], "head": all[9]}), "{page}");
     assert_eq!(ids(&page), all[5..].to_vec());

@@ -49,12 +49,13 @@ async fn two_servers_one_database_survive_listen_loss() {
     let db = a.db().await;
     let listeners = "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'tidings-listener'";
     // Both LISTEN sessions are up before we count on them.
-    let mut waited = 0;
-    while db.query(listeners, &[&name]).await.unwrap().len() < 2 {
-        waited += 1;
-        assert!(waited < 200, "both servers listen");
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
+    crate::helpers::wait_until(
+        "both servers to listen",
+        std::time::Duration::from_secs(5),
+        std::time::Duration::from_millis(25),
+        || async { db.query(listeners, &[&name]).await.unwrap().len() >= 2 },
+    )
+    .await;
     let mut published = Vec::new();
     for i in 0..100 {
         published.push(a.publish("comment.posted", json!({"i": i})).await);

@@ -218,12 +218,13 @@ async fn streams_over_raw_sockets(backend: Backend) {
     // Closing the socket ends the stream on the server at once.
     assert_eq!(app.clients().await, 1);
     drop(socket);
-    let mut tries = 0;
-    while app.clients().await != 0 {
-        tries += 1;
-        assert!(tries < 200, "the closed stream was unregistered");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    crate::helpers::wait_until(
+        "the closed stream to be unregistered",
+        std::time::Duration::from_secs(2),
+        std::time::Duration::from_millis(10),
+        || async { app.clients().await == 0 },
+    )
+    .await;
     // HTTP/1.0 goes to hyper, which answers in HTTP/1.0.
     let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
     socket.write_all(b"GET /v1/stream HTTP/1.0\r\n\r\n").await.unwrap();

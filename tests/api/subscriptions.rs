@@ -999,12 +999,13 @@ async fn retention_prunes_entities_no_longer_needed(backend: Backend) {
     for i in 1..10 {
         current = put(&app, "pruned/x", json!({"v": i}), None).await["hash"].as_str().unwrap().to_owned();
     }
-    let mut tries = 0;
-    while app.store.content_get(&old).await.unwrap().is_some() {
-        tries += 1;
-        assert!(tries < 400, "retention dropped the overwritten entity");
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
+    crate::helpers::wait_until(
+        "retention to drop the overwritten entity",
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_millis(25),
+        || async { app.store.content_get(&old).await.unwrap().is_none() },
+    )
+    .await;
     assert!(app.store.content_get(&current).await.unwrap().is_some(), "the current entity stays");
     assert!(app.store.content_get(&token).await.unwrap().is_some(), "a subscription's deliver token stays");
 }

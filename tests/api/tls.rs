@@ -302,12 +302,10 @@ async fn streams_over_http2_keep_heartbeats_eviction_and_the_shutdown_retry(back
     // Two streams on one connection: one read, one not.
     let mut fast = crate::helpers::Stream::from_response(open("").await);
     let slow = open("").await;
-    let mut tries = 0;
-    while in_flight(&http, &base).await != 2 {
-        tries += 1;
-        assert!(tries < 100, "both streams registered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::helpers::wait_until("both streams to register", Duration::from_secs(2), Duration::from_millis(20), || async {
+        in_flight(&http, &base).await == 2
+    })
+    .await;
     let blob = "x".repeat(60_000);
     let publish_blob = |n: u32| {
         let request = http
