@@ -1,11 +1,13 @@
-//! The `tidings` binary: parses the command line, starts logging, and hands
-//! over to the library.
+//! The `tidings` binary, the one door users run: parses the command line,
+//! starts logging, and hands over to the server library (`serve`, `migrate`)
+//! or to the tools crate (`bench`, `tail`, `listen`, `publish`, `subscribe`,
+//! `registry`).
 
 use clap::{Parser, Subcommand};
-use tidings::app::Application;
-use tidings::config::{LogFormat, Settings};
-use tidings::tools::bench::{BenchArgs, Mode};
-use tidings::tools::cli::{ListenArgs, PublishArgs, RegistryCommand, TailArgs};
+use tidings_cli::bench::{BenchArgs, Mode};
+use tidings_cli::cli::{ListenArgs, PublishArgs, RegistryCommand, TailArgs};
+use tidings_server::app::Application;
+use tidings_server::config::{LogFormat, Settings};
 use tracing_subscriber::EnvFilter;
 
 /// tidings: an event-stream broker.
@@ -33,7 +35,7 @@ enum Command {
     Publish(PublishArgs),
     /// Subscribe to a path pattern with a key, following capacity redirects
     /// to relays, and print the notifications.
-    Subscribe(tidings::tools::subscribe::SubscribeArgs),
+    Subscribe(tidings_cli::subscribe::SubscribeArgs),
     /// Work with the event-type registry.
     #[command(subcommand)]
     Registry(RegistryCommand),
@@ -83,45 +85,44 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Migrate(settings) => {
             init_logs(settings.log_format);
-            let store = tidings::app::open_store(&settings).await?;
+            let store = tidings_server::app::open_store(&settings).await?;
             tracing::info!(store = store.kind().as_str(), "migrations applied");
             Ok(())
         }
         Command::Bench(args) => {
             init_logs(LogFormat::Human);
             let report = match args.mode {
-                Mode::Deliver => serde_json::to_value(tidings::tools::bench::run(args).await?)?,
-                Mode::Publish | Mode::TreeWrite => serde_json::to_value(tidings::tools::bench::publish_throughput(&args).await?)?,
-                Mode::Replay => serde_json::to_value(tidings::tools::bench::replay_throughput(&args).await?)?,
-                Mode::Fanout => serde_json::to_value(tidings::tools::bench::fanout_compare(&args)?)?,
-                Mode::ListenLoss => serde_json::to_value(tidings::tools::bench::listen_loss(&args).await?)?,
-                Mode::Storm => serde_json::to_value(tidings::tools::bench::storm(&args).await?)?,
-                Mode::Poll => serde_json::to_value(tidings::tools::bench::poll_bench(&args).await?)?,
-                Mode::Idle => serde_json::to_value(tidings::tools::bench::idle(&args).await?)?,
-                Mode::PeerDelivery => serde_json::to_value(tidings::tools::peers::peer_delivery(&args).await?)?,
-                Mode::MirrorDelay => serde_json::to_value(tidings::tools::peers::mirror_delay(&args).await?)?,
-                Mode::MirrorConverge => serde_json::to_value(tidings::tools::peers::mirror_converge(&args).await?)?,
-                Mode::Tree => serde_json::to_value(tidings::tools::peers::tree(&args).await?)?,
-                Mode::Resume => serde_json::to_value(tidings::tools::scale::resume(&args).await?)?,
-                Mode::SqlPublish => serde_json::to_value(tidings::tools::sqlpublish::sql_publish(&args).await?)?,
+                Mode::Deliver => serde_json::to_value(tidings_cli::bench::run(args).await?)?,
+                Mode::Publish | Mode::TreeWrite => serde_json::to_value(tidings_cli::bench::publish_throughput(&args).await?)?,
+                Mode::Replay => serde_json::to_value(tidings_cli::bench::replay_throughput(&args).await?)?,
+                Mode::ListenLoss => serde_json::to_value(tidings_cli::bench::listen_loss(&args).await?)?,
+                Mode::Storm => serde_json::to_value(tidings_cli::bench::storm(&args).await?)?,
+                Mode::Poll => serde_json::to_value(tidings_cli::bench::poll_bench(&args).await?)?,
+                Mode::Idle => serde_json::to_value(tidings_cli::bench::idle(&args).await?)?,
+                Mode::PeerDelivery => serde_json::to_value(tidings_cli::peers::peer_delivery(&args).await?)?,
+                Mode::MirrorDelay => serde_json::to_value(tidings_cli::peers::mirror_delay(&args).await?)?,
+                Mode::MirrorConverge => serde_json::to_value(tidings_cli::peers::mirror_converge(&args).await?)?,
+                Mode::Tree => serde_json::to_value(tidings_cli::peers::tree(&args).await?)?,
+                Mode::Resume => serde_json::to_value(tidings_cli::scale::resume(&args).await?)?,
+                Mode::SqlPublish => serde_json::to_value(tidings_cli::sqlpublish::sql_publish(&args).await?)?,
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }
         Command::Tail(args) => {
             init_logs(LogFormat::Human);
-            tidings::tools::cli::tail(args).await
+            tidings_cli::cli::tail(args).await
         }
         Command::Listen(args) => {
             init_logs(LogFormat::Human);
-            tidings::tools::cli::listen(args).await
+            tidings_cli::cli::listen(args).await
         }
-        Command::Publish(args) => tidings::tools::cli::publish(args).await,
+        Command::Publish(args) => tidings_cli::cli::publish(args).await,
         Command::Subscribe(args) => {
             init_logs(LogFormat::Human);
-            tidings::tools::subscribe::subscribe(args).await
+            tidings_cli::subscribe::subscribe(args).await
         }
-        Command::Registry(RegistryCommand::Check { registry }) => tidings::tools::cli::registry_check(&registry),
+        Command::Registry(RegistryCommand::Check { registry }) => tidings_cli::cli::registry_check(&registry),
     }
 }
 

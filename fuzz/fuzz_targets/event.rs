@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tidings::event::{Event, PublishRequest};
+use tidings_server::event::{Event, PublishRequest};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(request) = serde_json::from_slice::<PublishRequest>(data) else { return };

@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tidings::event::{EventBody, Visibility};
-use tidings::filter::{Filter, FilterLimits};
+use tidings_server::event::{EventBody, Visibility};
+use tidings_server::filter::{Filter, FilterLimits};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };

@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tidings::tools::client::SseParser;
-use tidings::http::sse_frame;
+use tidings_server::tools::client::SseParser;
+use tidings_server::http::sse_frame;
 
 fuzz_target!(|input: (Option<i64>, Option<String>, String)| {
     let (id, name, data) = input;

@@ -127,11 +127,11 @@ async fn listen_resumes_across_a_restart_and_acks(backend: Backend) {
 
     // The key file is the device's identity; the server kept its cursor at
     // what was printed last (the last ack lands just before the exit).
-    let identity = tidings::identity::ServerIdentity::open(&key).unwrap();
-    let ws = tidings::tools::device::ws_url(&url, None);
+    let identity = tidings_server::identity::ServerIdentity::open(&key).unwrap();
+    let ws = tidings_client::device::ws_url(&url, None);
     let mut tries = 0;
     loop {
-        let mut client = tidings::tools::device::DeviceClient::connect(&ws).await.unwrap();
+        let mut client = tidings_client::device::DeviceClient::connect(&ws).await.unwrap();
         let answer = client.auth(&identity, serde_json::json!({"device_id": "box"})).await.unwrap();
         if answer["cursor"] == published[4] {
             break;

@@ -111,7 +111,7 @@ async fn slow_client_is_dropped_and_resumes(backend: Backend) {
     assert_eq!(fast.ids(2).await, after_drop);
 
     // The slow client reads now: contiguous events, then the notice.
-    let mut reader = tidings::tools::client::SseReader::new(Box::pin(slow.bytes_stream()) as tidings::tools::client::BodyStream);
+    let mut reader = tidings_client::sse::SseReader::new(Box::pin(slow.bytes_stream()) as tidings_client::sse::BodyStream);
     let mut got = Vec::new();
     let notice = loop {
         let e =
@@ -152,7 +152,7 @@ async fn stuck_client_is_dropped_for_no_progress(backend: Backend) {
         }
     }
     assert_eq!(app.clients().await, 0, "the stuck client was dropped");
-    let mut reader = tidings::tools::client::SseReader::new(Box::pin(stuck.bytes_stream()) as tidings::tools::client::BodyStream);
+    let mut reader = tidings_client::sse::SseReader::new(Box::pin(stuck.bytes_stream()) as tidings_client::sse::BodyStream);
     let notice = loop {
         let e = tokio::time::timeout(Duration::from_secs(10), reader.next_event()).await.unwrap().expect("the notice arrives");
         if e.event.is_some() {
@@ -169,7 +169,7 @@ async fn stuck_client_is_dropped_for_no_progress(backend: Backend) {
 /// what is left gets `system.replay_gap`, then everything that is left.
 async fn resume_older_than_retained_history_is_a_replay_gap(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.retention = tidings::config::Retention { max_age: None, max_events: Some(5) };
+        s.retention = tidings_server::config::Retention { max_age: None, max_events: Some(5) };
         s.retention_interval = Duration::from_millis(50);
     })
     .await;

@@ -62,7 +62,7 @@ async fn acknowledged_events_survive_sigkill() {
     let health: serde_json::Value = http.get(format!("{}/health/deep", server.base)).send().await.unwrap().json().await.unwrap();
     let head = health["head_event_id"].as_i64().unwrap();
     assert!(head >= *acked.iter().max().unwrap(), "head {head} covers every acknowledged id");
-    let mut reader = tidings::tools::client::connect(&http, &format!("{}/v1/stream?since=0", server.base), None).await.unwrap();
+    let mut reader = tidings_client::sse::connect(&http, &format!("{}/v1/stream?since=0", server.base), None).await.unwrap();
     let mut ids = Vec::new();
     while ids.len() < head as usize {
         let e = tokio::time::timeout(Duration::from_secs(10), reader.next_event()).await.unwrap().unwrap();
@@ -102,7 +102,7 @@ async fn sigterm_ends_streams_and_a_restart_loses_nothing(backend: Backend) {
         }
     };
     let first = publish(server.base.clone()).await;
-    let mut reader = tidings::tools::client::connect(&http, &format!("{}/v1/stream?since=0", server.base), None).await.unwrap();
+    let mut reader = tidings_client::sse::connect(&http, &format!("{}/v1/stream?since=0", server.base), None).await.unwrap();
     assert_eq!(reader.next_event().await.unwrap().id.as_deref(), Some("1"));
     let pid = server.child.id().unwrap().to_string();
     assert!(tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap().success());
@@ -116,6 +116,6 @@ async fn sigterm_ends_streams_and_a_restart_loses_nothing(backend: Backend) {
 
     let server = spawn_process(&envs).await;
     let later = publish(server.base.clone()).await;
-    let mut reader = tidings::tools::client::connect(&http, &format!("{}/v1/stream", server.base), Some(first)).await.unwrap();
+    let mut reader = tidings_client::sse::connect(&http, &format!("{}/v1/stream", server.base), Some(first)).await.unwrap();
     assert_eq!(reader.next_event().await.unwrap().id, Some(later.to_string()));
 }

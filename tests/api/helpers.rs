@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tidings::app::Application;
-use tidings::config::Settings;
-use tidings::store::Store;
-use tidings::tools::client::{SseEvent, SseReader};
+use tidings_client::sse::{SseEvent, SseReader};
+use tidings_server::app::Application;
+use tidings_server::config::Settings;
+use tidings_server::store::Store;
 use tokio_util::sync::CancellationToken;
 
 /// Which store a test runs on.
@@ -64,7 +64,7 @@ pub(crate) fn test_settings() -> Settings {
     s.database_url = None;
     s.data_dir = std::env::temp_dir().join(format!("tidings-test-{}", rand::random::<u64>()));
     s.registry = concat!(env!("CARGO_MANIFEST_DIR"), "/registry").into();
-    s.registry_mode = tidings::registry::RegistryMode::Warn;
+    s.registry_mode = tidings_server::registry::RegistryMode::Warn;
     s.shutdown_timeout = Duration::from_secs(3);
     s
 }
@@ -192,7 +192,7 @@ impl TestApp {
     /// Opens `/v1/stream` with a query string and optional Last-Event-ID.
     pub(crate) async fn stream(&self, query: &str, last_event_id: Option<i64>) -> Stream {
         let url = self.url(&format!("/v1/stream{query}"));
-        Stream { reader: tidings::tools::client::connect(&self.http, &url, last_event_id).await.expect("opening the stream") }
+        Stream { reader: tidings_client::sse::connect(&self.http, &url, last_event_id).await.expect("opening the stream") }
     }
 
     pub(crate) async fn head(&self) -> i64 {
@@ -238,7 +238,7 @@ impl TestApp {
 }
 
 pub(crate) struct Stream {
-    reader: SseReader<tidings::tools::client::BodyStream>,
+    reader: SseReader<tidings_client::sse::BodyStream>,
 }
 
 impl Stream {
@@ -441,7 +441,7 @@ pub(crate) fn ed25519_identity() -> (ed25519_dalek::SigningKey, Value, String) {
     let key = ed25519_dalek::SigningKey::from_bytes(&rand::random::<[u8; 32]>());
     let public = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes());
     let entity = json!({"type": "system/identity", "data": {"algorithm": "ed25519", "public_key": public}});
-    let hash = tidings::tree::capability::hash_of(&entity).unwrap();
+    let hash = tidings_server::tree::capability::hash_of(&entity).unwrap();
     (key, entity, hash)
 }
 

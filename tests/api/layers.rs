@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/src");
 
 /// Every `.rs` file below `dir`, with its text minus its unit tests.
 fn sources(dir: &Path) -> Vec<(String, String)> {
@@ -152,12 +152,23 @@ fn nothing_below_the_service_layer_imports_it_or_a_transport() {
         }
     }
     assert!(graph["service"].iter().all(|d| d != "http" && d != "server"), "the service layer imports a transport");
-    // The tools (load generator, CLI, SSE client) are clients of a server,
-    // never part of it.
-    for (module, deps) in &graph {
-        if module != "tools" {
-            assert!(!deps.contains("tools"), "{module} imports the tools tree");
-        }
+}
+
+/// The tools (the client, the CLI, the load generators) are clients of a
+/// server, never part of it: the server crate depends on none of them, nor
+/// on what only they need, so `cargo build -p tidings-server` compiles none
+/// of their code.
+#[test]
+fn the_server_crate_depends_on_no_tool() {
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/Cargo.toml")).unwrap();
+    let deps = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
+    assert!(deps.contains("tokio.workspace"), "the scan read the dependencies: {deps}");
+    for tool in ["tidings-client", "tidings-cli", "indicatif", "\"connect\""] {
+        assert!(!deps.contains(tool), "the server crate depends on {tool}");
+    }
+    let names_a_tool = regex::Regex::new(r"\b(tidings_client|tidings_cli|crate::tools)::").unwrap();
+    for (file, code) in sources(Path::new(SRC)) {
+        assert!(!names_a_tool.is_match(&code), "{file} names a tool crate");
     }
 }
 

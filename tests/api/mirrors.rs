@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
-use tidings::tree::capability::hash_of;
+use tidings_server::tree::capability::hash_of;
 
 use crate::both_stores;
 use crate::helpers::{Backend, eventually};
@@ -39,7 +39,7 @@ pub(crate) const PATH: &str = "feeds/x";
 /// delivery to a downstream goes through its own lossy proxy.
 struct Topology {
     servers: Vec<Server>,
-    proxies: Vec<tidings::tools::lossy::LossyProxy>,
+    proxies: Vec<tidings_cli::lossy::LossyProxy>,
 }
 
 async fn topology(backend: Backend, count: usize, links: &[(usize, usize)], loss: bool) -> Topology {
@@ -53,7 +53,7 @@ async fn topology(backend: Backend, count: usize, links: &[(usize, usize)], loss
         d.knows(u).await;
         let endpoint = if loss {
             // A third of the deliveries acknowledged and never forwarded.
-            let proxy = tidings::tools::lossy::start(d.base().to_owned(), 3).await.unwrap();
+            let proxy = tidings_cli::lossy::start(d.base().to_owned(), 3).await.unwrap();
             let base = proxy.base.clone();
             proxies.push(proxy);
             base
@@ -177,7 +177,7 @@ async fn a_stale_lap_changes_nothing(backend: Backend) {
     assert_eq!(before, 5, "a one-way mirror settles exactly N");
     // A's second notification again (as A, with a sequence B has not seen,
     // so it is not a retry): B moved on long ago.
-    let server = tidings::identity::ServerIdentity::open(&a.key_file()).unwrap();
+    let server = tidings_server::identity::ServerIdentity::open(&a.key_file()).unwrap();
     let inbox = "system/inbox/mirror/from-0";
     let mut included = Map::new();
     let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;

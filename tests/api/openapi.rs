@@ -33,7 +33,7 @@ async fn every_route_and_error_code_is_documented() {
     }
     // Every route is registered through the annotated handlers: the router
     // has no plain `.route(`, so nothing can be served without being documented.
-    let http_mod = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/http/mod.rs")).unwrap();
+    let http_mod = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/src/http/mod.rs")).unwrap();
     assert!(!http_mod.contains(".route("), "routes are added with routes!(...) only");
     // Every error code the HTTP layer can answer appears in the document:
     // those HTTP builds itself, and every code of the service layer's typed
@@ -44,7 +44,8 @@ async fn every_route_and_error_code_is_documented() {
     )
     .unwrap();
     let mut codes = Vec::new();
-    let dirs = [concat!(env!("CARGO_MANIFEST_DIR"), "/src/http"), concat!(env!("CARGO_MANIFEST_DIR"), "/src/service")];
+    let dirs =
+        [concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/src/http"), concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/src/service")];
     for entry in dirs.iter().flat_map(|d| std::fs::read_dir(d).unwrap()) {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "rs") {

@@ -169,7 +169,7 @@ async fn sql_and_http_publishers_together_keep_ids_gap_free() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_are_checked_in_sql_and_schema_violations_are_set_aside() {
     let app = spawn_app_with(Backend::Postgres, |s| {
-        s.registry_mode = tidings::registry::RegistryMode::Strict;
+        s.registry_mode = tidings_server::registry::RegistryMode::Strict;
         s.max_payload = 1024;
     })
     .await;

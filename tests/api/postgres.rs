@@ -43,7 +43,7 @@ async fn two_servers_one_database_survive_listen_loss() {
     let b = crate::helpers::spawn_process(&[("DATABASE_URL", url), ("TIDINGS_DATA_DIR", b_dir.path().display().to_string())]).await;
     let mut clients = Vec::new();
     for _ in 0..10 {
-        let reader = tidings::tools::client::connect(&a.http, &format!("{}/v1/stream?types=comment.posted", b.base), None).await.unwrap();
+        let reader = tidings_client::sse::connect(&a.http, &format!("{}/v1/stream?types=comment.posted", b.base), None).await.unwrap();
         clients.push(reader);
     }
     let db = a.db().await;
@@ -119,7 +119,7 @@ async fn database_outage_and_recovery() {
 
     let response = app.http.get(app.url("/v1/stream?types=comment.posted")).send().await.unwrap();
     let mut body = response.bytes_stream();
-    let mut parser = tidings::tools::client::SseParser::default();
+    let mut parser = tidings_client::sse::SseParser::default();
     let first = app.publish("comment.posted", json!({})).await;
     let mut events = Vec::new();
     while events.is_empty() {

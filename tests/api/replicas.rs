@@ -29,7 +29,7 @@ async fn the_broker_reads_notified_commits_at_the_standby() {
     // handed its own).
     let a = spawn_app_with(Backend::Postgres, |s| {
         s.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
-        s.broker_reads = tidings::config::BrokerReads::Replica;
+        s.broker_reads = tidings_server::config::BrokerReads::Replica;
     })
     .await;
     let url = a.db_url.clone().unwrap();

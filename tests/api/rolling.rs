@@ -116,7 +116,7 @@ async fn stream(base: String, stop: Arc<AtomicBool>, until: Arc<std::sync::atomi
         if stop.load(Ordering::Relaxed) && last >= until.load(Ordering::Relaxed) {
             return (ids, ends);
         }
-        let Ok(mut reader) = tidings::tools::client::connect(&http, &url, Some(last)).await else {
+        let Ok(mut reader) = tidings_client::sse::connect(&http, &url, Some(last)).await else {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         };

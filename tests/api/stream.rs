@@ -33,7 +33,7 @@ async fn three_events_then_resume_from_the_first(backend: Backend) {
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     assert_eq!(response.headers()["cache-control"], "no-cache");
     assert_eq!(response.headers()["x-accel-buffering"], "no");
-    let mut reader = tidings::tools::client::SseReader::new(Box::pin(response.bytes_stream()) as tidings::tools::client::BodyStream);
+    let mut reader = tidings_client::sse::SseReader::new(Box::pin(response.bytes_stream()) as tidings_client::sse::BodyStream);
     let mut got = Vec::new();
     while got.len() < 3 {
         let e = reader.next_event().await.unwrap();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use ed25519_dalek::{Signer as _, SigningKey};
 use serde_json::{Map, Value, json};
-use tidings::tree::capability::hash_of;
+use tidings_server::tree::capability::hash_of;
 
 use crate::both_stores;
 use crate::helpers::{Backend, Stream, TestApp, spawn_app, spawn_app_with};
@@ -473,7 +473,7 @@ async fn every_error_code_from_signed_requests(backend: Backend) {
     let mut crowded = Subscribe { author: &a, pattern: "docs/*", params: request(&token, inbox_a), capability: None, included: Map::new() }
         .envelope("subscribe");
     let extra = crowded["included"].as_object_mut().unwrap();
-    for i in 0..tidings::subscription::execute::MAX_INCLUDED {
+    for i in 0..tidings_server::subscription::execute::MAX_INCLUDED {
         let entity = json!({"type": "note", "data": {"i": i}});
         extra.insert(hash_of(&entity).unwrap(), entity);
     }
@@ -977,7 +977,7 @@ async fn an_expired_deliver_token_ends_the_subscription(backend: Backend) {
 /// change names; the current entities and subscription chains stay.
 async fn retention_prunes_entities_no_longer_needed(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.retention = tidings::config::Retention { max_age: None, max_events: Some(3) };
+        s.retention = tidings_server::config::Retention { max_age: None, max_events: Some(3) };
         s.retention_interval = std::time::Duration::from_millis(50);
     })
     .await;
@@ -1062,7 +1062,7 @@ async fn notifications_survive_sigkill_exactly_once(backend: Backend) {
     // Every committed change under crash/, in commit order.
     let read = |query: &str| {
         let (http, url) = (http.clone(), format!("{}/v1/stream?since=0&{query}", server.base));
-        async move { tidings::tools::client::connect(&http, &url, None).await }
+        async move { tidings_client::sse::connect(&http, &url, None).await }
     };
     let mut changes = read("types=tree.*").await.unwrap();
     let mut committed = Vec::new();

@@ -19,7 +19,7 @@ fn no_string_literal_event_names_at_emit_sites() {
     let emit_site =
         regex::Regex::new(r#"(sse_frame\([^;]*Some\(\s*"|event_type:\s*"[a-z_]+\.[a-z_.]+"|event_type\s*=\s*"[a-z_]+\.)"#).unwrap();
     let mut offenders = Vec::new();
-    let mut files = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
+    let mut files = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/src"))];
     let mut scanned = 0;
     while let Some(path) = files.pop() {
         if path.is_dir() {
@@ -48,7 +48,7 @@ fn no_string_literal_event_names_at_emit_sites() {
 }
 
 async fn strict_mode_refuses_what_the_registry_does_not_know(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.registry_mode = tidings::registry::RegistryMode::Strict).await;
+    let app = spawn_app_with(backend, |s| s.registry_mode = tidings_server::registry::RegistryMode::Strict).await;
     let (status, body) = app.post_events(&json!({"event_type": "hypothesis.vanished"})).await;
     assert_eq!((status, body["error"].as_str()), (422, Some("unregistered_event_type")), "{body}");
     let (status, body) = app.post_events(&json!({"event_type": "signal.upvote.recorded", "payload": {"weight": "heavy"}})).await;

@@ -43,7 +43,7 @@ impl Key {
 
     /// `origin_proof` for `method` and `body` on the connection with `nonce`.
     pub(crate) fn proof(&self, method: &str, body: &Value, nonce: &str) -> Value {
-        let target = tidings::service::device::proof_target(method, body, nonce);
+        let target = tidings_server::service::device::proof_target(method, body, nonce);
         let signature = base64::engine::general_purpose::STANDARD.encode(self.key.sign(target.as_bytes()).to_bytes());
         json!({"identity": self.entity, "signature": signature})
     }
@@ -521,7 +521,7 @@ async fn the_readme_example_device_catches_up_goes_live_and_acks(backend: Backen
     app.publish("vote.cast", json!({})).await;
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("device.key");
-    let url = tidings::tools::device::ws_url(&app.base, None);
+    let url = tidings_client::device::ws_url(&app.base, None);
     let mut child = tokio::process::Command::new(python)
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/ws_device.py"))
         .args([url.as_str(), "--key", key.to_str().unwrap(), "--device", "py", "--types", "comment.*", "--since", "0", "--count", "4"])
@@ -541,8 +541,8 @@ async fn the_readme_example_device_catches_up_goes_live_and_acks(backend: Backen
     }
     assert_eq!(got, published, "history by the filter, then realtime");
     assert!(child.wait().await.unwrap().success());
-    let identity = tidings::identity::ServerIdentity::open(&key).unwrap();
-    let mut device = tidings::tools::device::DeviceClient::connect(&url).await.unwrap();
+    let identity = tidings_server::identity::ServerIdentity::open(&key).unwrap();
+    let mut device = tidings_client::device::DeviceClient::connect(&url).await.unwrap();
     let answer = device.auth(&identity, json!({"device_id": "py"})).await.unwrap();
     assert_eq!(answer["cursor"], published[3], "the example acked what it printed: {answer}");
 }

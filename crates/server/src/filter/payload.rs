@@ -9,7 +9,7 @@
 //! maintained, and it ships the jsonlogic.com reference cases as its
 //! compatibility suite; `jsonlogic-rs` re-interprets the JSON rule on every
 //! call and has had no release in years. Our test runs the same reference
-//! cases against this module (see `tests/data/jsonlogic-compatible.json`).
+//! cases against this module (see `crates/server/tests/data/jsonlogic-compatible.json`).
 //!
 //! Validation is ours and stricter than either crate: every operator must be
 //! one of jsonlogic.com's (except `log`, which would let a client write to

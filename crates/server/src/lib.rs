@@ -1,7 +1,8 @@
-//! tidings: an event-stream broker. Producers publish events; browsers,
-//! agents and services receive exactly the events their filter asks for,
-//! live over Server-Sent Events, and resume after any disconnect with nothing
-//! lost and nothing repeated.
+//! tidings-server: the tidings server as a library. tidings is an
+//! event-stream broker. Producers publish events; browsers, agents and
+//! services receive exactly the events their filter asks for, live over
+//! Server-Sent Events, and resume after any disconnect with nothing lost and
+//! nothing repeated.
 //!
 //! How a request travels, from the request to the socket:
 //!
@@ -33,10 +34,13 @@
 //! - vocabulary, pure: [`event`] (names, envelope), [`filter`], [`glob`],
 //!   [`tree`] (paths, entities, hashes, capabilities), [`refusal`] (what a
 //!   refusal is), [`json`] (request bodies decode from objects only);
-//! - edges: [`app`] (the composition root), [`config`], [`metrics`];
-//!   [`tools`] is not the server: the load generator, the CLI and the SSE
-//!   client they share (nor are `clients/js` and `clients/python`, the
-//!   JavaScript and Python clients, which live beside the crate).
+//! - edges: [`app`] (the composition root), [`config`], [`metrics`].
+//!
+//! Not the server, and not in this crate (the workspace's compiler keeps
+//! it so): the binary users run (the workspace root, `src/main.rs`), the
+//! Rust client (`crates/client`), the terminal commands and load generators
+//! (`crates/cli`), and the JavaScript and Python clients (`clients/js`,
+//! `clients/python`).
 
 pub mod app;
 pub mod auth;
@@ -56,5 +60,4 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod subscription;
-pub mod tools;
 pub mod tree;

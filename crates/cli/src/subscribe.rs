@@ -2,7 +2,7 @@
 //! It signs with a key file (created on first use), subscribes at the
 //! source for notifications delivered to an inbox of its own at whichever
 //! server accepts, following capacity redirects to relays as a mirror does
-//! ([`crate::peer::follow_redirects`], seed 000 §8.3), then prints each
+//! ([`tidings_server::peer::follow_redirects`], seed 000 §8.3), then prints each
 //! notification as it arrives there over SSE. It renews the subscription
 //! where it is held at half the deliver token's lifetime, and when that
 //! server stops answering it starts again at the source, which redirects
@@ -18,10 +18,10 @@ use anyhow::Context as _;
 use clap::Args;
 use serde_json::{Map, Value, json};
 
-use super::client;
-use crate::identity::ServerIdentity;
-use crate::peer::{Attached, Subscribed};
-use crate::tree::Entity;
+use tidings_client::sse as client;
+use tidings_server::identity::ServerIdentity;
+use tidings_server::peer::{Attached, Subscribed};
+use tidings_server::tree::Entity;
 
 /// `tidings subscribe`.
 #[derive(Debug, Clone, Args)]
@@ -48,7 +48,7 @@ pub struct SubscribeArgs {
     #[arg(long)]
     pub count: Option<u64>,
     /// Lifetime of the deliver token; the subscription is renewed at half of it.
-    #[arg(long, default_value = "1h", value_parser = crate::config::duration)]
+    #[arg(long, default_value = "1h", value_parser = tidings_server::config::duration)]
     pub token_ttl: Duration,
 }
 
@@ -83,7 +83,7 @@ pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
     // on from there (nothing that arrived meanwhile is skipped).
     let mut resume: Option<(String, Option<i64>)> = None;
     loop {
-        let attached = crate::peer::follow_redirects(&from, key.hash(), &[], &session).await;
+        let attached = tidings_server::peer::follow_redirects(&from, key.hash(), &[], &session).await;
         let (a, since) = match attached {
             Ok(a) => {
                 let head = session.head(&a.upstream);
@@ -153,9 +153,9 @@ impl Session<'_> {
     }
 }
 
-impl crate::peer::Subscriber for Session<'_> {
+impl tidings_server::peer::Subscriber for Session<'_> {
     async fn prove(&self, peer: &str, endpoint: &str) -> bool {
-        let proven = crate::peer::proves(&self.api, peer, endpoint, TIMEOUT).await;
+        let proven = tidings_server::peer::proves(&self.api, peer, endpoint, TIMEOUT).await;
         if proven && let Ok(mut endpoints) = self.endpoints.lock() {
             endpoints.insert(peer.to_owned(), endpoint.to_owned());
         }
@@ -192,7 +192,7 @@ impl crate::peer::Subscriber for Session<'_> {
         let execute = Entity {
             kind: "system/protocol/execute".into(),
             data: json!({
-                "request_id": crate::tree::generate_id(), "uri": "system/subscription", "operation": "subscribe",
+                "request_id": tidings_server::tree::generate_id(), "uri": "system/subscription", "operation": "subscribe",
                 "resource": {"targets": [self.args.pattern]},
                 "params": {"type": "system/subscription/request", "data": {
                     "deliver_to": {"uri": self.inbox}, "deliver_token": token_hash, "include_payload": self.args.include_payload}},
@@ -206,13 +206,13 @@ impl crate::peer::Subscriber for Session<'_> {
             Err(e) => return Subscribed::Failed(e.to_string()),
         };
         let status = response.status().as_u16();
-        let body = crate::peer::read_json(response).await;
+        let body = tidings_server::peer::read_json(response).await;
         match status {
             200 => match body["result"]["subscription_id"].as_str() {
                 Some(id) => Subscribed::Held(id.to_owned()),
                 None => Subscribed::Failed(format!("unexpected answer {body}")),
             },
-            303 => Subscribed::Redirected(crate::peer::alternatives(&body, crate::subscription::MAX_ALTERNATIVES)),
+            303 => Subscribed::Redirected(tidings_server::peer::alternatives(&body, tidings_server::subscription::MAX_ALTERNATIVES)),
             _ => Subscribed::Failed(format!("{status} {}: {}", body["error"]["code"], body["error"]["message"])),
         }
     }
@@ -258,7 +258,7 @@ impl Session<'_> {
                     Ok(None) => break,
                     // Quiet: a stream that carries nothing for a while is
                     // kept if its server still answers.
-                    Err(_) if crate::peer::proves(&self.api, &attached.upstream, endpoint, TIMEOUT).await => continue,
+                    Err(_) if tidings_server::peer::proves(&self.api, &attached.upstream, endpoint, TIMEOUT).await => continue,
                     Err(_) => break,
                 };
                 failures = 0;

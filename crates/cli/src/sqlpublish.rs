@@ -16,7 +16,7 @@ use serde_json::json;
 use tokio::sync::Mutex;
 
 use super::bench::{BenchArgs, nearest_rank, now_us};
-use super::client;
+use tidings_client::sse as client;
 
 /// One phase's figures.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::bench::{BenchArgs, head, mark_ready};
-use super::client;
+use tidings_client::sse as client;
 
 /// What one storm measured.
 #[derive(Debug, Clone, serde::Serialize)]

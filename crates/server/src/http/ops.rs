@@ -31,7 +31,7 @@ pub(crate) async fn live_page() -> Response {
     (status = 304, description = "Not modified (`If-None-Match`)"),
 ))]
 pub(crate) async fn client_module(request_headers: axum::http::HeaderMap) -> Response {
-    const MODULE: &str = include_str!("../../clients/js/dist/tidings.js");
+    const MODULE: &str = include_str!("../../../../clients/js/dist/tidings.js");
     static ETAG: std::sync::LazyLock<HeaderValue> = std::sync::LazyLock::new(|| {
         use sha2::Digest as _;
         let digest = sha2::Sha256::digest(MODULE.as_bytes());

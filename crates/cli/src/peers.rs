@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 
 use super::bench::BenchArgs;
-use crate::identity::ServerIdentity;
-use crate::tree::Entity;
-use crate::tree::capability::hash_of;
+use tidings_server::identity::ServerIdentity;
+use tidings_server::tree::Entity;
+use tidings_server::tree::capability::hash_of;
 
 /// One server, as the benchmark reaches it.
 #[derive(Debug, Clone)]
@@ -59,7 +59,7 @@ impl Node {
         if r.status() == 404 {
             return Ok(None);
         }
-        Ok(Some(crate::tree::hash_canonical(&r.error_for_status()?.text().await?)))
+        Ok(Some(tidings_server::tree::hash_canonical(&r.error_for_status()?.text().await?)))
     }
 
     /// Events of `types` with `targets` after `since`, long-polling `wait_ms`.
@@ -135,7 +135,7 @@ async fn subscribe_remote(key: &ServerIdentity, source: &Node, sink: &Node, patt
     let execute = Entity {
         kind: "system/protocol/execute".into(),
         data: json!({
-            "request_id": crate::tree::generate_id(), "uri": "system/subscription", "operation": "subscribe",
+            "request_id": tidings_server::tree::generate_id(), "uri": "system/subscription", "operation": "subscribe",
             "resource": {"targets": [pattern]},
             "params": {"type": "system/subscription/request", "data": {
                 "deliver_to": {"uri": format!("entity://{}/{inbox}", sink.hash)}, "deliver_token": leaf}},
@@ -245,7 +245,7 @@ pub async fn mirror_delay(args: &BenchArgs) -> anyhow::Result<MirrorDelayReport>
     }
     let path = format!("{tag}/x");
     let stream_url = format!("{}/v1/stream?types=tree.created,tree.updated&targets=tree:{path}", c.url);
-    let mut stream = super::client::connect(&http, &stream_url, None).await?;
+    let mut stream = tidings_client::sse::connect(&http, &stream_url, None).await?;
     let sent = std::sync::Arc::new(tokio::sync::Mutex::new(HashMap::<String, Instant>::new()));
     let n = args.events as usize;
     let interval = Duration::from_secs_f64(1.0 / args.rate.max(1.0));
@@ -451,7 +451,7 @@ pub async fn tree(args: &BenchArgs) -> anyhow::Result<TreeReport> {
     let mut watchers = Vec::new();
     for leaf in &leaves {
         let url = format!("{}/v1/stream?types=tree.created,tree.updated&targets=tree:{path}", leaf.url);
-        let mut stream = super::client::connect(&http, &url, None).await?;
+        let mut stream = tidings_client::sse::connect(&http, &url, None).await?;
         let done = done.clone();
         watchers.push(tokio::spawn(async move {
             let mut seen = Vec::new();

@@ -16,7 +16,7 @@ use clap::Args;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use super::client;
+use tidings_client::sse as client;
 
 /// Options of `tidings bench`.
 #[derive(Debug, Clone, Args)]
@@ -55,7 +55,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
     /// `replay`: events to publish first and then read back; `listen-loss`:
-    /// events published during the loss; `fanout`: events matched.
+    /// events published during the loss.
     #[arg(long, default_value_t = 100_000)]
     pub events: u64,
     /// Generic mode: subscribe to this SSE URL instead of tidings' `/v1/stream`
@@ -180,7 +180,7 @@ pub enum Transport {
 /// A subscriber of `deliver` and `idle`: what it reads events from.
 enum Subscriber {
     Sse(client::SseReader<client::BodyStream>),
-    Ws(Box<super::device::DeviceClient>),
+    Ws(Box<tidings_client::device::DeviceClient>),
 }
 
 impl Subscriber {
@@ -189,7 +189,7 @@ impl Subscriber {
     async fn open(
         args: &BenchArgs,
         http: &reqwest::Client,
-        key: &crate::identity::ServerIdentity,
+        key: &tidings_server::identity::ServerIdentity,
         i: usize,
         filter: &Value,
     ) -> anyhow::Result<Self> {
@@ -202,7 +202,7 @@ impl Subscriber {
                 Ok(Self::Sse(client::connect(http, &url, None).await?))
             }
             Transport::Ws => {
-                let mut device = super::device::DeviceClient::connect(&super::device::ws_url(&args.url, None)).await?;
+                let mut device = tidings_client::device::DeviceClient::connect(&tidings_client::device::ws_url(&args.url, None)).await?;
                 device.auth(key, json!({"device_id": format!("bench-{i}"), "filter": filter})).await?;
                 Ok(Self::Ws(Box::new(device)))
             }
@@ -273,9 +273,6 @@ pub enum Mode {
     TreeWrite,
     /// One client resuming far behind.
     Replay,
-    /// In-process: filter matching for `--clients` distinct filters, 1% of
-    /// them matching each event, with the broker's index and without it.
-    Fanout,
     /// PostgreSQL: kill every LISTEN session of `--database-url`, publish
     /// `--events` on `--publish-url` at once, and time until the `--clients`
     /// subscribers of `--url` have them all.
@@ -336,7 +333,7 @@ pub async fn idle(args: &BenchArgs) -> anyhow::Result<IdleReport> {
     let before = proc_rss_kib(pid).ok_or_else(|| anyhow::anyhow!("cannot read the RSS of {pid}"))?;
     let http = http1(args, 0)?;
     let streams = StreamClients::new(args)?;
-    let key = crate::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
+    let key = tidings_server::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
     let filter = json!({"types": [args.event_type]});
     let mut held = Vec::with_capacity(args.clients);
     for i in 0..args.clients {
@@ -620,85 +617,6 @@ pub async fn storm(args: &BenchArgs) -> anyhow::Result<RecoveryReport> {
     })
 }
 
-/// Matching cost per event, with and without the index.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct FanoutReport {
-    /// Distinct filters.
-    pub clients: usize,
-    /// Events matched.
-    pub events: u64,
-    /// Matches per event (should be 1% of clients).
-    pub matches_per_event: f64,
-    /// Microseconds per event with the index.
-    pub indexed_us_per_event: f64,
-    /// Events/s the indexed matcher sustains (one core).
-    pub indexed_events_per_second: f64,
-    /// Microseconds per event evaluating every filter.
-    pub linear_us_per_event: f64,
-    /// Events/s when evaluating every filter (one core).
-    pub linear_events_per_second: f64,
-}
-
-/// Measures filter matching for `args.clients` distinct filters, each a type
-/// (one of 100) plus a payload rule, so 1% of them match any event.
-pub fn fanout_compare(args: &BenchArgs) -> anyhow::Result<FanoutReport> {
-    use crate::broker::index::FilterIndex;
-    use crate::event::{EventBody, Visibility};
-    use crate::filter::{Filter, FilterLimits};
-    let limits = FilterLimits::default();
-    let filters: Vec<Filter> = (0..args.clients)
-        .map(|i| {
-            Filter::from_parts(&[format!("bench.k{}.tick", i % 100)], &[], &[], limits)
-                .and_then(|f| f.with_payload(&json!({"!=": [{"var": "w"}, -(i as f64) - 1.0]}), limits))
-        })
-        .collect::<Result<_, _>>()
-        .map_err(|e| anyhow::anyhow!(e.0))?;
-    let mut index = FilterIndex::default();
-    for (i, f) in filters.iter().enumerate() {
-        index.insert(i as u64, f, i);
-    }
-    let events: Vec<EventBody> = (0..100)
-        .map(|k| EventBody {
-            event_type: format!("bench.k{k}.tick"),
-            reference: None,
-            agent: None,
-            session_id: None,
-            occurred_at: String::new(),
-            payload: json!({"w": k}),
-            links: vec![],
-            visibility: Visibility::Public,
-        })
-        .collect();
-    let rounds = args.events.max(100);
-    let mut candidates = Vec::new();
-    let (mut matched, start) = (0u64, Instant::now());
-    for n in 0..rounds {
-        let event = &events[(n % 100) as usize];
-        let input = crate::filter::MatchInput::new(event);
-        index.candidates(&input, &mut candidates);
-        matched += candidates.iter().filter(|&&(_, &i, typed)| filters[i].matches_after_types(&input, typed)).count() as u64;
-    }
-    let indexed = start.elapsed().as_secs_f64();
-    let linear_rounds = (rounds / 20).max(100);
-    let (mut linear_matched, start) = (0u64, Instant::now());
-    for n in 0..linear_rounds {
-        let event = &events[(n % 100) as usize];
-        let input = crate::filter::MatchInput::new(event);
-        linear_matched += filters.iter().filter(|f| f.matches_input(&input)).count() as u64;
-    }
-    let linear = start.elapsed().as_secs_f64();
-    anyhow::ensure!(matched / rounds == linear_matched / linear_rounds, "the index and the full scan disagree");
-    Ok(FanoutReport {
-        clients: args.clients,
-        events: rounds,
-        matches_per_event: matched as f64 / rounds as f64,
-        indexed_us_per_event: indexed * 1e6 / rounds as f64,
-        indexed_events_per_second: rounds as f64 / indexed,
-        linear_us_per_event: linear * 1e6 / linear_rounds as f64,
-        linear_events_per_second: linear_rounds as f64 / linear,
-    })
-}
-
 /// Throughput of a `publish` or `replay` run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ThroughputReport {
@@ -878,7 +796,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
     let mut tasks = Vec::new();
     let done = tokio_util::sync::CancellationToken::new();
-    let key = crate::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
+    let key = tidings_server::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
     for i in 0..args.clients {
         let shards = args.shards.max(1);
         let filter = if shards > 1 {

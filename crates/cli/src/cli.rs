@@ -12,8 +12,8 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use super::client::{self, SseEvent};
-use crate::registry::{Registry, RegistryMode};
+use tidings_client::sse::{self as client, SseEvent};
+use tidings_server::registry::{Registry, RegistryMode};
 
 /// What `tail` and `listen` follow, and how they print it.
 #[derive(Debug, Clone, Args)]
@@ -267,14 +267,14 @@ enum Ended {
 /// rejection (bad key, bad token, bad filter, a protocol error) is not,
 /// since the same request would be rejected again.
 pub async fn listen(args: ListenArgs) -> anyhow::Result<()> {
-    let key = crate::identity::ServerIdentity::open(&args.key)?;
+    let key = tidings_server::identity::ServerIdentity::open(&args.key)?;
     let follow = &args.follow;
     let filter = match (&follow.filter, &follow.types) {
         (Some(f), _) => Some(serde_json::from_str::<Value>(f).context("--filter is not valid JSON")?),
         (None, Some(t)) => Some(json!({"types": t.split(',').map(str::trim).collect::<Vec<_>>()})),
         (None, None) => None,
     };
-    let url = super::device::ws_url(&follow.url, follow.token.as_deref());
+    let url = tidings_client::device::ws_url(&follow.url, follow.token.as_deref());
     let mut state = Listening { printed: 0, high_water: None, since: args.since };
     let mut backoff = Duration::from_millis(250);
     loop {
@@ -321,11 +321,11 @@ impl Listening {
     async fn connect(
         &mut self,
         args: &ListenArgs,
-        key: &crate::identity::ServerIdentity,
+        key: &tidings_server::identity::ServerIdentity,
         url: &str,
         filter: Option<&Value>,
     ) -> anyhow::Result<Ended> {
-        use super::device::{DeviceClient, DeviceClientError as E, Pushed};
+        use tidings_client::device::{DeviceClient, DeviceClientError as E, Pushed};
         // Transport failures and the server's "going away / try later"
         // closes are retried; anything else is a rejection.
         let retry = |e: E| -> anyhow::Result<Ended> {

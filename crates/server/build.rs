@@ -1,12 +1,13 @@
-//! Embeds the shipped event-type registry (`registry/*.json`) into the binary,
+//! Embeds the shipped event-type registry (`registry/*.json` at the
+//! workspace root) into the server,
 //! so `tidings` runs with every SPEC-065 type known even when started outside
 //! the repository. A `TIDINGS_REGISTRY` directory, when present, wins.
 
 use std::{env, fs, path::Path};
 
 fn main() {
-    println!("cargo:rerun-if-changed=registry");
-    let dir = Path::new(&env::var("CARGO_MANIFEST_DIR").unwrap()).join("registry");
+    println!("cargo:rerun-if-changed=../../registry");
+    let dir = Path::new(&env::var("CARGO_MANIFEST_DIR").unwrap()).join("../../registry");
     let mut files: Vec<_> = fs::read_dir(&dir)
         .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "json")).collect())
         .unwrap_or_default();

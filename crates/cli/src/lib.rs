@@ -1,0 +1,22 @@
+//! tidings-cli: the tools around the server, in one binary with it but not
+//! part of it. It owns:
+//! - the terminal commands: [`cli`] (`tail`, `publish`, `listen`,
+//!   `registry check`) and [`subscribe`] (a path subscription that follows
+//!   capacity redirects);
+//! - the load generators behind `tidings bench`: [`bench`] (its arguments,
+//!   modes and the delivery, poll, publish, replay and recovery runs),
+//!   [`peers`] (between servers), [`scale`] (the reconnect storm of
+//!   `bench-scale`), [`sqlpublish`] (publishing from SQL), and [`lossy`], an
+//!   HTTP proxy that drops every n-th answer, for the peer benches and the
+//!   tests.
+//!
+//! They talk to a server over HTTP and WebSocket through `tidings-client`,
+//! like any other client; the server crate names none of this.
+
+pub mod bench;
+pub mod cli;
+pub mod lossy;
+pub mod peers;
+pub mod scale;
+pub mod sqlpublish;
+pub mod subscribe;

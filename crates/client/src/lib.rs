@@ -1,0 +1,13 @@
+//! tidings-client: a Rust client for tidings, speaking to a server over its
+//! public protocol like any other client. It owns:
+//! - [`sse`]: the Server-Sent Events frame parser and a reader over an HTTP
+//!   response, for streams that resume by `Last-Event-ID`;
+//! - [`device`]: the device side of the WebSocket transport (seed 003):
+//!   `stream.hello`, signed `stream.auth` and `stream.ack`, `sync.delta`
+//!   pages and pushed events.
+//!
+//! The CLI (`tidings-cli`), the load generators and the integration tests
+//! use it; the server never does.
+
+pub mod device;
+pub mod sse;
