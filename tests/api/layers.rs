@@ -9,18 +9,14 @@ const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/src");
 
 /// Every `.rs` file below `dir`, with its text minus its unit tests.
 fn sources(dir: &Path) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            out.extend(sources(&path));
-        } else if path.extension().is_some_and(|e| e == "rs") {
+    rust_files(dir)
+        .into_iter()
+        .map(|path| {
             let text = std::fs::read_to_string(&path).unwrap();
             let code = text.split("#[cfg(test)]").next().unwrap().to_owned();
-            out.push((path.strip_prefix(SRC).unwrap().to_string_lossy().into_owned(), code));
-        }
-    }
-    out
+            (path.strip_prefix(SRC).unwrap().to_string_lossy().into_owned(), code)
+        })
+        .collect()
 }
 
 /// The top-level module a file belongs to (`service/poll.rs` -> `service`).
@@ -170,6 +166,67 @@ fn the_server_crate_depends_on_no_tool() {
     for (file, code) in sources(Path::new(SRC)) {
         assert!(!names_a_tool.is_match(&code), "{file} names a tool crate");
     }
+}
+
+/// Every `.rs` file of the workspace's crates, with its text minus its unit
+/// tests and comments.
+fn workspace_sources() -> Vec<(String, String)> {
+    let comments = regex::Regex::new(r"//[^\n]*").unwrap();
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/crates"));
+    let mut out = Vec::new();
+    for krate in ["server", "client", "cli"] {
+        let src = root.join(krate).join("src");
+        for path in rust_files(&src) {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = comments.replace_all(text.split("#[cfg(test)]").next().unwrap(), "").into_owned();
+            out.push((path.strip_prefix(root).unwrap().to_string_lossy().into_owned(), code));
+        }
+    }
+    out
+}
+
+fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Errors are typed at every boundary: a `Result<_, String>` is left only
+/// where a setting is parsed from the command line or the environment
+/// (clap's value parsers take one).
+#[test]
+fn no_error_is_a_bare_string_outside_setting_parsers() {
+    let stringly = regex::Regex::new(r"Result<[^;{]*,\s*String>").unwrap();
+    let parser = regex::Regex::new(r"fn (parse|parse_setting|from_str)\b").unwrap();
+    let files = workspace_sources();
+    assert!(files.len() > 80, "the scan read the workspace: {}", files.len());
+    let mut offenders = Vec::new();
+    for (file, code) in &files {
+        if file == "server/src/config.rs" {
+            continue;
+        }
+        for line in code.lines().filter(|l| stringly.is_match(l) && !parser.is_match(l)) {
+            offenders.push(format!("{file}: {}", line.trim()));
+        }
+    }
+    assert!(offenders.is_empty(), "errors as bare strings: {offenders:#?}");
+}
+
+/// One builder makes every signed EXECUTE the workspace sends
+/// (`peer::protocol::Execute`): the courier's deliveries, the mirrors'
+/// subscriptions, `tidings subscribe` and the peer benches.
+#[test]
+fn one_builder_makes_every_execute() {
+    let built = regex::Regex::new(r#"kind:\s*("system/protocol/execute"|EXECUTE)"#).unwrap();
+    let builders: Vec<String> = workspace_sources().into_iter().filter(|(_, code)| built.is_match(code)).map(|(file, _)| file).collect();
+    assert_eq!(builders, ["server/src/peer/protocol.rs"], "EXECUTEs built outside the protocol module");
 }
 
 #[test]

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use tidings_client::sse::{self as client, SseEvent};
 use tidings_server::registry::{Registry, RegistryMode};
+use tidings_server::retry::Backoff;
 
 /// What `tail` and `listen` follow, and how they print it.
 #[derive(Debug, Clone, Args)]
@@ -140,7 +141,7 @@ pub async fn tail(tail: TailArgs) -> anyhow::Result<()> {
     url.query_pairs_mut().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
     let mut last = tail.since;
     let mut printed = 0u64;
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = Backoff::CLIENT;
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     loop {
@@ -153,14 +154,14 @@ pub async fn tail(tail: TailArgs) -> anyhow::Result<()> {
                     spinner.finish_and_clear();
                     anyhow::bail!("the server refused the stream: {e}");
                 }
-                spinner.set_message(format!("{e}; retrying in {backoff:?}"));
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                let wait = backoff.next_delay();
+                spinner.set_message(format!("{e}; retrying in {wait:?}"));
+                tokio::time::sleep(wait).await;
                 continue;
             }
         };
         spinner.finish_and_clear();
-        backoff = Duration::from_millis(500);
+        backoff.reset();
         while let Some(SseEvent { id, event, data }) = reader.next_event().await {
             match event.as_deref() {
                 None => {
@@ -184,7 +185,7 @@ pub async fn tail(tail: TailArgs) -> anyhow::Result<()> {
         }
         // The stream ended (server restart, slow-client drop): resume after the last id.
         eprintln!("stream ended; resuming after {}", last.map_or("the live head".to_owned(), |l| l.to_string()));
-        let wait = reader.parser().retry_ms.map_or(backoff, Duration::from_millis).min(Duration::from_secs(10));
+        let wait = reader.parser().retry_ms.map_or(backoff.peek(), Duration::from_millis).min(Duration::from_secs(10));
         tokio::time::sleep(wait).await;
     }
 }
@@ -202,7 +203,7 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     let key = args.idempotency_key.clone().unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
     let url = format!("{}/v1/events", args.url.trim_end_matches('/'));
-    let mut backoff = Duration::from_millis(250);
+    let mut backoff = Backoff::CLIENT;
     let mut attempt = 0;
     loop {
         let mut request = http.post(&url).header("idempotency-key", &key).json(&body);
@@ -215,7 +216,7 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
             Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
                 let after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
                 if let Some(seconds) = after {
-                    backoff = backoff.max(Duration::from_secs(seconds.min(30)));
+                    backoff.at_least(Duration::from_secs(seconds.min(30)));
                 }
                 format!("503: {}", response.text().await.unwrap_or_default())
             }
@@ -239,8 +240,7 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
         }
         attempt += 1;
         eprintln!("tidings publish: {failure}; retrying with the same Idempotency-Key");
-        tokio::time::sleep(backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0)).await;
-        backoff = (backoff * 2).min(Duration::from_secs(10));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
@@ -276,7 +276,7 @@ pub async fn listen(args: ListenArgs) -> anyhow::Result<()> {
     };
     let url = tidings_client::device::ws_url(&follow.url, follow.token.as_deref());
     let mut state = Listening { printed: 0, high_water: None, since: args.since };
-    let mut backoff = Duration::from_millis(250);
+    let mut backoff = Backoff::CLIENT;
     loop {
         let reason = match state.connect(&args, &key, &url, filter.as_ref()).await {
             Ok(Ended::Done) => return Ok(()),
@@ -284,13 +284,12 @@ pub async fn listen(args: ListenArgs) -> anyhow::Result<()> {
             Err(e) => return Err(e),
         };
         if state.printed > 0 {
-            backoff = Duration::from_millis(250);
+            backoff.reset();
         }
-        // Full jitter: reconnecting devices spread out after a restart.
-        let wait = backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0);
+        // Jittered: reconnecting devices spread out after a restart.
+        let wait = backoff.next_delay();
         eprintln!("{reason}; reconnecting in {} ms", wait.as_millis());
         tokio::time::sleep(wait).await;
-        backoff = (backoff * 2).min(Duration::from_secs(10));
     }
 }
 

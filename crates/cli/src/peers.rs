@@ -20,12 +20,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::bench::BenchArgs;
 use tidings_server::identity::ServerIdentity;
-use tidings_server::tree::Entity;
-use tidings_server::tree::capability::hash_of;
+use tidings_server::peer::protocol::{Execute, receive_token};
 
 /// One server, as the benchmark reaches it.
 #[derive(Debug, Clone)]
@@ -100,29 +99,6 @@ fn run_tag() -> String {
     format!("bench-{:08x}", rand::random::<u32>())
 }
 
-/// A token from `key` to `grantee` granting `receive` on `inbox`, with its
-/// signature, into `included`.
-fn grant(key: &ServerIdentity, grantee: &str, inbox: &str, parent: &str, included: &mut Map<String, Value>) -> String {
-    let token = Entity {
-        kind: "system/capability/token".into(),
-        data: json!({"granter": key.hash(), "grantee": grantee, "parent": parent,
-            "grants": [{"handler": "system/inbox", "operations": ["receive"], "resources": [inbox]}]}),
-    };
-    let (_, hash) = token.canonical();
-    sign_into(key, &hash, included);
-    included.insert(hash.clone(), serde_json::to_value(&token).unwrap_or_default());
-    hash
-}
-
-/// Signs `target` with `key` into `included`, with `key`'s identity.
-pub(super) fn sign_into(key: &ServerIdentity, target: &str, included: &mut Map<String, Value>) {
-    let signature = key.sign(target);
-    if let Ok(h) = hash_of(&signature) {
-        included.insert(h, signature);
-    }
-    included.insert(key.hash().to_owned(), key.entity().clone());
-}
-
 /// Subscribes `key` on `source` to `pattern`, delivering to `inbox` at
 /// `sink` (a token `sink`'s admin mints for `key`, delegated to `source`).
 async fn subscribe_remote(key: &ServerIdentity, source: &Node, sink: &Node, pattern: &str, inbox: &str) -> anyhow::Result<()> {
@@ -131,19 +107,15 @@ async fn subscribe_remote(key: &ServerIdentity, source: &Node, sink: &Node, patt
         sink.http.post(format!("{}/v1/admin/capabilities", sink.url)).json(&mint).send().await?.error_for_status()?.json().await?;
     let mut included = minted["included"].as_object().cloned().unwrap_or_default();
     let root = minted["hash"].as_str().unwrap_or_default().to_owned();
-    let leaf = grant(key, &source.hash, inbox, &root, &mut included);
-    let execute = Entity {
-        kind: "system/protocol/execute".into(),
-        data: json!({
-            "request_id": tidings_server::tree::generate_id(), "uri": "system/subscription", "operation": "subscribe",
-            "resource": {"targets": [pattern]},
-            "params": {"type": "system/subscription/request", "data": {
-                "deliver_to": {"uri": format!("entity://{}/{inbox}", sink.hash)}, "deliver_token": leaf}},
-            "author": key.hash(),
-        }),
-    };
-    sign_into(key, &execute.canonical().1, &mut included);
-    let r = source.http.post(format!("{}/v1/execute", source.url)).json(&json!({"execute": execute, "included": included})).send().await?;
+    let leaf = receive_token(key, &source.hash, inbox, Some(&root), None, &mut included);
+    let envelope = Execute::new("system/subscription", "subscribe", key.hash())
+        .targets(json!([pattern]))
+        .params(
+            "system/subscription/request",
+            json!({"deliver_to": {"uri": format!("entity://{}/{inbox}", sink.hash)}, "deliver_token": leaf}),
+        )
+        .signed(key, included);
+    let r = source.http.post(format!("{}/v1/execute", source.url)).json(&envelope).send().await?;
     let status = r.status();
     anyhow::ensure!(status == 200, "subscribe at {}: {status} {}", source.url, r.text().await.unwrap_or_default());
     Ok(())

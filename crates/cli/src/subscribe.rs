@@ -20,8 +20,9 @@ use serde_json::{Map, Value, json};
 
 use tidings_client::sse as client;
 use tidings_server::identity::ServerIdentity;
+use tidings_server::peer::protocol::{Execute, PeerError, receive_token};
 use tidings_server::peer::{Attached, Subscribed};
-use tidings_server::tree::Entity;
+use tidings_server::retry::Backoff;
 
 /// `tidings subscribe`.
 #[derive(Debug, Clone, Args)]
@@ -78,7 +79,7 @@ pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
         endpoints: Mutex::new(HashMap::from([(source.clone(), base)])),
         heads: Mutex::default(),
     };
-    let (mut from, mut printed, mut backoff) = (source.clone(), 0u64, Duration::from_millis(250));
+    let (mut from, mut printed, mut backoff) = (source.clone(), 0u64, Backoff::CLIENT.up_to(Duration::from_secs(30)));
     // Where the last stream stopped: renewed at the same server, it goes
     // on from there (nothing that arrived meanwhile is skipped).
     let mut resume: Option<(String, Option<i64>)> = None;
@@ -94,15 +95,14 @@ pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
                 (a, since)
             }
             Err(why) => {
-                let wait = backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0);
+                let wait = backoff.next_delay();
                 eprintln!("{why}; trying again at the source in {} ms", wait.as_millis());
                 tokio::time::sleep(wait).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
                 from = source.clone();
                 continue;
             }
         };
-        backoff = Duration::from_millis(250);
+        backoff.reset();
         let endpoint = session.endpoint(&a.upstream).unwrap_or_default();
         eprintln!("subscribed at {} ({endpoint}) after {} redirect(s): subscription {}", a.upstream, a.hops, a.id);
         match session.follow(&stream, &a, &endpoint, since, &mut printed).await? {
@@ -165,7 +165,9 @@ impl tidings_server::peer::Subscriber for Session<'_> {
     /// One signed subscribe at `at`, delivering to this session's inbox
     /// there with a deliver token granted to `at`.
     async fn subscribe_at(&self, at: &str) -> Subscribed {
-        let Some(endpoint) = self.endpoint(at) else { return Subscribed::Failed(format!("{at} has no known endpoint")) };
+        let Some(endpoint) = self.endpoint(at) else {
+            return Subscribed::Failed(PeerError::Unknown(format!("{at} has no known endpoint")));
+        };
         match self.api.get(format!("{endpoint}/health/deep")).send().await {
             Ok(r) => {
                 if let Some(head) = r.json::<Value>().await.ok().and_then(|d| d["head_event_id"].as_i64())
@@ -174,47 +176,23 @@ impl tidings_server::peer::Subscriber for Session<'_> {
                     heads.insert(at.to_owned(), head);
                 }
             }
-            Err(e) => return Subscribed::Failed(e.to_string()),
+            Err(e) => return Subscribed::Failed(e.into()),
         }
         let key = self.key;
         let mut included = Map::new();
-        let token = Entity {
-            kind: "system/capability/token".into(),
-            data: json!({
-                "granter": key.hash(), "grantee": at,
-                "grants": [{"handler": "system/inbox", "operations": ["receive"], "resources": [self.inbox]}],
-                "expires_at": chrono::Utc::now().timestamp_millis() + self.args.token_ttl.as_millis() as i64,
-            }),
-        };
-        let (_, token_hash) = token.canonical();
-        super::peers::sign_into(key, &token_hash, &mut included);
-        included.insert(token_hash.clone(), serde_json::to_value(&token).unwrap_or_default());
-        let execute = Entity {
-            kind: "system/protocol/execute".into(),
-            data: json!({
-                "request_id": tidings_server::tree::generate_id(), "uri": "system/subscription", "operation": "subscribe",
-                "resource": {"targets": [self.args.pattern]},
-                "params": {"type": "system/subscription/request", "data": {
-                    "deliver_to": {"uri": self.inbox}, "deliver_token": token_hash, "include_payload": self.args.include_payload}},
-                "author": key.hash(),
-            }),
-        };
-        super::peers::sign_into(key, &execute.canonical().1, &mut included);
-        let sent = self.api.post(format!("{endpoint}/v1/execute")).json(&json!({"execute": execute, "included": included})).send().await;
+        let expires_at = chrono::Utc::now().timestamp_millis() + self.args.token_ttl.as_millis() as i64;
+        let token = receive_token(key, at, &self.inbox, None, Some(expires_at), &mut included);
+        let envelope = Execute::new("system/subscription", "subscribe", key.hash()).targets(json!([self.args.pattern])).params(
+            "system/subscription/request",
+            json!({"deliver_to": {"uri": self.inbox}, "deliver_token": token, "include_payload": self.args.include_payload}),
+        );
+        let sent = self.api.post(format!("{endpoint}/v1/execute")).json(&envelope.signed(key, included)).send().await;
         let response = match sent {
             Ok(r) => r,
-            Err(e) => return Subscribed::Failed(e.to_string()),
+            Err(e) => return Subscribed::Failed(e.into()),
         };
         let status = response.status().as_u16();
-        let body = tidings_server::peer::read_json(response).await;
-        match status {
-            200 => match body["result"]["subscription_id"].as_str() {
-                Some(id) => Subscribed::Held(id.to_owned()),
-                None => Subscribed::Failed(format!("unexpected answer {body}")),
-            },
-            303 => Subscribed::Redirected(tidings_server::peer::alternatives(&body, tidings_server::subscription::MAX_ALTERNATIVES)),
-            _ => Subscribed::Failed(format!("{status} {}: {}", body["error"]["code"], body["error"]["message"])),
-        }
+        Subscribed::from_answer(status, &tidings_server::peer::read_json(response).await)
     }
 }
 

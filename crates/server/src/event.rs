@@ -109,6 +109,14 @@ pub struct Agent {
     pub kind: Option<String>,
 }
 
+impl Agent {
+    /// A tidings server acting on its own (its identity hash), as on the
+    /// changes its subscription engine, courier and mirrors write.
+    pub fn server(identity: &str) -> Self {
+        Agent { id: identity.to_owned(), kind: Some("server".into()) }
+    }
+}
+
 /// A typed relation from the event to another reference.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -298,15 +306,21 @@ pub fn encode_envelope(id: EventId, body_json: &str) -> Bytes {
     out.freeze()
 }
 
+/// An `accept_envelope` list that is not one: the item that is not a
+/// version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("accept_envelope must be a comma list of positive integers, got {0:?}")]
+pub struct BadEnvelopeList(pub String);
+
 /// Picks the envelope version to answer with from a client's
 /// `accept_envelope=1,2` list: the newest both sides know. `None` when the
 /// client accepts none of ours; `Err` when the list is malformed.
-pub fn negotiate_envelope(accept: Option<&str>) -> Result<Option<u32>, String> {
+pub fn negotiate_envelope(accept: Option<&str>) -> Result<Option<u32>, BadEnvelopeList> {
     let Some(list) = accept else { return Ok(Some(CURRENT_ENVELOPE_VERSION)) };
     let mut best = None;
     for item in list.split(',') {
         let item = item.trim();
-        let version: u32 = item.parse().map_err(|_| format!("accept_envelope must be a comma list of positive integers, got {item:?}"))?;
+        let version: u32 = item.parse().map_err(|_| BadEnvelopeList(item.to_owned()))?;
         if SUPPORTED_ENVELOPE_VERSIONS.contains(&version) && best.is_none_or(|b| version > b) {
             best = Some(version);
         }

@@ -95,6 +95,17 @@ impl ServerIdentity {
         let signature = self.signature(target);
         json!({"type": "system/signature", "data": {"target": target, "signer": self.hash, "algorithm": "ed25519", "signature": signature}})
     }
+
+    /// Signs `target` into `included` (the signature under its hash) with
+    /// this identity beside it: what a verifier of a request's `included`
+    /// needs to check that this identity signed `target`.
+    pub fn sign_into(&self, target: &str, included: &mut serde_json::Map<String, Value>) {
+        let signature = self.sign(target);
+        if let Ok(hash) = hash_of(&signature) {
+            included.insert(hash, signature);
+        }
+        included.insert(self.hash.clone(), self.entity.clone());
+    }
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -30,7 +30,9 @@
 //!   traits by concern, PostgreSQL and embedded), [`subscription`] (path
 //!   subscriptions, the EXECUTE dispatch, the notification engine),
 //!   [`auth`] (tokens and grants), [`identity`] (the server's key),
-//!   [`registry`] (event types and payload schemas);
+//!   [`peer`] (peers, and in [`peer::protocol`] what servers say to each
+//!   other), [`registry`] (event types and payload schemas), [`retry`]
+//!   (the one backoff);
 //! - vocabulary, pure: [`event`] (names, envelope), [`filter`], [`glob`],
 //!   [`tree`] (paths, entities, hashes, capabilities), [`refusal`] (what a
 //!   refusal is), [`json`] (request bodies decode from objects only);
@@ -56,6 +58,7 @@ pub mod metrics;
 pub mod peer;
 pub mod refusal;
 pub mod registry;
+pub mod retry;
 pub mod server;
 pub mod service;
 pub mod store;

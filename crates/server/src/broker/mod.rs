@@ -33,8 +33,6 @@ use crate::store::{EventLog, HandOff, Record};
 
 /// A failed read of the log is retried from 50 ms, doubling to 2 s: constants,
 /// since they only pace retries against a store that is down.
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How often a drain ends its next share of clients.
 const DRAIN_TICK: Duration = Duration::from_millis(50);
 
@@ -369,7 +367,7 @@ impl Broker {
                 }
             })
         };
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = crate::retry::Backoff::STORE;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -382,20 +380,19 @@ impl Broker {
                 let after = self.position();
                 match self.shared.store.read_tail(after, self.shared.settings.read_batch).await {
                     Ok(rows) if rows.is_empty() => {
-                        backoff = BACKOFF_MIN;
+                        backoff.reset();
                         break;
                     }
                     Ok(rows) => {
-                        backoff = BACKOFF_MIN;
+                        backoff.reset();
                         self.fan_out(rows, false);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "broker cannot read the event log; retrying");
                         tokio::select! {
                             _ = cancel.cancelled() => break,
-                            _ = tokio::time::sleep(backoff) => {}
+                            _ = tokio::time::sleep(backoff.step()) => {}
                         }
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
                 }
                 if cancel.is_cancelled() {

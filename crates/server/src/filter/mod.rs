@@ -203,7 +203,7 @@ impl Filter {
 
     /// Adds a payload rule (validated and compiled here).
     pub fn with_payload(mut self, rule: &Value, limits: FilterLimits) -> Result<Self, FilterError> {
-        self.payload = Some(PayloadRule::compile(rule, limits.rule).map_err(FilterError)?);
+        self.payload = Some(PayloadRule::compile(rule, limits.rule)?);
         Ok(self)
     }
 

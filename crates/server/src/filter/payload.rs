@@ -24,6 +24,8 @@ use std::sync::{Arc, OnceLock};
 use datalogic_rs::{DataValue, Engine, Logic, ParsedData};
 use serde_json::Value;
 
+use super::FilterError;
+
 /// Operators and their arity (min, max arguments; `None` = unbounded).
 pub(crate) const OPERATORS: &[(&str, usize, Option<usize>)] = &[
     ("var", 0, Some(2)),
@@ -374,10 +376,10 @@ fn quiet_budget_stops() {
 
 impl PayloadRule {
     /// Validates and compiles `rule`.
-    pub fn compile(rule: &Value, limits: RuleLimits) -> Result<Self, String> {
+    pub fn compile(rule: &Value, limits: RuleLimits) -> Result<Self, FilterError> {
         let mut nodes = 0;
         validate(rule, "payload", 1, limits, &mut nodes, false)?;
-        let logic = engine().compile(rule).map_err(|e| format!("payload: {e}"))?;
+        let logic = engine().compile(rule).map_err(|e| FilterError(format!("payload: {e}")))?;
         Ok(Self {
             source: rule.clone(),
             logic: Arc::new(logic),
@@ -474,10 +476,10 @@ impl PayloadRule {
 
     /// Evaluates the rule over `data` and returns the JSON result (for the
     /// reference tests and for operators debugging a rule).
-    pub fn evaluate(&self, data: &Value) -> Result<Value, String> {
+    pub fn evaluate(&self, data: &Value) -> Result<Value, FilterError> {
         let mut session = engine().session();
-        let text = session.eval_str(&self.logic, data).map_err(|e| e.to_string())?;
-        serde_json::from_str(&text).map_err(|e| e.to_string())
+        let text = session.eval_str(&self.logic, data).map_err(|e| FilterError(e.to_string()))?;
+        serde_json::from_str(&text).map_err(|e| FilterError(e.to_string()))
     }
 }
 
@@ -506,13 +508,13 @@ pub fn prepare(payload: &Value) -> Option<Prepared> {
 /// A loop (`map`, `filter`, `reduce`, `all`, `some`, `none`) may not sit in
 /// another loop's body: nested, their work grows with the square of the
 /// event (a rule of a few nodes could spend seconds on one large event).
-fn validate(value: &Value, at: &str, depth: usize, limits: RuleLimits, nodes: &mut usize, in_loop: bool) -> Result<(), String> {
+fn validate(value: &Value, at: &str, depth: usize, limits: RuleLimits, nodes: &mut usize, in_loop: bool) -> Result<(), FilterError> {
     *nodes += 1;
     if *nodes > limits.max_nodes {
-        return Err(format!("payload rule has more than {} nodes", limits.max_nodes));
+        return Err(FilterError(format!("payload rule has more than {} nodes", limits.max_nodes)));
     }
     if depth > limits.max_depth {
-        return Err(format!("payload rule is nested deeper than {} levels (at {at})", limits.max_depth));
+        return Err(FilterError(format!("payload rule is nested deeper than {} levels (at {at})", limits.max_depth)));
     }
     match value {
         Value::Array(items) => {
@@ -524,10 +526,10 @@ fn validate(value: &Value, at: &str, depth: usize, limits: RuleLimits, nodes: &m
         Value::Object(map) => {
             let mut keys = map.keys();
             let (Some(op), None) = (keys.next(), keys.next()) else {
-                return Err(format!("{at}: an operation is an object with exactly one operator key, got {} keys", map.len()));
+                return Err(FilterError(format!("{at}: an operation is an object with exactly one operator key, got {} keys", map.len())));
             };
             let Some(&(_, min, max)) = OPERATORS.iter().find(|(name, _, _)| name == op) else {
-                return Err(format!("{at}: unknown operator {op:?}"));
+                return Err(FilterError(format!("{at}: unknown operator {op:?}")));
             };
             let args = &map[op];
             let count = match args {
@@ -540,13 +542,13 @@ fn validate(value: &Value, at: &str, depth: usize, limits: RuleLimits, nodes: &m
                     Some(m) => format!("{min} to {m}"),
                     None => format!("at least {min}"),
                 };
-                return Err(format!("{at}: operator {op:?} takes {expected} arguments, got {count}"));
+                return Err(FilterError(format!("{at}: operator {op:?} takes {expected} arguments, got {count}")));
             }
             if LOOPS.contains(&op.as_str()) {
                 if in_loop {
-                    return Err(format!(
+                    return Err(FilterError(format!(
                         "{at}: {op:?} inside another loop's body is refused (its cost grows with the square of the event)"
-                    ));
+                    )));
                 }
                 // The body (the second argument) runs per element; the
                 // list and `reduce`'s initial value run once.
@@ -569,7 +571,7 @@ mod tests {
 
     use super::*;
 
-    fn rule(v: Value) -> Result<PayloadRule, String> {
+    fn rule(v: Value) -> Result<PayloadRule, FilterError> {
         PayloadRule::compile(&v, RuleLimits::default())
     }
 
@@ -627,7 +629,7 @@ mod tests {
         let many = PayloadRule::compile(&many, limits).unwrap();
         assert!(!many.matches(&json!({"xs": vec![1; 30_000]})) && many.went_over_budget());
         let nested = json!({"some": [{"var": "xs"}, {"some": [{"var": "xs"}, {"==": [1, 2]}]}]});
-        assert!(PayloadRule::compile(&nested, limits).unwrap_err().contains("inside another loop's body"));
+        assert!(PayloadRule::compile(&nested, limits).unwrap_err().0.contains("inside another loop's body"));
         let sequential =
             json!({"and": [{"some": [{"var": "xs"}, {"==": [{"var": ""}, 1]}]}, {"all": [{"var": "xs"}, {">": [{"var": ""}, 0]}]}]});
         assert!(PayloadRule::compile(&sequential, limits).unwrap().matches(&json!({"xs": [1, 2]})));
@@ -635,16 +637,16 @@ mod tests {
 
     #[test]
     fn refusals_name_the_offending_part() {
-        let e = rule(json!({"and": [{"==": [1, 1]}, {"bogus": [1]}]})).unwrap_err();
+        let e = rule(json!({"and": [{"==": [1, 1]}, {"bogus": [1]}]})).unwrap_err().0;
         assert!(e.contains("payload.and[1]") && e.contains("unknown operator \"bogus\""), "{e}");
-        let e = rule(json!({">=": [1]})).unwrap_err();
+        let e = rule(json!({">=": [1]})).unwrap_err().0;
         assert!(e.contains("\">=\" takes 2 arguments, got 1"), "{e}");
-        assert!(rule(json!({"log": "x"})).unwrap_err().contains("unknown operator \"log\""));
-        assert!(rule(json!({"==": [1, 1], "!=": [1, 2]})).unwrap_err().contains("exactly one operator key"));
+        assert!(rule(json!({"log": "x"})).unwrap_err().0.contains("unknown operator \"log\""));
+        assert!(rule(json!({"==": [1, 1], "!=": [1, 2]})).unwrap_err().0.contains("exactly one operator key"));
         let deep = (0..40).fold(json!(true), |acc, _| json!({"!!": [acc]}));
-        assert!(rule(deep).unwrap_err().contains("nested deeper"));
+        assert!(rule(deep).unwrap_err().0.contains("nested deeper"));
         let wide = json!({"and": vec![json!({"==": [1, 1]}); 600]});
-        assert!(rule(wide).unwrap_err().contains("nodes"));
+        assert!(rule(wide).unwrap_err().0.contains("nodes"));
     }
 
     /// The jsonlogic.com reference cases. Every case whose rule passes our

@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use super::PeerError;
+
 /// Ranges no `*` or wide range opens: link-local (where the cloud metadata
 /// services answer), the metadata services at other addresses, and the
 /// unspecified address (which Linux connects to loopback). Only a listed
@@ -105,14 +107,14 @@ impl PeerAllow {
 
     /// Whether a URL may be requested: its host is an allowed address, or
     /// a name (whose addresses [`Outbound`]'s resolver checks each time).
-    pub fn check_url(&self, url: &reqwest::Url) -> Result<(), String> {
+    pub fn check_url(&self, url: &reqwest::Url) -> Result<(), PeerError> {
         let allowed = match url.host() {
             Some(url::Host::Ipv4(ip)) => self.allows_ip(IpAddr::V4(ip), false),
             Some(url::Host::Ipv6(ip)) => self.allows_ip(IpAddr::V6(ip), false),
             Some(url::Host::Domain(_)) => true,
             None => false,
         };
-        if allowed { Ok(()) } else { Err(refused(url.host_str().unwrap_or(""))) }
+        if allowed { Ok(()) } else { Err(PeerError::NotAllowed(refused(url.host_str().unwrap_or("")))) }
     }
 }
 
@@ -195,23 +197,23 @@ impl Outbound {
         Self { http: http.ok(), allow }
     }
 
-    fn client(&self) -> Result<&reqwest::Client, String> {
-        self.http.as_ref().ok_or_else(|| "this server has no working client for calls to peers".to_owned())
+    fn client(&self) -> Result<&reqwest::Client, PeerError> {
+        self.http.as_ref().ok_or(PeerError::NoClient)
     }
 
-    fn checked(&self, url: &str) -> Result<reqwest::Url, String> {
-        let url = reqwest::Url::parse(url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    fn checked(&self, url: &str) -> Result<reqwest::Url, PeerError> {
+        let url = reqwest::Url::parse(url).map_err(|e| PeerError::BadUrl(format!("{url:?} is not a URL: {e}")))?;
         self.allow.check_url(&url)?;
         Ok(url)
     }
 
     /// A `GET` of `url`, if it may be called.
-    pub fn get(&self, url: &str) -> Result<reqwest::RequestBuilder, String> {
+    pub fn get(&self, url: &str) -> Result<reqwest::RequestBuilder, PeerError> {
         Ok(self.client()?.get(self.checked(url)?))
     }
 
     /// A `POST` to `url`, if it may be called.
-    pub fn post(&self, url: &str) -> Result<reqwest::RequestBuilder, String> {
+    pub fn post(&self, url: &str) -> Result<reqwest::RequestBuilder, PeerError> {
         Ok(self.client()?.post(self.checked(url)?))
     }
 
@@ -225,8 +227,7 @@ impl Outbound {
     /// (nothing was called), or the endpoint did not prove the identity.
     /// How a call failed (refused, timed out, another answer) is logged,
     /// never told: the caller must not learn which ports answer here.
-    pub async fn prove(&self, peer: &str, endpoint: &str, within: Duration) -> Result<(), String> {
-        let unproven = || "its relay_endpoint does not answer GET /v1/identity with that identity".to_owned();
+    pub async fn prove(&self, peer: &str, endpoint: &str, within: Duration) -> Result<(), PeerError> {
         let request = self.get(&format!("{endpoint}/v1/identity"))?;
         let response = match request.timeout(within).send().await {
             Ok(response) => response,
@@ -236,25 +237,25 @@ impl Outbound {
                 let mut source = std::error::Error::source(&e);
                 while let Some(s) = source {
                     if s.to_string().contains("TIDINGS_PEER_ALLOW") {
-                        return Err(s.to_string());
+                        return Err(PeerError::NotAllowed(s.to_string()));
                     }
                     why = format!("{why}: {s}");
                     source = s.source();
                 }
                 tracing::debug!(endpoint, error = why, "a peer's endpoint did not answer");
-                return Err(unproven());
+                return Err(PeerError::Unproven);
             }
         };
         match response.status().as_u16() {
             200 if super::read_json(response).await["hash"] == peer => Ok(()),
-            _ => Err(unproven()),
+            _ => Err(PeerError::Unproven),
         }
     }
 
     /// Whether `url` may be called at all (its host, before any name is
     /// resolved): for refusing a request that carries an endpoint before
     /// anything else is done with it.
-    pub fn may_call(&self, url: &str) -> Result<(), String> {
+    pub fn may_call(&self, url: &str) -> Result<(), PeerError> {
         self.checked(url).map(|_| ())
     }
 }

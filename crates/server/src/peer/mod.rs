@@ -6,12 +6,15 @@
 //! setting's syntax. The endpoint is only a URL: the hash is who the peer
 //! is, proven by `GET /v1/identity` there before it is trusted. It also
 //! owns how a subscriber follows capacity redirects to relays (seed 000
-//! §8.3), for mirrors and the `tidings subscribe` command alike.
+//! §8.3), for mirrors and the `tidings subscribe` command alike, and
+//! ([`protocol`]) what servers say to each other.
 
 use serde_json::json;
 
 mod allow;
+pub mod protocol;
 pub use allow::{Outbound, PeerAllow};
+pub use protocol::{Execute, PeerError};
 
 use crate::tree::{Entity, EntityError, is_hash};
 
@@ -57,20 +60,20 @@ pub fn check(path: &str, entity: &Entity) -> Result<(), EntityError> {
     }
     let endpoint = entity.data.as_object().filter(|d| d.len() == 1).and_then(|d| d.get("endpoint")).and_then(|e| e.as_str());
     let Some(endpoint) = endpoint else { return Err(EntityError("a peer's data is {\"endpoint\": \"<url>\"}".into())) };
-    check_endpoint(endpoint).map_err(EntityError)
+    check_endpoint(endpoint)
 }
 
 /// An endpoint: an absolute `http` or `https` URL with a host, no query, no
 /// fragment, no user info.
-pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+pub fn check_endpoint(endpoint: &str) -> Result<(), EntityError> {
     if endpoint.len() > MAX_ENDPOINT {
-        return Err(format!("an endpoint is at most {MAX_ENDPOINT} bytes"));
+        return Err(EntityError(format!("an endpoint is at most {MAX_ENDPOINT} bytes")));
     }
-    let uri: axum::http::Uri = endpoint.parse().map_err(|_| format!("{endpoint:?} is not a URL"))?;
+    let uri: axum::http::Uri = endpoint.parse().map_err(|_| EntityError(format!("{endpoint:?} is not a URL")))?;
     let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
     let authority = uri.authority().map(|a| a.as_str()).unwrap_or("");
     if !scheme_ok || authority.is_empty() || authority.contains('@') || uri.query().is_some() || endpoint.contains('#') {
-        return Err(format!("{endpoint:?} is not an http(s) URL with a host and no query, fragment or user info"));
+        return Err(EntityError(format!("{endpoint:?} is not an http(s) URL with a host and no query, fragment or user info")));
     }
     Ok(())
 }
@@ -93,14 +96,15 @@ pub fn endpoint_of(entity: &str) -> Option<String> {
 pub const MAX_ANSWER: usize = 16 << 20;
 
 /// Reads a peer's answer body, refusing one over [`MAX_ANSWER`].
-pub async fn read_answer(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+pub async fn read_answer(mut response: reqwest::Response) -> Result<Vec<u8>, PeerError> {
+    let too_large = || PeerError::Unreachable(format!("the peer's answer is over {MAX_ANSWER} bytes"));
     if response.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
-        return Err(format!("the peer's answer is over {MAX_ANSWER} bytes"));
+        return Err(too_large());
     }
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+    while let Some(chunk) = response.chunk().await? {
         if body.len() + chunk.len() > MAX_ANSWER {
-            return Err(format!("the peer's answer is over {MAX_ANSWER} bytes"));
+            return Err(too_large());
         }
         body.extend_from_slice(&chunk);
     }
@@ -125,6 +129,9 @@ pub async fn proves(http: &reqwest::Client, peer: &str, endpoint: &str, within: 
 /// Most capacity redirects followed on the way to a relay (seed 000 §8.3).
 pub const MAX_HOPS: u32 = 10;
 
+/// Most alternatives a capacity redirect offers, and reads.
+pub const MAX_ALTERNATIVES: usize = 10;
+
 /// A relay a redirect offered: its identity hash and endpoint.
 pub type Relay = (String, String);
 
@@ -136,7 +143,7 @@ pub enum Subscribed {
     /// At capacity: these relays serve the prefix.
     Redirected(Vec<Relay>),
     /// Refused or unreachable.
-    Failed(String),
+    Failed(PeerError),
 }
 
 /// Where a subscription ended up after [`follow_redirects`].
@@ -190,7 +197,7 @@ pub trait Subscriber {
 /// tried nor `own` (the subscriber itself) nor one of `avoid` (a relay
 /// known dead), at most [`MAX_HOPS`] redirects. A redirect loop thus ends
 /// with an error; the caller backs off before trying again.
-pub async fn follow_redirects(from: &str, own: &str, avoid: &[&str], subscriber: &(impl Subscriber + Sync)) -> Result<Attached, String> {
+pub async fn follow_redirects(from: &str, own: &str, avoid: &[&str], subscriber: &(impl Subscriber + Sync)) -> Result<Attached, PeerError> {
     use rand::seq::SliceRandom as _;
     let (mut at, mut hops) = (from.to_owned(), 0u32);
     let mut tried: std::collections::HashSet<String> = avoid.iter().map(|a| (*a).to_owned()).collect();
@@ -202,7 +209,7 @@ pub async fn follow_redirects(from: &str, own: &str, avoid: &[&str], subscriber:
             Subscribed::Redirected(mut alternatives) => {
                 hops += 1;
                 if hops > MAX_HOPS {
-                    return Err(format!("redirected more than {MAX_HOPS} times (a redirect loop?)"));
+                    return Err(PeerError::Redirects(format!("redirected more than {MAX_HOPS} times (a redirect loop?)")));
                 }
                 alternatives.shuffle(&mut rand::rng());
                 offered = alternatives.clone();
@@ -213,7 +220,9 @@ pub async fn follow_redirects(from: &str, own: &str, avoid: &[&str], subscriber:
             Subscribed::Failed(_) => {}
         }
         loop {
-            let Some((peer, endpoint)) = pending.pop() else { return Err("no alternative of the redirect accepted".into()) };
+            let Some((peer, endpoint)) = pending.pop() else {
+                return Err(PeerError::Redirects("no alternative of the redirect accepted".into()));
+            };
             if !tried.insert(peer.clone()) {
                 continue;
             }
@@ -234,7 +243,7 @@ pub fn parse_setting(value: &str) -> Result<Vec<Peer>, String> {
         if !is_hash(hash) {
             return Err(format!("{hash:?} is not an identity hash (sha256:<64 hex>)"));
         }
-        check_endpoint(endpoint)?;
+        check_endpoint(endpoint).map_err(|e| e.0)?;
         if peers.iter().any(|p| p.hash == hash) {
             return Err(format!("{hash} is given twice"));
         }

@@ -147,7 +147,7 @@ pub fn check_envelope(accept: Option<&str>) -> Result<(), RequestError> {
     match crate::event::negotiate_envelope(accept) {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(EnvelopeUnsupported.into()),
-        Err(message) => Err(InvalidField::new("invalid_accept_envelope", message).into()),
+        Err(bad) => Err(InvalidField::new("invalid_accept_envelope", bad.to_string()).into()),
     }
 }
 

@@ -43,11 +43,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::inbox::NOTIFICATION;
 use super::marker::Marker;
-use super::retry::{jittered, now_ms, sleep_or_stop};
 use crate::event::{EventId, names};
 use crate::identity::ServerIdentity;
+use crate::peer::protocol::{Execute, PeerError};
+use crate::retry::{Backoff, now_ms, sleep_or_stop};
 use crate::store::{Condition, Record, Store, StoreError, TreeOutcome, TreeWrite};
-use crate::tree::{Entity, change_event};
+use crate::tree::change_event;
 
 /// The owner of the courier's cursors in the device cursor table.
 const CURSOR_OWNER: &str = crate::store::COURIER_CURSORS;
@@ -61,9 +62,6 @@ const FEED_QUEUE: usize = 256;
 /// recognised by the peer, so a cursor a little behind repeats nothing).
 const ACK_EVERY: Duration = Duration::from_millis(200);
 
-/// Retry backoff bounds.
-const BACKOFF_MIN: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How often an idle lane moves its position up to what the dispatcher
 /// decided, and the dispatcher polls when no wake-up came.
 const SKIP_COMMIT: Duration = Duration::from_secs(1);
@@ -193,12 +191,12 @@ impl Courier {
         let feeds: Feeds = Arc::default();
         // Where the dispatcher starts, known before any lane: a lane reads
         // the log itself at least up to here.
-        let mut retry = BACKOFF_MIN;
+        let mut retry = Backoff::DELIVERY;
         let start = loop {
             match this.store.head().await {
                 Ok(h) => break h,
-                Err(_) if sleep_or_stop(&cancel, jittered(retry)).await => return,
-                Err(_) => retry = (retry * 2).min(BACKOFF_MAX),
+                Err(_) if sleep_or_stop(&cancel, retry.next_delay()).await => return,
+                Err(_) => {}
             }
         };
         let decided = Arc::new(AtomicI64::new(start));
@@ -263,21 +261,20 @@ impl Courier {
     /// or slow) is marked behind and reads the log itself until it is back.
     async fn dispatch(self: Arc<Self>, feeds: Feeds, decided: Arc<AtomicI64>, cancel: CancellationToken) {
         let mut follow = self.follow.clone();
-        let mut retry = BACKOFF_MIN;
+        let mut retry = Backoff::DELIVERY;
         let mut position = decided.load(Ordering::SeqCst);
         while !cancel.is_cancelled() {
             let (records, reached) = match self.store.engine_changes(position, &[names::SUBSCRIPTION_NOTIFICATION], DISPATCH_BATCH).await {
                 Ok(read) => read,
                 Err(e) => {
                     tracing::warn!(error = %e, "courier cannot read the log; retrying");
-                    if sleep_or_stop(&cancel, jittered(retry)).await {
+                    if sleep_or_stop(&cancel, retry.next_delay()).await {
                         return;
                     }
-                    retry = (retry * 2).min(BACKOFF_MAX);
                     continue;
                 }
             };
-            retry = BACKOFF_MIN;
+            retry.reset();
             if !records.is_empty() {
                 let feeds = feeds.read().map(|f| f.clone()).unwrap_or_default();
                 for record in records.iter() {
@@ -331,16 +328,15 @@ impl Courier {
         mut fed: Fed,
         backlog: &std::sync::Mutex<HashMap<String, (String, EventId)>>,
     ) {
-        let mut retry = BACKOFF_MIN;
+        let mut retry = Backoff::DELIVERY;
         let mut position = loop {
             match self.start(lane).await {
                 Ok(p) => break p,
                 Err(e) => {
                     tracing::warn!(error = %e, subscription = lane.subscription_id, "courier cannot read its cursor; retrying");
-                    if sleep_or_stop(stop, jittered(retry)).await {
+                    if sleep_or_stop(stop, retry.next_delay()).await {
                         return;
                     }
-                    retry = (retry * 2).min(BACKOFF_MAX);
                 }
             }
         };
@@ -356,14 +352,13 @@ impl Courier {
                     Ok(read) => read,
                     Err(e) => {
                         tracing::warn!(error = %e, "courier cannot read the log; retrying");
-                        if sleep_or_stop(stop, jittered(retry)).await {
+                        if sleep_or_stop(stop, retry.next_delay()).await {
                             return;
                         }
-                        retry = (retry * 2).min(BACKOFF_MAX);
                         continue;
                     }
                 };
-                retry = BACKOFF_MIN;
+                retry.reset();
                 for record in &records {
                     let Some(n) = mine(record, lane) else { continue };
                     let Some(()) = sender.deliver(record, n, stop).await else { return };
@@ -441,7 +436,7 @@ impl Courier {
                 return false;
             }
         };
-        let agent = crate::event::Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) };
+        let agent = crate::event::Agent::server(self.server.hash());
         let write = TreeWrite {
             path: path.clone(),
             entity: None,
@@ -466,7 +461,7 @@ impl Courier {
     async fn give_up(&self, lane: &Lane, record: &Record, stored: &Stored, chain_id: &str, reason: &str) {
         let data = &stored.payload.data;
         let marker = Marker {
-            agent: crate::event::Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) },
+            agent: crate::event::Agent::server(self.server.hash()),
             subscription_id: &lane.subscription_id,
             reason,
             kind: data["event"].as_str().unwrap_or(""),
@@ -498,12 +493,14 @@ impl<'a> Sender<'a> {
         Self { courier, lane, chain: None, failing_since: None }
     }
 
-    async fn endpoint(&self) -> Result<String, String> {
+    async fn endpoint(&self) -> Result<String, PeerError> {
         let peer = &self.lane.peer;
         match self.courier.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await {
-            Ok(Some(entry)) => crate::peer::endpoint_of(&entry.entity).ok_or_else(|| "the peer entity has no endpoint".to_owned()),
-            Ok(None) => Err("the peer is not known".into()),
-            Err(e) => Err(e.to_string()),
+            Ok(Some(entry)) => {
+                crate::peer::endpoint_of(&entry.entity).ok_or_else(|| PeerError::Unknown("the peer entity has no endpoint".into()))
+            }
+            Ok(None) => Err(PeerError::Unknown("the peer is not known".into())),
+            Err(e) => Err(PeerError::Store(e.to_string())),
         }
     }
 
@@ -514,20 +511,19 @@ impl<'a> Sender<'a> {
         let (courier, lane) = (self.courier, self.lane);
         let chain_id = stored.payload.chain_id.clone().unwrap_or_else(|| format!("event-{}", record.id));
         // A store that cannot be read now is retried, not a lost delivery.
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::DELIVERY;
         let envelope = loop {
             match self.envelope(record.id, &stored).await {
                 Ok(envelope) => break envelope,
                 Err(e) => {
                     tracing::warn!(error = %e, subscription = lane.subscription_id, "cannot build a delivery; retrying");
-                    if sleep_or_stop(stop, jittered(backoff)).await {
+                    if sleep_or_stop(stop, backoff.next_delay()).await {
                         return None;
                     }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
         };
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::DELIVERY;
         for attempt in 1..=courier.settings.attempts.max(1) {
             if stop.is_cancelled() {
                 return None;
@@ -563,11 +559,11 @@ impl<'a> Sender<'a> {
                     return Some(());
                 }
                 Attempt::Failed(why) => {
-                    tracing::debug!(why, attempt, subscription = lane.subscription_id, "delivery to a peer failed");
+                    tracing::debug!(why = %why, attempt, subscription = lane.subscription_id, "delivery to a peer failed");
                     courier.note(&lane.peer, |s| {
                         s.failed_attempts += 1;
                         s.unreachable = true;
-                        s.last_error = Some(why.clone());
+                        s.last_error = Some(why.to_string());
                     });
                     let since = *self.failing_since.get_or_insert_with(tokio::time::Instant::now);
                     let evict_after = courier.settings.evict_after;
@@ -581,10 +577,9 @@ impl<'a> Sender<'a> {
                         break;
                     }
                     metrics::counter!(crate::metrics::PEER_RETRIES).increment(1);
-                    if sleep_or_stop(stop, jittered(backoff)).await {
+                    if sleep_or_stop(stop, backoff.next_delay()).await {
                         return None;
                     }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
         }
@@ -608,13 +603,13 @@ impl<'a> Sender<'a> {
         let sent = request.header("x-chain-id", chain_id).json(envelope).send().await;
         let response = match sent {
             Ok(r) => r,
-            Err(e) => return Attempt::Failed(e.to_string()),
+            Err(e) => return Attempt::Failed(e.into()),
         };
         let status = response.status().as_u16();
         let body = crate::peer::read_json(response).await;
         match status {
             200 => Attempt::Delivered { duplicate: body["result"]["duplicate"] == true },
-            408 | 429 | 500..=599 => Attempt::Failed(format!("status {status}")),
+            408 | 429 | 500..=599 => Attempt::Failed(PeerError::refused(status, &body)),
             _ => Attempt::Refused(refusal_code(&body)),
         }
     }
@@ -624,20 +619,12 @@ impl<'a> Sender<'a> {
     /// `include_payload`) the changed entity in `included`.
     async fn envelope(&mut self, seq: EventId, stored: &Stored) -> Result<Value, StoreError> {
         let (courier, lane) = (self.courier, self.lane);
-        let execute = Entity {
-            kind: "system/protocol/execute".into(),
-            data: json!({
-                "request_id": format!("{}-{seq}", lane.subscription_id),
-                "uri": lane.deliver_uri,
-                "operation": lane.operation,
-                "resource": {"targets": [lane.deliver_uri]},
-                "params": {"type": NOTIFICATION, "data": stored.payload.data},
-                "author": courier.server.hash(),
-                "capability": lane.deliver_token,
-                "sequence": seq,
-            }),
-        };
-        let (_, execute_hash) = execute.canonical();
+        let execute = Execute::new(&lane.deliver_uri, &lane.operation, courier.server.hash())
+            .request_id(format!("{}-{seq}", lane.subscription_id))
+            .targets(json!([lane.deliver_uri]))
+            .params(NOTIFICATION, stored.payload.data.clone())
+            .capability(&lane.deliver_token)
+            .sequence(seq);
         if self.chain.is_none() {
             let mut chain = Map::new();
             for hash in &lane.deliver_chain {
@@ -653,12 +640,7 @@ impl<'a> Sender<'a> {
         if let Some(bundled) = &stored.payload.included {
             included.extend(bundled.clone());
         }
-        included.insert(courier.server.hash().to_owned(), courier.server.entity().clone());
-        let signature = courier.server.sign(&execute_hash);
-        if let Ok(hash) = crate::tree::capability::hash_of(&signature) {
-            included.insert(hash, signature);
-        }
-        Ok(json!({ "execute": execute, "included": included }))
+        Ok(execute.signed(&courier.server, included))
     }
 }
 
@@ -731,9 +713,13 @@ struct Stop {
 }
 
 enum Attempt {
-    Delivered { duplicate: bool },
+    Delivered {
+        duplicate: bool,
+    },
+    /// Refused for good, with the peer's code (a marker's reason).
     Refused(String),
-    Failed(String),
+    /// Worth another attempt.
+    Failed(PeerError),
 }
 
 /// The notification in `record` if it is one of `lane`'s.

@@ -57,10 +57,6 @@ pub struct EngineSettings {
     pub mirror: super::mirror::MirrorSettings,
 }
 
-/// Store retries back off from 50 ms to 2 s: constants, since they only
-/// pace reconnecting to a store that is down (as the broker's do).
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Longest delegation chain walked for a token's expiry.
 const MAX_CHAIN: usize = crate::tree::capability::MAX_CHAIN;
 
@@ -197,7 +193,7 @@ impl Engine {
 
     /// Runs until `cancel`.
     pub async fn run(mut self, cancel: CancellationToken) {
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = crate::retry::Backoff::STORE;
         while !cancel.is_cancelled() {
             match self.store.engine_lead().await {
                 Ok(true) => {}
@@ -211,21 +207,19 @@ impl Engine {
                     tracing::warn!(error = %e, "subscription engine cannot reach the store; retrying");
                     tokio::select! {
                         _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(backoff.step()) => {}
                     }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
                     continue;
                 }
             }
             match self.lead(&cancel).await {
-                Ok(()) => backoff = BACKOFF_MIN,
+                Ok(()) => backoff.reset(),
                 Err(e) => {
                     tracing::warn!(error = %e, "subscription engine step failed; rebuilding its index");
                     tokio::select! {
                         _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(backoff.step()) => {}
                     }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
         }

@@ -45,7 +45,6 @@ pub mod execute;
 pub mod inbox;
 mod marker;
 pub mod mirror;
-mod retry;
 pub mod signed;
 
 use std::collections::BTreeMap;
@@ -76,8 +75,6 @@ pub const EVENTS: [&str; 3] = ["created", "updated", "deleted"];
 /// Most subscriptions one server may keep (the bound of every scan over
 /// them, and of `TIDINGS_MAX_SUBSCRIPTIONS`).
 pub const MAX_SUBSCRIPTIONS: usize = 100_000;
-/// Most alternatives a redirect lists.
-pub const MAX_ALTERNATIVES: usize = 10;
 
 /// The id in a subscription entity's path (`system/subscription/{id}`, one
 /// segment), or `None` for any other path.
@@ -463,7 +460,7 @@ impl Subscriptions {
     }
 
     fn agent(&self) -> Agent {
-        Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) }
+        Agent::server(self.server.hash())
     }
 
     /// Every stored subscription with its entry.
@@ -703,7 +700,7 @@ impl Subscriptions {
         candidates.shuffle(&mut rand::rng());
         let mut alternatives: Vec<Value> = Vec::new();
         for peer in candidates {
-            if alternatives.len() >= MAX_ALTERNATIVES {
+            if alternatives.len() >= crate::peer::MAX_ALTERNATIVES {
                 break;
             }
             if let Some(entry) = self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await?
@@ -726,14 +723,14 @@ impl Subscriptions {
     fn learnable(&self, peer: &str, author: &str, endpoint: Option<&str>) -> Result<String, ExecuteError> {
         let Some(endpoint) = endpoint.filter(|_| author == peer) else { return Err(unknown_peer(peer, "no proven endpoint")) };
         let endpoint = endpoint.trim_end_matches('/');
-        self.http.may_call(endpoint).map_err(|why| unknown_peer(peer, &why))?;
+        self.http.may_call(endpoint).map_err(|why| unknown_peer(peer, why))?;
         Ok(endpoint.to_owned())
     }
 
     /// Proves a peer's endpoint: `GET /v1/identity` there answers its
     /// identity (the one call out a subscribe makes, after it is accepted).
     async fn prove_peer(&self, peer: &str, endpoint: &str) -> Result<(), ExecuteError> {
-        self.http.prove(peer, endpoint, std::time::Duration::from_secs(5)).await.map_err(|why| unknown_peer(peer, &why))
+        self.http.prove(peer, endpoint, std::time::Duration::from_secs(5)).await.map_err(|why| unknown_peer(peer, why))
     }
 
     /// `unsubscribe` (§3.2).
@@ -838,7 +835,7 @@ fn renewal_of(s: &Subscription, author: &str, request: &SubscribeRequest) -> boo
         && s.deliver_operation == request.deliver_operation
 }
 
-fn unknown_peer(peer: &str, why: &str) -> ExecuteError {
+fn unknown_peer(peer: &str, why: impl std::fmt::Display) -> ExecuteError {
     ExecuteError::UnknownPeer(format!(
         "this server does not know peer {peer} ({why}): an admin writes {}{peer} {{endpoint}}, or the peer subscribes for its own inbox with a relay_endpoint that proves it",
         crate::peer::PREFIX

@@ -9,10 +9,6 @@ use super::*;
 /// a lost LISTEN goes unnoticed, and nothing is lost meanwhile (the broker
 /// also reads after every commit of its own process and on each reconnect).
 const LISTENER_PROBE: Duration = Duration::from_secs(5);
-/// Reconnect backoff bounds: constants, since they only pace reconnecting to
-/// a database that is down, jittered so processes do not reconnect at once.
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 pub(super) async fn listen_loop(
     mut config: tokio_postgres::Config,
@@ -21,7 +17,9 @@ pub(super) async fn listen_loop(
     cancel: CancellationToken,
 ) {
     config.application_name("tidings-listener");
-    let mut backoff = BACKOFF_MIN;
+    // Reconnecting to a database that is down, jittered so processes do
+    // not reconnect at once.
+    let mut backoff = crate::retry::Backoff::LISTEN;
     let mut first = true;
     loop {
         let result = tokio::select! {
@@ -39,18 +37,13 @@ pub(super) async fn listen_loop(
         first = false;
         match result {
             Ok(()) => tracing::warn!("LISTEN connection closed; reconnecting"),
-            Err(e) => tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "LISTEN connection lost; reconnecting"),
+            Err(e) => tracing::warn!(error = %e, backoff_ms = backoff.peek().as_millis() as u64, "LISTEN connection lost; reconnecting"),
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(jitter(backoff)) => {}
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
-}
-
-fn jitter(d: Duration) -> Duration {
-    d.mul_f64(rand::random_range(0.5..1.0))
 }
 
 async fn listen_once(
@@ -58,7 +51,7 @@ async fn listen_once(
     status: &ListenerStatus,
     wake: &Notify,
     cancel: &CancellationToken,
-    backoff: &mut Duration,
+    backoff: &mut crate::retry::Backoff,
 ) -> anyhow::Result<()> {
     let (client, mut connection) = config.connect(NoTls).await.context("connecting the LISTEN session")?;
     // A commit's head, or `None` for a wake-up of the outbox.
@@ -90,7 +83,7 @@ async fn listen_once(
     // tail read asks the primary, whatever the heads notified say.
     status.unsure.store(true, Ordering::Release);
     status.state.store(1, Ordering::Relaxed);
-    *backoff = BACKOFF_MIN;
+    backoff.reset();
     tracing::info!("LISTEN connection established");
     // Anything committed while we were not listening is read now (and
     // moved, for the outbox).

@@ -168,18 +168,18 @@ impl Replicas {
         let wanted = limit.min(usize::try_from(until - after).unwrap_or(0));
         if wanted > 0 {
             let deadline = tokio::time::Instant::now() + TAIL_WAIT;
-            let mut pause = Duration::from_millis(1);
+            // Polls the standby's replay: 1 ms doubling to 20 ms.
+            let mut pause = crate::retry::Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
             loop {
                 let rows = self.prefix(after, wanted).await;
                 if !rows.is_empty() {
                     metrics::counter!(m::BROKER_READS, "target" => "replica").increment(1);
                     return Ok(rows);
                 }
-                if tokio::time::Instant::now() + pause > deadline {
+                if tokio::time::Instant::now() + pause.peek() > deadline {
                     break;
                 }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(20));
+                tokio::time::sleep(pause.step()).await;
             }
         }
         self.primary_tail_reads.fetch_add(1, Ordering::Relaxed);
@@ -280,8 +280,8 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
         for replica in &replicas.list {
             let found = tokio::time::timeout(PROBE_EVERY, identify(&replica.pool)).await;
             let (answered, verdict) = match found {
-                Err(_) => (false, Err("the standby did not answer the probe within 1 s".to_owned())),
-                Ok(Err(e)) => (false, Err(e.to_string())),
+                Err(_) => (false, Err(Unusable::Silent)),
+                Ok(Err(e)) => (false, Err(Unusable::Unreachable(e.to_string()))),
                 Ok(Ok(standby)) => (true, judge(&standby, &primary, replicas.max_lag, replica)),
             };
             match verdict {
@@ -294,7 +294,7 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
                     metrics::gauge!(m::REPLICA_UP, "replica" => replica.label.clone()).set(1.0);
                 }
                 Err(why) => {
-                    replica.down(why);
+                    replica.down(why.to_string());
                     // Lagging (or misconfigured) is not down: it answered.
                     if answered {
                         replica.up.store(true, Ordering::Release);
@@ -307,7 +307,7 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
 }
 
 /// Whether `standby` may serve history; records its lag.
-fn judge(standby: &Server, primary: &Server, max_lag: Duration, replica: &Replica) -> Result<(), String> {
+fn judge(standby: &Server, primary: &Server, max_lag: Duration, replica: &Replica) -> Result<(), Unusable> {
     let (behind, lag_ms, verdict) = verdict(standby, primary, max_lag);
     replica.lag_events.store(behind, Ordering::Relaxed);
     replica.lag_ms.store(lag_ms, Ordering::Relaxed);
@@ -316,19 +316,34 @@ fn judge(standby: &Server, primary: &Server, max_lag: Duration, replica: &Replic
 
 /// How far `standby` is behind (ids, and ms since it replayed a commit
 /// while behind), and whether it may serve history.
-fn verdict(standby: &Server, primary: &Server, max_lag: Duration) -> (i64, i64, Result<(), String>) {
+fn verdict(standby: &Server, primary: &Server, max_lag: Duration) -> (i64, i64, Result<(), Unusable>) {
     if !standby.in_recovery {
-        return (0, 0, Err("not a standby (not in recovery)".to_owned()));
+        return (0, 0, Err(Unusable::NotInRecovery));
     }
     if standby.instance != primary.instance {
-        return (0, 0, Err("not a copy of the primary's database (another tidings_instance)".to_owned()));
+        return (0, 0, Err(Unusable::AnotherDatabase));
     }
     let behind = (primary.head - standby.head).max(0);
     let lag_ms = if behind == 0 { 0 } else { standby.since_replay_ms.max(0) };
     if u128::try_from(lag_ms).unwrap_or(0) > max_lag.as_millis() {
-        return (behind, lag_ms, Err(format!("behind the primary by {behind} events, {lag_ms} ms")));
+        return (behind, lag_ms, Err(Unusable::Lagging { behind, lag_ms }));
     }
     (behind, lag_ms, Ok(()))
+}
+
+/// Why a standby does not serve history now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Unusable {
+    #[error("the standby did not answer the probe within 1 s")]
+    Silent,
+    #[error("{0}")]
+    Unreachable(String),
+    #[error("not a standby (not in recovery)")]
+    NotInRecovery,
+    #[error("not a copy of the primary's database (another tidings_instance)")]
+    AnotherDatabase,
+    #[error("behind the primary by {behind} events, {lag_ms} ms")]
+    Lagging { behind: i64, lag_ms: i64 },
 }
 
 /// What a probe learns of a server, primary or standby.

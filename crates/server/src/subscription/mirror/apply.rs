@@ -303,8 +303,8 @@ impl Applier<'_> {
                 }
             }
             Err(why) => {
-                tracing::debug!(mirror = self.spec.name, why, "re-read failed; reconciliation retries it");
-                self.mirror.set_state(&self.spec.name, |s| s.last_error = Some(why));
+                tracing::debug!(mirror = self.spec.name, why = %why, "re-read failed; reconciliation retries it");
+                self.mirror.set_state(&self.spec.name, |s| s.last_error = Some(why.to_string()));
                 "reread_failed"
             }
         })

@@ -72,14 +72,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::inbox::NotificationData;
-use super::retry::{jittered, now_ms};
 use super::signed::{self, Proof, SignedChange, Transition};
 use crate::event::{Agent, EventId, names};
 use crate::glob::Glob;
 use crate::identity::ServerIdentity;
 use crate::peer::{Attached, Relay, Subscribed};
+use crate::retry::{Backoff, now_ms};
 use crate::store::{Condition, Store, StoreError, TreeOutcome, TreeWrite};
-use crate::tree::capability::hash_of;
 use crate::tree::{Entity, EntityError, change_event_with, generate_id, is_hash, validate_path};
 
 mod apply;
@@ -108,9 +107,6 @@ const MAX_KNOWN: usize = 100_000;
 const MAX_LISTINGS: usize = 10_000;
 /// Most subscriptions at dead relays a mirror remembers to cancel.
 const MAX_ABANDONED: usize = 16;
-/// Backoff bounds of a subscribe that failed.
-const RETRY_MIN: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// How mirrors keep up (settings).
 #[derive(Debug, Clone)]
@@ -182,7 +178,7 @@ pub fn check(path: &str, entity: &Entity) -> Result<(), EntityError> {
     if entity.kind != TYPE {
         return Err(EntityError(format!("an entity under {PREFIX} is of type {TYPE}")));
     }
-    spec(name, &entity.data).map(|_| ()).map_err(EntityError)
+    spec(name, &entity.data).map(|_| ())
 }
 
 /// A mirror as configured.
@@ -211,19 +207,19 @@ struct CapabilityData {
     included: Map<String, Value>,
 }
 
-fn spec(name: &str, data: &Value) -> Result<Spec, String> {
+fn spec(name: &str, data: &Value) -> Result<Spec, EntityError> {
     let d: SpecData = serde_json::from_value(data.clone())
-        .map_err(|e| format!("a mirror's data is {{peer, pattern, capability?: {{hash, included}}}}: {e}"))?;
+        .map_err(|e| EntityError(format!("a mirror's data is {{peer, pattern, capability?: {{hash, included}}}}: {e}")))?;
     if !is_hash(&d.peer) {
-        return Err("peer is the mirrored server's identity hash (sha256:<64 hex>)".into());
+        return Err(EntityError("peer is the mirrored server's identity hash (sha256:<64 hex>)".into()));
     }
-    Glob::new_path(&d.pattern).map_err(|e| format!("pattern: {e}"))?;
+    Glob::new_path(&d.pattern).map_err(|e| EntityError(format!("pattern: {e}")))?;
     if d.pattern == "system" || d.pattern.starts_with("system/") || d.pattern.starts_with("**") {
-        return Err("a mirror's pattern must not cover system/ (start it with a path segment)".into());
+        return Err(EntityError("a mirror's pattern must not cover system/ (start it with a path segment)".into()));
     }
     let capability = match d.capability {
         Some(c) if is_hash(&c.hash) && c.included.contains_key(&c.hash) => Some((c.hash, c.included)),
-        Some(_) => return Err("capability is {hash, included} with the token among the included entities".into()),
+        Some(_) => return Err(EntityError("capability is {hash, included} with the token among the included entities".into())),
         None => None,
     };
     Ok(Spec { name: name.to_owned(), peer: d.peer, pattern: d.pattern, capability })
@@ -395,7 +391,7 @@ impl Mirrors {
                     tracing::warn!(error = %e, mirror = spec.name, "cannot read the mirror's cursor; retrying");
                     tokio::select! {
                         _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(RETRY_MIN) => {}
+                        _ = tokio::time::sleep(Backoff::MIRROR.peek()) => {}
                     }
                 }
             }
@@ -407,7 +403,7 @@ impl Mirrors {
         }
         let mut subscription: Option<String> = None;
         let mut renew_at = tokio::time::Instant::now();
-        let mut retry = RETRY_MIN;
+        let mut retry = Backoff::MIRROR;
         let mut reconcile = tokio::time::interval(self.settings.reconcile.max(Duration::from_millis(100)));
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         reconcile.tick().await;
@@ -530,20 +526,19 @@ impl Mirrors {
                                 previous = Some(label);
                             }
                             subscription = Some(a.id);
-                            retry = RETRY_MIN;
+                            retry.reset();
                             renew_at = tokio::time::Instant::now() + (self.settings.token_ttl / 2).max(Duration::from_secs(5));
                         }
                         Err(why) => {
-                            tracing::warn!(mirror = spec.name, why, "cannot subscribe at the mirrored peer; retrying");
-                            self.set_state(&spec.name, |s| { s.state = "failing"; s.last_error = Some(why); });
+                            tracing::warn!(mirror = spec.name, why = %why, "cannot subscribe at the mirrored peer; retrying");
+                            self.set_state(&spec.name, |s| { s.state = "failing"; s.last_error = Some(why.to_string()); });
                             // Started again from the peer (renewals too: the
                             // relay may be gone); a repair stays one until it
                             // holds a subscription somewhere.
                             if let Some(id) = subscription.take() {
                                 Abandoned::push(&mut abandoned, &applier.upstream, id, self.settings.token_ttl);
                             }
-                            renew_at = tokio::time::Instant::now() + jittered(retry);
-                            retry = (retry * 2).min(RETRY_MAX);
+                            renew_at = tokio::time::Instant::now() + retry.next_delay();
                         }
                     }
                 }
@@ -606,7 +601,7 @@ impl Mirrors {
             if let Some(id) = subscription
                 && let Err(why) = self.unsubscribe(&spec, &applier.upstream, &id).await
             {
-                tracing::warn!(mirror = spec.name, why, "could not cancel the mirror's subscription; its token's expiry ends it");
+                tracing::warn!(mirror = spec.name, why = %why, "could not cancel the mirror's subscription; its token's expiry ends it");
             }
             let _ = self.store.device_forget(CURSOR_OWNER, &spec.name).await;
             let _ = self.store.peer_mark_forget(CURSOR_OWNER, &mark_name(&spec)).await;

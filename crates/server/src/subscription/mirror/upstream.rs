@@ -3,98 +3,62 @@
 //! endpoint, and re-reading a path at the peer.
 
 use super::*;
+use crate::peer::protocol::{Execute, PeerError, receive_token};
 
 impl Mirrors {
-    pub(super) async fn endpoint(&self, peer: &str) -> Result<String, String> {
+    pub(super) async fn endpoint(&self, peer: &str) -> Result<String, PeerError> {
         match self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await {
-            Ok(Some(entry)) => crate::peer::endpoint_of(&entry.entity).ok_or_else(|| "the peer entity has no endpoint".into()),
-            Ok(None) => Err(format!("peer {peer} is not known here ({}{peer})", crate::peer::PREFIX)),
-            Err(e) => Err(e.to_string()),
+            Ok(Some(entry)) => {
+                crate::peer::endpoint_of(&entry.entity).ok_or_else(|| PeerError::Unknown("the peer entity has no endpoint".into()))
+            }
+            Ok(None) => Err(PeerError::Unknown(format!("peer {peer} is not known here ({}{peer})", crate::peer::PREFIX))),
+            Err(e) => Err(PeerError::Store(e.to_string())),
         }
     }
 
     /// A signed EXECUTE on `upstream`'s `system/subscription` (the caller
     /// capability, minted by the peer, only travels to the peer).
-    pub(super) fn execute(
-        &self,
-        spec: &Spec,
-        upstream: &str,
-        operation: &str,
-        targets: Value,
-        params: Value,
-        mut included: Map<String, Value>,
-    ) -> Value {
-        let mut data = json!({
-            "request_id": generate_id(),
-            "uri": crate::subscription::HANDLER,
-            "operation": operation,
-            "resource": {"targets": targets},
-            "params": params,
-            "author": self.server.hash(),
-        });
+    pub(super) fn execute(&self, spec: &Spec, upstream: &str, execute: Execute, mut included: Map<String, Value>) -> Value {
+        let mut execute = execute;
         if let Some((hash, bundle)) = spec.capability.as_ref().filter(|_| upstream == spec.peer) {
-            data["capability"] = json!(hash);
+            execute = execute.capability(hash);
             included.extend(bundle.clone());
         }
-        let execute = Entity { kind: "system/protocol/execute".into(), data };
-        let (_, hash) = execute.canonical();
-        self.sign_into(&hash, &mut included);
-        json!({"execute": execute, "included": included})
+        execute.signed(&self.server, included)
     }
 
-    pub(super) fn sign_into(&self, target: &str, included: &mut Map<String, Value>) {
-        let signature = self.server.sign(target);
-        if let Ok(hash) = hash_of(&signature) {
-            included.insert(hash, signature);
-        }
-        included.insert(self.server.hash().to_owned(), self.server.entity().clone());
-    }
-
-    pub(super) async fn post(&self, upstream: &str, envelope: &Value) -> Result<(u16, Value), String> {
+    pub(super) async fn post(&self, upstream: &str, envelope: &Value) -> Result<(u16, Value), PeerError> {
         let endpoint = self.endpoint(upstream).await?;
-        let r = self.http.post(&format!("{endpoint}/v1/execute"))?.json(envelope).send().await.map_err(|e| e.to_string())?;
+        let r = self.http.post(&format!("{endpoint}/v1/execute"))?.json(envelope).send().await?;
         let status = r.status().as_u16();
         Ok((status, crate::peer::read_json(r).await))
     }
 
     /// Subscribes (or renews) at `upstream`.
     pub(super) async fn subscribe(&self, spec: &Spec, upstream: &str, inbox: &str) -> Subscribed {
-        let expires_at = chrono::Utc::now().timestamp_millis() + self.settings.token_ttl.as_millis() as i64;
-        let token = Entity {
-            kind: "system/capability/token".into(),
-            data: json!({
-                "granter": self.server.hash(),
-                "grantee": upstream,
-                "grants": [{"handler": "system/inbox", "operations": ["receive"], "resources": [inbox]}],
-                "expires_at": expires_at,
-            }),
-        };
-        let (_, token_hash) = token.canonical();
+        let expires_at = now_ms() + self.settings.token_ttl.as_millis() as i64;
         let mut included = Map::new();
-        self.sign_into(&token_hash, &mut included);
-        included.insert(token_hash.clone(), serde_json::to_value(&token).unwrap_or_default());
-        let params = json!({"type": "system/subscription/request", "data": {
-            "deliver_to": {"uri": format!("entity://{}/{inbox}", self.server.hash())},
-            "deliver_token": token_hash,
-            "include_payload": true,
-            "relay_endpoint": self.settings.public_url,
-        }});
-        let envelope = self.execute(spec, upstream, "subscribe", json!([spec.pattern]), params, included);
+        let token = receive_token(&self.server, upstream, inbox, None, Some(expires_at), &mut included);
+        let execute = Execute::new(crate::subscription::HANDLER, "subscribe", self.server.hash()).targets(json!([spec.pattern])).params(
+            "system/subscription/request",
+            json!({
+                "deliver_to": {"uri": format!("entity://{}/{inbox}", self.server.hash())},
+                "deliver_token": token,
+                "include_payload": true,
+                "relay_endpoint": self.settings.public_url,
+            }),
+        );
+        let envelope = self.execute(spec, upstream, execute, included);
         match self.post(upstream, &envelope).await {
             Err(why) => Subscribed::Failed(why),
-            Ok((200, body)) => match body["result"]["subscription_id"].as_str() {
-                Some(id) => Subscribed::Held(id.to_owned()),
-                None => Subscribed::Failed(format!("unexpected answer {body}")),
-            },
-            Ok((303, body)) => Subscribed::Redirected(crate::peer::alternatives(&body, crate::subscription::MAX_ALTERNATIVES)),
-            Ok((status, body)) => Subscribed::Failed(format!("{status} {}", body["error"]["code"].as_str().unwrap_or("refused"))),
+            Ok((status, body)) => Subscribed::from_answer(status, &body),
         }
     }
 
     /// Subscribes at `from`, following capacity redirects to relays
     /// ([`crate::peer::follow_redirects`]; each relay proven by
     /// `GET /v1/identity` and learned here).
-    pub(super) async fn attach(&self, spec: &Spec, from: &str, inbox: &str, avoid: &[&str]) -> Result<Attached, String> {
+    pub(super) async fn attach(&self, spec: &Spec, from: &str, inbox: &str, avoid: &[&str]) -> Result<Attached, PeerError> {
         crate::peer::follow_redirects(from, self.server.hash(), avoid, &Asking { mirrors: self, spec, inbox }).await
     }
 
@@ -109,7 +73,7 @@ impl Mirrors {
         hops: u32,
         inbox: &str,
         shunned: &[&str],
-    ) -> Result<Attached, String> {
+    ) -> Result<Attached, PeerError> {
         use rand::seq::SliceRandom as _;
         let avoid: Vec<&str> = std::iter::once(dead).chain(shunned.iter().copied()).collect();
         let mut cached: Vec<&(String, String)> = alternatives
@@ -156,7 +120,7 @@ impl Mirrors {
                     "cancelled the subscription left at a relay that answers again"
                 ),
                 Err(why) => {
-                    tracing::debug!(mirror = spec.name, upstream = a.upstream, why, "could not cancel a subscription left at a relay yet");
+                    tracing::debug!(mirror = spec.name, upstream = a.upstream, why = %why, "could not cancel a subscription left at a relay yet");
                     kept.push(a);
                 }
             }
@@ -170,7 +134,7 @@ impl Mirrors {
         if !self.http.proves(peer, endpoint, self.settings.timeout).await {
             return false;
         }
-        let agent = Agent { id: self.server.hash().to_owned(), kind: Some("server".into()) };
+        let agent = Agent::server(self.server.hash());
         match self.store.tree_write(crate::subscription::learned_peer(peer, endpoint, agent, generate_id())).await {
             Ok(_) => true,
             Err(e) => {
@@ -180,31 +144,33 @@ impl Mirrors {
         }
     }
 
-    pub(super) async fn unsubscribe(&self, spec: &Spec, upstream: &str, id: &str) -> Result<(), String> {
-        let params = json!({"type": "system/subscription/cancel", "data": {"subscription_id": id}});
-        let envelope = self.execute(spec, upstream, "unsubscribe", json!([]), params, Map::new());
+    pub(super) async fn unsubscribe(&self, spec: &Spec, upstream: &str, id: &str) -> Result<(), PeerError> {
+        let execute = Execute::new(crate::subscription::HANDLER, "unsubscribe", self.server.hash())
+            .params("system/subscription/cancel", json!({"subscription_id": id}));
+        let envelope = self.execute(spec, upstream, execute, Map::new());
         match self.post(upstream, &envelope).await? {
             (200 | 404, _) => Ok(()),
-            (status, body) => Err(format!("{status} {body}")),
+            (status, body) => Err(PeerError::refused(status, &body)),
         }
     }
 
     /// The peer's entity at `path` now, read at the peer itself.
-    pub(super) async fn reread(&self, peer: &str, path: &str) -> Result<Read, String> {
+    pub(super) async fn reread(&self, peer: &str, path: &str) -> Result<Read, PeerError> {
         let endpoint = self.endpoint(peer).await?;
-        let r = self.http.get(&format!("{endpoint}/v1/tree/{path}"))?.send().await.map_err(|e| e.to_string())?;
+        let r = self.http.get(&format!("{endpoint}/v1/tree/{path}"))?.send().await?;
         // The change that wrote what is there, or (for nothing there) the
         // change as of which nothing is.
         let sequence = r.headers().get(crate::tree::CHANGE_ID_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
         match r.status().as_u16() {
             404 => Ok(Read { bytes: None, sequence }),
             200 => {
-                let body = String::from_utf8(crate::peer::read_answer(r).await?).map_err(|e| e.to_string())?;
-                let entity: Entity = serde_json::from_str(&body).map_err(|e| format!("the peer's entity at {path}: {e}"))?;
-                entity.check().map_err(|e| e.0)?;
+                let body = String::from_utf8(crate::peer::read_answer(r).await?).map_err(|e| PeerError::Unexpected(e.to_string()))?;
+                let entity: Entity =
+                    serde_json::from_str(&body).map_err(|e| PeerError::Unexpected(format!("the peer's entity at {path}: {e}")))?;
+                entity.check().map_err(|e| PeerError::Unexpected(e.0))?;
                 Ok(Read { bytes: Some(entity.canonical()), sequence })
             }
-            status => Err(format!("GET {path} at the peer answered {status}")),
+            status => Err(PeerError::Unexpected(format!("GET {path} at the peer answered {status}"))),
         }
     }
 }
