@@ -229,6 +229,20 @@ fn one_builder_makes_every_execute() {
     assert_eq!(builders, ["server/src/peer/protocol.rs"], "EXECUTEs built outside the protocol module");
 }
 
+/// Metrics are recorded through `metrics`' functions, one per thing that
+/// happened, never with a name and labels at the call site: the catalog
+/// (and the README's, which `metrics.rs` tests hold to it) cannot drift.
+#[test]
+fn metrics_are_recorded_only_through_the_catalog() {
+    let recorded = regex::Regex::new(r"\b(counter|gauge|histogram)!").unwrap();
+    let outside: Vec<String> = workspace_sources()
+        .into_iter()
+        .filter(|(file, code)| file != "server/src/metrics.rs" && recorded.is_match(code))
+        .map(|(file, _)| file)
+        .collect();
+    assert!(outside.is_empty(), "metrics recorded outside the catalog: {outside:?}");
+}
+
 #[test]
 fn the_service_layer_names_no_http_type() {
     let files = sources(&Path::new(SRC).join("service"));

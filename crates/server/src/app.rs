@@ -155,11 +155,11 @@ async fn reload_on_hangup(certificates: Arc<crate::server::tls::Certificates>, s
         }
         match certificates.reload() {
             Ok(()) => {
-                metrics::counter!(crate::metrics::TLS_RELOADS, "outcome" => "ok").increment(1);
+                crate::metrics::tls_reloaded(true);
                 tracing::info!("TLS certificate reloaded");
             }
             Err(e) => {
-                metrics::counter!(crate::metrics::TLS_RELOADS, "outcome" => "failed").increment(1);
+                crate::metrics::tls_reloaded(false);
                 tracing::warn!(error = %e, "the TLS certificate did not reload; the one in use stays");
             }
         }

@@ -342,7 +342,7 @@ impl Broker {
             clients.insert(id, Slot { filter, state: state.clone() });
         }
         drop(clients);
-        metrics::gauge!(m::CLIENTS_CONNECTED, "transport" => options.transport).increment(1.0);
+        m::client_connected(options.transport);
         Subscription { id, state, broker: self.clone(), position, transport: options.transport }
     }
 
@@ -479,7 +479,7 @@ impl Broker {
         let (Some(first), Some(last)) = (rows.first().map(|r| r.id), rows.last().map(|r| r.id)) else { return true };
         let now_wall = chrono::Utc::now().timestamp_millis();
         let lag_of = |row: &Record| (now_wall - row.recorded_ms).max(0) as f64 / 1000.0;
-        let lags = metrics::histogram!(m::BROKER_LAG);
+        let lags = m::broker_lag();
         {
             let mut clients = self.lock();
             if next_only && first > clients.position + 1 {
@@ -602,7 +602,7 @@ impl Broker {
             let depth = slot.state.queue.len();
             if depth > 0 {
                 // Sampled here, once per sweep, rather than on the hot path.
-                metrics::histogram!(m::QUEUE_DEPTH).record(depth as f64);
+                m::queue_depth(depth);
                 if now.saturating_sub(slot.state.last_progress_ms.load(Ordering::Relaxed)) > timeout {
                     stuck.push(*id);
                 }
@@ -620,7 +620,7 @@ impl Broker {
         if reason == Detached::Lagged {
             return;
         }
-        metrics::counter!(m::CLIENTS_DROPPED, "reason" => reason.label()).increment(1);
+        m::client_dropped(reason.label());
         tracing::info!(reason = reason.label(), "evicting a slow client");
         if let Some(kill) = slot.state.kill.clone() {
             let state = slot.state.clone();
@@ -722,7 +722,7 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         self.finish();
         self.broker.lock().remove(self.id);
-        metrics::gauge!(m::CLIENTS_CONNECTED, "transport" => self.transport).decrement(1.0);
+        m::client_disconnected(self.transport);
     }
 }
 

@@ -456,7 +456,7 @@ impl PayloadRule {
 
     /// Counts (and logs once per rule) an evaluation over the budget: no match.
     fn over_budget(&self) -> bool {
-        metrics::counter!(crate::metrics::FILTER_BUDGET_EXCEEDED).increment(1);
+        crate::metrics::rule_budget_exceeded();
         if !self.over_budget.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(budget = self.budget, rule = %self.source, "a payload rule went over its evaluation budget; the events it does so on do not match");
         }

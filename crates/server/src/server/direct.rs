@@ -288,7 +288,7 @@ fn write_response<'a>(
                             // timeout (its socket buffer is full, so no
                             // notice can reach it): close; it resumes from
                             // its Last-Event-ID, and its frames are freed.
-                            metrics::counter!(crate::metrics::CLIENTS_DROPPED, "reason" => "write_stalled").increment(1);
+                            crate::metrics::client_dropped("write_stalled");
                             tracing::debug!(reason = "write_stalled", "closing a stream whose client takes no bytes");
                             return Ok(());
                         }
@@ -522,7 +522,7 @@ impl Refusals {
 
 /// Counts a refusal no route saw, under the route `unmatched`.
 fn count_refusal(status: u16) {
-    metrics::counter!(crate::metrics::HTTP_REQUESTS, "route" => "unmatched", "status" => status.to_string()).increment(1);
+    crate::metrics::http_request("unmatched", status);
 }
 
 /// A whole response as bytes (its body is a small JSON error).
@@ -596,7 +596,7 @@ impl Rewind {
         let sleep = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
         if sleep.as_mut().poll(cx).is_ready() {
             self.stalled = None;
-            metrics::counter!(crate::metrics::CLIENTS_DROPPED, "reason" => "write_stalled").increment(1);
+            crate::metrics::client_dropped("write_stalled");
             tracing::debug!(reason = "write_stalled", "closing a connection whose client takes no bytes");
             return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
         }

@@ -274,7 +274,7 @@ async fn serve_h2<I>(
     let idle = streams.idle_for(header_timeout);
     let stalled = async {
         streams.stalled_for(write_timeout).await;
-        metrics::counter!(crate::metrics::CLIENTS_DROPPED, "reason" => "write_stalled").increment(1);
+        crate::metrics::client_dropped("write_stalled");
         tracing::debug!(reason = "write_stalled", "closing an HTTP/2 connection whose client grants a stream no window");
     };
     tokio::select! {

@@ -53,14 +53,8 @@ pub async fn run_mover(core: Core, cancel: CancellationToken) {
                     if moved.appended > 0 {
                         core.broker().wake();
                     }
-                    metrics::counter!(m::OUTBOX_MOVED).increment(moved.rows.saturating_sub(moved.set_aside.len()) as u64);
-                    metrics::counter!(m::PUBLISH_IDEMPOTENT_REPLAYS).increment(moved.replayed as u64);
-                    for code in &moved.set_aside {
-                        metrics::counter!(m::OUTBOX_SET_ASIDE, "code" => *code).increment(1);
-                    }
-                    for delay in &moved.delays_ms {
-                        metrics::histogram!(m::OUTBOX_DELAY).record(*delay as f64 / 1000.0);
-                    }
+                    m::outbox_moved(moved.rows.saturating_sub(moved.set_aside.len()) as u64, &moved.set_aside, &moved.delays_ms);
+                    m::idempotent_replays(moved.replayed as u64);
                     if moved.busy || moved.rows == 0 {
                         break;
                     }

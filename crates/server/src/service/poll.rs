@@ -182,7 +182,7 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     let wait = Duration::from_millis(request.wait_ms.unwrap_or(0)).min(settings.poll_max_wait);
     let since =
         request.since.map(|s| EventId::try_from(s).map_err(|_| InvalidField::new("invalid_since", "since is too large"))).transpose()?;
-    metrics::counter!(m::POLL_REQUESTS).increment(1);
+    m::poll_request();
     // Transports hold each form a client sends to the limits; a filter
     // here may be the merge of two (`filter::query_json`).
     let limits = core.filter_limits().merged();
@@ -282,7 +282,7 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
             Item::Dropped(_) | Item::Expired { .. } | Item::End(End::Over | End::Shutdown | End::Failed) => break,
         }
     }
-    metrics::counter!(m::EVENTS_DELIVERED, "transport" => "poll").increment(events.len() as u64);
+    m::delivered("poll", events.len() as u64);
     let next_since = events.last().map_or_else(|| session.cursor(), |e| e.id);
     Ok(PollPage { events, next_since, has_more, gap })
 }
@@ -349,7 +349,7 @@ pub async fn run_expiry(store: Arc<dyn Store>, ttl: Duration, cancel: Cancellati
         }
         if let (Ok(head), Ok(consumers)) = (store.head().await, store.consumer_list(Actor { sub: "", admin: true }).await) {
             for c in consumers {
-                metrics::histogram!(crate::metrics::CONSUMER_LAG).record((head - c.cursor).max(0) as f64);
+                crate::metrics::consumer_lag(head - c.cursor);
             }
         }
     }

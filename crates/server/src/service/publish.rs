@@ -135,7 +135,7 @@ pub(crate) fn registered_records(
             return Err(refused);
         }
         tracing::warn!(event_type = %body.event_type, problem = refused.code(), "accepting an event the registry does not vouch for (warn mode)");
-        metrics::counter!(m::REGISTRY_VIOLATIONS, "kind" => kind).increment(1);
+        m::registry_violation(kind);
     }
     Ok(check
         .fire
@@ -255,13 +255,13 @@ pub async fn publish(core: &Core, caller: &Identity, body: &[u8], idempotency_ke
     let ids = match core.appender().publish(Publish { records, key }).await? {
         Published::Stored(ids) => ids,
         Published::Replayed(event_ids) => {
-            metrics::counter!(m::PUBLISH_IDEMPOTENT_REPLAYS).increment(1);
+            m::idempotent_replays(1);
             return Ok(Accepted { event_ids, replayed: true });
         }
         Published::KeyReused => return Err(PublishError::IdempotencyKeyReused),
     };
     for label in labels {
-        metrics::counter!(m::EVENTS_PUBLISHED, "type" => label).increment(1);
+        m::events_published(&label, 1);
     }
     // Wake the local broker at once instead of waiting for the NOTIFY round trip.
     core.broker().wake();

@@ -283,7 +283,7 @@ impl Session {
                 };
                 let floor = floor.max(cap);
                 if requested > head || requested < floor {
-                    metrics::counter!(m::REPLAY_GAPS).increment(1);
+                    m::replay_gap();
                     gap = Some(Gap { requested, available_from: floor + 1, head });
                     if requested > head { head.max(position) } else { floor }
                 } else {
@@ -486,7 +486,7 @@ impl Session {
         if first.id > self.cursor + 1 {
             // Retention pruned history while this client was replaying: say
             // so instead of skipping silently.
-            metrics::counter!(m::REPLAY_GAPS).increment(1);
+            m::replay_gap();
             gap = Some(Gap { requested: self.cursor, available_from: first.id, head: self.target });
         }
         self.scanned += rows.len() as u64;
@@ -583,19 +583,7 @@ fn subscribe(kill: &Option<CancellationToken>, transport: &'static str, catching
 /// the registry each time: with the handles' drops, 2.5% of the server's
 /// CPU in a 1,000-stream fan-out (`perf`, `cpu-clock`); a handle is an
 /// atomic add. Taken at the first write, after the recorder is installed.
-struct DeliverySeries {
-    sse: metrics::Counter,
-    ws: metrics::Counter,
-    replayed: metrics::Counter,
-    latency: metrics::Histogram,
-}
-
-static DELIVERY_SERIES: std::sync::LazyLock<DeliverySeries> = std::sync::LazyLock::new(|| DeliverySeries {
-    sse: metrics::counter!(m::EVENTS_DELIVERED, "transport" => "sse"),
-    ws: metrics::counter!(m::EVENTS_DELIVERED, "transport" => "ws"),
-    replayed: metrics::counter!(m::REPLAYED_EVENTS),
-    latency: metrics::histogram!(m::DELIVERY_LATENCY),
-});
+static DELIVERY_SERIES: std::sync::LazyLock<m::Delivery> = std::sync::LazyLock::new(m::delivery);
 
 /// Counts `frames` as delivered on `transport` once written: replayed ones
 /// as replayed, live ones with their publish-to-send latency, sampled once
@@ -607,7 +595,7 @@ pub fn record_delivery(transport: &'static str, frames: &[Frame], replayed: bool
     match transport {
         "sse" => series.sse.increment(n),
         "ws" => series.ws.increment(n),
-        other => metrics::counter!(m::EVENTS_DELIVERED, "transport" => other).increment(n),
+        other => m::delivered(other, n),
     }
     if replayed {
         series.replayed.increment(n);

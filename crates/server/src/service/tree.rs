@@ -233,7 +233,7 @@ fn written(core: &Core, path: &str, outcome: TreeOutcome, hash: Option<String>) 
     match outcome {
         TreeOutcome::Done { kind, previous_hash, event_id } => {
             core.broker().wake();
-            metrics::counter!(crate::metrics::EVENTS_PUBLISHED, "type" => change_type(kind)).increment(1);
+            crate::metrics::events_published(change_type(kind), 1);
             Ok(Written { kind, uri: path.to_owned(), hash, previous_hash, event_id })
         }
         TreeOutcome::Mismatch { current } => Err(TreeError::HashMismatch { path: path.to_owned(), current }),

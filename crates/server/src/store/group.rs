@@ -199,7 +199,7 @@ async fn commit<G: Grouped>(store: &dyn Store, group: Vec<Job<G>>, events: usize
         let _ = job.answer.send(G::alone(store, job.request).await);
         return;
     }
-    metrics::histogram!(crate::metrics::PUBLISH_GROUP_EVENTS, "kind" => G::KIND).record(events as f64);
+    crate::metrics::group_committed(G::KIND, events);
     let (requests, answers): (Vec<G::Request>, Vec<_>) = group.into_iter().map(|job| (job.request, job.answer)).unzip();
     match G::together(store, requests.clone()).await {
         Ok(outcomes) if outcomes.len() == answers.len() => {

@@ -657,8 +657,7 @@ pub async fn run_health_probe(store: Arc<dyn Store>, every: std::time::Duration,
             _ = tick.tick() => {}
         }
         let up = tokio::time::timeout(every, store.ping()).await.is_ok_and(|r| r.is_ok());
-        metrics::gauge!(crate::metrics::DATABASE_UP).set(if up { 1.0 } else { 0.0 });
         let listening = store.listener().0 == ListenerState::Listening;
-        metrics::gauge!(crate::metrics::LISTENER_UP).set(if listening { 1.0 } else { 0.0 });
+        crate::metrics::store_health(up, listening);
     }
 }

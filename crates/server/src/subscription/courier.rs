@@ -252,7 +252,7 @@ impl Courier {
         while tasks.join_next().await.is_some() {}
         let _ = dispatcher.await;
         for peer in backlog.lock().map(|b| b.values().map(|(p, _)| p.clone()).collect::<Vec<_>>()).unwrap_or_default() {
-            metrics::gauge!(crate::metrics::PEER_BACKLOG, "peer" => peer).set(0.0);
+            crate::metrics::peer_backlog(&peer, 0);
         }
     }
 
@@ -446,7 +446,7 @@ impl Courier {
         match self.store.tree_write(write).await {
             Ok(TreeOutcome::Done { .. }) => {
                 tracing::warn!(subscription = lane.subscription_id, peer = lane.peer, "ended a subscription whose deliveries kept failing");
-                metrics::counter!(crate::metrics::PEER_EVICTIONS).increment(1);
+                crate::metrics::peer_evicted();
                 true
             }
             Ok(_) => false,
@@ -543,13 +543,13 @@ impl<'a> Sender<'a> {
                         s.last_delivered_ms = Some(now_ms());
                     });
                     let outcome = if duplicate { "duplicate" } else { "delivered" };
-                    metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => outcome).increment(1);
+                    crate::metrics::peer_delivery(outcome);
                     return Some(());
                 }
                 Attempt::Refused(code) => {
                     self.failing_since = None;
                     tracing::warn!(code, subscription = lane.subscription_id, peer = lane.peer, "a peer refused a delivery");
-                    metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => "refused").increment(1);
+                    crate::metrics::peer_delivery("refused");
                     courier.note(&lane.peer, |s| {
                         s.lost += 1;
                         s.unreachable = false;
@@ -576,7 +576,7 @@ impl<'a> Sender<'a> {
                     if attempt == courier.settings.attempts.max(1) {
                         break;
                     }
-                    metrics::counter!(crate::metrics::PEER_RETRIES).increment(1);
+                    crate::metrics::peer_retry();
                     if sleep_or_stop(stop, backoff.next_delay()).await {
                         return None;
                     }
@@ -584,7 +584,7 @@ impl<'a> Sender<'a> {
             }
         }
         tracing::warn!(subscription = lane.subscription_id, peer = lane.peer, "giving up a delivery after its attempts");
-        metrics::counter!(crate::metrics::PEER_DELIVERIES, "outcome" => "given_up").increment(1);
+        crate::metrics::peer_delivery("given_up");
         courier.note(&lane.peer, |s| s.lost += 1);
         courier.give_up(lane, record, &stored, &chain_id, "delivery_failed").await;
         Some(())
@@ -764,7 +764,7 @@ async fn report_backlog(
         }
     }
     for (peer, behind) in per_peer {
-        metrics::gauge!(crate::metrics::PEER_BACKLOG, "peer" => peer.to_owned()).set(behind as f64);
+        crate::metrics::peer_backlog(peer, behind);
     }
 }
 

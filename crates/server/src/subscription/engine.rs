@@ -383,7 +383,7 @@ impl Engine {
         if lanes_changed || terminated {
             self.publish_lanes(state, &since);
         }
-        metrics::gauge!(crate::metrics::SUBSCRIPTIONS).set(state.subs.len() as f64);
+        crate::metrics::subscriptions(state.subs.len());
         let full = records.len() == self.settings.batch;
         state.scanned = reached;
         let Output { effects, mut counts, outcomes } = out;
@@ -396,7 +396,7 @@ impl Engine {
         }
         // Counted once committed (a failed step is redone after a reload).
         for (outcome, n) in outcomes {
-            metrics::counter!(crate::metrics::SUBSCRIPTION_NOTIFICATIONS, "outcome" => outcome).increment(n);
+            crate::metrics::notifications(outcome, n);
         }
         if terminated && let Err(e) = self.handler.refresh_config().await {
             tracing::warn!(error = %e, "could not refresh system/config/subscription");
@@ -466,7 +466,7 @@ impl Engine {
         state.committed = state.scanned;
         state.last_commit = Instant::now();
         if notified > 0 {
-            metrics::counter!(crate::metrics::EVENTS_PUBLISHED, "type" => names::SUBSCRIPTION_NOTIFICATION).increment(notified as u64);
+            crate::metrics::events_published(names::SUBSCRIPTION_NOTIFICATION, notified as u64);
         }
         Ok(())
     }
@@ -623,7 +623,7 @@ struct ResetGauge;
 
 impl Drop for ResetGauge {
     fn drop(&mut self) {
-        metrics::gauge!(crate::metrics::SUBSCRIPTIONS).set(0.0);
+        crate::metrics::subscriptions(0);
     }
 }
 

@@ -169,9 +169,9 @@ pub(super) async fn receive(
     };
     let appended = handler.store.append_once(delivery.author, &n.subscription_id, seq, NewRecord::event(&body)).await?;
     let outcome = if appended.is_some() { "appended" } else { "duplicate" };
-    metrics::counter!(crate::metrics::PEER_RECEIVED, "outcome" => outcome).increment(1);
+    crate::metrics::peer_received(outcome);
     if appended.is_some() {
-        metrics::counter!(crate::metrics::EVENTS_PUBLISHED, "type" => names::SUBSCRIPTION_NOTIFICATION).increment(1);
+        crate::metrics::events_published(names::SUBSCRIPTION_NOTIFICATION, 1);
     }
     Ok(Executed::Done(json!({ "event_id": appended, "duplicate": appended.is_none() })))
 }

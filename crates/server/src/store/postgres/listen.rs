@@ -32,7 +32,7 @@ pub(super) async fn listen_loop(
         status.state.store(2, Ordering::Relaxed);
         if !first || result.is_err() {
             status.reconnects.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!(crate::metrics::LISTENER_RECONNECTS).increment(1);
+            crate::metrics::listener_reconnected();
         }
         first = false;
         match result {

@@ -67,7 +67,7 @@ impl EventLog for PostgresStore {
 
     async fn read_history(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
         if !self.replicas.any() {
-            metrics::counter!(crate::metrics::HISTORY_READS, "target" => "primary").increment(1);
+            crate::metrics::history_read(crate::metrics::ReadAt::Primary);
             return self.read_after(after, limit).await;
         }
         self.replicas.read(after, limit, |from, rest| self.read_after(from, rest)).await

@@ -79,7 +79,7 @@ impl Replicas {
                 super::pool(url, "a TIDINGS_REPLICA_URLS entry", "tidings-replica-reader", POOL_SIZE, options.acquire_timeout)?;
             let name = name_of(&config);
             let label = list.len().to_string();
-            metrics::gauge!(m::REPLICA_UP, "replica" => label.clone()).set(0.0);
+            m::replica_up(&label, false);
             list.push(Replica {
                 name,
                 label,
@@ -120,13 +120,13 @@ impl Replicas {
     {
         let mut rows = self.prefix(after, limit).await;
         if rows.len() == limit {
-            metrics::counter!(m::HISTORY_READS, "target" => "replica").increment(1);
+            m::history_read(m::ReadAt::Replica);
             return Ok(rows);
         }
         let from = rows.last().map_or(after, |r| r.id);
         let rest = primary_read(from, limit - rows.len()).await?;
         self.primary_reads.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::HISTORY_READS, "target" => "primary").increment(1);
+        m::history_read(m::ReadAt::Primary);
         if rows.is_empty() {
             return Ok(rest);
         }
@@ -136,7 +136,7 @@ impl Replicas {
             // the cursor shows it where the session looks for it, first.
             return primary_read(after, limit).await;
         }
-        metrics::counter!(m::HISTORY_READS, "target" => "replica").increment(1);
+        m::history_read(m::ReadAt::Replica);
         rows.extend(rest);
         Ok(rows)
     }
@@ -173,7 +173,7 @@ impl Replicas {
             loop {
                 let rows = self.prefix(after, wanted).await;
                 if !rows.is_empty() {
-                    metrics::counter!(m::BROKER_READS, "target" => "replica").increment(1);
+                    m::broker_read(m::ReadAt::Replica);
                     return Ok(rows);
                 }
                 if tokio::time::Instant::now() + pause.peek() > deadline {
@@ -183,7 +183,7 @@ impl Replicas {
             }
         }
         self.primary_tail_reads.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::BROKER_READS, "target" => "primary").increment(1);
+        m::broker_read(m::ReadAt::Primary);
         primary_read(after, limit).await
     }
 
@@ -249,7 +249,7 @@ impl Replica {
             tracing::warn!(replica = self.name, error = why, "a standby stopped serving history; the primary serves it");
         }
         self.up.store(false, Ordering::Release);
-        metrics::gauge!(m::REPLICA_UP, "replica" => self.label.clone()).set(0.0);
+        m::replica_up(&self.label, false);
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
     }
 }
@@ -291,7 +291,7 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
                         tracing::info!(replica = replica.name, "a standby serves history");
                     }
                     *replica.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    metrics::gauge!(m::REPLICA_UP, "replica" => replica.label.clone()).set(1.0);
+                    m::replica_up(&replica.label, true);
                 }
                 Err(why) => {
                     replica.down(why.to_string());
@@ -301,7 +301,7 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
                     }
                 }
             }
-            metrics::gauge!(m::REPLICA_LAG, "replica" => replica.label.clone()).set(replica.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0);
+            m::replica_lag(&replica.label, replica.lag_ms.load(Ordering::Relaxed));
         }
     }
 }

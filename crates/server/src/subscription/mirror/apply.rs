@@ -473,7 +473,7 @@ impl Applier<'_> {
     }
 
     pub(super) fn count(&self, outcome: &'static str) {
-        metrics::counter!(crate::metrics::MIRROR_APPLIES, "outcome" => outcome).increment(1);
+        crate::metrics::mirror_applied(outcome);
         self.mirror.set_state(&self.spec.name, |s| *s.applies.entry(outcome).or_default() += 1);
     }
 }

@@ -434,7 +434,7 @@ impl Mirrors {
                 && (why == "forged" || unanswered.is_none())
             {
                 tracing::warn!(mirror = spec.name, relay, why, "the relay forged or withheld a change; attaching elsewhere");
-                metrics::counter!(crate::metrics::MIRROR_RELAYS_LEFT, "mirror" => spec.name.clone()).increment(1);
+                crate::metrics::mirror_left_relay(&spec.name);
                 shunned.retain(|r| *r != relay);
                 shunned.truncate(MAX_ABANDONED - 1);
                 shunned.insert(0, relay.clone());
@@ -493,7 +493,7 @@ impl Mirrors {
                             unanswered = None;
                             if let Some(took) = repaired {
                                 tracing::info!(mirror = spec.name, upstream = a.upstream, took_ms = took.as_millis() as u64, "mirror repaired");
-                                metrics::counter!(crate::metrics::MIRROR_REPAIRS, "mirror" => spec.name.clone()).increment(1);
+                                crate::metrics::mirror_repaired(&spec.name);
                             }
                             self.set_state(&spec.name, |s| {
                                 s.state = "subscribed";
@@ -506,7 +506,7 @@ impl Mirrors {
                                     s.last_repair_ms = Some(took.as_millis() as u64);
                                 }
                             });
-                            metrics::gauge!(crate::metrics::MIRROR_HOPS, "mirror" => spec.name.clone()).set(hops as f64);
+                            crate::metrics::mirror_hops(&spec.name, hops);
                             // One series per upstream held at, at most
                             // MAX_ABANDONED of them, then "other": relays come
                             // from redirects, so their number is not ours.
@@ -517,9 +517,9 @@ impl Mirrors {
                             };
                             if previous.as_deref() != Some(label.as_str()) {
                                 if let Some(p) = previous.take() {
-                                    metrics::gauge!(crate::metrics::MIRROR_UPSTREAM, "mirror" => spec.name.clone(), "upstream" => p).set(0.0);
+                                    crate::metrics::mirror_upstream(&spec.name, &p, false);
                                 }
-                                metrics::gauge!(crate::metrics::MIRROR_UPSTREAM, "mirror" => spec.name.clone(), "upstream" => label.clone()).set(1.0);
+                                crate::metrics::mirror_upstream(&spec.name, &label, true);
                                 if !shown.contains(&label) {
                                     shown.push(label.clone());
                                 }
