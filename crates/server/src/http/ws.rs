@@ -92,10 +92,16 @@ pub(crate) async fn upgrade(
     // close 1000), as the protocol says, rather than as an HTTP refusal.
     let caller = caller.map(|c| c.0).map_err(|_| "unauthorized");
     let permit = caller.as_ref().ok().map(|c| app.core().limits().acquire_stream(c).map_err(|e| e.code()));
-    let kill = connection.map(|c| c.0.kill_token());
+    let kill = connection.as_ref().map(|c| c.0.kill_token());
     let response = ws.response();
     let pending = Box::new(Pending { caller, permit });
-    tokio::spawn(connection_task(ws, app, kill, pending, max_message));
+    let task = connection_task(ws, app, kill, pending, max_message);
+    // On the server's tracker, as a stream is: a graceful shutdown waits
+    // for the session's close (1001) to go out.
+    match connection {
+        Some(Extension(connection)) => connection.spawn(task),
+        None => drop(tokio::spawn(task)),
+    }
     response
 }
 

@@ -72,6 +72,8 @@ pub struct Connection {
     kill: CancellationToken,
     peer: SocketAddr,
     secure: bool,
+    /// The server's connections: a graceful shutdown waits for each.
+    tracker: TaskTracker,
 }
 
 impl Connection {
@@ -89,6 +91,14 @@ impl Connection {
     /// TLS in front of a plain port is not seen here).
     pub fn secure(&self) -> bool {
         self.secure
+    }
+
+    /// Runs `task` past the request's HTTP exchange (a WebSocket after its
+    /// upgrade, when hyper's connection is done), tracked as the connection
+    /// was: a graceful shutdown waits for it, up to its deadline, as it does
+    /// for a stream.
+    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tracker.spawn(task);
     }
 }
 
@@ -139,7 +149,7 @@ pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions,
             },
         };
         let _ = stream.set_nodelay(true);
-        let connection = Connection { kill: force.child_token(), peer, secure: options.tls.is_some() };
+        let connection = Connection { kill: force.child_token(), peer, secure: options.tls.is_some(), tracker: tracker.clone() };
         let task =
             serve_connection(stream, connection, router.clone(), options.clone(), refusals.clone(), shutdown.clone(), tracker.clone());
         tracker.spawn(task);
@@ -354,4 +364,57 @@ where
     // Upgrades (WebSocket) hand the connection to the handler after a 101.
     let conn = pin!(builder.serve_connection(io, service).with_upgrades());
     drive(conn, |c| c.graceful_shutdown(), &shutdown, &kill, std::future::pending(), header_timeout).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use axum::Extension;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// A task a request hands to its connection (a WebSocket after its
+    /// upgrade) is waited for by a graceful shutdown, as a stream is.
+    #[tokio::test]
+    async fn a_shutdown_waits_for_what_a_connection_spawned() {
+        let release = Arc::new(tokio::sync::Notify::new());
+        let done = Arc::new(AtomicBool::new(false));
+        let (r, d) = (release.clone(), done.clone());
+        let router = Router::new().route(
+            "/spawn",
+            axum::routing::get(move |Extension(connection): Extension<Connection>| async move {
+                connection.spawn(async move {
+                    r.notified().await;
+                    d.store(true, Ordering::SeqCst);
+                });
+                "spawned"
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let options = ServeOptions {
+            header_timeout: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(60),
+            direct: |_| false,
+            write_timeout: Duration::from_secs(5),
+            refuse: |_| axum::response::Response::new(axum::body::Body::empty()),
+            tls: None,
+        };
+        let mut server = tokio::spawn(serve(listener, router, options, shutdown.clone()));
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client.write_all(b"GET /spawn HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_string(&mut answer)).await.unwrap().unwrap();
+        assert!(answer.ends_with("spawned"), "{answer}");
+        shutdown.cancel();
+        // The connection is done; what it spawned is not, so neither is the
+        // shutdown (a bounded look: it must not end meanwhile).
+        assert!(tokio::time::timeout(Duration::from_millis(300), &mut server).await.is_err(), "the shutdown did not wait");
+        release.notify_one();
+        tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap();
+        assert!(done.load(Ordering::SeqCst));
+    }
 }

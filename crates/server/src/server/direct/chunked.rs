@@ -1,0 +1,372 @@
+//! Writing a response on the direct path: its head as bytes, then the
+//! body's frames as they come, with chunked encoding straight from the
+//! frames (the frames ready at once are one chunk: one vectored write of
+//! the chunk size, the shared frame bytes and the CRLF; no copy, no
+//! per-connection buffer), tried without waiting; only a write the socket
+//! cannot take whole waits, boxed, with its deadline.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Response, header};
+use bytes::{Buf as _, Bytes};
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+/// The response's head as bytes, and its body: the response itself (its
+/// header map, some 1.2 KiB) is gone before the first write, so an idle
+/// stream's task neither keeps it nor room for it.
+pub(super) fn head_of(response: Response<Body>) -> (Vec<u8>, Body, Option<u64>) {
+    let (parts, body) = response.into_parts();
+    let exact = http_body::Body::size_hint(&body).exact();
+    let mut head = Vec::with_capacity(256);
+    head.extend_from_slice(b"HTTP/1.1 ");
+    head.extend_from_slice(parts.status.as_str().as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
+    head.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        // The framing headers are this writer's own (written once below).
+        if [header::CONTENT_LENGTH, header::TRANSFER_ENCODING, header::CONNECTION, header::DATE].contains(name) {
+            continue;
+        }
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"date: ");
+    head.extend_from_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
+    head.extend_from_slice(b"\r\n");
+    match exact {
+        Some(len) => head.extend_from_slice(format!("content-length: {len}\r\nconnection: close\r\n\r\n").as_bytes()),
+        None => head.extend_from_slice(b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"),
+    }
+    (head, body, exact)
+}
+
+/// Writes the response: the head, then the body's frames as they come.
+///
+/// A stream spends its life waiting here, and its task is sized for the
+/// largest state of this function for as long as it lives, so the loop
+/// keeps almost nothing across its wait: one poll function waits for the
+/// body's next frames (gathering every frame already ready, so one write
+/// carries a whole delivery round under load) or for the client to close;
+/// the write is tried at once without waiting (it nearly always completes:
+/// the socket buffer has room), and only a write that has to wait becomes
+/// a boxed future with its deadline.
+#[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice for its whole life (see the body)")]
+pub(super) fn write_response<'a>(
+    stream: &'a mut TcpStream,
+    head: Vec<u8>,
+    body: Body,
+    exact: Option<u64>,
+    kill: &'a CancellationToken,
+    write_timeout: Duration,
+) -> impl Future<Output = io::Result<()>> + 'a {
+    // A plain function returning a block: an async function keeps its
+    // arguments twice (as given and as bound), for its whole life.
+    async move {
+        stream.write_all(&head).await?;
+        drop(head);
+        let chunked = exact.is_none();
+        let mut body = std::pin::pin!(body);
+        loop {
+            let (frames, ended) = match std::future::poll_fn(|cx| next_step(cx, stream, body.as_mut())).await {
+                Step::Frames(frames, ended) => (frames, ended),
+                Step::End => break,
+                Step::Closed => return Ok(()),
+            };
+            let rest = match try_write(stream, &frames, chunked) {
+                Ok(rest) => rest,
+                Err(_) => return Ok(()),
+            };
+            if let Some(rest) = rest {
+                // Boxed: a waiting write is rare, and its state and timer
+                // would otherwise take room in every stream's task.
+                tokio::select! {
+                    r = Box::pin(tokio::time::timeout(write_timeout, write_rest(stream, rest))) => match r {
+                        Ok(r) => r?,
+                        Err(_) => {
+                            // The client took no bytes for the slow-client
+                            // timeout (its socket buffer is full, so no
+                            // notice can reach it): close; it resumes from
+                            // its Last-Event-ID, and its frames are freed.
+                            crate::metrics::client_dropped("write_stalled");
+                            tracing::debug!(reason = "write_stalled", "closing a stream whose client takes no bytes");
+                            return Ok(());
+                        }
+                    },
+                    _ = kill.cancelled() => return Ok(()),
+                }
+            }
+            if ended {
+                break;
+            }
+        }
+        if chunked {
+            stream.write_all(b"0\r\n\r\n").await?;
+        }
+        stream.shutdown().await
+    }
+}
+
+/// What the stream does next.
+enum Step {
+    /// Frames to write (every one that was ready, at most [`MAX_GATHER`]);
+    /// `true` when the body ended after them.
+    Frames(Vec<Bytes>, bool),
+    /// The body ended.
+    End,
+    /// The client closed its side (or the connection failed).
+    Closed,
+}
+
+/// Polls for the client closing and for the body's next frames.
+fn next_step(cx: &mut Context<'_>, stream: &TcpStream, mut body: Pin<&mut Body>) -> Poll<Step> {
+    // Anything the client sends after its request is read and ignored; the
+    // end of its side ends the stream. A client that keeps sending is read
+    // a bounded amount per poll (and the task woken to go on), so it
+    // cannot hold the task here.
+    let mut reads = 0;
+    while stream.poll_read_ready(cx).is_ready() {
+        if reads == 16 {
+            cx.waker().wake_by_ref();
+            break;
+        }
+        reads += 1;
+        let mut scratch = [0u8; 64];
+        match stream.try_read(&mut scratch) {
+            Ok(0) => return Poll::Ready(Step::Closed),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Poll::Ready(Step::Closed),
+        }
+    }
+    let mut frames = Vec::new();
+    while frames.len() < MAX_GATHER {
+        match http_body::Body::poll_frame(body.as_mut(), cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                // Trailers: none are sent.
+                if let Ok(data) = frame.into_data()
+                    && !data.is_empty()
+                {
+                    frames.push(data);
+                }
+            }
+            Poll::Ready(Some(Err(_)) | None) if frames.is_empty() => return Poll::Ready(Step::End),
+            Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(Step::Frames(frames, true)),
+            Poll::Pending => break,
+        }
+    }
+    if frames.is_empty() { Poll::Pending } else { Poll::Ready(Step::Frames(frames, false)) }
+}
+
+/// Most frames gathered into one write.
+const MAX_GATHER: usize = 64;
+
+/// Writes `frames` without waiting, in one vectored write when the socket
+/// takes it all (with chunked encoding, one chunk holding them all: each is
+/// a whole SSE event, so the stream reads the same). Returns what is left
+/// when the socket would block.
+fn try_write(stream: &TcpStream, frames: &[Bytes], chunked: bool) -> io::Result<Option<Vec<Bytes>>> {
+    use std::io::IoSlice;
+    let total: usize = frames.iter().map(Bytes::len).sum();
+    let mut size = [0u8; 18];
+    let len = if chunked { hex_size(total, &mut size) } else { 0 };
+    let mut slices = Vec::with_capacity(frames.len() + 2);
+    if chunked {
+        slices.push(IoSlice::new(&size[..len]));
+    }
+    slices.extend(frames.iter().map(|f| IoSlice::new(f)));
+    if chunked {
+        slices.push(IoSlice::new(b"\r\n"));
+    }
+    let mut written = 0;
+    let mut bufs = &mut slices[..];
+    while !bufs.is_empty() {
+        match stream.try_write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                written += n;
+                IoSlice::advance_slices(&mut bufs, n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    if bufs.is_empty() {
+        return Ok(None);
+    }
+    // What is left, as owned pieces: the chunk size, the frames, the CRLF.
+    let mut rest = Vec::with_capacity(frames.len() + 2);
+    if chunked {
+        rest.push(Bytes::copy_from_slice(&size[..len]));
+    }
+    rest.extend(frames.iter().cloned());
+    if chunked {
+        rest.push(Bytes::from_static(b"\r\n"));
+    }
+    consume(&mut rest, written);
+    Ok(Some(rest))
+}
+
+/// Drops the first `n` bytes of `pieces`.
+fn consume(pieces: &mut Vec<Bytes>, mut n: usize) {
+    pieces.retain_mut(|piece| {
+        let k = n.min(piece.len());
+        piece.advance(k);
+        n -= k;
+        !piece.is_empty()
+    });
+}
+
+/// Writes `rest` once the socket takes it.
+async fn write_rest(stream: &TcpStream, mut rest: Vec<Bytes>) -> io::Result<()> {
+    use std::io::IoSlice;
+    while !rest.is_empty() {
+        stream.writable().await?;
+        let slices: Vec<IoSlice<'_>> = rest.iter().map(|b| IoSlice::new(b)).collect();
+        let n = match stream.try_write_vectored(&slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
+        drop(slices);
+        consume(&mut rest, n);
+    }
+    Ok(())
+}
+
+/// Writes `n` in hex followed by CRLF into `out`; returns the length.
+fn hex_size(n: usize, out: &mut [u8; 18]) -> usize {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut v = n;
+    loop {
+        i -= 1;
+        digits[i] = DIGITS[v & 0xf];
+        v >>= 4;
+        if v == 0 {
+            break;
+        }
+    }
+    let len = digits.len() - i;
+    out[..len].copy_from_slice(&digits[i..]);
+    out[len..len + 2].copy_from_slice(b"\r\n");
+    len + 2
+}
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt as _;
+
+    use super::*;
+
+    /// A write the socket cannot take whole leaves the rest, to the byte,
+    /// for the waiting write: the client reads exactly the chunks sent.
+    #[tokio::test]
+    async fn a_write_that_would_block_leaves_exactly_the_rest() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let frames: Vec<Bytes> = (0..64u8).map(|i| Bytes::from(vec![b'a' + i % 26; 7_001 + i as usize])).collect();
+        let mut expected = Vec::new();
+        let mut rests = 0;
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            peer.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        // Rounds of 64 frames (450 KiB) until one does not fit in the
+        // socket's buffers, which the client is not reading yet.
+        for _ in 0..64 {
+            let total: usize = frames.iter().map(Bytes::len).sum();
+            expected.extend_from_slice(format!("{total:x}\r\n").as_bytes());
+            frames.iter().for_each(|f| expected.extend_from_slice(f));
+            expected.extend_from_slice(b"\r\n");
+            if let Some(rest) = try_write(&server, &frames, true).unwrap() {
+                rests += 1;
+                write_rest(&server, rest).await.unwrap();
+            }
+        }
+        assert!(rests > 0, "the socket's buffers filled at least once");
+        drop(server);
+        assert_eq!(reader.await.unwrap(), expected);
+    }
+
+    /// The wire table of a response on the direct path: what the handler
+    /// answers, and what the client reads (the date aside).
+    #[tokio::test]
+    async fn responses_leave_by_the_wire_table() {
+        let frames = |frames: &[&'static str]| {
+            let frames: Vec<Result<Bytes, std::convert::Infallible>> =
+                frames.iter().map(|f| Ok(Bytes::from_static(f.as_bytes()))).collect();
+            Body::from_stream(futures_util::stream::iter(frames))
+        };
+        let events =
+            Response::builder().header("content-type", "text/event-stream").body(frames(&["id: 1\ndata: a\n\n", "id: 2\ndata: b\n\n"]));
+        let refusal = Response::builder().status(403).header("content-type", "application/json").body(Body::from("{\"error\":1}"));
+        let framed = Response::builder()
+            .header("connection", "keep-alive")
+            .header("transfer-encoding", "gzip")
+            .header("date", "yesterday")
+            .header("x-a", "1")
+            .body(frames(&["x"]));
+        let empty_frames = Response::builder().body(frames(&["", "ab", ""]));
+        let nothing = Response::builder().body(Body::empty());
+        let cases: Vec<(&str, Response<Body>, &str)> = vec![
+            (
+                "a stream: chunked, the frames ready at once in one chunk, then the last chunk",
+                events.unwrap(),
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ndate: D\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+                 1e\r\nid: 1\ndata: a\n\nid: 2\ndata: b\n\n\r\n0\r\n\r\n",
+            ),
+            (
+                "an answer of known length: its bytes as they are",
+                refusal.unwrap(),
+                "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ndate: D\r\ncontent-length: 11\r\nconnection: close\r\n\r\n{\"error\":1}",
+            ),
+            (
+                "the framing headers are the writer's own, whatever the handler set",
+                framed.unwrap(),
+                "HTTP/1.1 200 OK\r\nx-a: 1\r\ndate: D\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+            ),
+            (
+                "empty frames make no chunk (an empty chunk would end the body)",
+                empty_frames.unwrap(),
+                "HTTP/1.1 200 OK\r\ndate: D\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+            ),
+            ("an empty body", nothing.unwrap(), "HTTP/1.1 200 OK\r\ndate: D\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"),
+        ];
+        let date = regex::Regex::new("date: [^\r]*\r\n").unwrap();
+        for (what, response, leaves) in cases {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let (mut server, _) = listener.accept().await.unwrap();
+            let (head, body, exact) = head_of(response);
+            let kill = CancellationToken::new();
+            write_response(&mut server, head, body, exact, &kill, Duration::from_secs(5)).await.unwrap();
+            let mut read = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut read)).await.unwrap().unwrap();
+            let read = String::from_utf8(read).unwrap();
+            assert_eq!(date.replace(&read, "date: D\r\n"), leaves, "{what}");
+        }
+    }
+
+    #[test]
+    fn chunk_sizes_in_hex() {
+        let mut out = [0u8; 18];
+        for (n, want) in
+            [(0, "0\r\n"), (9, "9\r\n"), (10, "a\r\n"), (255, "ff\r\n"), (4096, "1000\r\n"), (usize::MAX, "ffffffffffffffff\r\n")]
+        {
+            let len = hex_size(n, &mut out);
+            assert_eq!(std::str::from_utf8(&out[..len]).unwrap(), want);
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The direct path for event streams: a connection whose first request is a
+//! `GET` of a route the HTTP layer marks as a stream ([`ServeOptions::direct`](super::ServeOptions))
+//! is answered without hyper's connection machinery.
+//!
+//! Why: a stream is one long response, and hyper keeps an 8 KiB read buffer
+//! and an 8 KiB write buffer per connection for as long as it lives, which
+//! is most of what an idle stream costs. Here the request head is read into
+//! a small buffer that is freed once parsed, the request goes through the
+//! same router (middleware, auth, handlers), and the response is written
+//! with chunked encoding straight from the body's frames (the frames ready
+//! at once are one chunk, one vectored write of the chunk size, the shared
+//! frame bytes and the CRLF: no copy, no per-connection buffer), tried
+//! without waiting; only a write the socket cannot take whole waits, in a
+//! boxed future with its deadline. After the stream ends the connection
+//! is closed; clients reconnect anyway.
+//!
+//! Every other first request (and HTTP/1.0, and anything that does not
+//! parse) is handed to hyper with its head, read whole here, put back in
+//! front ([`Rewind`]). A head over the limits (`MAX_TARGET`, `MAX_HEAD`,
+//! `MAX_HEADERS`) is answered here with the HTTP layer's JSON refusal.
+//!
+//! Three parts: `head` reads and sorts the first request's head,
+//! `chunked` writes a stream's response, `rewind` carries every connection
+//! hyper serves. Each has its byte-level tests: a table of what arrives and
+//! what must leave.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+use super::Connection;
+
+mod chunked;
+mod head;
+mod rewind;
+
+pub(super) use head::{First, sniff};
+pub(super) use rewind::{Refusals, Rewind};
+
+/// Answers a refused head and closes, reading (and dropping) what the
+/// client still sends for a moment so the answer is not lost to a reset.
+pub(super) async fn refuse(mut stream: TcpStream, response: Response<Body>, kill: &CancellationToken, write_timeout: Duration) {
+    rewind::count_refusal(response.status().as_u16());
+    let (head, body, exact) = chunked::head_of(response);
+    if chunked::write_response(&mut stream, head, body, exact, kill, write_timeout).await.is_err() {
+        return;
+    }
+    linger(stream).await;
+}
+
+/// Most bytes a closing connection reads and discards, and for how long
+/// (see [`linger`]).
+const LINGER_BYTES: usize = 8 << 20;
+const LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// A lingering close: a connection closed while the client is still
+/// sending (a refusal written before its body was read: `413`, `408`, a
+/// WebSocket's 1009 before the rest of the frame) would be reset by the
+/// kernel, and a reset can destroy the answer before the client reads it.
+/// So the server ends its side (FIN), then reads and discards what still
+/// comes, at most [`LINGER_BYTES`] for at most [`LINGER_TIME`], and only
+/// then closes.
+async fn linger(mut stream: TcpStream) {
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        let mut left = LINGER_BYTES;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left -= n.min(left),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+}
+
+/// Serves one stream request on `stream`, then closes it.
+pub(super) async fn serve(
+    mut stream: TcpStream,
+    mut request: Box<Request<Body>>,
+    connection: Connection,
+    router: Router,
+    write_timeout: Duration,
+) {
+    let kill = connection.kill_token();
+    request.extensions_mut().insert(connection);
+    // Boxed, like the request: the handler's future is gone once it
+    // answered, and an idle stream's task keeps no room for either.
+    let response = match Box::pin(router.oneshot(*request)).await {
+        Ok(r) => r,
+        Err(e) => match e {},
+    };
+    let (head, body, exact) = chunked::head_of(response);
+    let _ = tokio::select! {
+        r = chunked::write_response(&mut stream, head, body, exact, &kill, write_timeout) => r,
+        _ = kill.cancelled() => Ok(()),
+    };
+}
