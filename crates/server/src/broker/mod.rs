@@ -14,15 +14,19 @@
 //! behind: it is detached as *lagged* and catches up from the store again
 //! (KurrentDB's drop-to-catch-up) instead of being dropped.
 
+mod frame;
 pub mod index;
 mod queue;
+mod subscription;
+
+pub use frame::{Detached, Frame, FrameData};
+pub use subscription::Subscription;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -48,111 +52,6 @@ pub struct BrokerSettings {
     pub eviction_grace: Duration,
     /// Rows read from the store per round.
     pub read_batch: usize,
-}
-
-/// One event frame, shared by every client that receives it. Cloning bumps
-/// one reference count (no allocation per client), and a queue slot is one
-/// pointer, so a queue that a burst filled stays small.
-///
-/// A frame holds the envelope JSON, not any wire format: each transport
-/// writes its own framing around the same shared bytes (SSE `id:`/`data:`
-/// lines, a JSON-RPC notification), so the broker serves every transport.
-/// A transport whose framing cannot be spliced around shared bytes (a
-/// WebSocket message is one payload) renders it once per event, into the
-/// frame, for every client it goes to ([`Frame::rendered`]).
-#[derive(Debug, Clone)]
-pub struct Frame(Arc<FrameData>);
-
-/// What a [`Frame`] shares.
-#[derive(Debug)]
-pub struct FrameData {
-    /// The event id.
-    pub id: EventId,
-    /// The complete envelope JSON, shared (see [`crate::event::encode_envelope`]).
-    pub envelope: Bytes,
-    /// When it was committed (Unix ms), for publish-to-send latency.
-    pub recorded_ms: i64,
-    /// The one transport rendering of this event, built by its first client.
-    rendered: OnceLock<Bytes>,
-    /// Its SSE frame (`id:`, `data:`), built by its first SSE client: an
-    /// SSE frame is spliced around nothing, so every stream writes the
-    /// same shared bytes.
-    sse: OnceLock<Bytes>,
-}
-
-impl Frame {
-    /// A frame for event `id` with its envelope.
-    pub fn new(id: EventId, envelope: Bytes, recorded_ms: i64) -> Self {
-        Self(Arc::new(FrameData { id, envelope, recorded_ms, rendered: OnceLock::new(), sse: OnceLock::new() }))
-    }
-
-    /// The event as `render` frames it, built once per event and shared by
-    /// every client it is sent to. One transport renders (the WebSocket's
-    /// `stream.event`); the first `render` given is the one kept.
-    pub fn rendered(&self, render: fn(&FrameData) -> Bytes) -> Bytes {
-        self.0.rendered.get_or_init(|| render(&self.0)).clone()
-    }
-
-    /// The event as an SSE stream writes it (`render`), built once per
-    /// event and shared by every stream it is sent to.
-    pub fn sse(&self, render: fn(&FrameData) -> Bytes) -> Bytes {
-        self.0.sse.get_or_init(|| render(&self.0)).clone()
-    }
-
-    /// The frame of a parsed event (the envelope is shared, not copied).
-    pub fn of(event: &Event) -> Self {
-        Self::new(event.id, event.envelope.clone(), event.recorded_ms)
-    }
-
-    /// The frame of an event that is not needed afterwards: the envelope
-    /// moves in (cloning it would turn its buffer into a shared one, an
-    /// allocation per event on replay).
-    pub fn from_event(event: Event) -> Self {
-        Self::new(event.id, event.envelope, event.recorded_ms)
-    }
-}
-
-impl std::ops::Deref for Frame {
-    type Target = FrameData;
-
-    fn deref(&self) -> &FrameData {
-        &self.0
-    }
-}
-
-/// Why a subscription stopped receiving.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Detached {
-    /// Its queue overflowed while it was live: a slow client.
-    QueueFull,
-    /// Events waited in its queue and it took none within the timeout.
-    NoProgress,
-    /// Its queue overflowed while it was still replaying: it should catch up
-    /// from the store and subscribe again.
-    Lagged,
-    /// The broker stopped (server shutdown).
-    Closed,
-}
-
-impl Detached {
-    /// The `reason` label of `tidings_clients_dropped_total`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::QueueFull => "queue_full",
-            Self::NoProgress => "no_progress",
-            Self::Lagged => "lagged",
-            Self::Closed => "closed",
-        }
-    }
-
-    fn from_u8(v: u8) -> Self {
-        match v {
-            1 => Self::QueueFull,
-            2 => Self::NoProgress,
-            3 => Self::Lagged,
-            _ => Self::Closed,
-        }
-    }
 }
 
 /// What a transport tells the broker about a new client.
@@ -634,95 +533,6 @@ impl Broker {
         }
         // Dropping the slot (the last Arc, by the caller) closes the queue:
         // the client drains what is queued, then sees the end of it.
-    }
-}
-
-/// A live client's registration. Dropping it unregisters the client.
-#[derive(Debug)]
-pub struct Subscription {
-    id: u64,
-    state: Arc<ClientState>,
-    broker: Broker,
-    position: EventId,
-    transport: &'static str,
-}
-
-impl Subscription {
-    /// Live delivery covers every id above this; history up to it is replayed
-    /// from the store.
-    pub fn position(&self) -> EventId {
-        self.position
-    }
-
-    /// The next live frame; `None` once detached (see [`Self::detached`]).
-    pub async fn recv(&mut self) -> Option<Frame> {
-        std::future::poll_fn(|cx| self.poll_recv(cx)).await
-    }
-
-    /// [`Self::recv`] as a poll function, for a transport that waits on
-    /// its queue and something else in one poll.
-    pub fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Frame>> {
-        let frame = std::task::ready!(self.state.queue.poll_pop(cx));
-        self.progress();
-        std::task::Poll::Ready(frame)
-    }
-
-    /// A frame already queued, without waiting (for coalescing writes).
-    pub fn try_recv(&mut self) -> Option<Frame> {
-        self.state.queue.try_pop()
-    }
-
-    /// Whether no frame is queued.
-    pub fn is_empty(&self) -> bool {
-        self.state.queue.len() == 0
-    }
-
-    /// Whether the broker still pushes to this client: read after the
-    /// position, it says every matching frame up to that position was
-    /// queued (a detach is stored before any later position).
-    pub fn attached(&self) -> bool {
-        self.state.detached.load(Ordering::Acquire) == 0
-    }
-
-    /// Why the queue ended.
-    pub fn detached(&self) -> Detached {
-        Detached::from_u8(self.state.detached.load(Ordering::Acquire))
-    }
-
-    /// When the client last took a frame, or history, or a heartbeat
-    /// ([`Self::progress`]), or was pushed a frame into its empty queue, to
-    /// the millisecond.
-    pub fn idle_since(&self) -> Instant {
-        self.broker.shared.epoch + Duration::from_millis(self.state.last_progress_ms.load(Ordering::Relaxed))
-    }
-
-    /// Records progress (frames taken or history written), which keeps the
-    /// client clear of the no-progress eviction.
-    pub fn progress(&self) {
-        self.state.last_progress_ms.store(self.broker.now_ms(), Ordering::Relaxed);
-    }
-
-    /// Marks the end of replay: from now on a full queue means a slow client.
-    pub fn set_live(&self) {
-        self.state.catching_up.store(false, Ordering::Release);
-    }
-
-    /// Marks the client's connection as finished, so no forced close follows.
-    pub fn finish(&self) {
-        self.state.finished.store(true, Ordering::Release);
-    }
-
-    /// The broker this subscription belongs to.
-    pub fn broker(&self) -> &Broker {
-        &self.broker
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        self.finish();
-        self.broker.lock().remove(self.id);
-        m::client_disconnected(self.transport);
     }
 }
 

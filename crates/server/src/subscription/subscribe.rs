@@ -1,0 +1,230 @@
+//! `subscribe` (§3.1, with renewal per §5.3): the checks a subscribe
+//! passes in order (the deliver token, the caller's capability, the
+//! pattern and payload grants, where the notifications go and whether that
+//! peer is known or learnable), the capacity of a prefix (a `303` to relays
+//! when it is full), and the write of the subscription entity.
+
+use super::*;
+
+impl Subscriptions {
+    /// `subscribe` (§3.1, with renewal per §5.3).
+    pub async fn subscribe(&self, caller: &Caller<'_>, request: SubscribeRequest) -> Result<Executed, ExecuteError> {
+        // 1. The deliver token must travel with the request.
+        let Some(token_hash) = request.deliver_token.as_deref().filter(|h| caller.included.contains_key(*h)) else {
+            return Err(ExecuteError::MissingDeliverToken("the deliver token is not among the included entities".into()));
+        };
+        // 2. It must grant this server delivery to the inbox.
+        let leaf = match capability::read_token(caller.included, token_hash) {
+            Ok(t) => t,
+            Err(e) => return Err(ExecuteError::DeliverTokenInsufficient(e.to_string())),
+        };
+        if leaf.grantee != self.server.hash() || !leaf.grants("system/inbox", &request.deliver_operation, &request.deliver_path) {
+            return Err(ExecuteError::DeliverTokenInsufficient(format!(
+                "the deliver token does not grant this server {} on {}",
+                request.deliver_operation, request.deliver_uri
+            )));
+        }
+        // 2a. Its chain must resolve and verify, and the subscriber must be a
+        // granter somewhere in it (in-chain, not chain-root: third-party
+        // delivery roots the chain at the inbox's owner).
+        let chain = match capability::resolve_chain(caller.included, token_hash, caller.now_ms) {
+            Ok(chain) => chain,
+            Err(e @ (CapabilityError::Missing(_) | CapabilityError::ChainTooLong)) => {
+                return Err(ExecuteError::ChainUnreachable(format!("the deliver token's authority chain is not resolvable: {e}")));
+            }
+            Err(e) => return Err(ExecuteError::DeliverTokenInsufficient(e.to_string())),
+        };
+        if !capability::chain_grants(&chain, "system/inbox", &request.deliver_operation, &request.deliver_path) {
+            return Err(ExecuteError::DeliverTokenInsufficient("a token in the deliver token's chain does not grant the delivery".into()));
+        }
+        // A remote inbox's server verifies the chain at every delivery: it
+        // must be rooted there, and this server must know where that is.
+        let mut learn = None;
+        if let Some(peer) = &request.deliver_peer {
+            if chain.last().is_none_or(|root| root.granter != *peer) {
+                return Err(ExecuteError::DeliverTokenInsufficient(format!(
+                    "the deliver token's chain must be rooted at {peer}, the server holding the inbox"
+                )));
+            }
+            if self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await?.is_none() {
+                learn = Some((peer.clone(), self.learnable(peer, caller.author, request.relay_endpoint.as_deref())?));
+            }
+        }
+        if !capability::in_chain(&chain, caller.author) {
+            return Err(ExecuteError::EmbeddedCapUnauthorized("subscriber identity not in deliver_token authority chain".into()));
+        }
+        // 3b. Bundling content needs read access, not only subscribe.
+        if let Some(refused) = payload_check(caller, request.include_payload, &request.pattern) {
+            return Err(refused);
+        }
+        // 2b. Keep the chain (tokens, their signatures, their granters) so
+        // the engine can resolve the token by hash later; stored once the
+        // subscription is, so a refused request stores nothing.
+        let content = chain_content(&chain, caller.included);
+        let deliver_chain: Vec<String> =
+            if request.deliver_peer.is_some() { content.iter().map(|(hash, _)| hash.clone()).collect() } else { Vec::new() };
+        let pattern = request.pattern.as_str();
+        // A new peer is proven by a call to its endpoint: only once the
+        // request is accepted (every check above, and room for it), and
+        // outside the gate (a slow endpoint holds up no other subscribe).
+        // The room is checked again under the gate before anything is
+        // stored.
+        if let Some((peer, endpoint)) = &learn {
+            {
+                let _gate = self.gate.lock().await;
+                let existing = self.list().await?;
+                if !self.renews(&existing, caller.author, &request)
+                    && let Some(answer) = self.no_room(&existing, caller.author, pattern).await?
+                {
+                    return answer;
+                }
+            }
+            self.prove_peer(peer, endpoint).await?;
+        }
+        let _gate = self.gate.lock().await;
+        let existing = self.list().await?;
+        // Renewal: same subscriber, pattern, inbox and operation. The token
+        // rotates (it was just checked for that operation) and the request's
+        // terms (events, include_payload, limits) replace the stored ones,
+        // checked as for a new subscription; the id, the creation time (so
+        // max_duration_ms) and the delivered count stay.
+        if let Some((entry, found)) = existing.iter().find(|h| renewal_of(&h.1, caller.author, &request)).map(|h| (&h.0, &h.1)) {
+            let renewed = Subscription {
+                deliver_token: token_hash.to_owned(),
+                deliver_chain,
+                relay_endpoint: request.relay_endpoint,
+                events: request.events,
+                include_payload: request.include_payload,
+                limits: request.limits,
+                ..found.clone()
+            };
+            if let Some((peer, endpoint)) = &learn {
+                self.store.tree_write(learned_peer(peer, endpoint, self.agent(), caller.chain_id.to_owned())).await?;
+            }
+            let Some(stored) = self.write(&renewed, Condition::IfMatch(entry.hash.clone()), caller.chain_id).await? else {
+                return Err(ExecuteError::SubscriptionChanged("the subscription changed during renewal; retry".into()));
+            };
+            self.wrote(&existing, Some(entry), stored, renewed.clone());
+            self.store.content_put(content).await?;
+            return Ok(Executed::Done(result(&renewed, true)));
+        }
+        if let Some(answer) = self.no_room(&existing, caller.author, pattern).await? {
+            return answer;
+        }
+        // 4–5. Store the entity: the engine registers it when it reaches the
+        // change in the log.
+        let subscription = Subscription {
+            subscription_id: generate_id(),
+            pattern: pattern.to_owned(),
+            events: request.events,
+            deliver_uri: request.deliver_uri,
+            deliver_operation: request.deliver_operation,
+            subscriber_identity: caller.author.to_owned(),
+            deliver_token: token_hash.to_owned(),
+            include_payload: request.include_payload,
+            created_at: caller.now_ms,
+            limits: request.limits,
+            deliver_chain,
+            relay_endpoint: request.relay_endpoint,
+        };
+        if let Some((peer, endpoint)) = &learn {
+            // Lost to a concurrent write of the same peer: that one stands.
+            self.store.tree_write(learned_peer(peer, endpoint, self.agent(), caller.chain_id.to_owned())).await?;
+            tracing::info!(peer, endpoint, "learned a peer's endpoint, proven by its identity");
+        }
+        self.store.content_put(content).await?;
+        if let Some(stored) = self.write(&subscription, Condition::IfAbsent, caller.chain_id).await? {
+            self.wrote(&existing, None, stored, subscription.clone());
+        }
+        drop(_gate);
+        self.refresh_config_logged().await;
+        Ok(Executed::Done(result(&subscription, false)))
+    }
+
+    /// Whether `request` renews one of `existing`.
+    fn renews(&self, existing: &[Held], author: &str, request: &SubscribeRequest) -> bool {
+        existing.iter().any(|h| renewal_of(&h.1, author, request))
+    }
+
+    /// The answer when a new subscription of `author` for `pattern` has no
+    /// room: `too_many_subscriptions` at the server's cap, a capacity
+    /// redirect (seed 000 §8.3) at the prefix's; `None` when it fits.
+    async fn no_room(&self, existing: &[Held], author: &str, pattern: &str) -> Result<Option<Result<Executed, ExecuteError>>, StoreError> {
+        if existing.len() >= self.max_total {
+            return Ok(Some(Err(ExecuteError::TooManySubscriptions(format!(
+                "this server keeps at most {} subscriptions; unsubscribe some or use another server",
+                self.max_total
+            )))));
+        }
+        // One subscriber cannot take the server's room from everyone else.
+        if existing.iter().filter(|h| h.1.subscriber_identity == author).count() >= self.max_per_identity {
+            return Ok(Some(Err(ExecuteError::TooManySubscriptionsForIdentity(format!(
+                "this identity keeps at most {} subscriptions here (TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY); unsubscribe some",
+                self.max_per_identity
+            )))));
+        }
+        // 3a. Capacity for this prefix.
+        let subscribers: Vec<&Subscription> = existing.iter().map(|h| &h.1).filter(|s| s.pattern == pattern).collect();
+        if self.max_per_prefix == 0 || (subscribers.len() as u64) < self.max_per_prefix {
+            return Ok(None);
+        }
+        // Offered as relays: only subscribers that really hold a relaying
+        // mirror of the prefix (a server receiving the entities into its
+        // own mirror inbox, which said it relays), at the endpoint this
+        // server knows for them (proven by /v1/identity, or written by an
+        // admin), never the one a request claimed; never the requester,
+        // each once; not one the last delivery attempt here got no answer
+        // from (a relay that died is not offered; its slot is freed once
+        // its deliveries have failed for TIDINGS_PEER_EVICT_AFTER). Only
+        // the process leading the engine delivers, so only it knows. What
+        // such a relay forwards is signed by this server, so it can delay
+        // or withhold, never forge (see `signed`).
+        let failing: std::collections::HashSet<String> = self
+            .peer_states
+            .lock()
+            .map(|states| states.iter().filter(|(_, s)| s.unreachable).map(|(peer, _)| peer.clone()).collect())
+            .unwrap_or_default();
+        let mut candidates: Vec<&str> = subscribers
+            .iter()
+            .filter(|s| s.subscriber_identity != author && !failing.contains(&s.subscriber_identity))
+            .filter(|s| s.relay_endpoint.is_some() && s.include_payload && relays_as_mirror(s))
+            .map(|s| s.subscriber_identity.as_str())
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        candidates.shuffle(&mut rand::rng());
+        let mut alternatives: Vec<Value> = Vec::new();
+        for peer in candidates {
+            if alternatives.len() >= crate::peer::MAX_ALTERNATIVES {
+                break;
+            }
+            if let Some(entry) = self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await?
+                && let Some(endpoint) = crate::peer::endpoint_of(&entry.entity)
+            {
+                alternatives.push(json!({"peer": peer, "endpoint": endpoint}));
+            }
+        }
+        Ok(Some(Ok(Executed::Redirect(json!({
+            "type": "system/subscription/redirect",
+            "data": { "reason": "at_capacity", "prefix": pattern, "alternatives": alternatives, "capacity": self.max_per_prefix }
+        })))))
+    }
+
+    /// Where an unknown peer may be learned from the request, checked
+    /// without calling anything: only when the subscriber is that peer
+    /// itself (it delivers to its own inbox, as a mirror or a relay does),
+    /// with a `relay_endpoint` whose host `TIDINGS_PEER_ALLOW` allows.
+    /// Nothing else a request says is trusted as an address.
+    fn learnable(&self, peer: &str, author: &str, endpoint: Option<&str>) -> Result<String, ExecuteError> {
+        let Some(endpoint) = endpoint.filter(|_| author == peer) else { return Err(unknown_peer(peer, "no proven endpoint")) };
+        let endpoint = endpoint.trim_end_matches('/');
+        self.http.may_call(endpoint).map_err(|why| unknown_peer(peer, why))?;
+        Ok(endpoint.to_owned())
+    }
+
+    /// Proves a peer's endpoint: `GET /v1/identity` there answers its
+    /// identity (the one call out a subscribe makes, after it is accepted).
+    async fn prove_peer(&self, peer: &str, endpoint: &str) -> Result<(), ExecuteError> {
+        self.http.prove(peer, endpoint, std::time::Duration::from_secs(5)).await.map_err(|why| unknown_peer(peer, why))
+    }
+}
