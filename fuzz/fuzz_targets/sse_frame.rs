@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tidings_server::tools::client::SseParser;
+use tidings_client::sse::SseParser;
 use tidings_server::http::sse_frame;
 
 fuzz_target!(|input: (Option<i64>, Option<String>, String)| {

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use tidings_server::tree::capability::hash_of;
 
 use crate::both_stores;
-use crate::helpers::{Backend, eventually};
+use crate::helpers::{Backend, eventually, wait_until};
 use crate::peers::Server;
 use crate::subscriptions::inbox_grant;
 
@@ -66,17 +66,13 @@ async fn topology(backend: Backend, count: usize, links: &[(usize, usize)], loss
         assert!(r.status().is_success(), "{}", r.status());
     }
     // Every mirror holds its subscription before the drive starts.
-    let deadline = Instant::now() + Duration::from_secs(30);
     for &(_, down) in links {
-        loop {
+        wait_until("every mirror to subscribe", Duration::from_secs(30), Duration::from_millis(50), || async {
             let deep = servers[down].deep().await;
             let mirrors = deep["mirrors"].as_array().cloned().unwrap_or_default();
-            if !mirrors.is_empty() && mirrors.iter().all(|m| m["state"] == "subscribed") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "mirrors subscribe: {deep}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            !mirrors.is_empty() && mirrors.iter().all(|m| m["state"] == "subscribed")
+        })
+        .await;
     }
     Topology { servers, proxies }
 }
@@ -197,11 +193,10 @@ async fn a_stale_lap_changes_nothing(backend: Backend) {
     let stale_before = b.metric("tidings_mirror_applies_total{outcome=\"stale_rejected\"}").await;
     let r = b.http.post(format!("{}/v1/execute", b.base())).json(&json!({"execute": execute, "included": included})).send().await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while b.metric("tidings_mirror_applies_total{outcome=\"stale_rejected\"}").await <= stale_before {
-        assert!(Instant::now() < deadline, "the mirror handles the replayed lap");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("the mirror to handle the replayed lap", Duration::from_secs(30), Duration::from_millis(50), || async {
+        b.metric("tidings_mirror_applies_total{outcome=\"stale_rejected\"}").await > stale_before
+    })
+    .await;
     assert_eq!(entity(b).await.as_deref(), Some(latest.as_str()), "the stale lap is rejected");
     assert_eq!(changes(b, 0, 0).await.len(), before, "and settles nothing");
 
@@ -225,11 +220,10 @@ async fn a_stale_lap_changes_nothing(backend: Backend) {
     let foreign_before = b.metric("tidings_mirror_applies_total{outcome=\"foreign_ignored\"}").await;
     let r = b.http.post(format!("{}/v1/execute", b.base())).json(&json!({"execute": execute, "included": included})).send().await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while b.metric("tidings_mirror_applies_total{outcome=\"foreign_ignored\"}").await <= foreign_before {
-        assert!(Instant::now() < deadline, "the mirror sees the foreign delivery");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("the mirror to see the foreign delivery", Duration::from_secs(30), Duration::from_millis(50), || async {
+        b.metric("tidings_mirror_applies_total{outcome=\"foreign_ignored\"}").await > foreign_before
+    })
+    .await;
     assert_eq!(entity(b).await.as_deref(), Some(latest.as_str()), "a delivery by anyone but the peer is not applied");
     assert_eq!(changes(b, 0, 0).await.len(), before);
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with, wait_until};
 
 /// Calls `tidings.publish(event_type, payload)` on `db` in its own
 /// transaction.
@@ -22,15 +22,10 @@ async fn sql_publish(db: &tokio_postgres::Client, event_type: &str, payload: Val
 
 /// Waits until the outbox is empty and the log's head is `head`.
 async fn settled(app: &TestApp, head: i64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, deep) = app.deep().await;
-        if deep["outbox"]["depth"] == 0 && app.head().await == head {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the outbox never settled at head {head}: {deep}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(&format!("the outbox to settle at head {head}"), Duration::from_secs(30), Duration::from_millis(20), || async {
+        app.deep().await.1["outbox"]["depth"] == 0 && app.head().await == head
+    })
+    .await;
 }
 
 /// Every event in the log, in order (polled in pages).
@@ -188,15 +183,12 @@ async fn names_are_checked_in_sql_and_schema_violations_are_set_aside() {
     sql_publish(&db, "comment.posted", json!({"text": "x".repeat(2_000)})).await;
     sql_publish(&db, "comment.posted", json!({"text": "x".repeat(200_000)})).await;
     sql_publish(&db, "comment.posted", json!({"after": true})).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let deep = loop {
-        let (_, deep) = app.deep().await;
-        if deep["outbox"]["set_aside"] == 3 && deep["outbox"]["depth"] == 0 {
-            break deep;
-        }
-        assert!(Instant::now() < deadline, "never set aside: {deep}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    wait_until("three rows set aside", Duration::from_secs(30), Duration::from_millis(20), || async {
+        let deep = app.deep().await.1;
+        deep["outbox"]["set_aside"] == 3 && deep["outbox"]["depth"] == 0
+    })
+    .await;
+    let (_, deep) = app.deep().await;
     assert_eq!(deep["outbox"]["oldest_age_ms"], 0, "nothing is waiting");
     let events = all_events(&app).await;
     assert_eq!(events.len(), 1, "only the valid event was delivered: {events:?}");

@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use tidings_server::tree::capability::hash_of;
 
 use crate::both_stores;
-use crate::helpers::{Backend, Process, free_port, process_store, spawn_process_at};
+use crate::helpers::{Backend, Process, free_port, process_store, spawn_process_at, wait_until};
 use crate::subscriptions::{Peer, Subscribe, code, execute_at, inbox_grant};
 
 both_stores!(
@@ -428,17 +428,14 @@ async fn a_peer_that_is_down_holds_up_nothing_else(backend: Backend) {
     // The dead peer's lane retries its first notification meanwhile.
     assert_eq!(chain_of(&c.inbox_until("system/inbox/c", 3).await, &b.hash), written);
     assert_eq!(b.inbox_until("system/inbox/local", 3).await.len(), 3);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let backlog = format!("tidings_peer_backlog_events{{peer=\"{}\"}}", dead.hash);
     let caught_up = format!("tidings_peer_backlog_events{{peer=\"{}\"}}", c.hash);
     // The gauges are sampled every few seconds: wait for the report.
-    while b.metric(&backlog).await <= 0.0
-        || b.metric("tidings_peer_delivery_retries_total").await < 1.0
-        || b.metric(&caught_up).await != 0.0
-    {
-        assert!(tokio::time::Instant::now() < deadline, "the dead peer's backlog and retries are reported, C's lane is caught up");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let what = "the dead peer's backlog and retries to be reported, and C's lane caught up";
+    wait_until(what, Duration::from_secs(30), Duration::from_millis(200), || async {
+        b.metric(&backlog).await > 0.0 && b.metric("tidings_peer_delivery_retries_total").await >= 1.0 && b.metric(&caught_up).await == 0.0
+    })
+    .await;
     // /health/deep lists both peers with their state.
     let deep: Value = b.http.get(format!("{}/health/deep", b.base())).send().await.unwrap().json().await.unwrap();
     let peer = |hash: &str| deep["peers"].as_array().unwrap().iter().find(|p| p["peer"] == hash).cloned().unwrap_or(Value::Null);
@@ -476,11 +473,10 @@ async fn retention_keeps_what_a_peer_has_not_taken(backend: Backend) {
     }
     // C is unreachable for a while: retention (5 events, every 50 ms) runs
     // many times over the 20 events written meanwhile.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while b.metric("tidings_peer_delivery_retries_total").await < 3.0 {
-        assert!(tokio::time::Instant::now() < deadline, "the courier retries");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("the courier to retry", Duration::from_secs(30), Duration::from_millis(100), || async {
+        b.metric("tidings_peer_delivery_retries_total").await >= 3.0
+    })
+    .await;
     assert!(b.deep().await["history_from"].as_i64().unwrap() > 1, "retention runs");
     b.knows(&c).await;
     assert_eq!(chain_of(&c.inbox_until(inbox, 10).await, &b.hash), written, "nothing a peer had not taken was pruned");
@@ -497,11 +493,10 @@ async fn retention_keeps_what_a_peer_has_not_taken(backend: Backend) {
     let params = json!({"subscription_id": sub});
     let envelope = Subscribe { author: &a, pattern: "", params, capability: None, included: Map::new() }.envelope("unsubscribe");
     assert_eq!(execute_at(&b.http, b.base(), &envelope).await.0, 200);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while b.deep().await["history_from"].as_i64().unwrap() <= stuck {
-        assert!(tokio::time::Instant::now() < deadline, "history is pruned past the forgotten lane");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("history pruned past the forgotten lane", Duration::from_secs(30), Duration::from_millis(100), || async {
+        b.deep().await["history_from"].as_i64().unwrap() > stuck
+    })
+    .await;
 }
 
 async fn a_lane_that_falls_behind_catches_up_from_the_log(backend: Backend) {

@@ -15,7 +15,7 @@ use futures_util::{SinkExt as _, StreamExt as _};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::helpers::{Backend, Process, free_port, process_store, spawn_process_at};
+use crate::helpers::{Backend, Process, free_port, process_store, spawn_process_at, wait_until};
 use crate::ws::Key;
 
 /// `TIDINGS_DRAIN` of the processes.
@@ -239,11 +239,10 @@ async fn a_rolling_restart_loses_repeats_and_stampedes_nothing() {
     let balancer = Balancer::start(ports.clone()).await;
     let base = balancer.base.clone();
     let probe = unpooled();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while probe.get(format!("{base}/health/ready")).send().await.is_err() {
-        assert!(Instant::now() < deadline, "the balancer serves");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("the balancer to serve", Duration::from_secs(10), Duration::from_millis(50), || async {
+        probe.get(format!("{base}/health/ready")).send().await.is_ok()
+    })
+    .await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let until = Arc::new(std::sync::atomic::AtomicI64::new(i64::MAX));

@@ -141,7 +141,8 @@ pub async fn tail(tail: TailArgs) -> anyhow::Result<()> {
     url.query_pairs_mut().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
     let mut last = tail.since;
     let mut printed = 0u64;
-    let mut backoff = Backoff::CLIENT;
+    // As before the one backoff: 500 ms doubling to 10 s.
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     loop {

@@ -273,9 +273,9 @@ pub fn register_types<'a>(types: impl Iterator<Item = &'a str>) {
     }
 }
 
-// What happened, one function each: the only way code records a metric,
-// so the catalog above (and the README's, which a test holds to it) is
-// every family there is, with its labels' bounded values.
+// What happened, one function each: the only way code records a metric
+// (tests/api/layers.rs holds that), so the catalog above is every family
+// there is, with its labels' bounded values.
 
 /// A stream client connected (`transport`: one of [`TRANSPORTS`]).
 pub fn client_connected(transport: &'static str) {

@@ -1,5 +1,6 @@
 //! How tidings paces a retry, in one place: [`Backoff`] (a delay that
-//! doubles from its minimum to its maximum, jittered, reset by a success)
+//! doubles from its minimum to its maximum, jittered where many retry at
+//! once, reset by a success)
 //! with the settings each retrying loop uses, sleeps that end early on
 //! shutdown, and the wall clock in Unix milliseconds. A leaf: it names no
 //! other module, so the broker, the LISTEN task, the subscription engine,
@@ -50,7 +51,7 @@ impl Backoff {
     /// [`Backoff::next_delay`] without the jitter.
     pub fn step(&mut self) -> Duration {
         let now = self.next;
-        self.next = (now * 2).min(self.max);
+        self.next = now.saturating_mul(2).min(self.max);
         now
     }
 
@@ -77,11 +78,6 @@ pub async fn sleep_or_stop(stop: &CancellationToken, d: Duration) -> bool {
         _ = stop.cancelled() => true,
         _ = tokio::time::sleep(d) => false,
     }
-}
-
-/// `d` scaled by a random factor in [0.5, 1.5).
-pub fn jittered(d: Duration) -> Duration {
-    d.mul_f64(0.5 + rand::random::<f64>())
 }
 
 /// Now, Unix ms.

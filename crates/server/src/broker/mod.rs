@@ -35,8 +35,6 @@ use crate::filter::{Filter, MatchInput};
 use crate::metrics as m;
 use crate::store::{EventLog, HandOff, Record};
 
-/// A failed read of the log is retried from 50 ms, doubling to 2 s: constants,
-/// since they only pace retries against a store that is down.
 /// How often a drain ends its next share of clients.
 const DRAIN_TICK: Duration = Duration::from_millis(50);
 

@@ -18,6 +18,8 @@ use crate::tree::{Entity, generate_id};
 
 /// The entity type of an EXECUTE.
 pub const EXECUTE: &str = "system/protocol/execute";
+/// Most characters of a peer's refusal message kept ([`PeerError::refused`]).
+pub const MAX_MESSAGE: usize = 200;
 
 /// A `system/protocol/execute` being built: what it asks (`uri`,
 /// `operation`, its targets and params), who asks (`author`), under which
@@ -175,12 +177,19 @@ pub enum PeerError {
 
 impl PeerError {
     /// The refusal a peer answered with `status` and `body` (`{error:
-    /// {code, message}}`).
+    /// {code, message}}`), as this server keeps and shows it: a code that
+    /// looks like one (`[a-z0-9_]`, at most 64 bytes) or `refused`, and at
+    /// most [`MAX_MESSAGE`] characters of the message with no control
+    /// characters. A peer's answer is hostile: it may be 16 MiB of anything.
     pub fn refused(status: u16, body: &Value) -> Self {
+        let code = body["error"]["code"]
+            .as_str()
+            .filter(|c| !c.is_empty() && c.len() <= 64 && c.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+        let message = body["error"]["message"].as_str().unwrap_or_default();
         PeerError::Refused {
             status,
-            code: body["error"]["code"].as_str().unwrap_or("refused").to_owned(),
-            message: body["error"]["message"].as_str().unwrap_or_default().to_owned(),
+            code: code.unwrap_or("refused").to_owned(),
+            message: message.chars().filter(|c| !c.is_control()).take(MAX_MESSAGE).collect(),
         }
     }
 }
@@ -245,5 +254,11 @@ mod tests {
         let Subscribed::Failed(why) = refused else { panic!("{refused:?}") };
         assert_eq!(why.to_string(), "403 forbidden: no");
         assert_eq!(PeerError::refused(500, &json!(null)).to_string(), "500 refused");
+        // What a hostile peer answers is kept bounded and printable.
+        let hostile = json!({"error": {"code": "Not A Code\n", "message": format!("a\u{1b}[31m\r\n{}", "x".repeat(1 << 20))}});
+        let PeerError::Refused { code, message, .. } = PeerError::refused(503, &hostile) else { panic!() };
+        assert_eq!(code, "refused");
+        assert_eq!(message.chars().count(), MAX_MESSAGE);
+        assert!(message.starts_with("a[31mxx") && !message.chars().any(char::is_control), "{message:?}");
     }
 }

@@ -66,6 +66,8 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
 /// readers than a small machine has cores only add page caches (the
 /// PostgreSQL pool, which crosses a network, is `TIDINGS_DB_POOL`).
 const READERS: usize = 4;
+/// How long opening waits for the directory's lock to be let go.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The embedded store. Cloning is shallow.
 #[derive(Debug, Clone)]
@@ -111,13 +113,22 @@ impl EmbeddedStore {
             .write(true)
             .open(&lock_path)
             .with_context(|| format!("opening {}", lock_path.display()))?;
-        match lock_file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-                "the data directory {} is in use by another tidings process; stop it, or give this one its own TIDINGS_DATA_DIR (several processes sharing data need DATABASE_URL and PostgreSQL)",
-                dir.display()
-            ),
-            Err(std::fs::TryLockError::Error(e)) => return Err(e).with_context(|| format!("locking {}", lock_path.display())),
+        // A store that is still letting go of the directory (a process
+        // exiting, or an application in this one whose last reads are
+        // finishing on blocking threads) is waited for, briefly.
+        let waited_until = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            match lock_file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < waited_until => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+                    "the data directory {} is in use by another tidings process; stop it, or give this one its own TIDINGS_DATA_DIR (several processes sharing data need DATABASE_URL and PostgreSQL)",
+                    dir.display()
+                ),
+                Err(std::fs::TryLockError::Error(e)) => return Err(e).with_context(|| format!("locking {}", lock_path.display())),
+            }
         }
         let db = dir.join("events.sqlite3");
         let writer = Connection::open(&db).with_context(|| format!("opening {}", db.display()))?;
@@ -303,6 +314,25 @@ fn migrate(conn: &Connection) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store opened while another in this process is letting go of the
+    /// directory (an application restarted in place) waits for it; one
+    /// that is kept is still refused.
+    #[tokio::test]
+    async fn opening_waits_briefly_for_the_lock_to_be_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = EmbeddedStore::open(dir.path()).await.unwrap();
+        let letting_go = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(first);
+        });
+        EmbeddedStore::open(dir.path()).await.expect("opened once the first let go");
+        letting_go.join().unwrap();
+        let kept = dir.path().join("kept");
+        let _held = EmbeddedStore::open(&kept).await.unwrap();
+        let refused = EmbeddedStore::open(&kept).await.expect_err("a kept directory is refused");
+        assert!(refused.to_string().contains("is in use by another tidings process"), "{refused}");
+    }
 
     /// The log's reads bind a new id each time; with the bundled SQLite's
     /// `STAT4` they would be compiled again for every call unless plans are
