@@ -229,6 +229,26 @@ fn one_builder_makes_every_execute() {
     assert_eq!(builders, ["server/src/peer/protocol.rs"], "EXECUTEs built outside the protocol module");
 }
 
+/// The subscription engine starts nothing: the supervisor starts the
+/// courier and the mirrors beside it while this process leads, so neither
+/// is the engine's to keep, and the engine talks to them only through the
+/// channels it publishes.
+#[test]
+fn the_supervisor_starts_the_engines_siblings() {
+    let starts = regex::Regex::new(r"\b(spawn|Courier::new|Mirrors::new)\b").unwrap();
+    let sources = workspace_sources();
+    let engine: Vec<&String> = sources
+        .iter()
+        .filter(|(file, code)| file.starts_with("server/src/subscription/engine/") && starts.is_match(code))
+        .map(|(file, _)| file)
+        .collect();
+    assert!(engine.is_empty(), "the engine starts tasks: {engine:?}");
+    let (_, supervisor) = sources.iter().find(|(file, _)| file == "server/src/subscription/supervisor.rs").expect("the supervisor");
+    for sibling in ["Courier::new", "Mirrors::new"] {
+        assert!(supervisor.contains(sibling), "the supervisor starts {sibling}");
+    }
+}
+
 /// No source file of the workspace (its crates, the binary, the tests) is
 /// over 700 lines: past that a file does more than one thing.
 #[test]

@@ -324,7 +324,7 @@ impl Application {
         let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), retention, window, every, background.clone()));
         let expiry_task = tokio::spawn(crate::service::poll::run_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
         let probe_task = tokio::spawn(crate::store::run_health_probe(self.store.clone(), self.background.health_probe, background.clone()));
-        let engine = crate::subscription::engine::Engine::new(
+        let engine = crate::subscription::supervisor::Supervisor::new(
             self.store.clone(),
             self.subscriptions.clone(),
             self.broker.follow(),

@@ -28,7 +28,8 @@
 //!   consumers, the tree, limits), with no HTTP type in them;
 //! - core: [`broker`] (live clients, fan-out, eviction), [`store`] (four
 //!   traits by concern, PostgreSQL and embedded), [`subscription`] (path
-//!   subscriptions, the EXECUTE dispatch, the notification engine),
+//!   subscriptions, the EXECUTE dispatch, and the supervisor running the
+//!   notification engine, the courier and the mirrors side by side),
 //!   [`auth`] (tokens and grants), [`identity`] (the server's key),
 //!   [`peer`] (peers, and in [`peer::protocol`] what servers say to each
 //!   other), [`registry`] (event types and payload schemas), [`retry`]

@@ -4,10 +4,11 @@
 //! capacity (`303` redirects) and `system/config/subscription`.
 //!
 //! [`execute`] checks the signed EXECUTE envelope and the caller capability
-//! before a handler runs; [`engine`] turns tree changes into notifications;
+//! before a handler runs. While this process leads, the [`supervisor`] runs
+//! three siblings: [`engine`] turns tree changes into notifications,
 //! [`courier`] carries those addressed to other servers there, and
-//! [`inbox`] receives those other servers carry here; [`mirror`] applies a
-//! peer's notifications to this server's tree.
+//! [`mirror`] applies a peer's notifications to this server's tree;
+//! [`inbox`] receives what other servers carry here.
 //! Nothing here keeps subscriptions in memory: the engine's index is a cache
 //! it rebuilds from the entities (and the log) whenever it starts.
 //!
@@ -47,6 +48,7 @@ mod marker;
 pub mod mirror;
 pub mod signed;
 mod subscribe;
+pub mod supervisor;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 mod deliver;
 
-use super::courier::{Courier, Lane, Lanes};
+use super::courier::{Lane, Lanes};
 use super::marker::Marker;
 use super::signed::{self, SignedChange, Transition};
 use super::{DIR, MARKER_DIR, Subscription, Subscriptions, subscription_id_of};
@@ -67,7 +67,7 @@ const TREE_TYPES: [&str; 3] = [names::TREE_CREATED, names::TREE_UPDATED, names::
 
 /// Why a step stopped.
 #[derive(Debug, thiserror::Error)]
-enum StepError {
+pub(super) enum StepError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("another engine moved the cursor")]
@@ -151,14 +151,17 @@ fn prune(window: &mut VecDeque<(i64, u32)>, second: i64) {
     }
 }
 
+/// One lead's index and cursor.
 #[derive(Debug)]
-struct State {
+pub(super) struct State {
     /// The cursor as committed.
     committed: EventId,
     /// Everything up to here has been considered.
     scanned: EventId,
     subs: BTreeMap<String, Active>,
     last_commit: Instant,
+    /// Zeroes the subscriptions gauge when the lead ends.
+    _gauge: ResetGauge,
 }
 
 /// What one step produces.
@@ -175,9 +178,10 @@ enum Progress {
     Idle,
 }
 
-/// The engine. Runs as one background task per process.
+/// The engine, driven by the [`Supervisor`](super::supervisor::Supervisor)
+/// while this process leads.
 #[derive(Debug)]
-pub struct Engine {
+pub(super) struct Engine {
     store: Arc<dyn Store>,
     handler: Arc<Subscriptions>,
     follow: watch::Receiver<EventId>,
@@ -190,79 +194,38 @@ pub struct Engine {
 
 impl Engine {
     /// An engine woken by `follow` (the broker's position).
-    pub fn new(store: Arc<dyn Store>, handler: Arc<Subscriptions>, follow: watch::Receiver<EventId>, settings: EngineSettings) -> Self {
+    pub(super) fn new(
+        store: Arc<dyn Store>,
+        handler: Arc<Subscriptions>,
+        follow: watch::Receiver<EventId>,
+        settings: EngineSettings,
+    ) -> Self {
         Self { store, handler, follow, settings, lanes: watch::channel(Lanes::default()).0, mirrors: watch::channel(0).0 }
     }
 
-    /// Runs until `cancel`.
-    pub async fn run(mut self, cancel: CancellationToken) {
-        let mut backoff = crate::retry::Backoff::STORE;
-        while !cancel.is_cancelled() {
-            match self.store.engine_lead().await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tokio::select! {
-                        _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(self.settings.lead_retry) => continue,
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "subscription engine cannot reach the store; retrying");
-                    tokio::select! {
-                        _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(backoff.step()) => {}
-                    }
-                    continue;
-                }
-            }
-            match self.lead(&cancel).await {
-                Ok(()) => backoff.reset(),
-                Err(e) => {
-                    tracing::warn!(error = %e, "subscription engine step failed; rebuilding its index");
-                    tokio::select! {
-                        _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(backoff.step()) => {}
-                    }
-                }
-            }
-        }
-        self.store.engine_resign().await;
+    /// What the courier is to deliver: the remote subscriptions in the
+    /// index, republished whenever they change.
+    pub(super) fn lanes(&self) -> watch::Receiver<Lanes> {
+        self.lanes.subscribe()
     }
 
-    /// Loads the index and steps while this process leads.
-    async fn lead(&mut self, cancel: &CancellationToken) -> Result<(), StepError> {
-        let mut state = self.load().await?;
-        let _reset = ResetGauge;
+    /// Bumped at every change under `system/mirror/`, for the mirrors.
+    pub(super) fn mirror_changes(&self) -> watch::Receiver<u64> {
+        self.mirrors.subscribe()
+    }
+
+    /// Starts a lead: loads the index and publishes its remote
+    /// subscriptions, which the courier then delivers.
+    pub(super) async fn begin(&mut self) -> Result<State, StepError> {
+        let state = self.load().await?;
         tracing::info!(cursor = state.committed, subscriptions = state.subs.len(), "subscription engine leads");
-        // The courier delivers to peers while this process leads.
         self.publish_lanes(&state, &HashMap::new());
-        let courier_stop = cancel.child_token();
-        let courier = Courier::new(
-            self.store.clone(),
-            self.handler.server.clone(),
-            self.settings.courier.clone(),
-            self.follow.clone(),
-            self.handler.peer_states.clone(),
-        );
-        let courier = tokio::spawn(courier.run(self.lanes.subscribe(), courier_stop.clone()));
-        let mirrors = super::mirror::Mirrors::new(
-            self.store.clone(),
-            self.handler.server.clone(),
-            self.settings.mirror.clone(),
-            self.follow.clone(),
-            self.handler.mirror_states.clone(),
-        );
-        let mirrors = tokio::spawn(mirrors.run(self.mirrors.subscribe(), courier_stop.clone()));
-        let led = self.steps(&mut state, cancel).await;
-        // They stop with the lead, and are waited for: nothing of this
-        // engine outlives it (a restart reopens the store).
-        courier_stop.cancel();
-        let _ = tokio::join!(courier, mirrors);
-        led
+        Ok(state)
     }
 
-    /// Steps while this process leads.
-    async fn steps(&mut self, state: &mut State, cancel: &CancellationToken) -> Result<(), StepError> {
+    /// Steps while this process leads; returns when `cancel` fires (after
+    /// committing what was scanned) or when another process took the lead.
+    pub(super) async fn steps(&mut self, state: &mut State, cancel: &CancellationToken) -> Result<(), StepError> {
         let mut checked_lead = Instant::now();
         loop {
             match self.step(state).await? {
@@ -333,7 +296,7 @@ impl Engine {
                 subs.insert(active.sub.subscription_id.clone(), active);
             }
         }
-        Ok(State { committed: cursor, scanned: cursor, subs, last_commit: Instant::now() })
+        Ok(State { committed: cursor, scanned: cursor, subs, last_commit: Instant::now(), _gauge: ResetGauge })
     }
 
     async fn activate(&self, entity: &str, hash: String, tally: Tally) -> Result<Option<Active>, StoreError> {
@@ -476,6 +439,7 @@ impl Engine {
 }
 
 /// Zeroes the subscriptions gauge when this process stops leading.
+#[derive(Debug)]
 struct ResetGauge;
 
 impl Drop for ResetGauge {

@@ -82,10 +82,11 @@ use crate::store::{Condition, Store, StoreError, TreeOutcome, TreeWrite};
 use crate::tree::{Entity, EntityError, change_event_with, generate_id, is_hash, validate_path};
 
 mod apply;
+mod link;
 mod upstream;
 
 use apply::{Applier, Reference, mark_name};
-use upstream::Abandoned;
+use link::Link;
 
 /// Where mirrors are configured.
 pub const PREFIX: &str = "system/mirror/";
@@ -401,178 +402,34 @@ impl Mirrors {
             Ok(c) => cursor = c,
             Err(e) => tracing::warn!(error = %e, mirror = spec.name, "mirror apply step failed; retrying"),
         }
-        let mut subscription: Option<String> = None;
-        let mut renew_at = tokio::time::Instant::now();
-        let mut retry = Backoff::MIRROR;
+        let mut link = Link::new();
         let mut reconcile = tokio::time::interval(self.settings.reconcile.max(Duration::from_millis(100)));
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         reconcile.tick().await;
-        // Where the subscription is held, as seen from the peer: the
-        // redirects followed, and the alternatives the last redirect
-        // offered (seed 000 §8.4a: where to go first when the relay dies).
-        let (mut hops, mut alternatives) = (0u32, Vec::<Relay>::new());
         let mut probe = tokio::time::interval((self.settings.repair_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(10)));
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // Since when the upstream has not answered a probe; and, once that
-        // outlasted the repair timeout, the repair under way.
-        let (mut unanswered, mut repairing) = (None::<tokio::time::Instant>, false);
-        // Subscriptions left at relays that stopped answering: cancelled
-        // there if they answer again, forgotten when their token expires
-        // (the relay then ends them itself, seed 000 §7.3).
-        let mut abandoned: Vec<Abandoned> = Vec::new();
-        // The upstream the metrics show as current, and every one shown.
-        let (mut previous, mut shown) = (None::<String>, Vec::<String>::new());
-        // Relays that forged or withheld a change: never attached to again
-        // by this mirror (the newest MAX_ABANDONED of them).
-        let mut shunned: Vec<String> = Vec::new();
         loop {
-            // A relay that stopped answering withholds everything: the
-            // repair above deals with it (and may come back to it).
-            if let Some((relay, why)) = applier.distrusted.take()
-                && relay == applier.upstream
-                && relay != spec.peer
-                && (why == "forged" || unanswered.is_none())
-            {
-                tracing::warn!(mirror = spec.name, relay, why, "the relay forged or withheld a change; attaching elsewhere");
-                crate::metrics::mirror_left_relay(&spec.name);
-                shunned.retain(|r| *r != relay);
-                shunned.truncate(MAX_ABANDONED - 1);
-                shunned.insert(0, relay.clone());
-                if let Some(id) = subscription.take() {
-                    Abandoned::push(&mut abandoned, &relay, id, self.settings.token_ttl);
-                }
-                // Its deliveries are foreign from now on.
-                applier.upstream = spec.peer.clone();
-                (unanswered, repairing, renew_at) = (None, false, tokio::time::Instant::now());
-                let why = format!("left the relay {relay}: it {why} a change");
-                self.set_state(&spec.name, |s| {
-                    s.state = "repairing";
-                    s.upstream = None;
-                    s.last_error = Some(why);
-                });
-            }
+            link.leave_distrusted(&self, &spec, &mut applier);
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = tokio::time::sleep_until(renew_at) => {
-                    // Renewed where it is held; a first subscription starts
-                    // at the peer and may be redirected to a relay; a repair
-                    // tries the cached alternatives first, then the peer.
-                    let (from, base) = if subscription.is_some() { (applier.upstream.clone(), hops) } else { (spec.peer.clone(), 0) };
-                    let avoid: Vec<&str> = shunned.iter().map(String::as_str).collect();
+                _ = tokio::time::sleep_until(link.renew_at) => {
                     let attached = tokio::select! {
                         biased;
                         _ = stop.cancelled() => break,
-                        attached = async {
-                            if repairing {
-                                self.reattach(&spec, &applier.upstream, &alternatives, hops, &applier.inbox, &avoid).await
-                            } else {
-                                self.attach(&spec, &from, &applier.inbox, &avoid).await.map(|a| a.below(base))
-                            }
-                        } => attached,
+                        attached = link.attach(&self, &spec, &applier) => attached,
                     };
                     match attached {
-                        Ok(a) => {
-                            // A first subscription, or one the upstream
-                            // ended meanwhile (a new id): what was missed is
-                            // re-read.
-                            let fresh = subscription.as_ref() != Some(&a.id);
-                            applier.upstream = a.upstream.clone();
-                            // Held there again: nothing of it to cancel.
-                            abandoned.retain(|x| x.upstream != a.upstream);
-                            hops = a.hops;
-                            if !a.alternatives.is_empty() {
-                                alternatives = a.alternatives;
-                            }
-                            if fresh {
-                                // What the upstream holds now: changes after
-                                // the subscription come as notifications.
-                                applier.discover(&stop).await;
-                                applier.reread_all(&stop).await;
-                            }
-                            let repaired = std::mem::take(&mut repairing).then_some(unanswered).flatten().map(|since| since.elapsed());
-                            unanswered = None;
-                            if let Some(took) = repaired {
-                                tracing::info!(mirror = spec.name, upstream = a.upstream, took_ms = took.as_millis() as u64, "mirror repaired");
-                                crate::metrics::mirror_repaired(&spec.name);
-                            }
-                            self.set_state(&spec.name, |s| {
-                                s.state = "subscribed";
-                                s.subscription_id = Some(a.id.clone());
-                                s.upstream = Some(a.upstream.clone());
-                                s.hops = hops;
-                                s.last_error = None;
-                                if let Some(took) = repaired {
-                                    s.repairs += 1;
-                                    s.last_repair_ms = Some(took.as_millis() as u64);
-                                }
-                            });
-                            crate::metrics::mirror_hops(&spec.name, hops);
-                            // One series per upstream held at, at most
-                            // MAX_ABANDONED of them, then "other": relays come
-                            // from redirects, so their number is not ours.
-                            let label = if shown.contains(&a.upstream) || shown.len() < MAX_ABANDONED {
-                                a.upstream.clone()
-                            } else {
-                                "other".to_owned()
-                            };
-                            if previous.as_deref() != Some(label.as_str()) {
-                                if let Some(p) = previous.take() {
-                                    crate::metrics::mirror_upstream(&spec.name, &p, false);
-                                }
-                                crate::metrics::mirror_upstream(&spec.name, &label, true);
-                                if !shown.contains(&label) {
-                                    shown.push(label.clone());
-                                }
-                                previous = Some(label);
-                            }
-                            subscription = Some(a.id);
-                            retry.reset();
-                            renew_at = tokio::time::Instant::now() + (self.settings.token_ttl / 2).max(Duration::from_secs(5));
-                        }
-                        Err(why) => {
-                            tracing::warn!(mirror = spec.name, why = %why, "cannot subscribe at the mirrored peer; retrying");
-                            self.set_state(&spec.name, |s| { s.state = "failing"; s.last_error = Some(why.to_string()); });
-                            // Started again from the peer (renewals too: the
-                            // relay may be gone); a repair stays one until it
-                            // holds a subscription somewhere.
-                            if let Some(id) = subscription.take() {
-                                Abandoned::push(&mut abandoned, &applier.upstream, id, self.settings.token_ttl);
-                            }
-                            renew_at = tokio::time::Instant::now() + retry.next_delay();
-                        }
+                        Ok(a) => link.held(&self, &spec, &mut applier, a, &stop).await,
+                        Err(why) => link.failed(&self, &spec, &applier, why),
                     }
                 }
-                _ = probe.tick(), if subscription.is_some() => {
+                _ = probe.tick(), if link.subscription.is_some() => {
                     let answers = tokio::select! {
                         biased;
                         _ = stop.cancelled() => break,
                         answers = self.answers(&applier.upstream) => answers,
                     };
-                    if answers {
-                        // Back after an outage: renewed now, in case it
-                        // ended the subscription meanwhile.
-                        if unanswered.take().is_some() {
-                            renew_at = tokio::time::Instant::now();
-                            self.set_state(&spec.name, |s| { s.state = "subscribed"; s.last_error = None; });
-                        }
-                    } else {
-                        let since = *unanswered.get_or_insert_with(tokio::time::Instant::now);
-                        let relayed = applier.upstream != spec.peer;
-                        let why = format!("the upstream {} does not answer", applier.upstream);
-                        // Only a relay is left: the peer itself has no
-                        // stand-in, its subscription resumes when it is back.
-                        if relayed && since.elapsed() >= self.settings.repair_timeout {
-                            tracing::warn!(mirror = spec.name, upstream = applier.upstream, "the relay stopped answering; attaching elsewhere");
-                            repairing = true;
-                            renew_at = tokio::time::Instant::now();
-                            if let Some(id) = subscription.take() {
-                                Abandoned::push(&mut abandoned, &applier.upstream, id, self.settings.token_ttl);
-                            }
-                            self.set_state(&spec.name, |s| { s.state = "repairing"; s.last_error = Some(why); });
-                        } else {
-                            self.set_state(&spec.name, |s| { s.state = "unreachable"; s.last_error = Some(why); });
-                        }
-                    }
+                    link.probed(&self, &spec, &applier, answers);
                 }
                 _ = wake.notified() => {
                     match applier.step(cursor).await {
@@ -585,7 +442,7 @@ impl Mirrors {
                     tokio::select! {
                         biased;
                         _ = stop.cancelled() => break,
-                        _ = self.cancel_abandoned(&spec, &mut abandoned) => {}
+                        _ = self.cancel_abandoned(&spec, &mut link.abandoned) => {}
                     }
                 }
             }
@@ -598,7 +455,7 @@ impl Mirrors {
             wakes.remove(&applier.inbox);
         }
         if gone.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Some(id) = subscription
+            if let Some(id) = link.subscription
                 && let Err(why) = self.unsubscribe(&spec, &applier.upstream, &id).await
             {
                 tracing::warn!(mirror = spec.name, why = %why, "could not cancel the mirror's subscription; its token's expiry ends it");

@@ -193,6 +193,7 @@ impl crate::peer::Subscriber for Asking<'_> {
 }
 
 /// A subscription left at a relay that stopped answering.
+#[derive(Debug)]
 pub(super) struct Abandoned {
     pub(super) upstream: String,
     pub(super) id: String,
