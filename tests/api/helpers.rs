@@ -441,7 +441,7 @@ pub(crate) fn ed25519_identity() -> (ed25519_dalek::SigningKey, Value, String) {
     let key = ed25519_dalek::SigningKey::from_bytes(&rand::random::<[u8; 32]>());
     let public = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes());
     let entity = json!({"type": "system/identity", "data": {"algorithm": "ed25519", "public_key": public}});
-    let hash = tidings_server::tree::capability::hash_of(&entity).unwrap();
+    let hash = tidings_protocol::tree::capability::hash_of(&entity).unwrap();
     (key, entity, hash)
 }
 

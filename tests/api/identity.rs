@@ -1,7 +1,7 @@
 //! The server identity and server-rooted capabilities.
 
 use serde_json::{Value, json};
-use tidings_server::tree::capability::{Included, chain_grants, resolve_chain};
+use tidings_protocol::tree::capability::{Included, chain_grants, resolve_chain};
 
 use crate::both_stores;
 use crate::helpers::{Backend, spawn_app, spawn_app_with};

@@ -140,7 +140,9 @@ fn no_module_has_a_cycle_among_its_children() {
 #[test]
 fn nothing_below_the_service_layer_imports_it_or_a_transport() {
     let graph = graph();
-    let below = ["auth", "broker", "event", "filter", "glob", "identity", "metrics", "registry", "store", "subscription", "tree"];
+    // (event, glob, identity, peer, retry and tree are the protocol crate's,
+    // which cannot name the server at all.)
+    let below = ["auth", "broker", "filter", "metrics", "registry", "store", "subscription"];
     for module in below {
         let deps = graph.get(module).unwrap_or_else(|| panic!("no module {module}"));
         for upper in ["service", "http", "server", "app"] {
@@ -168,13 +170,42 @@ fn the_server_crate_depends_on_no_tool() {
     }
 }
 
+/// The crate's `[dependencies]` section.
+fn dependencies(krate: &str) -> String {
+    let manifest = std::fs::read_to_string(format!("{}/crates/{krate}/Cargo.toml", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let deps = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap().to_owned();
+    assert!(deps.contains("serde_json.workspace"), "the scan read {krate}'s dependencies: {deps}");
+    deps
+}
+
+/// What servers and clients agree on is one crate that depends on no other
+/// tidings crate, and the Rust client is built on it alone: a client
+/// compiles no server code, and cannot drift from the server's protocol.
+#[test]
+fn the_client_is_built_on_the_protocol_alone() {
+    let protocol = dependencies("protocol");
+    assert!(!protocol.contains("tidings-"), "the protocol crate depends on another tidings crate: {protocol}");
+    let client = dependencies("client");
+    assert!(client.contains("tidings-protocol.workspace"), "the client reads the protocol crate");
+    for other in ["tidings-server", "tidings-cli"] {
+        assert!(!client.contains(other), "the client depends on {other}");
+    }
+    let names = regex::Regex::new(r"\b(tidings_server|tidings_cli)::").unwrap();
+    let protocol_or_client: Vec<String> = workspace_sources()
+        .into_iter()
+        .filter(|(file, code)| (file.starts_with("protocol/") || file.starts_with("client/")) && names.is_match(code))
+        .map(|(file, _)| file)
+        .collect();
+    assert!(protocol_or_client.is_empty(), "these name the server or the CLI: {protocol_or_client:?}");
+}
+
 /// Every `.rs` file of the workspace's crates, with its text minus its unit
 /// tests and comments.
 fn workspace_sources() -> Vec<(String, String)> {
     let comments = regex::Regex::new(r"//[^\n]*").unwrap();
     let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/crates"));
     let mut out = Vec::new();
-    for krate in ["server", "client", "cli"] {
+    for krate in ["protocol", "server", "client", "cli"] {
         let src = root.join(krate).join("src");
         for path in rust_files(&src) {
             let text = std::fs::read_to_string(&path).unwrap();
@@ -226,7 +257,7 @@ fn no_error_is_a_bare_string_outside_setting_parsers() {
 fn one_builder_makes_every_execute() {
     let built = regex::Regex::new(r#"kind:\s*("system/protocol/execute"|EXECUTE)"#).unwrap();
     let builders: Vec<String> = workspace_sources().into_iter().filter(|(_, code)| built.is_match(code)).map(|(file, _)| file).collect();
-    assert_eq!(builders, ["server/src/peer/protocol.rs"], "EXECUTEs built outside the protocol module");
+    assert_eq!(builders, ["protocol/src/peer/protocol.rs"], "EXECUTEs built outside the protocol module");
 }
 
 /// The subscription engine starts nothing: the supervisor starts the
@@ -255,7 +286,9 @@ fn the_supervisor_starts_the_engines_siblings() {
 fn no_source_file_is_over_700_lines() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    for dir in ["crates/server/src", "crates/server/benches", "crates/client/src", "crates/cli/src", "src", "tests/api"] {
+    for dir in
+        ["crates/protocol/src", "crates/server/src", "crates/server/benches", "crates/client/src", "crates/cli/src", "src", "tests/api"]
+    {
         files.extend(rust_files(&root.join(dir)));
     }
     assert!(files.len() > 120, "the scan read the workspace: {}", files.len());

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use tidings_server::tree::capability::hash_of;
+use tidings_protocol::tree::capability::hash_of;
 
 use crate::both_stores;
 use crate::helpers::{Backend, Process, free_port, process_store, spawn_process_at, wait_until};

@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value, json};
-use tidings_server::tree::capability::{Included, hash_of, verify_signed};
+use tidings_protocol::tree::capability::{Included, hash_of, verify_signed};
 
 use crate::both_stores;
 use crate::helpers::eventually;

@@ -8,14 +8,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tidings_server::event::{Agent, EventBody, Visibility};
+use tidings_protocol::event::{Agent, EventBody, Visibility};
+use tidings_protocol::tree::change_event;
 use tidings_server::store::embedded::EmbeddedStore;
 use tidings_server::store::postgres::{PostgresOptions, PostgresStore};
 use tidings_server::store::{
     Acked, Actor, Bounds, ChangeKind, Condition, ConsumerOpen, EngineCommit, EngineEffect, IdempotencyKey, NewRecord, Opened, Publish,
     Published, Store, TreeOutcome, TreeWrite,
 };
-use tidings_server::tree::change_event;
 
 /// Runs a conformance check once per backend, on a fresh store each.
 macro_rules! every_store {
@@ -278,7 +278,7 @@ fn agent() -> Agent {
 }
 
 fn put(path: &str, entity: &str, condition: Condition) -> TreeWrite {
-    let hash = tidings_server::tree::hash_canonical(entity);
+    let hash = tidings_protocol::tree::hash_canonical(entity);
     TreeWrite {
         path: path.into(),
         entity: Some((entity.into(), hash.clone())),
@@ -294,7 +294,7 @@ fn delete(path: &str, condition: Condition) -> TreeWrite {
 async fn tree_compare_and_swap(store: Arc<dyn Store>) {
     let v1 = r#"{"data":{"v":1},"type":"note"}"#;
     let v2 = r#"{"data":{"v":2},"type":"note"}"#;
-    let (h1, h2) = (tidings_server::tree::hash_canonical(v1), tidings_server::tree::hash_canonical(v2));
+    let (h1, h2) = (tidings_protocol::tree::hash_canonical(v1), tidings_protocol::tree::hash_canonical(v2));
 
     let TreeOutcome::Done { kind, previous_hash, event_id } = store.tree_write(put("a/b", v1, Condition::IfAbsent)).await.unwrap() else {
         panic!("create refused")
@@ -369,7 +369,7 @@ async fn tree_compare_and_swap(store: Arc<dyn Store>) {
 
 async fn content_store_is_idempotent(store: Arc<dyn Store>) {
     let body = r#"{"data":{},"type":"x"}"#;
-    let hash = tidings_server::tree::hash_canonical(body);
+    let hash = tidings_protocol::tree::hash_canonical(body);
     assert_eq!(store.content_get(&hash).await.unwrap(), None);
     store.content_put(vec![(hash.clone(), body.to_owned())]).await.unwrap();
     store.content_put(vec![(hash.clone(), body.to_owned())]).await.unwrap();

@@ -7,7 +7,7 @@
 use base64::Engine as _;
 use ed25519_dalek::{Signer as _, SigningKey};
 use serde_json::{Map, Value, json};
-use tidings_server::tree::capability::hash_of;
+use tidings_protocol::tree::capability::hash_of;
 
 use crate::both_stores;
 use crate::helpers::{Backend, Stream, TestApp, spawn_app, spawn_app_with};

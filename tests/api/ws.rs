@@ -43,7 +43,7 @@ impl Key {
 
     /// `origin_proof` for `method` and `body` on the connection with `nonce`.
     pub(crate) fn proof(&self, method: &str, body: &Value, nonce: &str) -> Value {
-        let target = tidings_server::service::device::proof_target(method, body, nonce);
+        let target = tidings_protocol::identity::proof_target(method, body, nonce);
         let signature = base64::engine::general_purpose::STANDARD.encode(self.key.sign(target.as_bytes()).to_bytes());
         json!({"identity": self.entity, "signature": signature})
     }
@@ -541,7 +541,7 @@ async fn the_readme_example_device_catches_up_goes_live_and_acks(backend: Backen
     }
     assert_eq!(got, published, "history by the filter, then realtime");
     assert!(child.wait().await.unwrap().success());
-    let identity = tidings_server::identity::ServerIdentity::open(&key).unwrap();
+    let identity = tidings_protocol::identity::ServerIdentity::open(&key).unwrap();
     let mut device = tidings_client::device::DeviceClient::connect(&url).await.unwrap();
     let answer = device.auth(&identity, json!({"device_id": "py"})).await.unwrap();
     assert_eq!(answer["cursor"], published[3], "the example acked what it printed: {answer}");

@@ -13,8 +13,8 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use tidings_client::sse::{self as client, SseEvent};
+use tidings_protocol::retry::Backoff;
 use tidings_server::registry::{Registry, RegistryMode};
-use tidings_server::retry::Backoff;
 
 /// What `tail` and `listen` follow, and how they print it.
 #[derive(Debug, Clone, Args)]
@@ -268,7 +268,7 @@ enum Ended {
 /// rejection (bad key, bad token, bad filter, a protocol error) is not,
 /// since the same request would be rejected again.
 pub async fn listen(args: ListenArgs) -> anyhow::Result<()> {
-    let key = tidings_server::identity::ServerIdentity::open(&args.key)?;
+    let key = tidings_protocol::identity::ServerIdentity::open(&args.key)?;
     let follow = &args.follow;
     let filter = match (&follow.filter, &follow.types) {
         (Some(f), _) => Some(serde_json::from_str::<Value>(f).context("--filter is not valid JSON")?),
@@ -321,7 +321,7 @@ impl Listening {
     async fn connect(
         &mut self,
         args: &ListenArgs,
-        key: &tidings_server::identity::ServerIdentity,
+        key: &tidings_protocol::identity::ServerIdentity,
         url: &str,
         filter: Option<&Value>,
     ) -> anyhow::Result<Ended> {

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::bench::BenchArgs;
-use tidings_server::identity::ServerIdentity;
-use tidings_server::peer::protocol::{Execute, receive_token};
+use tidings_protocol::identity::ServerIdentity;
+use tidings_protocol::peer::protocol::{Execute, receive_token};
 
 /// One server, as the benchmark reaches it.
 #[derive(Debug, Clone)]
@@ -58,7 +58,7 @@ impl Node {
         if r.status() == 404 {
             return Ok(None);
         }
-        Ok(Some(tidings_server::tree::hash_canonical(&r.error_for_status()?.text().await?)))
+        Ok(Some(tidings_protocol::tree::hash_canonical(&r.error_for_status()?.text().await?)))
     }
 
     /// Events of `types` with `targets` after `since`, long-polling `wait_ms`.

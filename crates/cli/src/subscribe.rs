@@ -2,7 +2,7 @@
 //! It signs with a key file (created on first use), subscribes at the
 //! source for notifications delivered to an inbox of its own at whichever
 //! server accepts, following capacity redirects to relays as a mirror does
-//! ([`tidings_server::peer::follow_redirects`], seed 000 §8.3), then prints each
+//! ([`tidings_protocol::peer::follow_redirects`], seed 000 §8.3), then prints each
 //! notification as it arrives there over SSE. It renews the subscription
 //! where it is held at half the deliver token's lifetime, and when that
 //! server stops answering it starts again at the source, which redirects
@@ -19,10 +19,10 @@ use clap::Args;
 use serde_json::{Map, Value, json};
 
 use tidings_client::sse as client;
-use tidings_server::identity::ServerIdentity;
-use tidings_server::peer::protocol::{Execute, PeerError, receive_token};
-use tidings_server::peer::{Attached, Subscribed};
-use tidings_server::retry::Backoff;
+use tidings_protocol::identity::ServerIdentity;
+use tidings_protocol::peer::protocol::{Execute, PeerError, receive_token};
+use tidings_protocol::peer::{Attached, Subscribed};
+use tidings_protocol::retry::Backoff;
 
 /// `tidings subscribe`.
 #[derive(Debug, Clone, Args)]
@@ -84,7 +84,7 @@ pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
     // on from there (nothing that arrived meanwhile is skipped).
     let mut resume: Option<(String, Option<i64>)> = None;
     loop {
-        let attached = tidings_server::peer::follow_redirects(&from, key.hash(), &[], &session).await;
+        let attached = tidings_protocol::peer::follow_redirects(&from, key.hash(), &[], &session).await;
         let (a, since) = match attached {
             Ok(a) => {
                 let head = session.head(&a.upstream);
@@ -153,9 +153,9 @@ impl Session<'_> {
     }
 }
 
-impl tidings_server::peer::Subscriber for Session<'_> {
+impl tidings_protocol::peer::Subscriber for Session<'_> {
     async fn prove(&self, peer: &str, endpoint: &str) -> bool {
-        let proven = tidings_server::peer::proves(&self.api, peer, endpoint, TIMEOUT).await;
+        let proven = tidings_protocol::peer::proves(&self.api, peer, endpoint, TIMEOUT).await;
         if proven && let Ok(mut endpoints) = self.endpoints.lock() {
             endpoints.insert(peer.to_owned(), endpoint.to_owned());
         }
@@ -192,7 +192,7 @@ impl tidings_server::peer::Subscriber for Session<'_> {
             Err(e) => return Subscribed::Failed(e.into()),
         };
         let status = response.status().as_u16();
-        Subscribed::from_answer(status, &tidings_server::peer::read_json(response).await)
+        Subscribed::from_answer(status, &tidings_protocol::peer::read_json(response).await)
     }
 }
 
@@ -236,7 +236,7 @@ impl Session<'_> {
                     Ok(None) => break,
                     // Quiet: a stream that carries nothing for a while is
                     // kept if its server still answers.
-                    Err(_) if tidings_server::peer::proves(&self.api, &attached.upstream, endpoint, TIMEOUT).await => continue,
+                    Err(_) if tidings_protocol::peer::proves(&self.api, &attached.upstream, endpoint, TIMEOUT).await => continue,
                     Err(_) => break,
                 };
                 failures = 0;

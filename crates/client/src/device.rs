@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use tidings_server::identity::ServerIdentity;
+use tidings_protocol::identity::ServerIdentity;
 
 type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -108,7 +108,7 @@ impl DeviceClient {
 
     /// `origin_proof` by `key` for `method` and `body` on this connection.
     pub fn proof(&self, key: &ServerIdentity, method: &str, body: &Value) -> Value {
-        let target = tidings_server::service::device::proof_target(method, body, &self.nonce);
+        let target = tidings_protocol::identity::proof_target(method, body, &self.nonce);
         json!({"identity": key.entity(), "signature": key.signature(&target)})
     }
 

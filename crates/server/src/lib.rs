@@ -30,13 +30,16 @@
 //!   traits by concern, PostgreSQL and embedded), [`subscription`] (path
 //!   subscriptions, the EXECUTE dispatch, and the supervisor running the
 //!   notification engine, the courier and the mirrors side by side),
-//!   [`auth`] (tokens and grants), [`identity`] (the server's key),
-//!   [`peer`] (peers, and in [`peer::protocol`] what servers say to each
-//!   other), [`registry`] (event types and payload schemas), [`retry`]
-//!   (the one backoff);
-//! - vocabulary, pure: [`event`] (names, envelope), [`filter`], [`glob`],
-//!   [`tree`] (paths, entities, hashes, capabilities), [`refusal`] (what a
-//!   refusal is), [`json`] (request bodies decode from objects only);
+//!   [`auth`] (tokens and grants), [`registry`] (event types and payload
+//!   schemas);
+//! - vocabulary, pure: [`filter`], [`refusal`] (what a refusal is),
+//!   [`json`] (request bodies decode from objects only);
+//! - from the `tidings-protocol` crate, which clients build on too and
+//!   which this crate re-exports under the same names: [`event`] (names,
+//!   envelope), [`glob`], [`tree`] (paths, entities, hashes, capabilities),
+//!   [`identity`] (keys, proofs), [`peer`] (peers, and in
+//!   [`peer::protocol`] what servers say to each other), [`retry`] (the
+//!   one backoff);
 //! - edges: [`app`] (the composition root), [`config`], [`metrics`].
 //!
 //! Not the server, and not in this crate (the workspace's compiler keeps
@@ -45,23 +48,21 @@
 //! (`crates/cli`), and the JavaScript and Python clients (`clients/js`,
 //! `clients/python`).
 
+// What servers, clients and tools agree on lives in `tidings-protocol`; the
+// server reads it under the same names.
+pub use tidings_protocol::{event, glob, identity, peer, retry, tree};
+
 pub mod app;
 pub mod auth;
 pub mod broker;
 pub mod config;
-pub mod event;
 pub mod filter;
-pub mod glob;
 pub mod http;
-pub mod identity;
 pub mod json;
 pub mod metrics;
-pub mod peer;
 pub mod refusal;
 pub mod registry;
-pub mod retry;
 pub mod server;
 pub mod service;
 pub mod store;
 pub mod subscription;
-pub mod tree;

@@ -197,7 +197,7 @@ impl Subscriber {
     async fn open(
         args: &BenchArgs,
         http: &reqwest::Client,
-        key: &tidings_server::identity::ServerIdentity,
+        key: &tidings_protocol::identity::ServerIdentity,
         i: usize,
         filter: &Value,
     ) -> anyhow::Result<Self> {
@@ -341,7 +341,7 @@ pub async fn idle(args: &BenchArgs) -> anyhow::Result<IdleReport> {
     let before = proc_rss_kib(pid).ok_or_else(|| anyhow::anyhow!("cannot read the RSS of {pid}"))?;
     let http = http1(args, 0)?;
     let streams = StreamClients::new(args)?;
-    let key = tidings_server::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
+    let key = tidings_protocol::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
     let filter = json!({"types": [args.event_type]});
     let mut held = Vec::with_capacity(args.clients);
     for i in 0..args.clients {
@@ -435,7 +435,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
     let mut tasks = Vec::new();
     let done = tokio_util::sync::CancellationToken::new();
-    let key = tidings_server::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
+    let key = tidings_protocol::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
     for i in 0..args.clients {
         let shards = args.shards.max(1);
         let filter = if shards > 1 {

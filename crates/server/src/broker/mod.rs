@@ -535,11 +535,25 @@ impl Broker {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// A plain stored event body for the broker's and the transports' unit
+    /// tests.
+    pub(crate) fn sample_body() -> crate::event::EventBody {
+        serde_json::from_value(serde_json::json!({
+            "event_type": "comment.posted",
+            "ref": "paper:p-1",
+            "occurred_at": "2026-01-01T00:00:00Z",
+            "payload": {"x": 1},
+            "links": [],
+            "visibility": "public",
+        }))
+        .expect("a sample body")
+    }
+
     fn row(id: EventId) -> Record {
-        Record { id, body: crate::event::tests::sample_body().to_json(), recorded_ms: 0 }
+        Record { id, body: sample_body().to_json(), recorded_ms: 0 }
     }
 
     fn ids(sub: &mut Subscription) -> Vec<EventId> {

@@ -245,7 +245,7 @@ mod tests {
 
     #[test]
     fn an_event_frame_is_id_then_data_with_the_envelope() {
-        let body = crate::event::tests::sample_body();
+        let body = crate::broker::tests::sample_body();
         let event = Event::from_stored(42, &body.to_json(), 0).unwrap();
         let frame = Frame::of(&event).sse(event_frame);
         assert!(frame.starts_with(b"id: 42\ndata: {\"envelope_version\":1,\"event_id\":42,\"event_type\""));

@@ -5,7 +5,7 @@
 //! [`Session`](super::session::Session) as for every transport.
 
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::Core;
 use super::error::{Kind, Refusal};
@@ -82,20 +82,12 @@ struct Proof {
     signature: String,
 }
 
-/// What an origin proof signs: the hash (`sha256:<hex>`) of the RFC 8785
-/// canonical JSON of `{"method", "body", "nonce"}`.
-pub fn proof_target(method: &str, body: &Value, nonce: &str) -> String {
-    let value = json!({ "method": method, "body": body, "nonce": nonce });
-    let canonical = serde_json_canonicalizer::to_string(&value).expect("a JSON value always canonicalises");
-    crate::tree::hash_canonical(&canonical)
-}
-
 /// Verifies `proof` over `method` and `body` on the connection with
 /// `nonce`; returns the signer (its identity hash).
 pub fn verify(method: &str, body: &Value, nonce: &str, proof: Option<&Value>) -> Result<String, DeviceError> {
     let proof = proof.ok_or_else(|| DeviceError::ProofInvalid("origin_proof is required".into()))?;
     let proof: Proof = crate::json::from_object(proof.clone()).map_err(|e| DeviceError::ProofInvalid(format!("origin_proof: {e}")))?;
-    let target = proof_target(method, body, nonce);
+    let target = crate::identity::proof_target(method, body, nonce);
     crate::tree::capability::verify_inline(&proof.identity, &target, &proof.signature)
         .map_err(|e| DeviceError::ProofInvalid(format!("origin_proof does not verify: {e}")))
 }

@@ -69,7 +69,7 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), EntityError> {
     if endpoint.len() > MAX_ENDPOINT {
         return Err(EntityError(format!("an endpoint is at most {MAX_ENDPOINT} bytes")));
     }
-    let uri: axum::http::Uri = endpoint.parse().map_err(|_| EntityError(format!("{endpoint:?} is not a URL")))?;
+    let uri: http::Uri = endpoint.parse().map_err(|_| EntityError(format!("{endpoint:?} is not a URL")))?;
     let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
     let authority = uri.authority().map(|a| a.as_str()).unwrap_or("");
     if !scheme_ok || authority.is_empty() || authority.contains('@') || uri.query().is_some() || endpoint.contains('#') {

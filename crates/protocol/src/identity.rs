@@ -115,6 +115,15 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     file.write_all(bytes)
 }
 
+/// What a device's origin proof signs (seed 003): the hash
+/// (`sha256:<hex>`) of the RFC 8785 canonical JSON of `{"method", "body",
+/// "nonce"}`, the nonce being its connection's.
+pub fn proof_target(method: &str, body: &Value, nonce: &str) -> String {
+    let value = json!({ "method": method, "body": body, "nonce": nonce });
+    let canonical = serde_json_canonicalizer::to_string(&value).expect("a JSON value always canonicalises");
+    crate::tree::hash_canonical(&canonical)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,29 @@
+//! What tidings servers, clients and tools must agree on, and nothing that
+//! runs a server: a client built on this crate cannot drift from the
+//! server it talks to, because both read the same definitions.
+//!
+//! - [`event`]: event names, agents, visibility, and the versioned envelope
+//!   a subscriber receives;
+//! - [`glob`]: the event-type and path patterns filters and subscriptions
+//!   are written in;
+//! - [`tree`]: paths, entities, content hashes (RFC 8785 canonical JSON),
+//!   and [`tree::capability`], the signed grants checked at every EXECUTE;
+//! - [`identity`]: a server's (or a device's) ed25519 key and identity
+//!   entity, and [`identity::proof_target`], what a device's origin proof
+//!   signs;
+//! - [`peer`]: what a `system/peer` entity must be, the outbound client
+//!   peers are called with (its allow list), following capacity redirects,
+//!   and in [`peer::protocol`] what servers say to each other: the one
+//!   builder of signed EXECUTEs and `PeerError`;
+//! - [`retry`]: how every retrying loop paces itself (`Backoff`).
+//!
+//! The server library (`tidings-server`) re-exports each module under the
+//! same name, so `tidings_server::event` and `tidings_protocol::event` are
+//! one module.
+
+pub mod event;
+pub mod glob;
+pub mod identity;
+pub mod peer;
+pub mod retry;
+pub mod tree;
