@@ -1,6 +1,7 @@
 //! The test harness: a real server on a random loopback port, on a fresh
 //! PostgreSQL database or a fresh embedded data directory per test.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -314,6 +315,29 @@ pub(crate) async fn wait_until<F: std::future::Future<Output = bool>>(
         } else {
             tokio::time::sleep(every).await;
         }
+    }
+}
+
+/// Runs `step` until it breaks, handing each step the state the one before
+/// it continued with (a cursor, what was read so far), and returns what it
+/// broke with; the test fails with `what(&state)` once `within` has passed.
+/// The deadline is checked between steps, so each step bounds itself (a
+/// long poll's `wait_ms`, a client timeout) and paces itself (a sleep, a
+/// yield). The state goes by value, so a step is a plain closure returning
+/// an `async move` block, and a spawned task may wait too.
+pub(crate) async fn gather<S, T, F: std::future::Future<Output = ControlFlow<T, S>>>(
+    within: Duration,
+    mut state: S,
+    what: impl Fn(&S) -> String,
+    mut step: impl FnMut(S) -> F,
+) -> T {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match step(state).await {
+            ControlFlow::Break(done) => return done,
+            ControlFlow::Continue(next) => state = next,
+        }
+        assert!(std::time::Instant::now() < deadline, "waited {within:?}: {}", what(&state));
     }
 }
 

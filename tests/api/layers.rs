@@ -81,44 +81,72 @@ fn the_module_graph_has_no_cycle() {
     assert!(graph.len() > 10, "the scan found the modules: {:?}", graph.keys());
 }
 
-/// Within each top-level directory module, its children (`subscription/engine.rs`
-/// is `engine`; `store/postgres/log.rs` is `postgres`) and the siblings
-/// each names in code (not in comments), through `super::` or
-/// `crate::<module>::` (the parent's own items, in its `mod.rs`, are not a
-/// sibling).
-fn second_level() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
-    let mut out: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+/// A source file's module path: `subscription/mirror/link.rs` is
+/// `[subscription, mirror, link]`, `subscription/mirror/mod.rs` is
+/// `[subscription, mirror]`, `lib.rs` is `[]`.
+fn module_path(file: &str) -> Vec<String> {
+    let mut path: Vec<String> = file.trim_end_matches(".rs").split('/').map(str::to_owned).collect();
+    if path.last().is_some_and(|last| last == "mod" || last == "lib" || last == "main") {
+        path.pop();
+    }
+    path
+}
+
+/// For every module of the crate at `src` that has children, at any depth
+/// (`""` is the crate itself, `"subscription/mirror"` one of its
+/// directories): which of its children names which sibling in code (not in
+/// comments), through `crate::`, `self::` or `super::` paths, each resolved
+/// to where it points. A child is a file or a directory (`store/postgres/
+/// log.rs` belongs to `postgres` in `store`'s graph); the parent's own
+/// items, in its `mod.rs`, are not a sibling, and a parent naming its
+/// children is no edge.
+fn child_graphs(src: &Path) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
     let comments = regex::Regex::new(r"//[^\n]*").unwrap();
-    for (file, code) in sources(Path::new(SRC)) {
-        let parts: Vec<&str> = file.split('/').collect();
-        if parts.len() < 2 || parts[1] == "mod.rs" {
-            continue;
-        }
-        let (top, child) = (parts[0].to_owned(), parts[1].trim_end_matches(".rs").to_owned());
-        let siblings: BTreeSet<String> = std::fs::read_dir(Path::new(SRC).join(&top))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.is_dir() || p.extension().is_some_and(|e| e == "rs"))
-            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
-            .filter(|name| name != "mod" && *name != child)
-            .collect();
-        // `super::` from a file one level down names a sibling; from deeper
-        // (store/postgres/log.rs) it names its own directory's children.
-        let up = if parts.len() == 2 || (parts.len() == 3 && parts[2] == "mod.rs") { r"super::" } else { r"super::super::" };
-        let uses = regex::Regex::new(&format!(r"(?:\b{up}|\bcrate::{top}::)(?:([a-z_]+)|\{{([^}}]*)\}})")).unwrap();
-        let deps = out.entry(top.clone()).or_default().entry(child.clone()).or_default();
-        // What the code uses, not what its comments link to.
-        let code = comments.replace_all(&code, "");
-        for c in uses.captures_iter(&code) {
-            // `super::engine::X`, or each entry of `super::{engine::X, courier}`.
-            let named: Vec<&str> = match (c.get(1), c.get(2)) {
-                (Some(one), _) => vec![one.as_str()],
-                (None, Some(group)) => group.as_str().split(',').map(|e| e.trim().split("::").next().unwrap_or("")).collect(),
-                _ => vec![],
+    let paths = regex::Regex::new(r"\b((?:super::)+|crate::|self::)((?:[a-z_][a-z0-9_]*::)*)(?:([a-z_][a-z0-9_]*)|\{([^}]*)\})").unwrap();
+    let is_child = |dir: &[String], name: &str| {
+        let at = dir.iter().fold(src.to_path_buf(), |p, d| p.join(d));
+        at.join(format!("{name}.rs")).is_file() || at.join(name).is_dir()
+    };
+    let mut out: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for path in rust_files(src) {
+        let file = path.strip_prefix(src).unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code = comments.replace_all(text.split("#[cfg(test)]").next().unwrap(), "").into_owned();
+        let here = module_path(&file);
+        for c in paths.captures_iter(&code) {
+            let prefix = &c[1];
+            let mut base: Vec<String> = match prefix {
+                "crate::" => Vec::new(),
+                "self::" => here.clone(),
+                _ => {
+                    let up = prefix.matches("super::").count();
+                    if up > here.len() {
+                        continue;
+                    }
+                    here[..here.len() - up].to_vec()
+                }
             };
-            for name in named {
-                if siblings.contains(name) {
-                    deps.insert(name.to_owned());
+            base.extend(c[2].split("::").filter(|s| !s.is_empty()).map(str::to_owned));
+            let entries: Vec<String> = match (c.get(3), c.get(4)) {
+                (Some(one), _) => vec![one.as_str().to_owned()],
+                (None, Some(group)) => group
+                    .as_str()
+                    .split(',')
+                    .filter_map(|e| e.trim().trim_start_matches('{').split("::").next().map(str::to_owned))
+                    .filter(|e| !e.is_empty() && e.starts_with(|c: char| c.is_ascii_lowercase()))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for entry in entries {
+                let mut target = base.clone();
+                target.push(entry);
+                let shared = here.iter().zip(&target).take_while(|(a, b)| a == b).count();
+                if shared >= here.len() || shared >= target.len() {
+                    continue;
+                }
+                let (dir, from, to) = (&here[..shared], &here[shared], &target[shared]);
+                if from != to && is_child(dir, to) && is_child(dir, from) {
+                    out.entry(dir.join("/")).or_default().entry(from.clone()).or_default().insert(to.clone());
                 }
             }
         }
@@ -126,14 +154,23 @@ fn second_level() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
     out
 }
 
-/// No cycle among the children of any module either (a `Marker` the
-/// courier needs lives in a leaf, not in the engine that spawns it).
+/// No cycle among the children of any module, at any depth, in any crate
+/// of the workspace (a `Marker` the courier needs lives in a leaf, not in
+/// the engine that spawns it; a mirror's link, applier and upstream client
+/// do not lean on each other in a circle).
 #[test]
 fn no_module_has_a_cycle_among_its_children() {
-    let all = second_level();
-    assert!(all.contains_key("subscription") && all.contains_key("store"), "the scan found the directories: {:?}", all.keys());
-    for (top, graph) in &all {
-        assert_acyclic(graph, &format!(" in {top}/"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for krate in ["crates/protocol/src", "crates/server/src", "crates/client/src", "crates/cli/src"] {
+        let all = child_graphs(&root.join(krate));
+        if krate == "crates/server/src" {
+            for dir in ["", "subscription", "subscription/mirror", "store", "store/postgres"] {
+                assert!(all.contains_key(dir), "the scan found {dir:?}'s children: {:?}", all.keys());
+            }
+        }
+        for (dir, graph) in &all {
+            assert_acyclic(graph, &format!(" in {krate}/{dir}"));
+        }
     }
 }
 

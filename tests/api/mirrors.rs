@@ -6,13 +6,14 @@
 //! deliveries without forwarding them. A stale lap replayed to a mirror
 //! that moved on changes nothing.
 
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 use tidings_protocol::tree::capability::hash_of;
 
 use crate::both_stores;
-use crate::helpers::{Backend, eventually, wait_until};
+use crate::helpers::{Backend, eventually, gather, wait_until};
 use crate::peers::Server;
 use crate::subscriptions::inbox_grant;
 
@@ -95,15 +96,16 @@ pub(crate) async fn changes(server: &Server, since: i64, wait_ms: u32) -> Vec<Va
 
 /// Every change settled on `PATH` (waits until `server` holds `latest`).
 pub(crate) async fn settle(server: &Server, latest: &str) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut all = changes(server, 0, 0).await;
-    while entity(server).await.as_deref() != Some(latest) {
-        assert!(Instant::now() < deadline, "{} did not converge to the latest write", server.base());
+    let read = changes(server, 0, 0).await;
+    let what = |_: &Vec<Value>| format!("{} did not converge to the latest write", server.base());
+    gather(Duration::from_secs(60), read, what, |mut all: Vec<Value>| async move {
+        let converged = entity(server).await.as_deref() == Some(latest);
+        // Once converged, the rest of what is there; until then, a long poll.
         let since = all.last().map_or(0, |e| e["event_id"].as_i64().unwrap());
-        all.extend(changes(server, since, 2_000).await);
-    }
-    all.extend(changes(server, all.last().map_or(0, |e| e["event_id"].as_i64().unwrap()), 0).await);
-    all
+        all.extend(changes(server, since, if converged { 0 } else { 2_000 }).await);
+        if converged { ControlFlow::Break(all) } else { ControlFlow::Continue(all) }
+    })
+    .await
 }
 
 /// Drives N writes at the first server and checks (i) and (ii) on every

@@ -3,13 +3,14 @@
 //! delivery (seed 000 §6.1), what a receiving server refuses, exactly-once
 //! delivery across SIGKILLs of either side.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tidings_protocol::tree::capability::hash_of;
 
 use crate::both_stores;
-use crate::helpers::{Backend, Process, free_port, process_store, spawn_process_at, wait_until};
+use crate::helpers::{Backend, Process, free_port, gather, process_store, spawn_process_at, wait_until};
 use crate::subscriptions::{Peer, Subscribe, code, execute_at, inbox_grant};
 
 both_stores!(
@@ -103,19 +104,23 @@ impl Server {
     /// bound; returns its path.
     pub(crate) async fn marker(&self, chain: &str) -> String {
         let prefix = format!("system/runtime/chain-errors/lost/{chain}/");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        let mut since = 0;
-        loop {
-            assert!(tokio::time::Instant::now() < deadline, "no marker for chain {chain}");
-            let url = format!("{}/v1/poll?types=tree.created&since={since}&limit=1000&wait_ms=5000", self.base());
-            let r: Value = self.http.get(url).send().await.unwrap().json().await.unwrap();
-            for e in r["events"].as_array().unwrap() {
-                if let Some(path) = e["payload"]["uri"].as_str().filter(|p| p.starts_with(&prefix)) {
-                    return path.to_owned();
+        let prefix = &prefix;
+        gather(
+            Duration::from_secs(30),
+            0,
+            |_| format!("no marker for chain {chain}"),
+            |since: i64| async move {
+                let url = format!("{}/v1/poll?types=tree.created&since={since}&limit=1000&wait_ms=5000", self.base());
+                let r: Value = self.http.get(url).send().await.unwrap().json().await.unwrap();
+                for e in r["events"].as_array().unwrap() {
+                    if let Some(path) = e["payload"]["uri"].as_str().filter(|p| p.starts_with(prefix.as_str())) {
+                        return ControlFlow::Break(path.to_owned());
+                    }
                 }
-            }
-            since = r["next_since"].as_i64().unwrap_or(since);
-        }
+                ControlFlow::Continue(r["next_since"].as_i64().unwrap_or(since))
+            },
+        )
+        .await
     }
 
     /// A token rooted at this server for `grantee`, minted by its admin.
@@ -145,14 +150,15 @@ impl Server {
 
     /// Waits (bounded) until `inbox` holds at least `n` notifications; returns them all.
     pub(crate) async fn inbox_until(&self, inbox: &str, n: usize) -> Vec<Value> {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-        let mut got: Vec<Value> = Vec::new();
-        while got.len() < n {
-            assert!(tokio::time::Instant::now() < deadline, "{} of {n} notifications arrived", got.len());
-            let since = got.last().map_or(0, |e| e["event_id"].as_i64().unwrap());
-            got.extend(self.inbox(inbox, since, 5_000).await);
-        }
-        got
+        let what = |got: &Vec<Value>| format!("{} of {n} notifications arrived", got.len());
+        gather(Duration::from_secs(90), Vec::new(), what, |mut got: Vec<Value>| async move {
+            if got.len() < n {
+                let since = got.last().map_or(0, |e| e["event_id"].as_i64().unwrap());
+                got.extend(self.inbox(inbox, since, 5_000).await);
+            }
+            if got.len() >= n { ControlFlow::Break(got) } else { ControlFlow::Continue(got) }
+        })
+        .await
     }
 
     pub(crate) async fn metric(&self, series: &str) -> f64 {

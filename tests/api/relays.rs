@@ -7,14 +7,15 @@
 //! subscription at the source (so the source offers it) and speaks the
 //! peer protocol by hand.
 
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value, json};
 use tidings_protocol::tree::capability::{Included, hash_of, verify_signed};
 
 use crate::both_stores;
-use crate::helpers::eventually;
 use crate::helpers::{Backend, spawn_app};
+use crate::helpers::{eventually, gather};
 use crate::mirrors::{PATH, entity, mirror_of, mirror_state};
 use crate::peers::{Server, delivery};
 use crate::subscriptions::{Peer, Subscribe, execute_at, inbox_grant, server_hash};
@@ -61,15 +62,21 @@ async fn a_notification_carries_the_source_signature(backend: Backend) {
     let got = app.http.get(app.url("/v1/tree/docs/a")).send().await.unwrap();
     let change_id: i64 = got.headers()["tidings-change-id"].to_str().unwrap().parse().unwrap();
     assert_eq!(change_id, written["event_id"].as_i64().unwrap(), "a read names the change that wrote the entity");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let notification = loop {
-        let url = app.url(&format!("/v1/poll?types=subscription.notification&targets={inbox}&since=0&limit=10&wait_ms=1000"));
-        let page: Value = app.http.get(url).send().await.unwrap().json().await.unwrap();
-        if let Some(e) = page["events"].as_array().and_then(|e| e.first()) {
-            break e["payload"].clone();
-        }
-        assert!(std::time::Instant::now() < deadline, "the notification arrives");
-    };
+    let (app, inbox) = (&app, &inbox);
+    let notification = gather(
+        std::time::Duration::from_secs(30),
+        (),
+        |_| "the notification arrives".into(),
+        |_| async move {
+            let url = app.url(&format!("/v1/poll?types=subscription.notification&targets={inbox}&since=0&limit=10&wait_ms=1000"));
+            let page: Value = app.http.get(url).send().await.unwrap().json().await.unwrap();
+            match page["events"].as_array().and_then(|e| e.first()) {
+                Some(e) => ControlFlow::Break(e["payload"].clone()),
+                None => ControlFlow::Continue(()),
+            }
+        },
+    )
+    .await;
     let signed = signed_changes(&notification);
     assert_eq!(signed.len(), 1, "the server's own signature: {notification}");
     let (hash, change) = &signed[0];

@@ -7,6 +7,7 @@
 //! lost or repeated, no publish is stored twice, and the streams a process
 //! ends are ended spread over its drain window, not in one burst.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use futures_util::{SinkExt as _, StreamExt as _};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::helpers::{Backend, Process, free_port, process_store, spawn_process_at, wait_until};
+use crate::helpers::{Backend, Process, free_port, gather, process_store, spawn_process_at, wait_until};
 use crate::ws::Key;
 
 /// `TIDINGS_DRAIN` of the processes.
@@ -89,18 +90,24 @@ fn unpooled() -> reqwest::Client {
 /// failed without an answer (a connection refused or closed before a
 /// request was read stores nothing); its id.
 async fn publish(http: &reqwest::Client, base: &str, p: usize, n: usize) -> i64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "publish {p}/{n} was never answered");
-        let body = json!({"event_type": "probe.rolling", "payload": {"p": p, "n": n}});
-        if let Ok(r) = http.post(format!("{base}/v1/events")).json(&body).send().await
-            && r.status() == 201
-            && let Ok(answer) = r.json::<Value>().await
-        {
-            return answer["event_ids"][0].as_i64().unwrap();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let body = json!({"event_type": "probe.rolling", "payload": {"p": p, "n": n}});
+    let body = &body;
+    gather(
+        Duration::from_secs(30),
+        (),
+        |_| format!("publish {p}/{n} was never answered"),
+        |_| async move {
+            if let Ok(r) = http.post(format!("{base}/v1/events")).json(body).send().await
+                && r.status() == 201
+                && let Ok(answer) = r.json::<Value>().await
+            {
+                return ControlFlow::Break(answer["event_ids"][0].as_i64().unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            ControlFlow::Continue(())
+        },
+    )
+    .await
 }
 
 /// One SSE stream through the balancer, resumed with `Last-Event-ID`

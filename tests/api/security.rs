@@ -1,13 +1,14 @@
 //! Security: bearer tokens, grants, no agent spoofing, visibility on every
 //! path, consumer ownership, limits, CORS, and tokens kept out of logs.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use serde_json::{Value, json};
 
 use crate::both_stores;
-use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
+use crate::helpers::{Backend, TestApp, gather, spawn_app, spawn_app_with};
 
 both_stores!(
     bad_tokens_are_401,
@@ -325,16 +326,18 @@ async fn stream_publish_and_replay_limits(backend: Backend) {
     assert_eq!(refused.json::<Value>().await.unwrap()["error"], "rate_limited");
     // Replay cap: a resume 10 events back with a cap of 5 is a gap.
     let ops = admin();
-    let (mut published, deadline) = (0, std::time::Instant::now() + Duration::from_secs(30));
-    while published < 10 {
-        assert!(std::time::Instant::now() < deadline, "the admin's 10 events within 30 s of the rate limit");
+    let what = |published: &usize| format!("{published} of the admin's 10 events within 30 s of the rate limit");
+    let (server, admin) = (&app, &ops);
+    gather(Duration::from_secs(30), 0, what, |mut published: usize| async move {
         // The same rate limit applies to the admin: wait it out when refused.
-        match publish_as(&app, &ops, json!({"events": [{"event_type": "comment.posted"}, {"event_type": "comment.posted"}]})).await.0 {
+        match publish_as(server, admin, json!({"events": [{"event_type": "comment.posted"}, {"event_type": "comment.posted"}]})).await.0 {
             201 => published += 2,
             429 => tokio::time::sleep(Duration::from_millis(300)).await,
             other => panic!("unexpected {other}"),
         }
-    }
+        if published >= 10 { ControlFlow::Break(()) } else { ControlFlow::Continue(published) }
+    })
+    .await;
     let head = app.head().await;
     drop((a2, b1));
     let mut s = stream_as(&app, &ops, &format!("since={}", head - 10)).await;

@@ -5,9 +5,11 @@
 //! compare-and-swap with its change events, the content store, the engine's
 //! compare-and-set cursor, and pruning.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::helpers::gather;
 use tidings_protocol::event::{Agent, EventBody, Visibility};
 use tidings_protocol::tree::change_event;
 use tidings_server::store::embedded::EmbeddedStore;
@@ -147,17 +149,22 @@ async fn readers_never_see_an_id_appear_below_one_seen(store: Arc<dyn Store>) {
     let reader = {
         let store = store.clone();
         tokio::spawn(async move {
-            let mut high = 0;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            while high < (WRITERS * EACH) as i64 {
-                assert!(tokio::time::Instant::now() < deadline, "the reader did not reach the end");
-                for row in store.read_after(high, 1000).await.unwrap() {
-                    assert_eq!(row.id, high + 1, "ids become visible in order, with no hole");
-                    high = row.id;
-                }
-                tokio::task::yield_now().await;
-            }
-            high
+            let end = (WRITERS * EACH) as i64;
+            let store = &store;
+            gather(
+                Duration::from_secs(60),
+                0,
+                |high| format!("the reader reached {high} of {end}"),
+                |mut high: i64| async move {
+                    for row in store.read_after(high, 1000).await.unwrap() {
+                        assert_eq!(row.id, high + 1, "ids become visible in order, with no hole");
+                        high = row.id;
+                    }
+                    tokio::task::yield_now().await;
+                    if high >= end { ControlFlow::Break(high) } else { ControlFlow::Continue(high) }
+                },
+            )
+            .await
         })
     };
     for w in writers {

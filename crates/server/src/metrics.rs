@@ -293,8 +293,8 @@ pub fn client_dropped(reason: &'static str) {
 }
 
 /// An HTTP request was answered (`route`: its template, or `unmatched`).
-pub fn http_request(route: &str, status: u16) {
-    counter!(HTTP_REQUESTS, "route" => route.to_owned(), "status" => status.to_string()).increment(1);
+pub fn http_request(route: impl Into<metrics::SharedString>, status: u16) {
+    counter!(HTTP_REQUESTS, "route" => route.into(), "status" => status.to_string()).increment(1);
 }
 
 /// `n` events of `event_type` (a registered name, or `unregistered`) were

@@ -25,9 +25,10 @@ pub use subscription::Subscription;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{Event, EventId};
@@ -133,6 +134,8 @@ struct Shared {
     clients: Mutex<Clients>,
     wake: Arc<Notify>,
     settings: BrokerSettings,
+    /// What the clients' progress times count from: tokio's clock, so a
+    /// test can move it (`tokio::time::advance`).
     epoch: Instant,
     lag_ms: AtomicU64,
     position: AtomicI64,
@@ -309,7 +312,7 @@ impl Broker {
     /// ended in the same way; whatever is left at the end of the window is
     /// ended then. The broker goes on serving until the shutdown.
     pub async fn drain(&self, window: Duration) {
-        let started = tokio::time::Instant::now();
+        let started = Instant::now();
         let mut tick = tokio::time::interval(DRAIN_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Clients owed but not yet ended: a fraction carried to the next
@@ -616,19 +619,27 @@ pub(crate) mod tests {
     /// The no-progress clock of a client that had taken everything starts
     /// with the frame that finds its queue empty, not at its last take: an
     /// idle client is not evicted because the sweep came before its task.
+    /// A client that has not taken what it was pushed for longer than the
+    /// timeout is (on tokio's clock, moved here rather than waited for).
     #[tokio::test]
     async fn an_idle_client_is_not_stuck_for_a_frame_just_pushed() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(crate::store::embedded::EmbeddedStore::open(dir.path()).await.unwrap());
         let timeout = Duration::from_secs(2);
         let broker = Broker::new(store, 10, BrokerSettings { slow_client_timeout: timeout, ..settings() });
-        let mut sub = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
-        // Idle for longer than the timeout (time itself is the condition).
-        std::thread::sleep(timeout + Duration::from_millis(200));
+        let mut idle = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
+        let stuck = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
         assert!(broker.fan_out(vec![row(11)], true));
+        assert_eq!(ids(&mut idle), vec![11]);
+        // Both are idle for longer than the timeout; only `stuck` holds a
+        // frame it did not take.
+        tokio::time::pause();
+        tokio::time::advance(timeout + Duration::from_millis(200)).await;
+        assert!(broker.fan_out(vec![row(12)], true));
         broker.sweep();
-        assert!(sub.attached(), "evicted as {:?} for a frame pushed a moment ago", sub.detached());
-        assert_eq!(ids(&mut sub), vec![11]);
+        assert!(idle.attached(), "evicted as {:?} for a frame pushed a moment ago", idle.detached());
+        assert_eq!(ids(&mut idle), vec![12]);
+        assert_eq!(stuck.detached(), Detached::NoProgress, "the clock moved: a client that took nothing is evicted");
     }
 
     /// The server's shutdown ends every live client (its queue closes after

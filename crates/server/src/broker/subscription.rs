@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{Broker, ClientState, Detached, Frame};
 use crate::event::EventId;

@@ -242,7 +242,7 @@ async fn observe_requests(axum::extract::State(guard): axum::extract::State<Arc<
         if let Ok(value) = axum::http::HeaderValue::from_str(&request_id) {
             response.headers_mut().insert("x-request-id", value);
         }
-        crate::metrics::http_request(&route, status);
+        crate::metrics::http_request(route, status);
         response
     };
     if !mutates {

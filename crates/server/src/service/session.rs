@@ -422,7 +422,7 @@ impl Session {
         // [`Session::next`] turns into the end).
         let expiry = self.expiry.map(instant_of);
         let due = || {
-            let beat = tokio::time::Instant::from_std(sub.idle_since() + every);
+            let beat = sub.idle_since() + every;
             expiry.map_or(beat, |at| beat.min(at))
         };
         let beat = self.beat.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due())));

@@ -31,15 +31,14 @@ pub struct Supervisor {
     engine: Engine,
     store: Arc<dyn Store>,
     handler: Arc<Subscriptions>,
-    follow: watch::Receiver<EventId>,
     settings: EngineSettings,
 }
 
 impl Supervisor {
     /// A supervisor woken by `follow` (the broker's position).
     pub fn new(store: Arc<dyn Store>, handler: Arc<Subscriptions>, follow: watch::Receiver<EventId>, settings: EngineSettings) -> Self {
-        let engine = Engine::new(store.clone(), handler.clone(), follow.clone(), settings.clone());
-        Self { engine, store, handler, follow, settings }
+        let engine = Engine::new(store.clone(), handler.clone(), follow, settings.clone());
+        Self { engine, store, handler, settings }
     }
 
     /// Takes the lead whenever it can and leads until `cancel`; then lets
@@ -87,7 +86,7 @@ impl Supervisor {
             self.store.clone(),
             self.handler.server.clone(),
             self.settings.courier.clone(),
-            self.follow.clone(),
+            self.engine.follow(),
             self.handler.peer_states.clone(),
         );
         let courier = tokio::spawn(courier.run(self.engine.lanes(), siblings.clone()));
@@ -95,7 +94,7 @@ impl Supervisor {
             self.store.clone(),
             self.handler.server.clone(),
             self.settings.mirror.clone(),
-            self.follow.clone(),
+            self.engine.follow(),
             self.handler.mirror_states.clone(),
         );
         let mirrors = tokio::spawn(mirrors.run(self.engine.mirror_changes(), siblings.clone()));

@@ -203,6 +203,13 @@ impl Engine {
         Self { store, handler, follow, settings, lanes: watch::channel(Lanes::default()).0, mirrors: watch::channel(0).0 }
     }
 
+    /// The broker's position as the engine follows it, for its siblings:
+    /// a clone of the receiver the engine waits on, so they start from the
+    /// position it has seen rather than waking at once for an old change.
+    pub(super) fn follow(&self) -> watch::Receiver<EventId> {
+        self.follow.clone()
+    }
+
     /// What the courier is to deliver: the remote subscriptions in the
     /// index, republished whenever they change.
     pub(super) fn lanes(&self) -> watch::Receiver<Lanes> {
