@@ -156,7 +156,7 @@ fn child_graphs(src: &Path) -> BTreeMap<String, BTreeMap<String, BTreeSet<String
 
 /// No cycle among the children of any module, at any depth, in any crate
 /// of the workspace (a `Marker` the courier needs lives in a leaf, not in
-/// the engine that spawns it; a mirror's link, applier and upstream client
+/// the engine beside it; a mirror's link, applier and upstream client
 /// do not lean on each other in a circle).
 #[test]
 fn no_module_has_a_cycle_among_its_children() {

@@ -11,7 +11,11 @@
 //!   tests.
 //!
 //! They talk to a server over HTTP and WebSocket through `tidings-client`,
-//! like any other client; the server crate names none of this.
+//! like any other client, and sign and read what servers say to each other
+//! with `tidings-protocol`; the server crate names none of this. The server
+//! library is read for two things: `registry check` validates a registry
+//! with the loader the server runs, so the two cannot disagree, and
+//! `subscribe --ttl` reads durations with the server's parser.
 
 pub mod bench;
 pub mod cli;

@@ -6,6 +6,8 @@
 //!   `stream.hello`, signed `stream.auth` and `stream.ack`, `sync.delta`
 //!   pages and pushed events.
 //!
+//! It is built on `tidings-protocol` alone (identities, and what a device's
+//! origin proof signs), so a program using it compiles no server.
 //! The CLI (`tidings-cli`), the load generators and the integration tests
 //! use it; the server never does.
 

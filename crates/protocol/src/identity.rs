@@ -3,6 +3,8 @@
 //! (`server.key`, PKCS#8 PEM, mode 0600), and the `system/identity` entity
 //! named by its hash. The server signs with it the capabilities it mints.
 //! `tidings listen` keeps a device's key the same way ([`ServerIdentity::open`]).
+//! Also [`proof_target`], what a device's origin proof signs (seed 003):
+//! `tidings-client` signs it, the server's `service::device` checks it.
 
 use std::path::Path;
 

@@ -3,8 +3,9 @@
 //! once, reset by a success)
 //! with the settings each retrying loop uses, sleeps that end early on
 //! shutdown, and the wall clock in Unix milliseconds. A leaf: it names no
-//! other module, so the broker, the LISTEN task, the subscription engine,
-//! its courier and mirrors, and the terminal commands share it.
+//! other module, so the broker, the LISTEN task, the subscription
+//! supervisor, engine, courier and mirrors, and the terminal commands share
+//! it.
 
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// This server's own store (the broker's reads, the subscription
-    /// engine): 50 ms doubling to 2 s.
+    /// supervisor's lead): 50 ms doubling to 2 s.
     pub const STORE: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     /// The PostgreSQL LISTEN connection: 50 ms doubling to 5 s.
     pub const LISTEN: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));

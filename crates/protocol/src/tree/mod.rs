@@ -1,5 +1,5 @@
 //! The entity tree's vocabulary: paths, entities and their hashes. Pure: no
-//! I/O (the store keeps the tree; `http::tree` serves it).
+//! I/O (the server's store keeps the tree, and its `http::tree` serves it).
 //!
 //! An entity is `{type, data}`. Its hash is `sha256:<hex>` of its RFC 8785
 //! canonical JSON (through `serde_json_canonicalizer`), so two servers that
@@ -149,7 +149,7 @@ pub fn change_type(kind: ChangeKind) -> &'static str {
 
 /// The response header of `GET /v1/tree/{path}` naming the log id of the
 /// change that wrote the entity (the `sequence` its server signs that
-/// change with; see `subscription::signed`).
+/// change with; see `tidings_server::subscription::signed`).
 pub const CHANGE_ID_HEADER: &str = "tidings-change-id";
 
 /// Whether `path` is in `system/`, which holds what tidings itself keeps
