@@ -39,6 +39,23 @@ enum Command {
     /// Work with the event-type registry.
     #[command(subcommand)]
     Registry(RegistryCommand),
+    /// The event log's epochs: list them, or begin one after restoring the
+    /// store from a backup.
+    #[command(subcommand)]
+    Epoch(EpochCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum EpochCommand {
+    /// Print the log's epochs as JSON: number, fork (the last id that
+    /// survived into it), base (its ids come after it), reason, start.
+    List(Settings),
+    /// Begin a new epoch at the head. Run it after restoring the store from
+    /// a backup, before serving: no id handed out after the backup is
+    /// handed out again, and every client that saw history after it is told
+    /// (`system.replay_gap` with `reason: history_lost`). PostgreSQL begins
+    /// one by itself after a promotion or a point-in-time restore.
+    New(Settings),
 }
 
 fn init_logs(format: LogFormat) {
@@ -123,6 +140,19 @@ async fn main() -> anyhow::Result<()> {
             tidings_cli::subscribe::subscribe(args).await
         }
         Command::Registry(RegistryCommand::Check { registry }) => tidings_cli::cli::registry_check(&registry),
+        Command::Epoch(command) => {
+            let settings = match &command {
+                EpochCommand::List(s) | EpochCommand::New(s) => s,
+            };
+            init_logs(settings.log_format);
+            let store = tidings_server::app::open_store(settings).await?;
+            let report = match command {
+                EpochCommand::List(_) => serde_json::to_value(store.epochs(i32::MAX).await?.all())?,
+                EpochCommand::New(_) => serde_json::to_value(store.begin_epoch(tidings_server::store::EpochReason::Operator, 0).await?)?,
+            };
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
     }
 }
 

@@ -27,7 +27,7 @@ async fn resume_beyond_the_head_is_a_replay_gap(backend: Backend) {
     let gap = s.next().await;
     assert_eq!(gap.event.as_deref(), Some("system.replay_gap"));
     let v: Value = serde_json::from_str(&gap.data).unwrap();
-    assert_eq!(v, json!({"requested": 1_000_000, "available_from": 1, "head": 1}));
+    assert_eq!(v, json!({"requested": 1_000_000, "available_from": 1, "head": 1, "reason": "beyond_head"}));
     // Delivery continues live after the notice.
     let id = app.publish("comment.posted", json!({})).await;
     assert_eq!(s.ids(1).await, vec![id]);
@@ -185,7 +185,10 @@ async fn resume_older_than_retained_history_is_a_replay_gap(backend: Backend) {
     let mut s = app.stream("", Some(ids[0])).await;
     let gap = s.next().await;
     assert_eq!(gap.event.as_deref(), Some("system.replay_gap"));
-    assert_eq!(serde_json::from_str::<Value>(&gap.data).unwrap(), json!({"requested": 1, "available_from": 6, "head": 10}));
+    assert_eq!(
+        serde_json::from_str::<Value>(&gap.data).unwrap(),
+        json!({"requested": 1, "available_from": 6, "head": 10, "reason": "pruned"})
+    );
     assert_eq!(s.ids(5).await, ids[5..].to_vec());
 }
 

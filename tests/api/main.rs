@@ -10,6 +10,7 @@ mod cli;
 mod delivery;
 mod deploy;
 mod durability;
+mod epochs;
 mod exhaustion;
 mod filters;
 mod idempotency;

@@ -25,6 +25,7 @@ const CATALOG: &[&str] = &[
     "tidings_consumer_lag_events",
     "tidings_http_requests_total",
     "tidings_replay_gaps_total",
+    "tidings_epochs_begun_total",
     "tidings_registry_violations_total",
     "tidings_database_up",
     "tidings_listener_up",

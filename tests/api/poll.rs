@@ -255,7 +255,7 @@ async fn a_resume_point_the_log_cannot_serve_is_a_gap(backend: Backend) {
         assert_eq!(status, 200);
         assert_eq!(page["events"], json!([]));
         assert_eq!(page["next_since"], first, "never beyond the head: {page}");
-        assert_eq!(page["gap"], json!({"requested": 1000, "available_from": 1, "head": first}), "{page}");
+        assert_eq!(page["gap"], json!({"requested": 1000, "available_from": 1, "head": first, "reason": "beyond_head"}), "{page}");
     }
     let (_, page) = get(&app, "since=0").await;
     assert_eq!(ids(&page), vec![first]);
@@ -270,7 +270,7 @@ async fn a_resume_point_the_log_cannot_serve_is_a_gap(backend: Backend) {
     })
     .await;
     let (_, page) = get(&app, "since=0&limit=100").await;
-    assert_eq!(page["gap"], json!({"requested": 0, "available_from": all[5], "head": all[9]}), "{page}");
+    assert_eq!(page["gap"], json!({"requested": 0, "available_from": all[5], "head": all[9], "reason": "pruned"}), "{page}");
     assert_eq!(ids(&page), all[5..].to_vec());
 }
 

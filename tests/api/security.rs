@@ -344,7 +344,7 @@ async fn stream_publish_and_replay_limits(backend: Backend) {
     let gap = s.next().await;
     assert_eq!(gap.event.as_deref(), Some("system.replay_gap"));
     let v: Value = serde_json::from_str(&gap.data).unwrap();
-    assert_eq!(v, json!({"requested": head - 10, "available_from": head - 4, "head": head}));
+    assert_eq!(v, json!({"requested": head - 10, "available_from": head - 4, "head": head, "reason": "replay_limit"}));
     assert_eq!(s.ids(5).await, ((head - 4)..=head).collect::<Vec<_>>());
 }
 

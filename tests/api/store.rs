@@ -15,8 +15,8 @@ use tidings_protocol::tree::change_event;
 use tidings_server::store::embedded::EmbeddedStore;
 use tidings_server::store::postgres::{PostgresOptions, PostgresStore};
 use tidings_server::store::{
-    Acked, Actor, Bounds, ChangeKind, Condition, ConsumerOpen, EngineCommit, EngineEffect, IdempotencyKey, NewRecord, Opened, Publish,
-    Published, Store, TreeOutcome, TreeWrite,
+    Acked, Actor, Bounds, ChangeKind, Condition, ConsumerOpen, EngineCommit, EngineEffect, EpochReason, IdempotencyKey, NewRecord, Opened,
+    Publish, Published, Store, TreeOutcome, TreeWrite,
 };
 
 /// Runs a conformance check once per backend, on a fresh store each.
@@ -50,6 +50,7 @@ every_store!(
     engine_cursor_is_compare_and_set,
     prune_keeps_history_contiguous_and_spares_the_engine,
     idempotency_keys_replay_refuse_expire_and_are_pruned,
+    a_new_epoch_hands_out_ids_past_every_one_and_retention_counts_events,
 );
 
 async fn postgres_store() -> Arc<dyn Store> {
@@ -75,7 +76,7 @@ fn record(n: usize) -> NewRecord {
 async fn append_and_read_in_order(store: Arc<dyn Store>) {
     assert_eq!(store.head().await.unwrap(), 0, "a new store is empty");
     assert_eq!(store.floor().await.unwrap(), 0);
-    assert_eq!(store.bounds().await.unwrap(), Bounds { floor: 0, head: 0 });
+    assert_eq!(store.bounds().await.unwrap(), Bounds { floor: 0, head: 0, epoch: 0 });
     assert!(store.read_after(0, 10).await.unwrap().is_empty());
 
     assert_eq!(store.append(vec![record(0)]).await.unwrap(), vec![1]);
@@ -472,9 +473,37 @@ async fn prune_keeps_history_contiguous_and_spares_the_engine(store: Arc<dyn Sto
     assert!(store.engine_commit(EngineCommit { from: 0, to: 10, effects: vec![], counts: vec![] }).await.unwrap());
     assert_eq!(store.prune(None, Some(3)).await.unwrap(), 7);
     assert_eq!(store.floor().await.unwrap(), 7, "the oldest resume point served without a gap");
-    assert_eq!(store.bounds().await.unwrap(), Bounds { floor: 7, head: 10 }, "both read at once");
+    assert_eq!(store.bounds().await.unwrap(), Bounds { floor: 7, head: 10, epoch: 0 }, "both read at once");
     assert_eq!(store.read_after(0, 100).await.unwrap().iter().map(|r| r.id).collect::<Vec<_>>(), vec![8, 9, 10]);
     assert_eq!(store.head().await.unwrap(), 10, "pruning never moves the head");
     assert_eq!(store.append(vec![record(10)]).await.unwrap(), vec![11], "ids go on after a prune");
     assert_eq!(store.prune(Some(0), None).await.unwrap(), 0, "nothing is older than the epoch");
+}
+
+async fn a_new_epoch_hands_out_ids_past_every_one_and_retention_counts_events(store: Arc<dyn Store>) {
+    store.append((0..3).map(record).collect()).await.unwrap();
+    let first = store.begin_epoch(EpochReason::Operator, 0).await.unwrap();
+    assert_eq!((first.number, first.fork), (1, 3));
+    assert_eq!(store.bounds().await.unwrap(), Bounds { floor: 0, head: first.base, epoch: 1 });
+    // An epoch that hands out nothing before the next begins: the next
+    // one's fork is still the last id that survived.
+    let second = store.begin_epoch(EpochReason::Operator, first.base + 7).await.unwrap();
+    assert_eq!((second.number, second.fork), (2, 3));
+    assert!(second.base > first.base + 7, "past every id seen: {second:?}");
+    let ids = store.append((0..4).map(record).collect()).await.unwrap();
+    assert_eq!(ids, (1..=4).map(|i| second.base + i).collect::<Vec<_>>(), "gap-free within the epoch");
+    let epochs = store.epochs(2).await.unwrap();
+    assert_eq!(
+        epochs.all().iter().map(|e| (e.number, e.fork, e.base)).collect::<Vec<_>>(),
+        vec![(0, 0, 0), (1, 3, first.base), (2, 3, second.base)]
+    );
+    // Ids past the first new base may have been handed out by epoch 1 in a
+    // history that is lost too: epoch 2 forked where epoch 1 did.
+    assert_eq!((epochs.lost(first.base).map(|e| e.number), epochs.lost(first.base + 3).map(|e| e.number)), (Some(1), Some(2)));
+    assert_eq!(epochs.next_after(3), second.base + 1);
+    // Retention keeps the newest five events, across the boundary.
+    assert!(store.engine_commit(EngineCommit { from: 0, to: second.base + 4, effects: vec![], counts: vec![] }).await.unwrap());
+    assert_eq!(store.prune(None, Some(5)).await.unwrap(), 2);
+    let kept: Vec<i64> = store.read_after(0, 100).await.unwrap().iter().map(|r| r.id).collect();
+    assert_eq!(kept, [vec![3], ids].concat());
 }

@@ -71,6 +71,16 @@ export interface ReplayGap {
     requested: number;
     available_from: number;
     head: number;
+    /**
+     * Why: `pruned` (history before `available_from` was deleted),
+     * `replay_limit` (further back than one resume may replay), `beyond_head`
+     * (the point is past the head), `history_lost` (the server's store lost
+     * the history after `fork` in a failover or a restore: events seen after
+     * the fork are gone, and every event after the fork follows).
+     */
+    reason?: "pruned" | "replay_limit" | "beyond_head" | "history_lost";
+    /** With `history_lost`: the last id that survived. */
+    fork?: number;
 }
 /** The server closed a stream that fell behind; the client resumes from `last_event_id`. */
 export interface DroppedNotice {

@@ -259,6 +259,10 @@ class StreamState {
             // after it is new, whatever ids this client saw before.
             if (this.lastEventId !== null && gap.requested > gap.head)
                 this.lastEventId = gap.head;
+            // History after the fork was lost: the stream goes on after the fork,
+            // and a later resume from there is told nothing again.
+            if (this.lastEventId !== null && gap.reason === "history_lost" && gap.fork !== undefined)
+                this.lastEventId = gap.fork;
             this.options.onGap?.(gap);
         }
         else if (event === "system.client_dropped_slow") {

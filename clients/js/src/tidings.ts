@@ -78,6 +78,16 @@ export interface ReplayGap {
   requested: number;
   available_from: number;
   head: number;
+  /**
+   * Why: `pruned` (history before `available_from` was deleted),
+   * `replay_limit` (further back than one resume may replay), `beyond_head`
+   * (the point is past the head), `history_lost` (the server's store lost
+   * the history after `fork` in a failover or a restore: events seen after
+   * the fork are gone, and every event after the fork follows).
+   */
+  reason?: "pruned" | "replay_limit" | "beyond_head" | "history_lost";
+  /** With `history_lost`: the last id that survived. */
+  fork?: number;
 }
 
 /** The server closed a stream that fell behind; the client resumes from `last_event_id`. */
@@ -418,6 +428,9 @@ class StreamState implements Stream {
       // server's ids): the stream goes on from the head, and what comes
       // after it is new, whatever ids this client saw before.
       if (this.lastEventId !== null && gap.requested > gap.head) this.lastEventId = gap.head;
+      // History after the fork was lost: the stream goes on after the fork,
+      // and a later resume from there is told nothing again.
+      if (this.lastEventId !== null && gap.reason === "history_lost" && gap.fork !== undefined) this.lastEventId = gap.fork;
       this.options.onGap?.(gap);
     } else if (event === "system.client_dropped_slow") {
       this.options.onDropped?.(JSON.parse(data) as DroppedNotice);

@@ -63,8 +63,12 @@ const BROKER_READS: &str = "tidings_broker_reads_total";
 const REPLICA_UP: &str = "tidings_replica_up";
 /// How far a hot standby is behind the primary, by standby.
 const REPLICA_LAG: &str = "tidings_replica_lag_seconds";
-/// Replay gaps announced to clients.
+/// Replay gaps announced to clients, by reason (`pruned`, `replay_limit`,
+/// `beyond_head`, `history_lost`).
 const REPLAY_GAPS: &str = "tidings_replay_gaps_total";
+/// Epochs the event log began, by reason (`timeline`, `system`,
+/// `head_behind`, `operator`): each may have lost a suffix of history.
+const EPOCHS_BEGUN: &str = "tidings_epochs_begun_total";
 /// Payload-rule evaluations stopped by `TIDINGS_RULE_BUDGET` (the event did not match).
 const FILTER_BUDGET_EXCEEDED: &str = "tidings_filter_budget_exceeded_total";
 
@@ -182,7 +186,8 @@ fn describe() {
     describe_counter!(REPLAYED_EVENTS, Unit::Count, "Events sent from history on resume.");
     describe_counter!(REGISTRY_VIOLATIONS, Unit::Count, "Unregistered types or schema violations accepted in warn mode.");
     describe_counter!(HTTP_REQUESTS, Unit::Count, "HTTP requests, by route template and status.");
-    describe_counter!(REPLAY_GAPS, Unit::Count, "Resumes that could not be served gap-free.");
+    describe_counter!(REPLAY_GAPS, Unit::Count, "Resumes that could not be served gap-free, by reason.");
+    describe_counter!(EPOCHS_BEGUN, Unit::Count, "Epochs the event log began (a store that may have lost history), by reason.");
     describe_counter!(POLL_REQUESTS, Unit::Count, "Poll requests.");
     describe_gauge!(DATABASE_UP, Unit::Count, "1 while the store answers, 0 while it does not.");
     describe_gauge!(LISTENER_UP, Unit::Count, "1 while the LISTEN connection (or the embedded wake-up) is up.");
@@ -230,7 +235,12 @@ fn describe() {
     }
     counter!(LISTENER_RECONNECTS).increment(0);
     counter!(REPLAYED_EVENTS).increment(0);
-    counter!(REPLAY_GAPS).increment(0);
+    for reason in ["pruned", "replay_limit", "beyond_head", "history_lost"] {
+        counter!(REPLAY_GAPS, "reason" => reason).increment(0);
+    }
+    for reason in ["timeline", "system", "head_behind", "operator"] {
+        counter!(EPOCHS_BEGUN, "reason" => reason).increment(0);
+    }
     counter!(FILTER_BUDGET_EXCEEDED).increment(0);
     counter!(POLL_REQUESTS).increment(0);
     gauge!(DATABASE_UP).set(1.0);
@@ -331,9 +341,14 @@ pub fn group_committed(kind: &'static str, events: usize) {
     histogram!(PUBLISH_GROUP_EVENTS, "kind" => kind).record(events as f64);
 }
 
-/// A resume could not be served gap-free.
-pub fn replay_gap() {
-    counter!(REPLAY_GAPS).increment(1);
+/// A resume could not be served gap-free, for `reason`.
+pub fn replay_gap(reason: &'static str) {
+    counter!(REPLAY_GAPS, "reason" => reason).increment(1);
+}
+
+/// The event log began a new epoch, for `reason`.
+pub fn epoch_begun(reason: &'static str) {
+    counter!(EPOCHS_BEGUN, "reason" => reason).increment(1);
 }
 
 /// `n` events went to clients of `transport` (a poll answer).

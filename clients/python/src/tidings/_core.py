@@ -155,6 +155,10 @@ class StreamState:
             # another server's ids): what comes after the head is new.
             if self.last_event_id is not None and gap.requested > gap.head:
                 self.last_event_id = gap.head
+            # History after the fork was lost: the stream goes on after the
+            # fork, and a later resume from there is told nothing again.
+            if self.last_event_id is not None and gap.reason == "history_lost" and gap.fork is not None:
+                self.last_event_id = gap.fork
             if self.on_gap == "raise":
                 raise ReplayGap(gap)
         elif event == "system.client_dropped_slow":

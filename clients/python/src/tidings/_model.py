@@ -91,16 +91,29 @@ Event = Union[NewEvent, Mapping[str, Any]]
 
 @dataclass(frozen=True)
 class Gap:
-    """A resume point the server could not serve whole: history before
-    `available_from` was pruned (or the point was past the `head`)."""
+    """A resume point the server could not serve whole; `reason` says why:
+    `pruned` (history before `available_from` was deleted), `replay_limit`
+    (further back than one resume may replay), `beyond_head` (the point is
+    past the `head`), or `history_lost` (the server's store lost the history
+    after `fork` in a failover or a restore: events this client saw after
+    the fork are gone, and every event after the fork follows)."""
 
     requested: int
     available_from: int
     head: int
+    reason: str = "pruned"
+    fork: int | None = None
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Gap:
-        return cls(int(value["requested"]), int(value["available_from"]), int(value["head"]))
+        fork = value.get("fork")
+        return cls(
+            int(value["requested"]),
+            int(value["available_from"]),
+            int(value["head"]),
+            str(value.get("reason", "pruned")),
+            None if fork is None else int(fork),
+        )
 
 
 @dataclass(frozen=True)

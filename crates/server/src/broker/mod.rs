@@ -14,6 +14,7 @@
 //! behind: it is detached as *lagged* and catches up from the store again
 //! (KurrentDB's drop-to-catch-up) instead of being dropped.
 
+mod ending;
 mod frame;
 pub mod index;
 mod queue;
@@ -285,6 +286,9 @@ impl Broker {
                     }
                     Ok(rows) => {
                         backoff.reset();
+                        if rows[0].id > after + 1 {
+                            self.crossed(after).await;
+                        }
                         self.fan_out(rows, false);
                     }
                     Err(e) => {
@@ -302,58 +306,6 @@ impl Broker {
         }
         let _ = closer.await;
         self.shutdown();
-    }
-
-    /// A rolling restart's drain: ends the clients it holds spread evenly
-    /// over `window`, each as at shutdown (SSE: a jittered `retry:`;
-    /// WebSocket: close 1001; a long-poll: answered), a share every tick,
-    /// so their reconnections reach the other processes spread over the
-    /// window instead of in one storm. Clients that arrive meanwhile are
-    /// ended in the same way; whatever is left at the end of the window is
-    /// ended then. The broker goes on serving until the shutdown.
-    pub async fn drain(&self, window: Duration) {
-        let started = Instant::now();
-        let mut tick = tokio::time::interval(DRAIN_TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // Clients owed but not yet ended: a fraction carried to the next
-        // tick, so a few clients spread over the window too.
-        let mut due = 0.0_f64;
-        loop {
-            tick.tick().await;
-            let elapsed = started.elapsed();
-            let mut clients = self.lock();
-            let left = clients.map.len();
-            // Of those left, the share of the time left that one tick is.
-            let ending = match window.checked_sub(elapsed) {
-                Some(rest) if rest > DRAIN_TICK => {
-                    due += left as f64 * DRAIN_TICK.as_secs_f64() / rest.as_secs_f64();
-                    let now = due.floor();
-                    due -= now;
-                    now as usize
-                }
-                _ => left,
-            };
-            let ids: Vec<u64> = clients.map.keys().take(ending).copied().collect();
-            for id in ids {
-                if let Some(slot) = clients.remove(id) {
-                    slot.state.detached.store(Detached::Closed as u8 + 1, Ordering::Release);
-                }
-            }
-            drop(clients);
-            if elapsed >= window {
-                return;
-            }
-        }
-    }
-
-    /// Detaches every client (their streams end) and refuses new ones.
-    fn shutdown(&self) {
-        self.shared.stopped.cancel();
-        let mut clients = self.lock();
-        for (_, slot) in clients.map.drain() {
-            slot.state.detached.store(4, Ordering::Release);
-        }
-        clients.index = index::FilterIndex::default();
     }
 
     /// What the store hands over after an append ([`HandOff`]): taken (and

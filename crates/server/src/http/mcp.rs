@@ -162,7 +162,8 @@ fn may_write_tree(caller: &Identity) -> bool {
 static CATALOG: LazyLock<Vec<Entry>> = LazyLock::new(|| {
     let filter = json!({"type": "object", "description": "A filter: {types?: [glob], agents?: [id], targets?: [ref], payload?: JsonLogic rule}; fields AND-combined, values within one OR-combined"});
     let envelope = json!({"type": "object", "required": ["event_id", "event_type", "payload"], "properties": {"event_id": {"type": "integer"}, "event_type": {"type": "string"}}});
-    let gap = json!({"type": "object", "properties": {"requested": {"type": "integer"}, "available_from": {"type": "integer"}, "head": {"type": "integer"}}});
+    let gap = json!({"type": "object", "properties": {"requested": {"type": "integer"}, "available_from": {"type": "integer"}, "head": {"type": "integer"},
+        "reason": {"type": "string", "enum": ["pruned", "replay_limit", "beyond_head", "history_lost"]}, "fork": {"type": "integer"}}});
     let event = json!({"type": "object", "required": ["event_type"], "properties": {
         "event_type": {"type": "string", "description": "Dotted lowercase name, e.g. comment.posted"},
         "ref": {"type": "string"}, "payload": {"type": "object"}, "session_id": {"type": "string"},

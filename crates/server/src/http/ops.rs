@@ -58,7 +58,7 @@ pub(crate) async fn health() -> Json<Value> {
     path = "/health/deep",
     tag = "operations",
     responses(
-        (status = 200, description = "`{status, store, database, head_event_id, history_from, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads, primary_broker_reads} (null without TIDINGS_REPLICA_URLS; for an admin token, else null), outbox: {depth, oldest_age_ms, set_aside} (PostgreSQL; else null), uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
+        (status = 200, description = "`{status, store, database, head_event_id, history_from, epoch: {number, fork, base, reason, started_ms}, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads, primary_broker_reads} (null without TIDINGS_REPLICA_URLS; for an admin token, else null), outbox: {depth, oldest_age_ms, set_aside} (PostgreSQL; else null), uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
         (status = 503, description = "The same document while the database is down", body = Object),
     )
 )]
@@ -70,10 +70,14 @@ pub(crate) async fn health_deep(
     // are shown to admins only: with auth on, a token with `admin`.
     let admin = matches!(caller, Ok(super::caller::MaybeCaller(Some(ref identity))) if identity.admin);
     let store = app.store();
-    let probe = tokio::time::timeout(Duration::from_secs(2), async { (store.ping().await, store.head().await, store.floor().await) }).await;
-    let (up, head, floor) = match probe {
-        Ok((Ok(()), Ok(head), Ok(floor))) => (true, Some(head), Some(floor)),
-        _ => (false, None, None),
+    let probe = tokio::time::timeout(Duration::from_secs(2), async {
+        let bounds = store.bounds().await?;
+        Ok::<_, crate::store::StoreError>((bounds, store.epochs(bounds.epoch).await?))
+    })
+    .await;
+    let (up, head, floor, epoch) = match probe {
+        Ok(Ok((bounds, epochs))) => (true, Some(bounds.head), Some(bounds.floor), Some(epochs.current().clone())),
+        _ => (false, None, None, None),
     };
     // Its own deadline: a large outbox may make it slow, never the database
     // "down".
@@ -90,6 +94,9 @@ pub(crate) async fn health_deep(
         "database": if up { "up" } else { "down" },
         "head_event_id": head,
         "history_from": floor.map(|f| f + 1),
+        // The log's current epoch: a new one began where the store may have
+        // lost history (README "History that survives failover").
+        "epoch": epoch,
         "broker_position": app.broker().position(),
         "listener": { "state": listener, "reconnects": reconnects },
         // Standbys' addresses are shown to admins only, like peers.

@@ -79,7 +79,7 @@ const MAX_ID: u64 = i64::MAX as u64;
     ),
     responses(
         (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_limit`, `invalid_wait_ms`, `invalid_consumer_id`, `invalid_accept_envelope`, `invalid_query` (a parameter given twice, or unreadable)", body = crate::http::openapi::ErrorBody),
-        (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool, \"gap\"?: {requested, available_from, head}}`: `gap` when the resume point was pruned or is beyond the head", body = Object),
+        (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool, \"gap\"?: {requested, available_from, head, reason, fork?}}`: `gap` when the resume point was pruned, beyond the head, past the replay limit, or in history the store lost (`reason` `history_lost`, with the `fork` delivery goes on after)", body = Object),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`envelope_version_unsupported`", body = crate::http::openapi::ErrorBody),
@@ -118,7 +118,7 @@ pub(crate) async fn poll_get(
         (status = 400, description = "`invalid_poll`, `invalid_filter`, `invalid_since`, `invalid_limit`, `invalid_wait_ms`, `invalid_consumer_id`, `malformed_body`", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
         (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
-        (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool, \"gap\"?: {requested, available_from, head}}`: `gap` when the resume point was pruned or is beyond the head", body = Object),
+        (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool, \"gap\"?: {requested, available_from, head, reason, fork?}}`: `gap` when the resume point was pruned, beyond the head, past the replay limit, or in history the store lost (`reason` `history_lost`, with the `fork` delivery goes on after)", body = Object),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`envelope_version_unsupported`", body = crate::http::openapi::ErrorBody),
@@ -175,7 +175,7 @@ pub(crate) fn page_json(page: PollPage) -> Vec<u8> {
     }
     out.extend_from_slice(format!("],\"next_since\":{},\"has_more\":{}", page.next_since, page.has_more).as_bytes());
     if let Some(gap) = page.gap {
-        let gap = json!({ "requested": gap.requested, "available_from": gap.available_from, "head": gap.head });
+        let gap = gap.to_json();
         out.extend_from_slice(format!(",\"gap\":{gap}").as_bytes());
     }
     out.push(b'}');

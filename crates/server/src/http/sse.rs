@@ -210,7 +210,7 @@ fn event_frame(frame: &FrameData) -> Bytes {
 }
 
 fn gap_frame(gap: Gap) -> Bytes {
-    let data = json!({ "requested": gap.requested, "available_from": gap.available_from, "head": gap.head }).to_string();
+    let data = gap.to_json().to_string();
     sse_frame(None, Some(names::SYSTEM_REPLAY_GAP), data.as_bytes())
 }
 

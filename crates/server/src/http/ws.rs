@@ -460,7 +460,7 @@ impl Ws {
         }
         out.extend_from_slice(format!("],\"next_since\":{},\"has_more\":{}", page.next_since, page.has_more).as_bytes());
         if let Some(gap) = page.gap {
-            let gap = json!({"requested": gap.requested, "available_from": gap.available_from, "head": gap.head});
+            let gap = gap.to_json();
             out.extend_from_slice(format!(",\"gap\":{gap}").as_bytes());
         }
         out.extend_from_slice(b"}}");
@@ -603,9 +603,7 @@ impl Ws {
                 Next::Go
             }
             Item::Gap(gap) => {
-                let notice = json!({"jsonrpc": "2.0", "method": "stream.gap", "params": {
-                    "requested": gap.requested, "available_from": gap.available_from, "head": gap.head,
-                }});
+                let notice = json!({"jsonrpc": "2.0", "method": "stream.gap", "params": gap.to_json()});
                 match self.send_json(&notice).await {
                     Ok(()) => Next::Go,
                     Err(_) => Next::Close(close::INTERNAL, "write_failed"),

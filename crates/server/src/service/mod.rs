@@ -20,6 +20,7 @@
 
 pub mod device;
 pub mod error;
+pub mod gap;
 pub mod limits;
 pub mod outbox;
 pub mod poll;

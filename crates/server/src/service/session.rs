@@ -26,6 +26,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Core;
+pub use super::gap::{Gap, GapReason};
 use super::limits::StreamPermit;
 use crate::broker::{Broker, Detached, Frame, SubscribeOptions, Subscription};
 use crate::event::{Event, EventId};
@@ -75,17 +76,6 @@ pub struct SessionOptions {
     /// ends with [`Item::Expired`] (at the expiry when it has heartbeats,
     /// else at its next item).
     pub expires_at: Option<i64>,
-}
-
-/// A resume point that the log cannot serve without a gap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gap {
-    /// What the client asked to resume after.
-    pub requested: EventId,
-    /// The oldest id it can still receive.
-    pub available_from: EventId,
-    /// The head when this was found.
-    pub head: EventId,
 }
 
 /// A slow client's drop: the session ends after it; the client resumes
@@ -272,23 +262,39 @@ impl Session {
         let cursor = match start {
             Start::Now => position,
             Start::Resume(requested) | Start::After(requested) => {
-                let Bounds { floor, head } = store.bounds().await?;
+                let Bounds { floor, head, epoch } = store.bounds().await?;
+                let epochs = store.epochs(epoch).await?;
+                // The lowest retained id less one, or the fork when that id
+                // begins an epoch: the oldest point served without a gap.
+                let floor = epochs.before(floor + 1);
                 // The oldest point one resume may replay from: retained
                 // history, and for a stream at most max_replay events back
                 // (mercure's maxHistoryScan: a reconnect cannot force an
                 // unbounded scan).
                 let cap = match start {
-                    Start::Resume(_) => head.saturating_sub(i64::try_from(options.max_replay).unwrap_or(i64::MAX)),
+                    Start::Resume(_) => epochs.back(head, options.max_replay),
                     _ => 0,
                 };
-                let floor = floor.max(cap);
-                if requested > head || requested < floor {
-                    m::replay_gap();
-                    gap = Some(Gap { requested, available_from: floor + 1, head });
-                    if requested > head { head.max(position) } else { floor }
+                let oldest = floor.max(cap);
+                let (reason, fork, from) = if let Some(lost) = epochs.lost(requested) {
+                    // What the client saw after the fork is gone: it goes on
+                    // with every event after the fork that it may still get.
+                    (Some(GapReason::HistoryLost), Some(lost.fork), lost.fork.max(oldest))
+                } else if requested > head {
+                    (Some(GapReason::BeyondHead), None, head.max(position))
+                } else if requested < floor {
+                    (Some(GapReason::Pruned), None, oldest)
+                } else if requested < oldest {
+                    (Some(GapReason::ReplayLimit), None, oldest)
                 } else {
-                    requested
+                    (None, None, requested)
+                };
+                if let Some(reason) = reason {
+                    m::replay_gap(reason.as_str());
+                    let available_from = epochs.next_after(if reason == GapReason::BeyondHead { oldest } else { from });
+                    gap = Some(Gap { requested, available_from, head, reason, fork });
                 }
+                from
             }
         };
         let last_sent = match start {
@@ -482,12 +488,20 @@ impl Session {
             self.cursor = self.target;
             return None;
         };
+        if first.id > self.target {
+            // Nothing is left up to the target: the broker's position lay
+            // in a suffix the store lost (the broker ends its clients when
+            // it finds that out, and they resume with the gap announced).
+            self.cursor = self.target;
+            return None;
+        }
         let mut gap = None;
-        if first.id > self.cursor + 1 {
+        if first.id > self.cursor + 1 && first.id > self.next_after(self.cursor).await {
             // Retention pruned history while this client was replaying: say
-            // so instead of skipping silently.
-            m::replay_gap();
-            gap = Some(Gap { requested: self.cursor, available_from: first.id, head: self.target });
+            // so instead of skipping silently (a new epoch's first id after
+            // its fork is no gap).
+            m::replay_gap(GapReason::Pruned.as_str());
+            gap = Some(Gap { requested: self.cursor, available_from: first.id, head: self.target, reason: GapReason::Pruned, fork: None });
         }
         self.scanned += rows.len() as u64;
         let page_bytes: usize = rows.iter().map(|r| r.body.len()).sum();
@@ -517,6 +531,15 @@ impl Session {
             }
             (None, true) => None,
             (None, false) => Some(Item::Events { frames, replayed: true }),
+        }
+    }
+
+    /// The id after `id` in the log ([`crate::store::Epochs::next_after`]);
+    /// `id + 1` if the epochs cannot be read.
+    async fn next_after(&self, id: EventId) -> EventId {
+        match self.store().epochs(0).await {
+            Ok(epochs) => epochs.next_after(id),
+            Err(_) => id + 1,
         }
     }
 

@@ -15,6 +15,7 @@
 //! concrete store.
 
 pub mod embedded;
+pub mod epoch;
 pub mod group;
 pub mod idempotency;
 pub mod outbox;
@@ -29,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::event::{EventBody, EventId};
 pub use crate::tree::{ChangeEvent, ChangeKind};
+pub use epoch::{Epoch, EpochReason, Epochs};
 pub use idempotency::{IdempotencyKey, Publish, Published};
 pub use outbox::{Decide, OutboxDecision, OutboxMoved, OutboxRow, OutboxStatus};
 
@@ -367,6 +369,8 @@ pub struct Bounds {
     pub floor: EventId,
     /// The highest committed id ([`EventLog::head`]).
     pub head: EventId,
+    /// The current epoch's number ([`EventLog::epochs`]).
+    pub epoch: i32,
 }
 
 /// The event log: append with gap-free, commit-ordered ids, read after an
@@ -472,6 +476,17 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
 
     /// Cheap round trip to the database.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Every epoch of the log (see [`epoch`]), as of epoch `at_least` at
+    /// least: what this process read last, unless that is older (a
+    /// [`Bounds::epoch`] names a newer one), when the store is read again.
+    async fn epochs(&self, at_least: i32) -> Result<Arc<Epochs>, StoreError>;
+
+    /// Begins a new epoch at the head, whose ids begin past every id the
+    /// log can have handed out, lost or not, and past `seen` (the highest
+    /// id the caller saw committed): what `tidings epoch new` does after a
+    /// backup was restored.
+    async fn begin_epoch(&self, reason: EpochReason, seen: EventId) -> Result<Epoch, StoreError>;
 
     /// Starts whatever wakes `wake` after each commit (the LISTEN task for
     /// PostgreSQL; nothing for the embedded store, which wakes in-process)

@@ -247,11 +247,13 @@ fn envelope_schema() -> Value {
 fn stream_frames() -> Value {
     json!({
         "type": "object",
-        "description": "The frames of the stream, by SSE event name: unnamed frames (`message`, with `id:` the event id) carry an envelope; `system.replay_gap` says a resume point could not be served whole (resume from `available_from`); `system.client_dropped_slow` ends a stream whose client fell behind (resume from `last_event_id`); `system.token_expired` ends a stream whose token expired (resume from `last_event_id` with a fresh token); `system.filter_budget_exceeded` says, once, that the payload rule went over its budget on an event (which did not match). Comment lines are heartbeats; `retry:` opens and closes the stream.",
+        "description": "The frames of the stream, by SSE event name: unnamed frames (`message`, with `id:` the event id) carry an envelope; `system.replay_gap` says a resume point could not be served whole (resume from `available_from`; `reason` says why: `pruned`, `replay_limit`, `beyond_head`, or `history_lost`, which names the `fork` after which history was lost); `system.client_dropped_slow` ends a stream whose client fell behind (resume from `last_event_id`); `system.token_expired` ends a stream whose token expired (resume from `last_event_id` with a fresh token); `system.filter_budget_exceeded` says, once, that the payload rule went over its budget on an event (which did not match). Comment lines are heartbeats; `retry:` opens and closes the stream.",
         "properties": {
             "message": envelope_schema(),
-            "system.replay_gap": {"type": "object", "additionalProperties": false, "required": ["requested", "available_from", "head"], "properties": {
+            "system.replay_gap": {"type": "object", "additionalProperties": false, "required": ["requested", "available_from", "head", "reason"], "properties": {
                 "requested": id(), "available_from": id(), "head": id(),
+                "reason": {"type": "string", "enum": ["pruned", "replay_limit", "beyond_head", "history_lost"], "description": "`history_lost`: the store lost the history after `fork` (a failover, a restored backup) and what the client saw after it is gone"},
+                "fork": id(),
             }},
             "system.client_dropped_slow": {"type": "object", "additionalProperties": false, "required": ["reason", "last_event_id", "queue"], "properties": {
                 "reason": {"type": "string", "enum": ["queue_full", "no_progress"]},

@@ -141,15 +141,23 @@ impl EventLog for EmbeddedStore {
     async fn bounds(&self) -> Result<Bounds, StoreError> {
         self.read(|conn| {
             conn.prepare_cached(
-                "SELECT coalesce((SELECT min(id) - 1 FROM events), last_id), last_id FROM tidings_head WHERE singleton = 1",
+                "SELECT coalesce((SELECT min(id) - 1 FROM events), last_id), last_id, epoch FROM tidings_head WHERE singleton = 1",
             )?
-            .query_row([], |r| Ok(Bounds { floor: r.get(0)?, head: r.get(1)? }))
+            .query_row([], |r| Ok(Bounds { floor: r.get(0)?, head: r.get(1)?, epoch: r.get(2)? }))
         })
         .await
     }
 
     async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError> {
-        let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
+        // The newest `keep_last` events are kept: the cut is counted in the
+        // log's ids, which jump at an epoch's start.
+        let keep = match keep_last {
+            Some(n) => {
+                let bounds = self.bounds().await?;
+                Some(self.epochs(bounds.epoch).await?.back(bounds.head, n))
+            }
+            None => None,
+        };
         self.write(move |conn| {
             let cut: i64 = conn.query_row(
                 // Never past the subscription engine's cursor (a change it
@@ -158,7 +166,7 @@ impl EventLog for EmbeddedStore {
                 // taken yet is kept: the log is the courier's queue).
                 "SELECT min(max(
                     coalesce((SELECT max(id) FROM events WHERE recorded_at < ?1), 0),
-                    coalesce((SELECT last_id FROM tidings_head) - ?2, 0)),
+                    coalesce(?2, 0)),
                     (SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'),
                     coalesce((SELECT min(cursor) FROM tidings_device_cursors WHERE owner = ?3), (SELECT last_id FROM tidings_head)))",
                 params![recorded_before_ms, keep, crate::store::COURIER_CURSORS],
@@ -192,6 +200,44 @@ impl EventLog for EmbeddedStore {
         self.read(|conn| conn.query_row("SELECT 1", [], |_| Ok(()))).await
     }
 
+    async fn epochs(&self, at_least: i32) -> Result<Arc<Epochs>, StoreError> {
+        if let Some(epochs) = self.inner.epochs.get(at_least) {
+            return Ok(epochs);
+        }
+        let epochs = self.read(read_epochs).await?;
+        Ok(self.inner.epochs.set(epochs))
+    }
+
+    async fn begin_epoch(&self, reason: EpochReason, seen: EventId) -> Result<Epoch, StoreError> {
+        let (epoch, epochs) = self
+            .write(move |conn| {
+                immediate(conn, |tx| {
+                    let epochs = read_epochs(tx)?;
+                    let head: EventId = tx.query_row("SELECT last_id FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
+                    let fork = epochs.fork_at(head);
+                    let now = chrono::Utc::now().timestamp_millis();
+                    let epoch = Epoch {
+                        number: epochs.current().number + 1,
+                        fork,
+                        base: epoch::next_base(&epochs, head, seen, now),
+                        reason,
+                        started_ms: now,
+                    };
+                    tx.execute(
+                        "INSERT INTO tidings_epochs (epoch, fork, base, reason, started_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                        params![epoch.number, epoch.fork, epoch.base, reason.as_str(), now],
+                    )?;
+                    tx.execute("UPDATE tidings_head SET last_id = ?1, epoch = ?2 WHERE singleton = 1", params![epoch.base, epoch.number])?;
+                    let mut list = epochs.all().to_vec();
+                    list.push(epoch.clone());
+                    Ok((epoch, Epochs::new(list)))
+                })
+            })
+            .await?;
+        self.inner.epochs.set(epochs);
+        Ok(epoch)
+    }
+
     fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
         // Appends wake the broker in-process; nothing to run.
         *lock(&self.inner.wake) = Some(wake.clone());
@@ -206,4 +252,19 @@ impl EventLog for EmbeddedStore {
     fn listener(&self) -> (ListenerState, u64) {
         (ListenerState::Listening, 0)
     }
+}
+
+/// Every epoch, as stored.
+fn read_epochs(conn: &Connection) -> rusqlite::Result<Epochs> {
+    let mut stmt = conn.prepare_cached("SELECT epoch, fork, base, reason, started_ms FROM tidings_epochs ORDER BY epoch")?;
+    let rows = stmt.query_map([], |r| {
+        Ok(Epoch {
+            number: r.get(0)?,
+            fork: r.get(1)?,
+            base: r.get(2)?,
+            reason: EpochReason::parse(&r.get::<_, String>(3)?),
+            started_ms: r.get(4)?,
+        })
+    })?;
+    Ok(Epochs::new(rows.collect::<rusqlite::Result<Vec<_>>>()?))
 }

@@ -38,9 +38,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, HandOff,
-    ListenerState, NewRecord, Opened, Publish, Published, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore,
-    TreeWrite, idempotency,
+    Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, Epoch, EpochReason,
+    Epochs, EventLog, HandOff, ListenerState, NewRecord, Opened, Publish, Published, Record, StoreError, StoreKind, Tally, TreeEntry,
+    TreeOutcome, TreeStore, TreeWrite, epoch, idempotency,
 };
 use crate::event::EventId;
 
@@ -59,6 +59,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (12, "instance", include_str!("../../../migrations/embedded/0012_instance.sql")),
     (13, "idempotency", include_str!("../../../migrations/embedded/0013_idempotency.sql")),
     (14, "sql_publish", include_str!("../../../migrations/embedded/0014_sql_publish.sql")),
+    (15, "epochs", include_str!("../../../migrations/embedded/0015_epochs.sql")),
 ];
 
 /// Read connections kept open. A constant: SQLite readers in WAL mode run
@@ -87,6 +88,8 @@ struct Inner {
     reading: Arc<tokio::sync::Semaphore>,
     wake: Mutex<Option<Arc<Notify>>>,
     hand_off: Mutex<Option<HandOff>>,
+    /// The epochs read last.
+    epochs: super::epoch::EpochCache,
     /// Held for the life of the store: the directory's exclusive lock.
     _lock: File,
 }
@@ -144,6 +147,7 @@ impl EmbeddedStore {
                 reading: Arc::new(tokio::sync::Semaphore::new(READERS)),
                 wake: Mutex::new(None),
                 hand_off: Mutex::new(None),
+                epochs: Default::default(),
                 _lock: lock_file,
             }),
         })

@@ -13,6 +13,7 @@ const LISTENER_PROBE: Duration = Duration::from_secs(5);
 pub(super) async fn listen_loop(
     mut config: tokio_postgres::Config,
     status: Arc<ListenerStatus>,
+    epochs: Arc<crate::store::epoch::EpochCache>,
     wake: Arc<Notify>,
     cancel: CancellationToken,
 ) {
@@ -24,7 +25,7 @@ pub(super) async fn listen_loop(
     loop {
         let result = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = listen_once(&config, &status, &wake, &cancel, &mut backoff) => r,
+            r = listen_once(&config, &status, &epochs, &wake, &cancel, &mut backoff) => r,
         };
         if cancel.is_cancelled() {
             return;
@@ -49,6 +50,7 @@ pub(super) async fn listen_loop(
 async fn listen_once(
     config: &tokio_postgres::Config,
     status: &ListenerStatus,
+    epochs: &crate::store::epoch::EpochCache,
     wake: &Notify,
     cancel: &CancellationToken,
     backoff: &mut crate::retry::Backoff,
@@ -77,6 +79,13 @@ async fn listen_once(
         Ok(())
     });
     let guard = DriverGuard(driver);
+    // A (re)connect may have reached another database than before (a
+    // promoted standby, a restore): the epoch is settled (before LISTEN, so
+    // the session shows LISTEN as what it is for) before the broker
+    // reads anything, and a head below what was notified before is a lost
+    // suffix too.
+    let seen = status.notified.load(Ordering::Acquire);
+    super::epoch::settle(&client, epochs, super::epoch::Settle::Check { seen }).await.context("settling the event log's epoch")?;
     let listen = format!("LISTEN {CHANNEL}; LISTEN {OUTBOX_CHANNEL}");
     client.batch_execute(&listen).await.context("LISTEN")?;
     // Notifications may have been missed while not listening: the next

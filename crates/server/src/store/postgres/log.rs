@@ -2,6 +2,7 @@
 //! under its lock, the batch inserted, one NOTIFY), reads by id, the head,
 //! the floor and retention.
 
+use super::epoch;
 use super::listen::listen_loop;
 use super::*;
 use crate::store::{Decide, OutboxMoved, OutboxStatus};
@@ -17,11 +18,7 @@ impl EventLog for PostgresStore {
             return Ok(Vec::new());
         }
         let (types, bodies): (Vec<String>, Vec<String>) = batch.into_iter().map(|r| (r.event_type, r.body)).unzip();
-        let client = self.client().await?;
-        let statement = client.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
-        let row = client.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?;
-        drop(client);
-        let base: i64 = row.get(0);
+        let base = self.after_append_failed(self.append_rows(&types, &bodies).await).await?;
         let ids: Vec<EventId> = (1..=types.len() as i64).map(|i| base + i).collect();
         // Committed (one statement): hand it to the broker, which takes it
         // when nothing committed before it is still unread (another
@@ -38,27 +35,8 @@ impl EventLog for PostgresStore {
     }
 
     async fn append_once(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg_error)?;
-        // The row lock taken here serialises concurrent retries of one stream.
-        let moved = tx
-            .query_opt(
-                "INSERT INTO tidings_received (source, stream, seq) VALUES ($1, $2, $3)
-                 ON CONFLICT (source, stream) DO UPDATE SET seq = EXCLUDED.seq WHERE tidings_received.seq < EXCLUDED.seq
-                 RETURNING seq",
-                &[&source, &stream, &seq],
-            )
-            .await
-            .map_err(pg_error)?;
-        if moved.is_none() {
-            return Ok(None);
-        }
-        let statement = tx.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
-        let (types, bodies) = (vec![record.event_type], vec![record.body]);
-        let row = tx.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?;
-        tx.commit().await.map_err(pg_error)?;
-        let base: i64 = row.get(0);
-        Ok(Some(base + 1))
+        let appended = self.append_once_in(source, stream, seq, record).await;
+        self.after_append_failed(appended).await
     }
 
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
@@ -114,11 +92,14 @@ impl EventLog for PostgresStore {
         if publishes.iter().all(|p| p.key.is_none()) {
             return idempotency::unkeyed(self, publishes).await;
         }
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg_error)?;
-        let (answers, appended) = publish_in(&tx, publishes).await?;
-        tx.commit().await.map_err(pg_error)?;
-        drop(client);
+        let published = async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(pg_error)?;
+            let published = publish_in(&tx, publishes).await?;
+            tx.commit().await.map_err(pg_error)?;
+            Ok(published)
+        };
+        let (answers, appended) = self.after_append_failed(published.await).await?;
         self.hand_off_appended(appended);
         Ok(answers)
     }
@@ -147,16 +128,24 @@ impl EventLog for PostgresStore {
     async fn bounds(&self) -> Result<Bounds, StoreError> {
         let client = self.client().await?;
         let statement = client
-            .prepare_cached("SELECT coalesce((SELECT min(id) - 1 FROM events), last_id), last_id FROM tidings_head")
+            .prepare_cached("SELECT coalesce((SELECT min(id) - 1 FROM events), last_id), last_id, epoch FROM tidings_head")
             .await
             .map_err(pg_error)?;
         let row = client.query_one(&statement, &[]).await.map_err(pg_error)?;
-        Ok(Bounds { floor: row.get(0), head: row.get(1) })
+        Ok(Bounds { floor: row.get(0), head: row.get(1), epoch: row.get(2) })
     }
 
     async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError> {
         let client = self.client().await?;
-        let keep = keep_last.map(|k| k.min(i64::MAX as u64) as i64);
+        // The newest `keep_last` events are kept: the cut is counted in the
+        // log's ids, which jump at an epoch's start.
+        let keep = match keep_last {
+            Some(n) => {
+                let bounds = self.bounds().await?;
+                Some(self.epochs(bounds.epoch).await?.back(bounds.head, n))
+            }
+            None => None,
+        };
         let cut: i64 = client
             .query_one(
                 // Never past the subscription engine's cursor (a change it
@@ -165,7 +154,7 @@ impl EventLog for PostgresStore {
                 // taken yet is kept: the log is the courier's queue).
                 "SELECT LEAST(GREATEST(
                     COALESCE((SELECT max(id) FROM events WHERE recorded_at < to_timestamp($1::bigint / 1000.0)), 0),
-                    COALESCE((SELECT last_id FROM tidings_head) - $2::bigint, 0)),
+                    COALESCE($2::bigint, 0)),
                     (SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'),
                     (SELECT min(cursor) FROM tidings_device_cursors WHERE owner = $3))",
                 &[&recorded_before_ms, &keep, &crate::store::COURIER_CURSORS],
@@ -208,10 +197,26 @@ impl EventLog for PostgresStore {
         Ok(())
     }
 
+    async fn epochs(&self, at_least: i32) -> Result<Arc<Epochs>, StoreError> {
+        if let Some(epochs) = self.epochs.get(at_least) {
+            return Ok(epochs);
+        }
+        let client = self.client().await?;
+        let epochs = epoch::read_epochs(&client).await?;
+        Ok(self.epochs.set(epochs))
+    }
+
+    async fn begin_epoch(&self, reason: EpochReason, seen: EventId) -> Result<Epoch, StoreError> {
+        debug_assert_eq!(reason, EpochReason::Operator, "PostgreSQL begins the other epochs itself");
+        let seen = seen.max(self.listener.notified.load(Ordering::Acquire));
+        let begun = self.settle(epoch::Settle::Begin { seen }).await?;
+        begun.ok_or_else(|| StoreError::Other(anyhow::anyhow!("no epoch was begun")))
+    }
+
     fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
         let config = self.config.clone();
         let status = self.listener.clone();
-        tokio::spawn(listen_loop(config, status, wake, cancel))
+        tokio::spawn(listen_loop(config, status, self.epochs.clone(), wake, cancel))
     }
 
     fn hand_off_to(&self, to: HandOff) {
@@ -313,6 +318,40 @@ pub(super) async fn publish_in(
 }
 
 impl PostgresStore {
+    /// [`EventLog::append_once`], once.
+    async fn append_once_in(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        // The row lock taken here serialises concurrent retries of one stream.
+        let moved = tx
+            .query_opt(
+                "INSERT INTO tidings_received (source, stream, seq) VALUES ($1, $2, $3)
+                 ON CONFLICT (source, stream) DO UPDATE SET seq = EXCLUDED.seq WHERE tidings_received.seq < EXCLUDED.seq
+                 RETURNING seq",
+                &[&source, &stream, &seq],
+            )
+            .await
+            .map_err(pg_error)?;
+        if moved.is_none() {
+            return Ok(None);
+        }
+        let statement = tx.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
+        let (types, bodies) = (vec![record.event_type], vec![record.body]);
+        let row = tx.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?;
+        tx.commit().await.map_err(pg_error)?;
+        let base: i64 = row.get(0);
+        Ok(Some(base + 1))
+    }
+
+    /// One append of `types` and `bodies` on a pooled connection: the id
+    /// before the first.
+    async fn append_rows(&self, types: &[String], bodies: &[String]) -> Result<EventId, StoreError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
+        let row = client.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?;
+        Ok(row.get(0))
+    }
+
     /// Hands committed records to the broker, as [`EventLog::append`] does.
     pub(super) fn hand_off_appended(&self, appended: Vec<(EventId, String)>) {
         if appended.is_empty() {

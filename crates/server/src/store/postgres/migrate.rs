@@ -21,6 +21,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (12, "instance", include_str!("../../../migrations/postgres/0012_instance.sql")),
     (13, "idempotency", include_str!("../../../migrations/postgres/0013_idempotency.sql")),
     (14, "sql_publish", include_str!("../../../migrations/postgres/0014_sql_publish.sql")),
+    (15, "epochs", include_str!("../../../migrations/postgres/0015_epochs.sql")),
 ];
 
 impl PostgresStore {

@@ -20,6 +20,7 @@
 
 mod consumers;
 mod engine;
+mod epoch;
 mod listen;
 mod log;
 mod migrate;
@@ -41,9 +42,9 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, EventLog, HandOff,
-    ListenerState, NewRecord, Opened, Publish, Published, Record, StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore,
-    TreeWrite, idempotency,
+    Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, EngineCommit, EngineEffect, EngineStore, Epoch, EpochReason,
+    Epochs, EventLog, HandOff, ListenerState, NewRecord, Opened, Publish, Published, Record, StoreError, StoreKind, Tally, TreeEntry,
+    TreeOutcome, TreeStore, TreeWrite, idempotency,
 };
 use crate::event::EventId;
 
@@ -85,6 +86,8 @@ pub struct PostgresStore {
     replicas: Arc<replica::Replicas>,
     /// Whether the broker's tail reads go to the standbys.
     broker_reads_replica: bool,
+    /// The epochs read last.
+    epochs: Arc<crate::store::epoch::EpochCache>,
 }
 
 fn lock_hand_off(m: &std::sync::Mutex<Option<HandOff>>) -> std::sync::MutexGuard<'_, Option<HandOff>> {
@@ -120,13 +123,39 @@ impl PostgresStore {
             hand_off: Arc::default(),
             replicas,
             broker_reads_replica: options.broker_reads_replica,
+            epochs: Arc::default(),
         };
         store.migrate().await?;
+        // The cluster found is the epoch's, or a new epoch begins before
+        // anything is appended.
+        store.settle(epoch::Settle::Check { seen: 0 }).await.context("checking the event log's epoch")?;
         Ok(store)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(pool_error)
+    }
+
+    /// [`epoch::settle`] on a pooled connection.
+    async fn settle(&self, how: epoch::Settle) -> Result<Option<Epoch>, StoreError> {
+        let client = self.client().await?;
+        epoch::settle(&client, &self.epochs, how).await
+    }
+
+    /// After an append failed: when it was refused for the timeline (the
+    /// database was promoted or restored), the new epoch begins now, so
+    /// the publisher's retry is appended in it. The failure stands (`503`):
+    /// nothing was appended.
+    async fn after_append_failed<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Unavailable(message)) = &result
+            && message.starts_with(epoch::OFF_TIMELINE)
+        {
+            let seen = self.listener.notified.load(Ordering::Acquire);
+            if let Err(e) = self.settle(epoch::Settle::Check { seen }).await {
+                tracing::warn!(error = %e, "cannot begin the event log's new epoch yet");
+            }
+        }
+        result
     }
 }
 
@@ -164,6 +193,12 @@ fn pool_error(e: PoolError) -> StoreError {
 /// Connection-level failures (closed socket, I/O, the server shutting down or
 /// refusing connections) are "unavailable"; the rest are bugs.
 fn pg_error(e: tokio_postgres::Error) -> StoreError {
+    if e.code().is_some_and(|c| c.code() == epoch::OFF_TIMELINE) {
+        return StoreError::Unavailable(format!(
+            "{}: the database is on another timeline than the event log's epoch; retry",
+            epoch::OFF_TIMELINE
+        ));
+    }
     let unavailable = e.is_closed()
         || e.code().is_some_and(|c| {
             let code = c.code();
@@ -188,7 +223,7 @@ RETURNING scope, key";
 const APPEND_SQL: &str = "
 WITH head AS (
     UPDATE tidings_head SET last_id = last_id + cardinality($1::text[])
-    WHERE singleton
+    WHERE singleton AND tidings_on_timeline(timeline)
     RETURNING last_id - cardinality($1::text[]) AS base, last_id
 ), inserted AS (
     INSERT INTO events (id, event_type, body)

@@ -1,0 +1,348 @@
+//! History that survives losing a suffix of the log (see
+//! `crates/server/src/store/epoch.rs`): after a restore from a backup
+//! (`tidings epoch new`, both stores), when PostgreSQL answers on another
+//! timeline than the epoch's or below what a process saw committed, and
+//! through a real promotion of an asynchronous standby that was behind
+//! (scripts/test starts the pair), a new epoch begins; no id of the lost suffix names another event, a resume
+//! point in it is told `history_lost` with the fork and goes on with every
+//! event after the fork, and one at or below the fork goes on silently.
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::both_stores;
+use crate::helpers::{Backend, Stream, TestApp, spawn_app, spawn_app_with, wait_until};
+
+both_stores!(a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told);
+
+/// Every id JavaScript represents exactly.
+const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
+
+/// Runs `tidings epoch <verb>` on a store as an operator would, with the
+/// server stopped; its JSON output.
+async fn epoch_command(verb: &str, data_dir: &std::path::Path, database_url: Option<&str>) -> Value {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tidings"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("TIDINGS_DATA_DIR", data_dir)
+        .env("TIDINGS_REGISTRY", concat!(env!("CARGO_MANIFEST_DIR"), "/registry"))
+        .args(["epoch", verb]);
+    if let Some(url) = database_url {
+        cmd.env("DATABASE_URL", url);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await.expect("tidings epoch finished").unwrap();
+    assert!(out.status.success(), "tidings epoch {verb}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("tidings epoch {verb} printed JSON: {e}"))
+}
+
+/// A copy of a stopped server's store, as a backup holds it: the data
+/// directory's files into `into`, or a new database made from the
+/// server's (whose URL is answered).
+async fn backup(backend: Backend, data_dir: &std::path::Path, database_url: Option<&str>, into: &std::path::Path) -> Option<String> {
+    std::fs::create_dir_all(into).unwrap();
+    match backend {
+        Backend::Embedded => {
+            for entry in std::fs::read_dir(data_dir).unwrap() {
+                let entry = entry.unwrap();
+                if entry.file_type().unwrap().is_file() {
+                    std::fs::copy(entry.path(), into.join(entry.file_name())).unwrap();
+                }
+            }
+            None
+        }
+        Backend::Postgres => {
+            let (base, source) = database_url.unwrap().rsplit_once('/').unwrap();
+            let name = format!("t_{}", rand::random::<u64>());
+            let (client, conn) = tokio_postgres::connect(&crate::helpers::admin_url(), tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            // PostgreSQL waits a few seconds for the stopped server's
+            // sessions to end before it copies.
+            client.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {source}")).await.expect("copying the database");
+            Some(format!("{base}/{name}"))
+        }
+    }
+}
+
+/// The gap a resumed stream announces first, or `None` if its first frame
+/// is an event; and the ids of the next `n` events.
+async fn resume(app: &TestApp, last_event_id: i64, n: usize) -> (Option<Value>, Vec<i64>) {
+    let mut stream: Stream = app.stream("", Some(last_event_id)).await;
+    let first = stream.next().await;
+    let (gap, mut ids) = match first.event.as_deref() {
+        Some("system.replay_gap") => (Some(serde_json::from_str(&first.data).unwrap()), Vec::new()),
+        None => (None, vec![first.id.unwrap().parse().unwrap()]),
+        Some(other) => panic!("unexpected frame {other}"),
+    };
+    if ids.len() < n {
+        ids.extend(stream.ids(n - ids.len()).await);
+    }
+    (gap, ids)
+}
+
+async fn a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told(backend: Backend) {
+    let home = tempfile::tempdir().unwrap();
+    let (settings_dir, restored_dir) = (home.path().join("live"), home.path().join("restored"));
+    let app = spawn_app_with(backend, |s| s.data_dir = settings_dir.clone()).await;
+    let stopped_url = app.db_url.clone();
+    for i in 1..=3 {
+        assert_eq!(app.publish("comment.posted", json!({"i": i})).await, i);
+    }
+    // The backup is taken of the stopped server, at head 3.
+    app.stop().await;
+    let backup_url = backup(backend, &settings_dir, stopped_url.as_deref(), &restored_dir).await;
+
+    // The original goes on: ids 4 and 5 are handed out and seen.
+    let app = spawn_app_with(backend, |s| {
+        s.data_dir = settings_dir.clone();
+        s.database_url = stopped_url.clone();
+    })
+    .await;
+    assert_eq!(app.publish("comment.posted", json!({"i": 4})).await, 4);
+    assert_eq!(app.publish("comment.posted", json!({"i": 5})).await, 5);
+    let (gap, ids) = resume(&app, 3, 2).await;
+    assert_eq!((gap, ids), (None, vec![4, 5]), "a client saw 4 and 5");
+    app.stop().await;
+
+    // The store is lost and restored from the backup (head 3); the
+    // operator begins a new epoch before serving.
+    let begun = epoch_command("new", &restored_dir, backup_url.as_deref()).await;
+    assert_eq!(
+        (begun["number"].as_i64(), begun["fork"].as_i64(), begun["reason"].as_str()),
+        (Some(1), Some(3), Some("operator")),
+        "{begun}"
+    );
+    let base = begun["base"].as_i64().unwrap();
+    assert!(base > 5 && base < MAX_SAFE_INTEGER / 100, "the new epoch's ids begin past every id handed out: {begun}");
+    let listed = epoch_command("list", &restored_dir, backup_url.as_deref()).await;
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+    assert_eq!((listed[0]["number"].as_i64(), listed[0]["base"].as_i64()), (Some(0), Some(0)), "{listed}");
+
+    let app = spawn_app_with(backend, |s| {
+        s.data_dir = restored_dir.clone();
+        s.database_url = backup_url.clone();
+    })
+    .await;
+    let new = [app.publish("comment.posted", json!({"i": "new 1"})).await, app.publish("comment.posted", json!({"i": "new 2"})).await];
+    assert_eq!(new, [base + 1, base + 2], "no id of the lost suffix is handed out again; gap-free within the epoch");
+
+    // The client that saw 5 is told, with the fork, and gets every event
+    // after the fork exactly once.
+    let (gap, ids) = resume(&app, 5, 2).await;
+    let gap = gap.expect("a resume point in the lost suffix is announced");
+    assert_eq!(
+        (gap["reason"].as_str(), gap["requested"].as_i64(), gap["fork"].as_i64(), gap["available_from"].as_i64()),
+        (Some("history_lost"), Some(5), Some(3), Some(base + 1)),
+        "{gap}"
+    );
+    assert_eq!(ids, new.to_vec());
+    // At or below the fork: across the boundary, silently.
+    assert_eq!(resume(&app, 2, 3).await, (None, vec![3, base + 1, base + 2]));
+    assert_eq!(resume(&app, 3, 2).await, (None, new.to_vec()));
+    // A poll from the lost suffix gets the same signal and the same events.
+    let page: Value = app.http.get(app.url("/v1/poll?since=4")).send().await.unwrap().json().await.unwrap();
+    assert_eq!((page["gap"]["reason"].as_str(), page["gap"]["fork"].as_i64()), (Some("history_lost"), Some(3)), "{page}");
+    let polled: Vec<i64> = page["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_i64().unwrap()).collect();
+    assert_eq!(polled, new.to_vec());
+    // A resume point past every id handed out is beyond the head, as before.
+    let (gap, _) = resume(&app, base + 100, 0).await;
+    assert_eq!(gap.unwrap()["reason"], "beyond_head");
+    // (Every server of the test process counts into one registry.)
+    assert!(app.metric("tidings_replay_gaps_total{reason=\"history_lost\"}").await >= 2.0);
+}
+
+/// Opens a live stream after `since` and reads `n` event ids.
+async fn live(app: &TestApp, since: i64, n: usize) -> (Stream, Vec<i64>) {
+    let mut stream = app.stream(&format!("?since={since}"), None).await;
+    let ids = stream.ids(n).await;
+    (stream, ids)
+}
+
+/// The next id a stream delivers after ending and resuming as a browser
+/// would: the stream ends (the broker found it may have shown lost
+/// events), and the resume announces the loss.
+async fn ends(stream: &mut Stream) {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(e) = stream.next_or_end().await {
+            assert!(e.event.is_some(), "no event is delivered across a lost suffix: {e:?}");
+        }
+    })
+    .await
+    .expect("the stream ends");
+}
+
+/// PostgreSQL: a database on another timeline than the epoch's (what a
+/// promoted standby or a point-in-time restore is) refuses appends until a
+/// new epoch begins, which the refused publish begins; a live stream that
+/// was shown lost events is ended and told on resume. Then a head found
+/// below what the process saw committed (the LISTEN session reconnects to
+/// a database that lost a suffix) begins one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_timeline_or_a_head_below_what_was_seen_begins_an_epoch() {
+    let app = spawn_app(Backend::Postgres).await;
+    for i in 1..=5 {
+        app.publish("comment.posted", json!({"i": i})).await;
+    }
+    let (mut watching, seen) = live(&app, 0, 5).await;
+    assert_eq!(seen, vec![1, 2, 3, 4, 5]);
+
+    // The database as a standby promoted while it was behind finds it: ids
+    // 4 and 5 never reached it, and it writes on a new timeline.
+    let db = app.db().await;
+    db.batch_execute(
+        "DELETE FROM events WHERE id > 3;
+         UPDATE tidings_head SET last_id = 3, timeline = timeline + 1",
+    )
+    .await
+    .unwrap();
+    let (status, body) = app.post_events(&json!({"event_type": "comment.posted", "payload": {"i": "in flight"}})).await;
+    assert_eq!(status, 503, "a publish in flight at the failover is not acknowledged: {body}");
+    let id = app.publish("comment.posted", json!({"i": "after"})).await;
+    let epochs = app.store.epochs(i32::MAX).await.unwrap();
+    let epoch = epochs.current().clone();
+    assert_eq!((epoch.number, epoch.fork, epoch.reason.as_str()), (1, 3, "timeline"));
+    assert_eq!(id, epoch.base + 1);
+    assert!(id > 5 && id < MAX_SAFE_INTEGER);
+
+    // The live client saw 4 and 5: its stream ends, and its resume is told.
+    ends(&mut watching).await;
+    let (gap, ids) = resume(&app, 5, 1).await;
+    let gap = gap.expect("told");
+    assert_eq!((gap["reason"].as_str(), gap["fork"].as_i64()), (Some("history_lost"), Some(3)), "{gap}");
+    assert_eq!(ids, vec![id]);
+
+    // The database loses the last event without a timeline change; the
+    // LISTEN session reconnects to it and finds the head below what it saw.
+    let (mut watching, _) = live(&app, id - 1, 1).await;
+    db.batch_execute(&format!(
+        "DELETE FROM events WHERE id = {id};
+         UPDATE tidings_head SET last_id = {};
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tidings-listener' AND datname = current_database()",
+        id - 1
+    ))
+    .await
+    .unwrap();
+    wait_until("a new epoch for the head below what was seen", Duration::from_secs(20), Duration::from_millis(50), || async {
+        app.store.epochs(i32::MAX).await.unwrap().current().number == 2
+    })
+    .await;
+    let epochs = app.store.epochs(i32::MAX).await.unwrap();
+    let epoch = epochs.current().clone();
+    // The epoch before handed out one id, and it was lost: the last id that
+    // survived is that epoch's fork.
+    assert_eq!((epoch.fork, epoch.reason.as_str()), (3, "head_behind"));
+    let next = app.publish("comment.posted", json!({"i": "next"})).await;
+    assert_eq!(next, epoch.base + 1);
+    ends(&mut watching).await;
+    let (gap, ids) = resume(&app, id, 1).await;
+    assert_eq!(gap.expect("told")["fork"].as_i64(), Some(3));
+    assert_eq!(ids, vec![next]);
+    // Nothing lost, nothing told: a deployment that never fails over keeps
+    // its ids (the first epoch begins at 0).
+    let fresh = spawn_app(Backend::Postgres).await;
+    assert_eq!(fresh.publish("comment.posted", json!({})).await, 1);
+    assert_eq!(fresh.store.epochs(i32::MAX).await.unwrap().all().len(), 1);
+}
+
+/// Runs a `pg_ctl` command line from the test environment (`PG_CTL` of
+/// scripts/pg.sh: a `runuser` prefix, the binary, its data directory) with
+/// `args`.
+async fn pg_ctl(variable: &str, args: &[&str]) {
+    let line = std::env::var(variable).unwrap_or_else(|_| panic!("{variable} is not set: run the suite with scripts/test"));
+    let mut words = line.split_whitespace();
+    let mut cmd = tokio::process::Command::new(words.next().unwrap());
+    cmd.args(words).args(args).stdout(std::process::Stdio::null());
+    let status = tokio::time::timeout(Duration::from_secs(60), cmd.status()).await.expect("pg_ctl finished").unwrap();
+    assert!(status.success(), "pg_ctl {args:?} on {variable}");
+}
+
+/// `host:port` of a test cluster's URL.
+fn host_of(url: &str) -> &str {
+    url.split_once('@').unwrap().1.split('/').next().unwrap()
+}
+
+/// A real failover, as production has it: tidings on a multi-host
+/// `DATABASE_URL` (`target_session_attrs=read-write`) over a primary and its
+/// asynchronous standby; the standby falls behind (stopped) while two
+/// publishes are acknowledged and seen live; the primary dies (`pg_ctl -m
+/// immediate stop`) and the standby is promoted (`pg_ctl promote`). The
+/// process finds the new primary by itself, publishing resumes within 5 s of
+/// the promotion, the lost ids are never handed out again, and the client
+/// that saw them is told; one that saw nothing lost goes on silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_that_lost_acknowledged_events_is_told_and_reuses_no_id() {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run the suite with scripts/test"));
+    let (primary, standby) = (var("TIDINGS_TEST_FAILOVER_PRIMARY_URL"), var("TIDINGS_TEST_FAILOVER_STANDBY_URL"));
+    let (name_url, name) = crate::helpers::fresh_database_on(&primary).await;
+    let url = format!("postgres://postgres@{},{}/{name}?target_session_attrs=read-write", host_of(&primary), host_of(&standby));
+    let app = spawn_app_with(Backend::Postgres, |s| s.database_url = Some(url.clone())).await;
+    for i in 1..=3 {
+        assert_eq!(app.publish("comment.posted", json!({"i": i})).await, i);
+    }
+    // The standby holds the first three.
+    let standby_db = standby.rsplit_once('/').unwrap().0.to_owned() + "/" + &name;
+    wait_until("the standby replays the first three events", Duration::from_secs(20), Duration::from_millis(50), || async {
+        match tokio_postgres::connect(&standby_db, tokio_postgres::NoTls).await {
+            Ok((client, conn)) => {
+                tokio::spawn(conn);
+                client.query_one("SELECT last_id FROM tidings_head", &[]).await.is_ok_and(|r| r.get::<_, i64>(0) == 3)
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    drop(name_url);
+    let (mut watching, _) = live(&app, 0, 3).await;
+
+    // The standby falls behind; two publishes are acknowledged and seen.
+    pg_ctl("TIDINGS_TEST_FAILOVER_STANDBY_PG_CTL", &["-m", "fast", "stop"]).await;
+    assert_eq!(app.publish("comment.posted", json!({"i": 4})).await, 4);
+    assert_eq!(app.publish("comment.posted", json!({"i": 5})).await, 5);
+    assert_eq!(watching.ids(2).await, vec![4, 5]);
+
+    // The primary dies; the standby, which never got 4 and 5, is promoted.
+    pg_ctl("TIDINGS_TEST_FAILOVER_PRIMARY_PG_CTL", &["-m", "immediate", "stop"]).await;
+    pg_ctl("TIDINGS_TEST_FAILOVER_STANDBY_PG_CTL", &["start"]).await;
+    pg_ctl("TIDINGS_TEST_FAILOVER_STANDBY_PG_CTL", &["promote"]).await;
+
+    // Publishing resumes within 5 s; what fails meanwhile is refused, never
+    // acknowledged.
+    let (after, refused) = crate::helpers::gather(
+        Duration::from_secs(5),
+        0,
+        |refused| format!("publishing to resume within 5 s of the promotion ({refused} refused)"),
+        |refused| {
+            let app = &app;
+            async move {
+                let (status, body) = app.post_events(&json!({"event_type": "comment.posted", "payload": {"i": "after"}})).await;
+                match status {
+                    201 => ControlFlow::Break((body["event_ids"][0].as_i64().unwrap(), refused)),
+                    503 => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        ControlFlow::Continue(refused + 1)
+                    }
+                    other => panic!("a publish during the failover answered {other}: {body}"),
+                }
+            }
+        },
+    )
+    .await;
+    let epochs = app.store.epochs(i32::MAX).await.unwrap();
+    let epoch = epochs.current().clone();
+    assert_eq!((epoch.number, epoch.fork, epoch.reason.as_str()), (1, 3, "timeline"), "{epochs:?}");
+    assert_eq!(after, epoch.base + 1, "the first id of the new epoch, past 4 and 5 (after {refused} refusals)");
+
+    // The client that saw 4 and 5 is ended and told on resume; the log holds
+    // 1, 2, 3 and the new event.
+    ends(&mut watching).await;
+    let (gap, ids) = resume(&app, 5, 1).await;
+    let gap = gap.expect("told");
+    assert_eq!(
+        (gap["reason"].as_str(), gap["fork"].as_i64(), gap["requested"].as_i64()),
+        (Some("history_lost"), Some(3), Some(5)),
+        "{gap}"
+    );
+    assert_eq!(ids, vec![after]);
+    assert_eq!(resume(&app, 0, 4).await, (None, vec![1, 2, 3, after]));
+}
