@@ -89,6 +89,9 @@ async fn a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told(
     for i in 1..=3 {
         assert_eq!(app.publish("comment.posted", json!({"i": i})).await, i);
     }
+    // Two durable consumers: one confirmed everything (3), one up to 2.
+    assert_eq!(consume(&app, "at-fork", Some(0), Some(3)).await.0, vec![1, 2, 3]);
+    assert_eq!(consume(&app, "behind", Some(0), Some(2)).await.0, vec![1, 2, 3]);
     // The backup is taken of the stopped server, at head 3.
     app.stop().await;
     let backup_url = backup(backend, &settings_dir, stopped_url.as_deref(), &restored_dir).await;
@@ -103,6 +106,8 @@ async fn a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told(
     assert_eq!(app.publish("comment.posted", json!({"i": 5})).await, 5);
     let (gap, ids) = resume(&app, 3, 2).await;
     assert_eq!((gap, ids), (None, vec![4, 5]), "a client saw 4 and 5");
+    // The consumer at 3 is shown 4 and 5 (and confirms them).
+    assert_eq!(consume(&app, "at-fork", None, Some(5)).await.0, vec![4, 5]);
     app.stop().await;
 
     // The store is lost and restored from the backup (head 3); the
@@ -145,11 +150,34 @@ async fn a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told(
     assert_eq!((page["gap"]["reason"].as_str(), page["gap"]["fork"].as_i64()), (Some("history_lost"), Some(3)), "{page}");
     let polled: Vec<i64> = page["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_i64().unwrap()).collect();
     assert_eq!(polled, new.to_vec());
+    // The consumers' cursors rolled back with the store: the one at the
+    // fork was shown lost events, and its first read says so, once; the
+    // one behind the fork goes on silently.
+    let (polled, gap) = consume(&app, "at-fork", None, None).await;
+    assert_eq!((polled, gap["reason"].as_str(), gap["fork"].as_i64()), (new.to_vec(), Some("history_lost"), Some(3)), "{gap}");
+    let (polled, gap) = consume(&app, "at-fork", None, None).await;
+    assert_eq!((polled, gap), (new.to_vec(), Value::Null), "told once");
+    let (polled, gap) = consume(&app, "behind", None, None).await;
+    assert_eq!((polled, gap), (vec![3, base + 1, base + 2], Value::Null));
     // A resume point past every id handed out is beyond the head, as before.
     let (gap, _) = resume(&app, base + 100, 0).await;
     assert_eq!(gap.unwrap()["reason"], "beyond_head");
     // (Every server of the test process counts into one registry.)
     assert!(app.metric("tidings_replay_gaps_total{reason=\"history_lost\"}").await >= 2.0);
+}
+
+/// One poll of durable consumer `id` (from `since`, else its stored
+/// cursor), confirming `ack` after it: the ids it was shown and the gap it
+/// was told (`null` for none).
+async fn consume(app: &TestApp, id: &str, since: Option<i64>, ack: Option<i64>) -> (Vec<i64>, Value) {
+    let since = since.map(|s| format!("&since={s}")).unwrap_or_default();
+    let page: Value = app.http.get(app.url(&format!("/v1/poll?consumer_id={id}{since}"))).send().await.unwrap().json().await.unwrap();
+    let ids = page["events"].as_array().unwrap_or_else(|| panic!("{page}")).iter().map(|e| e["event_id"].as_i64().unwrap()).collect();
+    if let Some(cursor) = ack {
+        let r = app.http.post(app.url(&format!("/v1/consumers/{id}/ack"))).json(&json!({"cursor": cursor})).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    (ids, page.get("gap").cloned().unwrap_or(Value::Null))
 }
 
 /// Opens a live stream after `since` and reads `n` event ids.
@@ -243,6 +271,37 @@ async fn a_new_timeline_or_a_head_below_what_was_seen_begins_an_epoch() {
     let fresh = spawn_app(Backend::Postgres).await;
     assert_eq!(fresh.publish("comment.posted", json!({})).await, 1);
     assert_eq!(fresh.store.epochs(i32::MAX).await.unwrap().all().len(), 1);
+    // Any role may NOTIFY: a forged head in a notification is no id this
+    // process saw committed, and begins no epoch when the LISTEN session
+    // reconnects.
+    let db = fresh.db().await;
+    let listener = "SELECT pid FROM pg_stat_activity WHERE application_name = 'tidings-listener' AND datname = current_database() AND query ILIKE 'LISTEN%'";
+    let first: i32 = crate::helpers::gather(
+        Duration::from_secs(10),
+        (),
+        |_| "the LISTEN session".into(),
+        |()| {
+            let db = &db;
+            async move {
+                match db.query(listener, &[]).await.unwrap().first() {
+                    Some(row) => ControlFlow::Break(row.get(0)),
+                    None => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        ControlFlow::Continue(())
+                    }
+                }
+            }
+        },
+    )
+    .await;
+    db.batch_execute(&format!("NOTIFY tidings_events, '{}'; SELECT pg_terminate_backend({first})", i64::MAX)).await.unwrap();
+    let first = Some(first);
+    wait_until("the LISTEN session to reconnect", Duration::from_secs(20), Duration::from_millis(50), || async {
+        db.query(listener, &[]).await.unwrap().first().is_some_and(|r| Some(r.get::<_, i32>(0)) != first)
+    })
+    .await;
+    assert_eq!(fresh.publish("comment.posted", json!({})).await, 2);
+    assert_eq!(fresh.store.epochs(i32::MAX).await.unwrap().all().len(), 1, "no epoch for a forged notification");
 }
 
 /// Runs a `pg_ctl` command line from the test environment (`PG_CTL` of

@@ -1,6 +1,8 @@
 //! PostgreSQL specifics: one LISTEN connection per process, whatever the
 //! number of clients.
 
+use std::time::Duration;
+
 use serde_json::json;
 
 use crate::helpers::{Backend, spawn_app};
@@ -18,10 +20,14 @@ async fn one_listen_connection_for_a_hundred_clients() {
     }
     let db = app.db().await;
     let name = app.db_name.clone().unwrap();
-    let rows = db
-        .query("SELECT application_name, query FROM pg_stat_activity WHERE datname = $1 AND query ILIKE 'LISTEN%'", &[&name])
-        .await
-        .unwrap();
+    let listening = "SELECT application_name, query FROM pg_stat_activity WHERE datname = $1 AND query ILIKE 'LISTEN%'";
+    // The LISTEN session settles the log's epoch before it listens (the
+    // clients above were served by the publishing process's own hand-off).
+    crate::helpers::wait_until("the LISTEN session to listen", Duration::from_secs(10), Duration::from_millis(20), || async {
+        !db.query(listening, &[&name]).await.unwrap().is_empty()
+    })
+    .await;
+    let rows = db.query(listening, &[&name]).await.unwrap();
     assert_eq!(rows.len(), 1, "exactly one LISTEN session: {:?}", rows.iter().map(|r| r.get::<_, String>(1)).collect::<Vec<_>>());
     assert_eq!(rows[0].get::<_, String>(0), "tidings-listener");
     let listeners: i64 = db

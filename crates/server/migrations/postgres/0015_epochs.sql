@@ -27,12 +27,14 @@ ALTER TABLE tidings_head ADD COLUMN IF NOT EXISTS timeline bigint;
 ALTER TABLE tidings_head ADD COLUMN IF NOT EXISTS system_id text;
 
 -- What every append checks under the head row's lock: that the database it
--- commits on is still on the timeline the epoch's ids are handed out on. A
--- promoted standby (or a point-in-time restore) is on a new one, and a lost
+-- commits on is still on the timeline the epoch's ids are handed out on (a
+-- promoted standby, or a point-in-time restore, is on a new one), and that
+-- the head is not below an id the appending process saw committed (a
+-- database that lost a suffix without a new timeline). Either way a lost
 -- suffix's ids must not be handed out again: the append fails with TD001
 -- and the server begins a new epoch first. pg_walfile_name names the
 -- timeline WAL is written on now, read from memory.
-CREATE OR REPLACE FUNCTION tidings_on_timeline(epoch_timeline bigint) RETURNS boolean
+CREATE OR REPLACE FUNCTION tidings_append_check(epoch_timeline bigint, head bigint, seen bigint) RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -41,6 +43,10 @@ DECLARE
 BEGIN
     IF epoch_timeline IS DISTINCT FROM now_on THEN
         RAISE EXCEPTION 'the log''s epoch was on timeline %, the database is on timeline %', epoch_timeline, now_on
+            USING ERRCODE = 'TD001';
+    END IF;
+    IF head < seen THEN
+        RAISE EXCEPTION 'the log''s head % is below id %, which this process saw committed', head, seen
             USING ERRCODE = 'TD001';
     END IF;
     RETURN true;

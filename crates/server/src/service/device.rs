@@ -108,6 +108,17 @@ pub async fn resume_point(
     head: EventId,
 ) -> Result<EventId, DeviceError> {
     let stored = core.store().device_cursor(owner, device_id).await?;
+    // A point the device gives past its stored cursor, in history the
+    // store lost (the stored cursor rolled back with the store), is the
+    // one that says so.
+    if let (Some(given), Some(stored)) = (given, stored)
+        && given > stored
+    {
+        let store = core.store();
+        if store.epochs(store.bounds().await?.epoch).await?.lost(given).is_some() {
+            return Ok(given);
+        }
+    }
     Ok(stored.or(given).unwrap_or(head).clamp(0, head))
 }
 

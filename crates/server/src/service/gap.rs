@@ -66,3 +66,36 @@ impl Gap {
         gap
     }
 }
+
+impl Gap {
+    /// What a server-side cursor's first read in a newer epoch announces: a
+    /// cursor at or past the fork of an epoch begun since its last read
+    /// (`read_epoch`) may have been shown events after the fork that the
+    /// store lost (they were shown, not yet confirmed, when the store
+    /// rolled back with its cursor). `None` when no such epoch began, or
+    /// when the cursor lies in a lost stretch (the resume check says so).
+    pub fn at_epoch_change(epochs: &crate::store::Epochs, cursor: EventId, read_epoch: i32, head: EventId) -> Option<Gap> {
+        if epochs.lost(cursor).is_some() {
+            return None;
+        }
+        let fork = epochs.all().iter().filter(|e| e.number > read_epoch).find(|e| cursor >= e.fork)?.fork;
+        Some(Gap { requested: cursor, available_from: epochs.next_after(cursor), head, reason: GapReason::HistoryLost, fork: Some(fork) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Epoch, EpochReason, Epochs};
+
+    #[test]
+    fn a_cursor_at_or_past_a_new_fork_is_told_once_behind_it_is_not() {
+        let epoch = |number, fork, base| Epoch { number, fork, base, reason: EpochReason::Timeline, started_ms: 0 };
+        let epochs = Epochs::new(vec![epoch(0, 0, 0), epoch(1, 10, 1000)]);
+        let told = Gap::at_epoch_change(&epochs, 10, 0, 1002).expect("at the fork");
+        assert_eq!((told.reason, told.fork, told.requested, told.available_from), (GapReason::HistoryLost, Some(10), 10, 1001));
+        assert_eq!(Gap::at_epoch_change(&epochs, 9, 0, 1002), None, "behind the fork: everything it was shown survived");
+        assert_eq!(Gap::at_epoch_change(&epochs, 10, 1, 1002), None, "read in the new epoch already");
+        assert_eq!(Gap::at_epoch_change(&epochs, 12, 0, 1002), None, "in the lost stretch: the resume check tells it");
+    }
+}

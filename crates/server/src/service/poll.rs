@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use super::error::{InvalidField, Kind, Refusal};
-use super::session::{End, Gap, Item, Session, Start};
+use super::session::{End, Gap, GapReason, Item, Session, Start};
 use crate::auth::Identity;
 use crate::broker::Frame;
 use crate::event::EventId;
@@ -194,6 +194,9 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     // the stream limits (taken before a consumer is stored, so a refusal
     // stores nothing).
     let permit = if wait.is_zero() { None } else { Some(core.limits().acquire_stream(caller)?) };
+    // A durable consumer's first read in a newer epoch may be told that
+    // history it was shown is gone.
+    let mut told = None;
     let (filter_json, after) = match &request.consumer_id {
         None => (
             request.filter_json.clone(),
@@ -221,7 +224,18 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
                 Opened::Forbidden => return Err(PollError::NotOwner(id.clone())),
                 Opened::TooMany => return Err(PollError::TooManyConsumers(settings.max_consumers_per_identity)),
                 // `since` (already confirmed) wins; otherwise resume after the cursor.
-                Opened::Ready(consumer) => (consumer.filter_json, since.unwrap_or(consumer.cursor)),
+                Opened::Ready(consumer) => {
+                    if since.is_none() && consumer.read_epoch < consumer.epoch {
+                        // The store may have lost what this consumer was
+                        // shown past its cursor since its last read.
+                        let epochs = core.store().epochs(consumer.epoch).await?;
+                        told = Gap::at_epoch_change(&epochs, consumer.cursor, consumer.read_epoch, core.store().head().await?);
+                        if told.is_some() {
+                            m::replay_gap(GapReason::HistoryLost.as_str());
+                        }
+                    }
+                    (consumer.filter_json, since.unwrap_or(consumer.cursor))
+                }
             }
         }
     };
@@ -242,7 +256,7 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     // The wait ends at the token's expiry, whatever was asked: nothing is
     // delivered under a token past its life.
     let deadline = tokio::time::Instant::now() + wait.min(until_expiry(caller));
-    let (mut events, mut has_more, mut caught_up, mut gap) = (Vec::new(), false, false, None);
+    let (mut events, mut has_more, mut caught_up, mut gap) = (Vec::new(), false, false, told);
     loop {
         let item = tokio::select! {
             item = session.next() => item,

@@ -489,11 +489,24 @@ impl Session {
             return None;
         };
         if first.id > self.target {
-            // Nothing is left up to the target: the broker's position lay
-            // in a suffix the store lost (the broker ends its clients when
-            // it finds that out, and they resume with the gap announced).
-            self.cursor = self.target;
-            return None;
+            // Nothing is left up to the target. Either the broker's
+            // position lay in a suffix the store lost (the broker ends its
+            // clients when it finds that out, and they resume with the gap
+            // announced), or retention pruned it all meanwhile: say so.
+            let (cursor, target) = (self.cursor, self.target);
+            self.cursor = target;
+            let lost = self.store().epochs(0).await.is_ok_and(|epochs| epochs.lost(target).is_some());
+            if lost || first.id <= self.next_after(cursor).await {
+                return None;
+            }
+            m::replay_gap(GapReason::Pruned.as_str());
+            return Some(Item::Gap(Gap {
+                requested: cursor,
+                available_from: first.id,
+                head: target,
+                reason: GapReason::Pruned,
+                fork: None,
+            }));
         }
         let mut gap = None;
         if first.id > self.cursor + 1 && first.id > self.next_after(self.cursor).await {

@@ -12,22 +12,21 @@
 //! answered with a gap whose reason is `history_lost` (see
 //! `docs/guarantees.md` in the book and the README's "Guarantees").
 //!
-//! How far the base jumps ([`next_base`]): past the fork by [`MARGIN`]
-//! (more ids than any standby is ever behind), past every id an earlier
-//! epoch began with by the same margin, and past a clock floor that grows
-//! by [`IDS_PER_SECOND`] since 2024. The clock floor is what makes a
-//! restore to a point before an earlier epoch change safe: the epochs
-//! table rolled back with it, but an epoch begun later in time begins
-//! higher. Ids stay below 2^53, so JavaScript represents each exactly, for
-//! two thousand years at that rate.
+//! How far the base jumps ([`next_base`]): to a clock floor that grows by
+//! [`IDS_PER_SECOND`] since 2024, plus [`MARGIN`] for a new primary whose
+//! clock is behind. Every epoch begins on that one rising function of
+//! time, so an epoch begun later begins past every id an earlier one
+//! handed out, even after a restore to a point before an earlier epoch
+//! change rolled the epochs table back. Ids stay below 2^53, so JavaScript
+//! represents each exactly, for two thousand years at that rate.
 //!
 //! The epoch 0 of every store begins at 0 with fork 0: a deployment that
 //! never lost history keeps the ids it has.
 
 use crate::event::EventId;
 
-/// How far past the fork (and past any earlier epoch's base) a new epoch's
-/// ids begin: 2^32, more events than a standby is ever behind its primary.
+/// How far past the clock floor a new epoch's ids begin: 2^32, about nine
+/// hours of the floor's growth, for a new primary whose clock is behind.
 pub const MARGIN: EventId = 1 << 32;
 
 /// How fast the clock floor of a new epoch's base grows: 2^17 ids per
@@ -215,23 +214,30 @@ impl EpochCache {
         (cached.current().number >= at_least).then_some(cached)
     }
 
-    /// Keeps `epochs` (unless a newer list is kept already) and answers it.
+    /// Keeps `epochs`, as read from the store now, and answers it. A read
+    /// replaces whatever was kept, even a longer list: a store restored to
+    /// a point before an epoch began has rolled its table back (a reader
+    /// racing a newer one only makes the next resume read again).
     pub fn set(&self, epochs: Epochs) -> std::sync::Arc<Epochs> {
-        let mut cached = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if epochs.current().number >= cached.current().number {
-            *cached = std::sync::Arc::new(epochs);
-        }
-        cached.clone()
+        let epochs = std::sync::Arc::new(epochs);
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = epochs.clone();
+        epochs
     }
 }
 
-/// Where a new epoch's ids begin: past `fork` and past every earlier
-/// epoch's base by [`MARGIN`], past every id `seen` by the process that
-/// begins it, and past the clock floor at `now_ms`.
+/// Where a new epoch's ids begin: at the clock floor of `now_ms` plus
+/// [`MARGIN`], and past `fork`, every earlier epoch's base and every id
+/// `seen` by the process that begins it (`seen` is at most [`MAX_ID`]).
+///
+/// Every epoch begins on the same rising function of time, so an epoch's
+/// ids (handed out at no more than [`IDS_PER_SECOND`] on average) stay
+/// below the base of any epoch begun after it, even one whose table never
+/// heard of it (a restore to a point before it began); the margin covers a
+/// new primary whose clock is behind the old one's by up to nine hours.
 pub fn next_base(epochs: &Epochs, fork: EventId, seen: EventId, now_ms: i64) -> EventId {
     let clock = (now_ms - CLOCK_ORIGIN_MS).max(0) / 1000 * IDS_PER_SECOND;
     let newest_base = epochs.all().iter().map(|e| e.base).max().unwrap_or(0);
-    clock.max(fork + MARGIN).max(newest_base + MARGIN).max(seen + 1)
+    (clock + MARGIN).max(fork + 1).max(newest_base + 1).max(seen.min(MAX_ID) + 1)
 }
 
 #[cfg(test)]
@@ -296,10 +302,19 @@ mod tests {
     fn a_new_base_is_past_the_fork_every_base_and_the_clock() {
         let e = three();
         let now = CLOCK_ORIGIN_MS + 100_000 * 1000;
-        assert_eq!(next_base(&e, 5003, 0, CLOCK_ORIGIN_MS), 5003 + MARGIN);
-        assert_eq!(next_base(&e, 10, 0, CLOCK_ORIGIN_MS), 4999 + MARGIN);
-        assert_eq!(next_base(&Epochs::default(), 10, 0, now), 100_000 * IDS_PER_SECOND);
-        assert_eq!(next_base(&Epochs::default(), 10, MAX_ID - 5, 0), MAX_ID - 4);
+        assert_eq!(next_base(&e, 5003, 0, CLOCK_ORIGIN_MS), MARGIN);
+        assert_eq!(next_base(&Epochs::default(), 10, 0, now), 100_000 * IDS_PER_SECOND + MARGIN);
+        assert_eq!(next_base(&e, MARGIN + 7, 0, 0), MARGIN + 8, "past the fork");
+        assert_eq!(next_base(&Epochs::new(vec![epoch(0, 0, 0), epoch(1, 3, MARGIN * 2)]), 3, 0, 0), MARGIN * 2 + 1, "past every base");
+        assert_eq!(next_base(&Epochs::default(), 10, i64::MAX, 0), MAX_ID + 1, "a seen id is taken at most up to 2^53");
+        // Two epochs a minute apart, then a restore to between them: the
+        // third begins past every id the second can have handed out at
+        // 2^17 a second, though its table never heard of the second.
+        let (t1, t2, t3) = (now, now + 60_000, now + 120_000);
+        let one = Epochs::new(vec![epoch(0, 0, 0), epoch(1, 10, next_base(&Epochs::default(), 10, 0, t1))]);
+        let b2 = next_base(&one, one.current().base + 5, 0, t2);
+        let b3 = next_base(&one, one.current().base + 2, 0, t3);
+        assert!(b3 >= b2 + 60 * IDS_PER_SECOND, "{b2} {b3}");
         // Today's floor leaves room for centuries of ids below 2^53.
         let today = chrono::DateTime::parse_from_rfc3339("2026-12-04T00:00:00Z").unwrap().timestamp_millis();
         let base = next_base(&Epochs::default(), 0, 0, today);

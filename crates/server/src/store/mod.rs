@@ -124,6 +124,12 @@ pub struct Consumer {
     pub last_activity_ms: i64,
     /// The identity that created it.
     pub owner: String,
+    /// The log's epoch at its read before this one (an open is a read).
+    #[serde(skip)]
+    pub read_epoch: i32,
+    /// The log's epoch at this read.
+    #[serde(skip)]
+    pub epoch: i32,
 }
 
 /// Who is acting on a consumer: its owner may, an admin may.

@@ -13,9 +13,10 @@ const CONSUMER_UPDATE_SQL: &str = "
 UPDATE consumer_subscriptions SET
     filter_json = CASE WHEN ?2 THEN ?3 ELSE filter_json END,
     cursor = max(cursor, min(coalesce(?4, cursor), (SELECT last_id FROM tidings_head))),
-    last_activity_ms = ?5
+    last_activity_ms = ?5,
+    epoch = (SELECT epoch FROM tidings_head)
 WHERE consumer_id = ?1 AND (owner = ?6 OR ?7)
-RETURNING consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner";
+RETURNING consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner, ?8, epoch";
 
 fn consumer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Consumer> {
     Ok(Consumer {
@@ -25,6 +26,8 @@ fn consumer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Consumer> {
         created_ms: r.get(3)?,
         last_activity_ms: r.get(4)?,
         owner: r.get(5)?,
+        read_epoch: r.get(6)?,
+        epoch: r.get(7)?,
     })
 }
 
@@ -62,7 +65,11 @@ impl ConsumerStore for EmbeddedStore {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             collect(&tx, &id, before, now)?;
             let update = |tx: &rusqlite::Transaction<'_>| {
-                tx.query_row(CONSUMER_UPDATE_SQL, params![id, replace, filter, since, now, owner, admin], consumer_row).optional()
+                // The epoch of the read before this one (RETURNING answers
+                // what the update wrote).
+                let read_epoch: Option<i32> =
+                    tx.query_row("SELECT epoch FROM consumer_subscriptions WHERE consumer_id = ?1", [&id], |r| r.get(0)).optional()?;
+                tx.query_row(CONSUMER_UPDATE_SQL, params![id, replace, filter, since, now, owner, admin, read_epoch], consumer_row).optional()
             };
             let mut row = update(&tx)?;
             if row.is_none() {
@@ -72,8 +79,8 @@ impl ConsumerStore for EmbeddedStore {
                 }
                 // Created only while its owner has fewer than max_owned.
                 let created = tx.execute(
-                    "INSERT OR IGNORE INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner)
-                     SELECT ?1, ?2, min(coalesce(?3, last_id), last_id), ?4, ?4, ?5 FROM tidings_head
+                    "INSERT OR IGNORE INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner, epoch)
+                     SELECT ?1, ?2, min(coalesce(?3, last_id), last_id), ?4, ?4, ?5, epoch FROM tidings_head
                      WHERE (SELECT count(*) FROM consumer_subscriptions WHERE owner = ?5) < ?6",
                     params![id, filter, since, now, owner, max_owned],
                 )?;
@@ -131,7 +138,7 @@ impl ConsumerStore for EmbeddedStore {
         let (owner, admin) = (actor.sub.to_owned(), actor.admin);
         self.read(move |conn| {
             let mut stmt = conn.prepare(
-                "SELECT consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner FROM consumer_subscriptions
+                "SELECT consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner, epoch, epoch FROM consumer_subscriptions
                  WHERE owner = ?1 OR ?2 ORDER BY consumer_id",
             )?;
             let rows = stmt.query_map(params![owner, admin], consumer_row)?;

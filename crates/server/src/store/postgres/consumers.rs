@@ -10,16 +10,30 @@ WITH gone AS (
 INSERT INTO consumer_expired (consumer_id, expired_ms) SELECT consumer_id, $3 FROM gone
 ON CONFLICT (consumer_id) DO UPDATE SET expired_ms = EXCLUDED.expired_ms";
 
+/// Opens a consumer: its filter, cursor and activity, and the log's epoch
+/// now, answering the epoch of its read before (the statement's snapshot
+/// is taken before the update).
 const CONSUMER_UPDATE_SQL: &str = "
+WITH before AS (SELECT epoch FROM consumer_subscriptions WHERE consumer_id = $1)
 UPDATE consumer_subscriptions SET
     filter_json = CASE WHEN $2 THEN $3 ELSE filter_json END,
     cursor = GREATEST(cursor, LEAST(COALESCE($4, cursor), (SELECT last_id FROM tidings_head))),
-    last_activity_ms = $5
+    last_activity_ms = $5,
+    epoch = (SELECT epoch FROM tidings_head)
 WHERE consumer_id = $1 AND (owner = $6 OR $7)
-RETURNING consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner";
+RETURNING consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner, (SELECT epoch FROM before), epoch";
 
 fn consumer_row(r: &tokio_postgres::Row) -> Consumer {
-    Consumer { id: r.get(0), filter_json: r.get(1), cursor: r.get(2), created_ms: r.get(3), last_activity_ms: r.get(4), owner: r.get(5) }
+    Consumer {
+        id: r.get(0),
+        filter_json: r.get(1),
+        cursor: r.get(2),
+        created_ms: r.get(3),
+        last_activity_ms: r.get(4),
+        owner: r.get(5),
+        read_epoch: r.get(6),
+        epoch: r.get(7),
+    }
 }
 
 impl PostgresStore {
@@ -67,8 +81,8 @@ impl ConsumerStore for PostgresStore {
             tx.execute("SELECT 1 FROM consumer_subscriptions WHERE owner = $1 FOR UPDATE", &[&owner]).await.map_err(pg_error)?;
             let created = tx
                 .execute(
-                    "INSERT INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner)
-                     SELECT $1, $2, LEAST(COALESCE($3, last_id), last_id), $4, $4, $5 FROM tidings_head
+                    "INSERT INTO consumer_subscriptions (consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner, epoch)
+                     SELECT $1, $2, LEAST(COALESCE($3, last_id), last_id), $4, $4, $5, epoch FROM tidings_head
                      WHERE (SELECT count(*) FROM consumer_subscriptions WHERE owner = $5) < $6
                      ON CONFLICT (consumer_id) DO NOTHING",
                     &[&open.id, &filter, &open.since, &open.now_ms, &owner, &max_owned],
@@ -125,7 +139,7 @@ impl ConsumerStore for PostgresStore {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner FROM consumer_subscriptions
+                "SELECT consumer_id, filter_json, cursor, created_ms, last_activity_ms, owner, epoch, epoch FROM consumer_subscriptions
                  WHERE owner = $1 OR $2 ORDER BY consumer_id",
                 &[&actor.sub, &actor.admin],
             )

@@ -55,10 +55,10 @@ impl EngineStore for PostgresStore {
         for effect in commit.effects {
             match effect {
                 EngineEffect::Append(record) => {
-                    tx.query_one(APPEND_SQL, &[&vec![record.event_type], &vec![record.body]]).await.map_err(pg_error)?;
+                    tx.query_one(APPEND_SQL, &[&vec![record.event_type], &vec![record.body], &self.seen()]).await.map_err(pg_error)?;
                 }
                 EngineEffect::Tree(write) => {
-                    tree_write_in(&tx, write).await.map_err(pg_error)?;
+                    tree_write_in(&tx, write, self.seen()).await.map_err(pg_error)?;
                 }
             }
         }

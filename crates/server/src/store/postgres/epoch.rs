@@ -1,7 +1,8 @@
 //! Epochs on PostgreSQL (see [`crate::store::epoch`]): the head row names
 //! the timeline and cluster (system identifier) its ids are handed out on,
 //! and every append checks the timeline under the head row's lock
-//! (`tidings_on_timeline`, migration 0015). When the database is another
+//! and the head against the highest id the process saw committed
+//! (`tidings_append_check`, migration 0015). When the database is another
 //! one than the epoch's (a promoted standby, a point-in-time restore, a
 //! restore into a new cluster), or its head is below an id this process saw
 //! committed, [`settle`] begins a new epoch before anything is appended.
@@ -41,11 +42,14 @@ pub(super) enum Settle {
 /// Checks the head row against the database it is on and begins a new
 /// epoch when [`Settle`] says so, in one transaction on `client`; the epoch
 /// begun, if any. The epochs read are kept in `cache`.
-pub(super) async fn settle(client: &tokio_postgres::Client, cache: &EpochCache, how: Settle) -> Result<Option<Epoch>, StoreError> {
-    client.batch_execute("BEGIN").await.map_err(pg_error)?;
-    match settle_in(client, how).await {
+pub(super) async fn settle(client: &mut tokio_postgres::Client, cache: &EpochCache, how: Settle) -> Result<Option<Epoch>, StoreError> {
+    // Rolled back if it is not committed, even when the caller's future is
+    // dropped half-way: a pooled connection never goes back in the middle
+    // of it, holding the head row.
+    let tx = client.transaction().await.map_err(pg_error)?;
+    match settle_in(&tx, how).await {
         Ok((begun, epochs)) => {
-            client.batch_execute("COMMIT").await.map_err(pg_error)?;
+            tx.commit().await.map_err(pg_error)?;
             cache.set(epochs);
             if let Some(epoch) = &begun {
                 tracing::warn!(
@@ -59,15 +63,11 @@ pub(super) async fn settle(client: &tokio_postgres::Client, cache: &EpochCache, 
             }
             Ok(begun)
         }
-        Err(e) => {
-            // The connection may be gone; the transaction goes with it then.
-            let _ = client.batch_execute("ROLLBACK").await;
-            Err(e)
-        }
+        Err(e) => Err(e),
     }
 }
 
-async fn settle_in(client: &tokio_postgres::Client, how: Settle) -> Result<(Option<Epoch>, Epochs), StoreError> {
+async fn settle_in(client: &tokio_postgres::Transaction<'_>, how: Settle) -> Result<(Option<Epoch>, Epochs), StoreError> {
     let head = client
         .query_one("SELECT last_id, timeline, system_id FROM tidings_head WHERE singleton FOR UPDATE", &[])
         .await
@@ -127,7 +127,7 @@ async fn settle_in(client: &tokio_postgres::Client, how: Settle) -> Result<(Opti
 }
 
 /// Every epoch, as stored.
-pub(super) async fn read_epochs(client: &tokio_postgres::Client) -> Result<Epochs, StoreError> {
+pub(super) async fn read_epochs(client: &impl tokio_postgres::GenericClient) -> Result<Epochs, StoreError> {
     let rows =
         client.query("SELECT epoch, fork, base, reason, started_ms FROM tidings_epochs ORDER BY epoch", &[]).await.map_err(pg_error)?;
     Ok(Epochs::new(

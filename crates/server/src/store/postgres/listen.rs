@@ -55,7 +55,7 @@ async fn listen_once(
     cancel: &CancellationToken,
     backoff: &mut crate::retry::Backoff,
 ) -> anyhow::Result<()> {
-    let (client, mut connection) = config.connect(NoTls).await.context("connecting the LISTEN session")?;
+    let (mut client, mut connection) = config.connect(NoTls).await.context("connecting the LISTEN session")?;
     // A commit's head, or `None` for a wake-up of the outbox.
     let (tx, mut rx) = mpsc::unbounded_channel::<Option<i64>>();
     // The connection future must be polled for the client to make progress;
@@ -82,10 +82,10 @@ async fn listen_once(
     // A (re)connect may have reached another database than before (a
     // promoted standby, a restore): the epoch is settled (before LISTEN, so
     // the session shows LISTEN as what it is for) before the broker
-    // reads anything, and a head below what was notified before is a lost
-    // suffix too.
-    let seen = status.notified.load(Ordering::Acquire);
-    super::epoch::settle(&client, epochs, super::epoch::Settle::Check { seen }).await.context("settling the event log's epoch")?;
+    // reads anything, and a head below what this process saw committed is a
+    // lost suffix too.
+    let seen = status.seen.load(Ordering::Acquire);
+    super::epoch::settle(&mut client, epochs, super::epoch::Settle::Check { seen }).await.context("settling the event log's epoch")?;
     let listen = format!("LISTEN {CHANNEL}; LISTEN {OUTBOX_CHANNEL}");
     client.batch_execute(&listen).await.context("LISTEN")?;
     // Notifications may have been missed while not listening: the next

@@ -19,6 +19,7 @@ impl EventLog for PostgresStore {
         }
         let (types, bodies): (Vec<String>, Vec<String>) = batch.into_iter().map(|r| (r.event_type, r.body)).unzip();
         let base = self.after_append_failed(self.append_rows(&types, &bodies).await).await?;
+        self.saw(base + types.len() as i64);
         let ids: Vec<EventId> = (1..=types.len() as i64).map(|i| base + i).collect();
         // Committed (one statement): hand it to the broker, which takes it
         // when nothing committed before it is still unread (another
@@ -40,7 +41,11 @@ impl EventLog for PostgresStore {
     }
 
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
-        read_after_on(&self.client().await?, after, limit).await
+        let rows = read_after_on(&self.client().await?, after, limit).await?;
+        if let Some(last) = rows.last() {
+            self.saw(last.id);
+        }
+        Ok(rows)
     }
 
     async fn read_history(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
@@ -95,11 +100,14 @@ impl EventLog for PostgresStore {
         let published = async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_error)?;
-            let published = publish_in(&tx, publishes).await?;
+            let published = publish_in(&tx, publishes, self.seen()).await?;
             tx.commit().await.map_err(pg_error)?;
             Ok(published)
         };
         let (answers, appended) = self.after_append_failed(published.await).await?;
+        if let Some((last, _)) = appended.last() {
+            self.saw(*last);
+        }
         self.hand_off_appended(appended);
         Ok(answers)
     }
@@ -202,7 +210,7 @@ impl EventLog for PostgresStore {
             return Ok(epochs);
         }
         let client = self.client().await?;
-        let epochs = epoch::read_epochs(&client).await?;
+        let epochs = epoch::read_epochs(&**client).await?;
         Ok(self.epochs.set(epochs))
     }
 
@@ -249,6 +257,7 @@ pub(super) async fn read_after_on(client: &deadpool_postgres::Object, after: Eve
 pub(super) async fn publish_in(
     tx: &deadpool_postgres::Transaction<'_>,
     mut publishes: Vec<Publish>,
+    seen: EventId,
 ) -> Result<(Vec<Published>, Vec<(EventId, String)>), StoreError> {
     // Claim the keys first, sorted, before the head row: a key another
     // transaction holds (a retry racing its first attempt, in this
@@ -292,7 +301,7 @@ pub(super) async fn publish_in(
         Vec::new()
     } else {
         let statement = tx.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
-        let base: i64 = tx.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?.get(0);
+        let base: i64 = tx.query_one(&statement, &[&types, &bodies, &seen]).await.map_err(pg_error)?.get(0);
         (1..=types.len() as i64).map(|i| base + i).collect()
     };
     let appended = idempotency::split(&ids, &shares);
@@ -337,9 +346,10 @@ impl PostgresStore {
         }
         let statement = tx.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
         let (types, bodies) = (vec![record.event_type], vec![record.body]);
-        let row = tx.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?;
+        let row = tx.query_one(&statement, &[&types, &bodies, &self.seen()]).await.map_err(pg_error)?;
         tx.commit().await.map_err(pg_error)?;
         let base: i64 = row.get(0);
+        self.saw(base + 1);
         Ok(Some(base + 1))
     }
 
@@ -348,7 +358,7 @@ impl PostgresStore {
     async fn append_rows(&self, types: &[String], bodies: &[String]) -> Result<EventId, StoreError> {
         let client = self.client().await?;
         let statement = client.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
-        let row = client.query_one(&statement, &[&types, &bodies]).await.map_err(pg_error)?;
+        let row = client.query_one(&statement, &[&types, &bodies, &self.seen()]).await.map_err(pg_error)?;
         Ok(row.get(0))
     }
 

@@ -101,6 +101,11 @@ struct ListenerStatus {
     reconnects: AtomicU64,
     /// The highest head a NOTIFY carried.
     notified: AtomicI64,
+    /// The highest id this process appended or read from the primary: a
+    /// head found below it is a lost suffix (appends check it, with
+    /// `tidings_append_check`; so does each LISTEN reconnect). Never a
+    /// notification's payload, which any role may send.
+    seen: AtomicI64,
     /// Set on every (re)connect of the LISTEN session: notifications may
     /// have been missed, so the next tail read asks the primary.
     unsure: AtomicBool,
@@ -138,8 +143,18 @@ impl PostgresStore {
 
     /// [`epoch::settle`] on a pooled connection.
     async fn settle(&self, how: epoch::Settle) -> Result<Option<Epoch>, StoreError> {
-        let client = self.client().await?;
-        epoch::settle(&client, &self.epochs, how).await
+        let mut client = self.client().await?;
+        epoch::settle(&mut client, &self.epochs, how).await
+    }
+
+    /// The highest id this process saw committed (see [`ListenerStatus`]).
+    fn seen(&self) -> EventId {
+        self.listener.seen.load(Ordering::Acquire)
+    }
+
+    /// Notes ids this process saw committed.
+    fn saw(&self, id: EventId) {
+        self.listener.seen.fetch_max(id, Ordering::AcqRel);
     }
 
     /// After an append failed: when it was refused for the timeline (the
@@ -149,11 +164,9 @@ impl PostgresStore {
     async fn after_append_failed<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
         if let Err(StoreError::Unavailable(message)) = &result
             && message.starts_with(epoch::OFF_TIMELINE)
+            && let Err(e) = self.settle(epoch::Settle::Check { seen: self.seen() }).await
         {
-            let seen = self.listener.notified.load(Ordering::Acquire);
-            if let Err(e) = self.settle(epoch::Settle::Check { seen }).await {
-                tracing::warn!(error = %e, "cannot begin the event log's new epoch yet");
-            }
+            tracing::warn!(error = %e, "cannot begin the event log's new epoch yet");
         }
         result
     }
@@ -195,7 +208,7 @@ fn pool_error(e: PoolError) -> StoreError {
 fn pg_error(e: tokio_postgres::Error) -> StoreError {
     if e.code().is_some_and(|c| c.code() == epoch::OFF_TIMELINE) {
         return StoreError::Unavailable(format!(
-            "{}: the database is on another timeline than the event log's epoch; retry",
+            "{}: the database is not where the event log's epoch was (another timeline, or a head below what was seen); retry",
             epoch::OFF_TIMELINE
         ));
     }
@@ -223,7 +236,7 @@ RETURNING scope, key";
 const APPEND_SQL: &str = "
 WITH head AS (
     UPDATE tidings_head SET last_id = last_id + cardinality($1::text[])
-    WHERE singleton AND tidings_on_timeline(timeline)
+    WHERE singleton AND tidings_append_check(timeline, last_id, $3::bigint)
     RETURNING last_id - cardinality($1::text[]) AS base, last_id
 ), inserted AS (
     INSERT INTO events (id, event_type, body)

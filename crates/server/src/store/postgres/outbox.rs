@@ -68,7 +68,7 @@ impl PostgresStore {
         // Set aside in one statement, before the append takes the head row.
         set_aside(&tx, &aside).await?;
         moved.set_aside.extend(aside.drain(..).map(|(_, code, _)| code));
-        let (answers, appended) = publish_in(&tx, publishes).await?;
+        let (answers, appended) = publish_in(&tx, publishes, self.seen()).await?;
         let mut done = Vec::with_capacity(published_seqs.len());
         for (seq, answer) in published_seqs.into_iter().zip(answers) {
             match answer {

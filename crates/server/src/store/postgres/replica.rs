@@ -323,6 +323,12 @@ fn verdict(standby: &Server, primary: &Server, max_lag: Duration) -> (i64, i64, 
     if standby.instance != primary.instance {
         return (0, 0, Err(Unusable::AnotherDatabase));
     }
+    if standby.epoch != primary.epoch {
+        // A standby of a primary that is gone (left behind by a failover,
+        // still holding what the new primary lost), or one that has not
+        // replayed the new epoch yet: its history is not the log's.
+        return (0, 0, Err(Unusable::AnotherEpoch { standby: standby.epoch, primary: primary.epoch }));
+    }
     let behind = (primary.head - standby.head).max(0);
     let lag_ms = if behind == 0 { 0 } else { standby.since_replay_ms.max(0) };
     if u128::try_from(lag_ms).unwrap_or(0) > max_lag.as_millis() {
@@ -342,6 +348,8 @@ enum Unusable {
     NotInRecovery,
     #[error("not a copy of the primary's database (another tidings_instance)")]
     AnotherDatabase,
+    #[error("on epoch {standby} of the log, the primary on {primary}")]
+    AnotherEpoch { standby: i32, primary: i32 },
     #[error("behind the primary by {behind} events, {lag_ms} ms")]
     Lagging { behind: i64, lag_ms: i64 },
 }
@@ -350,6 +358,8 @@ enum Unusable {
 struct Server {
     /// Its `tidings_head`.
     head: i64,
+    /// The log's epoch its head row names.
+    epoch: i32,
     /// The id the migrations wrote once into the primary's database, which
     /// a standby holds as a copy (no privilege needed to read it).
     instance: String,
@@ -364,7 +374,8 @@ async fn identify(pool: &Pool) -> Result<Server, StoreError> {
     let row = client
         .query_one(
             "SELECT (SELECT last_id FROM tidings_head), (SELECT id FROM tidings_instance), pg_is_in_recovery(),
-                    coalesce((extract(epoch FROM now() - pg_last_xact_replay_timestamp()) * 1000)::bigint, 0)",
+                    coalesce((extract(epoch FROM now() - pg_last_xact_replay_timestamp()) * 1000)::bigint, 0),
+                    (SELECT epoch FROM tidings_head)",
             &[],
         )
         .await
@@ -377,6 +388,7 @@ async fn identify(pool: &Pool) -> Result<Server, StoreError> {
         instance: row.try_get::<_, String>(1).map_err(missing)?,
         in_recovery: row.try_get(2).map_err(pg_error)?,
         since_replay_ms: row.try_get(3).map_err(pg_error)?,
+        epoch: row.try_get(4).map_err(missing)?,
     })
 }
 
@@ -385,7 +397,7 @@ mod tests {
     use super::*;
 
     fn server(head: i64, instance: &str, in_recovery: bool, since_replay_ms: i64) -> Server {
-        Server { head, instance: instance.to_owned(), in_recovery, since_replay_ms }
+        Server { head, epoch: 0, instance: instance.to_owned(), in_recovery, since_replay_ms }
     }
 
     #[test]
@@ -401,5 +413,9 @@ mod tests {
         // Another database, or a primary given as a standby: never.
         assert!(verdict(&server(100, "db-2", true, 0), &primary, lag).2.is_err());
         assert!(verdict(&server(100, "db-1", false, 0), &primary, lag).2.is_err());
+        // A standby left on an epoch the primary has left (it may hold what
+        // the failover lost): never.
+        let new_epoch = Server { epoch: 1, ..server(5000, "db-1", false, 0) };
+        assert_eq!(verdict(&server(100, "db-1", true, 0), &new_epoch, lag).2, Err(Unusable::AnotherEpoch { standby: 0, primary: 1 }));
     }
 }

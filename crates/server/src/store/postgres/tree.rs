@@ -11,7 +11,11 @@ pub(super) const PATH_LOCK_SQL: &str = "SELECT pg_advisory_xact_lock(hashtextext
 /// A tree write inside `tx`: one writer per path at a time (also when the
 /// path does not exist yet), the change event appended, and the entity kept
 /// in the content store too.
-pub(super) async fn tree_write_in(tx: &tokio_postgres::Transaction<'_>, write: TreeWrite) -> Result<TreeOutcome, tokio_postgres::Error> {
+pub(super) async fn tree_write_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    write: TreeWrite,
+    seen: EventId,
+) -> Result<TreeOutcome, tokio_postgres::Error> {
     tx.execute(PATH_LOCK_SQL, &[&write.path]).await?;
     let current: Option<String> = tx.query_opt("SELECT hash FROM tree_entities WHERE path = $1", &[&write.path]).await?.map(|r| r.get(0));
     let kind = match write.decide(current.as_deref()) {
@@ -24,7 +28,7 @@ pub(super) async fn tree_write_in(tx: &tokio_postgres::Transaction<'_>, write: T
         tx.execute("UPDATE tidings_content SET stored_ms = (extract(epoch FROM now()) * 1000)::bigint WHERE hash = $1", &[previous])
             .await?;
     }
-    let row = tx.query_one(APPEND_SQL, &[&vec![record.event_type], &vec![record.body]]).await?;
+    let row = tx.query_one(APPEND_SQL, &[&vec![record.event_type], &vec![record.body], &seen]).await?;
     let event_id: i64 = row.get::<_, i64>(0) + 1;
     match (&write.entity, kind) {
         (Some((entity, hash)), _) => {
@@ -64,6 +68,7 @@ type FinalState<'a> = (Option<&'a (String, String)>, i64);
 async fn tree_write_many_in(
     tx: &tokio_postgres::Transaction<'_>,
     writes: Vec<TreeWrite>,
+    seen: EventId,
 ) -> Result<Vec<TreeOutcome>, tokio_postgres::Error> {
     let mut paths: Vec<&str> = writes.iter().map(|w| w.path.as_str()).collect();
     paths.sort_unstable();
@@ -102,7 +107,7 @@ async fn tree_write_many_in(
         tx.execute("UPDATE tidings_content SET stored_ms = (extract(epoch FROM now()) * 1000)::bigint WHERE hash = ANY($1)", &[&previous])
             .await?;
     }
-    let base: i64 = tx.query_one(APPEND_SQL, &[&types, &bodies]).await?.get(0);
+    let base: i64 = tx.query_one(APPEND_SQL, &[&types, &bodies, &seen]).await?.get(0);
     // Each path's final state: the last accepted write to it.
     let mut last: HashMap<&str, FinalState<'_>> = HashMap::new();
     for (write, d) in writes.iter().zip(&decided) {
@@ -186,7 +191,7 @@ impl TreeStore for PostgresStore {
     async fn tree_write(&self, write: TreeWrite) -> Result<TreeOutcome, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
-        let outcome = tree_write_in(&tx, write).await.map_err(pg_error)?;
+        let outcome = tree_write_in(&tx, write, self.seen()).await.map_err(pg_error)?;
         if matches!(outcome, TreeOutcome::Done { .. }) {
             tx.commit().await.map_err(pg_error)?;
         }
@@ -196,7 +201,7 @@ impl TreeStore for PostgresStore {
     async fn tree_write_many(&self, writes: Vec<TreeWrite>) -> Result<Vec<TreeOutcome>, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
-        let outcomes = tree_write_many_in(&tx, writes).await.map_err(pg_error)?;
+        let outcomes = tree_write_many_in(&tx, writes, self.seen()).await.map_err(pg_error)?;
         if outcomes.iter().any(|o| matches!(o, TreeOutcome::Done { .. })) {
             tx.commit().await.map_err(pg_error)?;
         }
