@@ -11,6 +11,7 @@ import threading
 import pytest
 
 import tidings
+from tidings._core import StreamState
 from conftest import Proxy, Reader, Server, event, free_port, mint, only, tag, take, until
 
 
@@ -128,12 +129,29 @@ def test_a_replay_gap_is_raised_or_skipped(main: Server) -> None:
             next(client.stream(only(run), since=beyond))
         assert gap.value.requested == beyond
         assert gap.value.head >= head
+        assert gap.value.reason == "beyond_head"
         # Skipped: the stream goes on from the head.
         stream = client.stream(only(run), since=beyond, on_gap="skip")
         reader = Reader(stream)
         until(lambda: len(stream.state.gaps) == 1, "the gap notice")
         published = client.publish(event(run))
         assert ids(reader.wait(1)) == published
+
+
+def test_history_lost_goes_on_after_the_fork() -> None:
+    # What the server sends a stream that saw history its store lost (the
+    # server side is tests/api/epochs.rs): the gap is raised with its
+    # reason and fork, and the stream's next resume point is the fork, so a
+    # reconnect is not told again and every event after the fork comes.
+    state = StreamState(None, None, "raise")
+    state.last_event_id = 5
+    data = '{"requested": 5, "available_from": 1001, "head": 1002, "reason": "history_lost", "fork": 3}'
+    with pytest.raises(tidings.ReplayGap) as gap:
+        state.frame("system.replay_gap", data, "")
+    assert (gap.value.reason, gap.value.fork) == ("history_lost", 3)
+    assert state.params()["since"] == "3"
+    envelope = '{"envelope_version": 1, "event_id": 1001, "event_type": "a.b", "occurred_at": "2026-12-04T00:00:00Z", "payload": {}}'
+    assert state.frame("", envelope, "1001") is not None
 
 
 def test_a_consumer_acknowledges_a_page_only_once_the_body_finished_it(main: Server) -> None:

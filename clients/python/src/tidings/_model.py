@@ -184,12 +184,19 @@ class Unavailable(TidingsError):
 
 class ReplayGap(TidingsError):
     """A stream's resume point could not be served whole: the events between
-    `requested` and `available_from` are gone. Resume with
-    `since=gap.available_from - 1`, or pass `on_gap="skip"` to go on."""
+    `requested` and `available_from` are gone (`reason` says why; with
+    `history_lost`, what was seen after `fork` is gone). The stream's
+    resume point has moved past what is gone (to the head, or the fork);
+    pass `on_gap="skip"` to go on without the exception."""
 
     def __init__(self, gap: Gap) -> None:
-        super().__init__(f"replay gap: asked after {gap.requested}, history starts at {gap.available_from} (head {gap.head})")
+        super().__init__(
+            f"replay gap ({gap.reason}): asked after {gap.requested}, history starts at {gap.available_from} (head {gap.head})"
+            + (f", history after {gap.fork} was lost" if gap.fork is not None else "")
+        )
         self.gap = gap
         self.requested = gap.requested
         self.available_from = gap.available_from
         self.head = gap.head
+        self.reason = gap.reason
+        self.fork = gap.fork

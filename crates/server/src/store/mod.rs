@@ -12,7 +12,9 @@
 //! Implementations: [`postgres`] (production, several processes, one LISTEN
 //! connection per process) and [`embedded`] (a single-node SQLite file, for a
 //! machine with nothing installed). Only the composition root (`app`) names a
-//! concrete store.
+//! concrete store. [`epoch`] says what survives a store that lost a suffix
+//! of its log (a failover, a restore): which ids name nothing any more, and
+//! where a new epoch's ids begin.
 
 pub mod embedded;
 pub mod epoch;
