@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::helpers::{Backend, Stream, TestApp, spawn_app, spawn_app_with, wait_until};
+use crate::ws::{self, Key};
 
 both_stores!(a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told);
 
@@ -92,6 +93,12 @@ async fn a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told(
     // Two durable consumers: one confirmed everything (3), one up to 2.
     assert_eq!(consume(&app, "at-fork", Some(0), Some(3)).await.0, vec![1, 2, 3]);
     assert_eq!(consume(&app, "behind", Some(0), Some(2)).await.0, vec![1, 2, 3]);
+    // A WebSocket device that confirmed everything (3).
+    let phone = Key::new();
+    let mut device = ws::Client::connect(&app).await;
+    device.auth(&phone, json!({"device_id": "phone", "cursor": 0})).await;
+    assert_eq!(device.ack(&phone, 3).await["result"]["cursor"], 3);
+    drop(device);
     // The backup is taken of the stopped server, at head 3.
     app.stop().await;
     let backup_url = backup(backend, &settings_dir, stopped_url.as_deref(), &restored_dir).await;
@@ -108,6 +115,10 @@ async fn a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told(
     assert_eq!((gap, ids), (None, vec![4, 5]), "a client saw 4 and 5");
     // The consumer at 3 is shown 4 and 5 (and confirms them).
     assert_eq!(consume(&app, "at-fork", None, Some(5)).await.0, vec![4, 5]);
+    let mut device = ws::Client::connect(&app).await;
+    device.auth(&phone, json!({"device_id": "phone"})).await;
+    assert_eq!(device.ack(&phone, 5).await["result"]["cursor"], 5, "the device is shown 4 and 5");
+    drop(device);
     app.stop().await;
 
     // The store is lost and restored from the backup (head 3); the
@@ -159,6 +170,25 @@ async fn a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told(
     assert_eq!((polled, gap), (new.to_vec(), Value::Null), "told once");
     let (polled, gap) = consume(&app, "behind", None, None).await;
     assert_eq!((polled, gap), (vec![3, base + 1, base + 2], Value::Null));
+    // The device's stored cursor rolled back to 3 too: its hello answers
+    // 3 and says, once, that what it saw after 3 is gone.
+    let mut device = ws::Client::connect(&app).await;
+    let answer = device.auth(&phone, json!({"device_id": "phone"})).await;
+    assert_eq!(answer["result"]["cursor"], 3, "{answer}");
+    let told = device.notification().await;
+    assert_eq!(
+        (told["method"].as_str(), told["params"]["reason"].as_str(), told["params"]["fork"].as_i64()),
+        (Some("stream.gap"), Some("history_lost"), Some(3)),
+        "{told}"
+    );
+    let page = device.call("sync.delta", json!({"device_id": "phone", "since": 3})).await;
+    let delivered: Vec<i64> = page["result"]["items"].as_array().unwrap().iter().map(|i| i["seq"].as_i64().unwrap()).collect();
+    assert_eq!(delivered, new.to_vec(), "{page}");
+    drop(device);
+    let mut device = ws::Client::connect(&app).await;
+    assert_eq!(device.auth(&phone, json!({"device_id": "phone"})).await["result"]["cursor"], 3);
+    device.call("sync.delta", json!({"device_id": "phone", "since": 3})).await;
+    assert_eq!(device.pending(), 0, "told once");
     // A resume point past every id handed out is beyond the head, as before.
     let (gap, _) = resume(&app, base + 100, 0).await;
     assert_eq!(gap.unwrap()["reason"], "beyond_head");

@@ -112,10 +112,15 @@ impl Client {
         }
     }
 
-    async fn ack(&mut self, key: &Key, seq: i64) -> Value {
+    pub(crate) async fn ack(&mut self, key: &Key, seq: i64) -> Value {
         let body = json!({"seq": seq});
         let proof = key.proof("stream.ack", &body, &self.nonce);
         self.call("stream.ack", json!({"body": body, "origin_proof": proof})).await
+    }
+
+    /// Notifications received while waiting for answers, not yet read.
+    pub(crate) fn pending(&self) -> usize {
+        self.pending.len()
     }
 
     /// The next notification.

@@ -400,7 +400,7 @@ impl Ws {
             Ok(h) => h.max(session.cursor()),
             Err(e) => return self.send_refusal(id, &e).await,
         };
-        let cursor = match device::resume_point(&core, &owner, &device_id, given, head).await {
+        let (cursor, told) = match device::resume_point(&core, &owner, &device_id, given, head).await {
             Ok(c) => c,
             Err(e) => return self.send_refusal(id, &e).await,
         };
@@ -424,7 +424,19 @@ impl Ws {
             reauth_by: None,
             live_at_expiry: false,
         }));
-        self.answer(id, json!({"head_seq": head, "cursor": cursor})).await
+        let next = self.answer(id, json!({"head_seq": head, "cursor": cursor})).await;
+        match told {
+            // The store lost history this device may have been shown past
+            // its stored cursor: said once, right after the answer.
+            Some(gap) if matches!(next, Next::Go) => {
+                let notice = json!({"jsonrpc": "2.0", "method": "stream.gap", "params": gap.to_json()});
+                match self.send_json(&notice).await {
+                    Ok(()) => Next::Go,
+                    Err(_) => Next::Close(close::INTERNAL, "write_failed"),
+                }
+            }
+            _ => next,
+        }
     }
 
     async fn delta(&mut self, id: &Value, params: &Value) -> Next {

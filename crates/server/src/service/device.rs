@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::Core;
 use super::error::{Kind, Refusal};
+use super::gap::{Gap, GapReason};
 use super::poll::{PollError, PollPage, PollRequest};
 use crate::auth::Identity;
 use crate::event::EventId;
@@ -99,27 +100,41 @@ pub fn check_device_id(id: &str) -> Result<(), DeviceError> {
 }
 
 /// The cursor a device resumes from: its acknowledged one, else what the
-/// client gives, else the head; never past the head.
+/// client gives, else the head; never past the head. With it, the gap to
+/// announce when the store lost history the device may have been shown:
+/// its stored cursor stands at or past the fork of an epoch begun since
+/// its last hello or ack (told once), or the point it gives lies in a lost
+/// stretch (then that point is where it resumes, and its session says so).
 pub async fn resume_point(
     core: &Core,
     owner: &str,
     device_id: &str,
     given: Option<EventId>,
     head: EventId,
-) -> Result<EventId, DeviceError> {
-    let stored = core.store().device_cursor(owner, device_id).await?;
-    // A point the device gives past its stored cursor, in history the
-    // store lost (the stored cursor rolled back with the store), is the
-    // one that says so.
-    if let (Some(given), Some(stored)) = (given, stored)
-        && given > stored
+) -> Result<(EventId, Option<Gap>), DeviceError> {
+    let store = core.store();
+    let stored = store.device_cursor(owner, device_id).await?;
+    let mut told = None;
+    if stored.is_some()
+        && let Some((read_epoch, epoch)) = store.device_read(owner, device_id).await?
     {
-        let store = core.store();
-        if store.epochs(store.bounds().await?.epoch).await?.lost(given).is_some() {
-            return Ok(given);
+        let epochs = store.epochs(epoch).await?;
+        if let (Some(given), Some(stored)) = (given, stored)
+            && given > stored
+            && epochs.lost(given).is_some()
+        {
+            return Ok((given, None));
+        }
+        if read_epoch < epoch
+            && let Some(stored) = stored
+        {
+            told = Gap::at_epoch_change(&epochs, stored, read_epoch, head);
+            if told.is_some() {
+                crate::metrics::replay_gap(GapReason::HistoryLost.as_str());
+            }
         }
     }
-    Ok(stored.or(given).unwrap_or(head).clamp(0, head))
+    Ok((stored.or(given).unwrap_or(head).clamp(0, head), told))
 }
 
 /// Acknowledges `seq` for the device: the only writer of its cursor, which

@@ -546,6 +546,11 @@ pub trait ConsumerStore: Send + Sync + std::fmt::Debug + 'static {
     /// The acknowledged cursor of a WebSocket device, if it ever acked.
     async fn device_cursor(&self, owner: &str, device_id: &str) -> Result<Option<EventId>, StoreError>;
 
+    /// Marks the stored cursor of `owner`'s device `device_id` as read in
+    /// the log's current epoch: the epoch of its hello or ack before, and
+    /// the current one (`None` without a stored cursor).
+    async fn device_read(&self, owner: &str, device_id: &str) -> Result<Option<(i32, i32)>, StoreError>;
+
     /// Acknowledges `seq` for a device: the cursor becomes
     /// `max(cursor, min(seq, head))` (created at that value); returns it.
     async fn device_ack(&self, owner: &str, device_id: &str, seq: EventId, now_ms: i64) -> Result<EventId, StoreError>;

@@ -194,14 +194,36 @@ impl ConsumerStore for EmbeddedStore {
         .await
     }
 
+    async fn device_read(&self, owner: &str, device_id: &str) -> Result<Option<(i32, i32)>, StoreError> {
+        let (owner, device_id) = (owner.to_owned(), device_id.to_owned());
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let before: Option<i32> = tx
+                .query_row("SELECT epoch FROM tidings_device_cursors WHERE owner = ?1 AND device_id = ?2", params![owner, device_id], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            let now: i32 = tx.query_row("SELECT epoch FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
+            if before.is_some() {
+                tx.execute(
+                    "UPDATE tidings_device_cursors SET epoch = ?3 WHERE owner = ?1 AND device_id = ?2",
+                    params![owner, device_id, now],
+                )?;
+            }
+            tx.commit()?;
+            Ok(before.map(|before| (before, now)))
+        })
+        .await
+    }
+
     async fn device_ack(&self, owner: &str, device_id: &str, seq: EventId, now_ms: i64) -> Result<EventId, StoreError> {
         let (owner, device_id) = (owner.to_owned(), device_id.to_owned());
         self.write(move |conn| {
             conn.query_row(
-                "INSERT INTO tidings_device_cursors (owner, device_id, cursor, updated_ms)
-                 VALUES (?1, ?2, max(0, min(?3, (SELECT last_id FROM tidings_head))), ?4)
+                "INSERT INTO tidings_device_cursors (owner, device_id, cursor, updated_ms, epoch)
+                 VALUES (?1, ?2, max(0, min(?3, (SELECT last_id FROM tidings_head))), ?4, (SELECT epoch FROM tidings_head))
                  ON CONFLICT (owner, device_id) DO UPDATE SET
-                     cursor = max(cursor, min(?3, (SELECT last_id FROM tidings_head))), updated_ms = ?4
+                     cursor = max(cursor, min(?3, (SELECT last_id FROM tidings_head))), updated_ms = ?4, epoch = excluded.epoch
                  RETURNING cursor",
                 params![owner, device_id, seq, now_ms],
                 |r| r.get(0),

@@ -61,6 +61,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (14, "sql_publish", include_str!("../../../migrations/embedded/0014_sql_publish.sql")),
     (15, "epochs", include_str!("../../../migrations/embedded/0015_epochs.sql")),
     (16, "consumer_epoch", include_str!("../../../migrations/embedded/0016_consumer_epoch.sql")),
+    (17, "device_epoch", include_str!("../../../migrations/embedded/0017_device_epoch.sql")),
 ];
 
 /// Read connections kept open. A constant: SQLite readers in WAL mode run

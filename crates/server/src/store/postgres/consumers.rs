@@ -185,15 +185,29 @@ impl ConsumerStore for PostgresStore {
         Ok(row.map(|r| r.get(0)))
     }
 
+    async fn device_read(&self, owner: &str, device_id: &str) -> Result<Option<(i32, i32)>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "WITH before AS (SELECT epoch FROM tidings_device_cursors WHERE owner = $1 AND device_id = $2)
+                 UPDATE tidings_device_cursors SET epoch = (SELECT epoch FROM tidings_head)
+                 WHERE owner = $1 AND device_id = $2 RETURNING (SELECT epoch FROM before), epoch",
+                &[&owner, &device_id],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
+    }
+
     async fn device_ack(&self, owner: &str, device_id: &str, seq: EventId, now_ms: i64) -> Result<EventId, StoreError> {
         let client = self.client().await?;
         let row = client
             .query_one(
-                "INSERT INTO tidings_device_cursors (owner, device_id, cursor, updated_ms)
-                 VALUES ($1, $2, GREATEST(0, LEAST($3, (SELECT last_id FROM tidings_head))), $4)
+                "INSERT INTO tidings_device_cursors (owner, device_id, cursor, updated_ms, epoch)
+                 VALUES ($1, $2, GREATEST(0, LEAST($3, (SELECT last_id FROM tidings_head))), $4, (SELECT epoch FROM tidings_head))
                  ON CONFLICT (owner, device_id) DO UPDATE SET
                      cursor = GREATEST(tidings_device_cursors.cursor, LEAST($3, (SELECT last_id FROM tidings_head))),
-                     updated_ms = $4
+                     updated_ms = $4, epoch = EXCLUDED.epoch
                  RETURNING cursor",
                 &[&owner, &device_id, &seq, &now_ms],
             )

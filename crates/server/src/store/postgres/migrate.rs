@@ -23,6 +23,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (14, "sql_publish", include_str!("../../../migrations/postgres/0014_sql_publish.sql")),
     (15, "epochs", include_str!("../../../migrations/postgres/0015_epochs.sql")),
     (16, "consumer_epoch", include_str!("../../../migrations/postgres/0016_consumer_epoch.sql")),
+    (17, "device_epoch", include_str!("../../../migrations/postgres/0017_device_epoch.sql")),
 ];
 
 impl PostgresStore {
