@@ -351,9 +351,10 @@ fn host_of(url: &str) -> &str {
     url.split_once('@').unwrap().1.split('/').next().unwrap()
 }
 
-/// A real failover, as production has it: tidings on a multi-host
-/// `DATABASE_URL` (`target_session_attrs=read-write`) over a primary and its
-/// asynchronous standby; the standby falls behind (stopped) while two
+/// A real failover, as production has it: two tidings servers on a
+/// multi-host `DATABASE_URL` (`target_session_attrs=read-write`) over a
+/// primary and its asynchronous standby, with live streams on both, a
+/// durable consumer and a WebSocket device; the standby falls behind (stopped) while two
 /// publishes are acknowledged and seen live; the primary dies (`pg_ctl -m
 /// immediate stop`) and the standby is promoted (`pg_ctl promote`). The
 /// process finds the new primary by itself, publishing resumes within 5 s of
@@ -365,30 +366,57 @@ async fn a_promotion_that_lost_acknowledged_events_is_told_and_reuses_no_id() {
     let (primary, standby) = (var("TIDINGS_TEST_FAILOVER_PRIMARY_URL"), var("TIDINGS_TEST_FAILOVER_STANDBY_URL"));
     let (name_url, name) = crate::helpers::fresh_database_on(&primary).await;
     let url = format!("postgres://postgres@{},{}/{name}?target_session_attrs=read-write", host_of(&primary), host_of(&standby));
+    // Two tidings servers on the one database, each with its pools and its
+    // LISTEN session.
     let app = spawn_app_with(Backend::Postgres, |s| s.database_url = Some(url.clone())).await;
+    let other = spawn_app_with(Backend::Postgres, |s| s.database_url = Some(url.clone())).await;
     for i in 1..=3 {
         assert_eq!(app.publish("comment.posted", json!({"i": i})).await, i);
     }
-    // The standby holds the first three.
+    // A durable consumer (on the other server) and a WebSocket device (on
+    // this one) confirm 3.
+    assert_eq!(consume(&other, "worker", Some(0), Some(3)).await.0, vec![1, 2, 3]);
+    let phone = Key::new();
+    let mut device = ws::Client::connect(&app).await;
+    device.auth(&phone, json!({"device_id": "phone", "cursor": 0})).await;
+    assert_eq!(device.ack(&phone, 3).await["result"]["cursor"], 3);
+    drop(device);
+    // The standby holds the first three events and both cursors.
     let standby_db = standby.rsplit_once('/').unwrap().0.to_owned() + "/" + &name;
-    wait_until("the standby replays the first three events", Duration::from_secs(20), Duration::from_millis(50), || async {
-        match tokio_postgres::connect(&standby_db, tokio_postgres::NoTls).await {
-            Ok((client, conn)) => {
-                tokio::spawn(conn);
-                client.query_one("SELECT last_id FROM tidings_head", &[]).await.is_ok_and(|r| r.get::<_, i64>(0) == 3)
+    wait_until(
+        "the standby replays the first three events and the cursors",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            match tokio_postgres::connect(&standby_db, tokio_postgres::NoTls).await {
+                Ok((client, conn)) => {
+                    tokio::spawn(conn);
+                    let held = "SELECT (SELECT last_id FROM tidings_head), (SELECT max(cursor) FROM consumer_subscriptions),
+                                   (SELECT max(cursor) FROM tidings_device_cursors WHERE device_id = 'phone')";
+                    client.query_one(held, &[]).await.is_ok_and(|r| {
+                        (r.get::<_, i64>(0), r.get::<_, Option<i64>>(1), r.get::<_, Option<i64>>(2)) == (3, Some(3), Some(3))
+                    })
+                }
+                Err(_) => false,
             }
-            Err(_) => false,
-        }
-    })
+        },
+    )
     .await;
     drop(name_url);
     let (mut watching, _) = live(&app, 0, 3).await;
+    let (mut watching_other, _) = live(&other, 0, 3).await;
 
     // The standby falls behind; two publishes are acknowledged and seen.
     pg_ctl("TIDINGS_TEST_FAILOVER_STANDBY_PG_CTL", &["-m", "fast", "stop"]).await;
     assert_eq!(app.publish("comment.posted", json!({"i": 4})).await, 4);
     assert_eq!(app.publish("comment.posted", json!({"i": 5})).await, 5);
     assert_eq!(watching.ids(2).await, vec![4, 5]);
+    assert_eq!(watching_other.ids(2).await, vec![4, 5], "the other server's client saw them too");
+    assert_eq!(consume(&other, "worker", None, Some(5)).await.0, vec![4, 5]);
+    let mut device = ws::Client::connect(&app).await;
+    device.auth(&phone, json!({"device_id": "phone"})).await;
+    assert_eq!(device.ack(&phone, 5).await["result"]["cursor"], 5);
+    drop(device);
 
     // The primary dies; the standby, which never got 4 and 5, is promoted.
     pg_ctl("TIDINGS_TEST_FAILOVER_PRIMARY_PG_CTL", &["-m", "immediate", "stop"]).await;
@@ -434,4 +462,40 @@ async fn a_promotion_that_lost_acknowledged_events_is_told_and_reuses_no_id() {
     );
     assert_eq!(ids, vec![after]);
     assert_eq!(resume(&app, 0, 4).await, (None, vec![1, 2, 3, after]));
+
+    // The other server publishes within 5 s of the promotion too, in the
+    // same epoch; its live client is ended and told as well.
+    let next = crate::helpers::gather(
+        Duration::from_secs(5),
+        (),
+        |_| "the other server to publish again".into(),
+        |()| {
+            let other = &other;
+            async move {
+                match other.post_events(&json!({"event_type": "comment.posted", "payload": {"i": "other"}})).await {
+                    (201, body) => ControlFlow::Break(body["event_ids"][0].as_i64().unwrap()),
+                    (503, _) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        ControlFlow::Continue(())
+                    }
+                    (status, body) => panic!("the other server answered {status}: {body}"),
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(next, after + 1, "one epoch between the two servers");
+    assert_eq!(other.store.epochs(i32::MAX).await.unwrap().current().number, 1);
+    ends(&mut watching_other).await;
+    let (gap, ids) = resume(&other, 5, 2).await;
+    assert_eq!(gap.expect("told")["fork"].as_i64(), Some(3));
+    assert_eq!(ids, vec![after, next]);
+    // The cursors rolled back to 3 with the database: the consumer and the
+    // device are each told once.
+    let (polled, gap) = consume(&other, "worker", None, None).await;
+    assert_eq!((polled, gap["reason"].as_str(), gap["fork"].as_i64()), (vec![after, next], Some("history_lost"), Some(3)), "{gap}");
+    let mut device = ws::Client::connect(&app).await;
+    assert_eq!(device.auth(&phone, json!({"device_id": "phone"})).await["result"]["cursor"], 3);
+    let told = device.notification().await;
+    assert_eq!((told["method"].as_str(), told["params"]["fork"].as_i64()), (Some("stream.gap"), Some(3)), "{told}");
 }
