@@ -408,7 +408,16 @@ async fn a_promotion_that_lost_acknowledged_events_is_told_and_reuses_no_id() {
 
     // The standby falls behind; two publishes are acknowledged and seen.
     pg_ctl("TIDINGS_TEST_FAILOVER_STANDBY_PG_CTL", &["-m", "fast", "stop"]).await;
-    assert_eq!(app.publish("comment.posted", json!({"i": 4})).await, 4);
+    // Event 4 goes with an idempotency key, as a retrying publisher sends it.
+    let keyed = || {
+        app.http
+            .post(app.url("/v1/events"))
+            .header("Idempotency-Key", "four")
+            .json(&json!({"event_type": "comment.posted", "payload": {"i": 4}}))
+    };
+    let answer = keyed().send().await.unwrap();
+    assert_eq!(answer.status(), 201);
+    assert_eq!(answer.json::<Value>().await.unwrap()["event_ids"], json!([4]));
     assert_eq!(app.publish("comment.posted", json!({"i": 5})).await, 5);
     assert_eq!(watching.ids(2).await, vec![4, 5]);
     assert_eq!(watching_other.ids(2).await, vec![4, 5], "the other server's client saw them too");
@@ -498,4 +507,22 @@ async fn a_promotion_that_lost_acknowledged_events_is_told_and_reuses_no_id() {
     assert_eq!(device.auth(&phone, json!({"device_id": "phone"})).await["result"]["cursor"], 3);
     let told = device.notification().await;
     assert_eq!((told["method"].as_str(), told["params"]["fork"].as_i64()), (Some("stream.gap"), Some(3)), "{told}");
+
+    // The publisher of 4 retries with its key: the key was lost with the
+    // event, so it is stored again, once, under a new id of the new epoch;
+    // the final log holds every event under one id each.
+    let answer = keyed().send().await.unwrap();
+    assert_eq!((answer.status().as_u16(), answer.headers().get("idempotent-replayed")), (201, None));
+    let again = answer.json::<Value>().await.unwrap()["event_ids"][0].as_i64().unwrap();
+    assert_eq!(again, next + 1);
+    let log: Value = app.http.get(app.url("/v1/poll?since=0&limit=100")).send().await.unwrap().json().await.unwrap();
+    let log: Vec<(i64, Value)> =
+        log["events"].as_array().unwrap().iter().map(|e| (e["event_id"].as_i64().unwrap(), e["payload"]["i"].clone())).collect();
+    assert_eq!(log, vec![(1, json!(1)), (2, json!(2)), (3, json!(3)), (after, json!("after")), (next, json!("other")), (again, json!(4))]);
+    let answer = keyed().send().await.unwrap();
+    assert_eq!(
+        answer.headers().get("idempotent-replayed").map(|v| v.to_str().unwrap().to_owned()),
+        Some("true".into()),
+        "kept in the new epoch"
+    );
 }
