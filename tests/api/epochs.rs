@@ -95,10 +95,7 @@ async fn a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told(
     assert_eq!(consume(&app, "behind", Some(0), Some(2)).await.0, vec![1, 2, 3]);
     // A WebSocket device that confirmed everything (3).
     let phone = Key::new();
-    let mut device = ws::Client::connect(&app).await;
-    device.auth(&phone, json!({"device_id": "phone", "cursor": 0})).await;
-    assert_eq!(device.ack(&phone, 3).await["result"]["cursor"], 3);
-    drop(device);
+    device_confirms(&app, &phone, Some(0), 3).await;
     // The backup is taken of the stopped server, at head 3.
     app.stop().await;
     let backup_url = backup(backend, &settings_dir, stopped_url.as_deref(), &restored_dir).await;
@@ -115,10 +112,8 @@ async fn a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told(
     assert_eq!((gap, ids), (None, vec![4, 5]), "a client saw 4 and 5");
     // The consumer at 3 is shown 4 and 5 (and confirms them).
     assert_eq!(consume(&app, "at-fork", None, Some(5)).await.0, vec![4, 5]);
-    let mut device = ws::Client::connect(&app).await;
-    device.auth(&phone, json!({"device_id": "phone"})).await;
-    assert_eq!(device.ack(&phone, 5).await["result"]["cursor"], 5, "the device is shown 4 and 5");
-    drop(device);
+    // The device is shown 4 and 5.
+    device_confirms(&app, &phone, None, 5).await;
     app.stop().await;
 
     // The store is lost and restored from the backup (head 3); the
@@ -208,6 +203,18 @@ async fn consume(app: &TestApp, id: &str, since: Option<i64>, ack: Option<i64>) 
         assert_eq!(r.status(), 200);
     }
     (ids, page.get("gap").cloned().unwrap_or(Value::Null))
+}
+
+/// WebSocket device `phone` of `key` says hello (from `given`, else its
+/// stored cursor) and confirms `ack`.
+async fn device_confirms(app: &TestApp, key: &Key, given: Option<i64>, ack: i64) {
+    let mut device = ws::Client::connect(app).await;
+    let hello = match given {
+        Some(cursor) => json!({"device_id": "phone", "cursor": cursor}),
+        None => json!({"device_id": "phone"}),
+    };
+    device.auth(key, hello).await;
+    assert_eq!(device.ack(key, ack).await["result"]["cursor"], ack);
 }
 
 /// Opens a live stream after `since` and reads `n` event ids.
@@ -377,10 +384,7 @@ async fn a_promotion_that_lost_acknowledged_events_is_told_and_reuses_no_id() {
     // this one) confirm 3.
     assert_eq!(consume(&other, "worker", Some(0), Some(3)).await.0, vec![1, 2, 3]);
     let phone = Key::new();
-    let mut device = ws::Client::connect(&app).await;
-    device.auth(&phone, json!({"device_id": "phone", "cursor": 0})).await;
-    assert_eq!(device.ack(&phone, 3).await["result"]["cursor"], 3);
-    drop(device);
+    device_confirms(&app, &phone, Some(0), 3).await;
     // The standby holds the first three events and both cursors.
     let standby_db = standby.rsplit_once('/').unwrap().0.to_owned() + "/" + &name;
     wait_until(
@@ -422,10 +426,7 @@ async fn a_promotion_that_lost_acknowledged_events_is_told_and_reuses_no_id() {
     assert_eq!(watching.ids(2).await, vec![4, 5]);
     assert_eq!(watching_other.ids(2).await, vec![4, 5], "the other server's client saw them too");
     assert_eq!(consume(&other, "worker", None, Some(5)).await.0, vec![4, 5]);
-    let mut device = ws::Client::connect(&app).await;
-    device.auth(&phone, json!({"device_id": "phone"})).await;
-    assert_eq!(device.ack(&phone, 5).await["result"]["cursor"], 5);
-    drop(device);
+    device_confirms(&app, &phone, None, 5).await;
 
     // The primary dies; the standby, which never got 4 and 5, is promoted.
     pg_ctl("TIDINGS_TEST_FAILOVER_PRIMARY_PG_CTL", &["-m", "immediate", "stop"]).await;

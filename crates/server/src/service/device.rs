@@ -13,7 +13,7 @@ use super::gap::{Gap, GapReason};
 use super::poll::{PollError, PollPage, PollRequest};
 use crate::auth::Identity;
 use crate::event::EventId;
-use crate::store::StoreError;
+use crate::store::{DeviceRead, StoreError};
 
 /// Longest device id.
 pub const MAX_DEVICE_ID: usize = 128;
@@ -113,28 +113,24 @@ pub async fn resume_point(
     head: EventId,
 ) -> Result<(EventId, Option<Gap>), DeviceError> {
     let store = core.store();
-    let stored = store.device_cursor(owner, device_id).await?;
+    let read = store.device_read(owner, device_id).await?;
     let mut told = None;
-    if stored.is_some()
-        && let Some((read_epoch, epoch)) = store.device_read(owner, device_id).await?
-    {
+    if let Some(DeviceRead { cursor: stored, read_epoch, epoch }) = read {
         let epochs = store.epochs(epoch).await?;
-        if let (Some(given), Some(stored)) = (given, stored)
+        if let Some(given) = given
             && given > stored
             && epochs.lost(given).is_some()
         {
             return Ok((given, None));
         }
-        if read_epoch < epoch
-            && let Some(stored) = stored
-        {
+        if read_epoch < epoch {
             told = Gap::at_epoch_change(&epochs, stored, read_epoch, head);
             if told.is_some() {
                 crate::metrics::replay_gap(GapReason::HistoryLost.as_str());
             }
         }
     }
-    Ok((stored.or(given).unwrap_or(head).clamp(0, head), told))
+    Ok((read.map(|r| r.cursor).or(given).unwrap_or(head).clamp(0, head), told))
 }
 
 /// Acknowledges `seq` for the device: the only writer of its cursor, which

@@ -134,6 +134,17 @@ pub struct Consumer {
     pub epoch: i32,
 }
 
+/// A device's stored cursor as a hello reads it ([`ConsumerStore::device_read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRead {
+    /// Everything up to here is confirmed.
+    pub cursor: EventId,
+    /// The log's epoch at its hello or ack before this read.
+    pub read_epoch: i32,
+    /// The log's epoch now.
+    pub epoch: i32,
+}
+
 /// Who is acting on a consumer: its owner may, an admin may.
 #[derive(Debug, Clone, Copy)]
 pub struct Actor<'a> {
@@ -546,10 +557,10 @@ pub trait ConsumerStore: Send + Sync + std::fmt::Debug + 'static {
     /// The acknowledged cursor of a WebSocket device, if it ever acked.
     async fn device_cursor(&self, owner: &str, device_id: &str) -> Result<Option<EventId>, StoreError>;
 
-    /// Marks the stored cursor of `owner`'s device `device_id` as read in
-    /// the log's current epoch: the epoch of its hello or ack before, and
-    /// the current one (`None` without a stored cursor).
-    async fn device_read(&self, owner: &str, device_id: &str) -> Result<Option<(i32, i32)>, StoreError>;
+    /// The stored cursor of `owner`'s device `device_id`, marked as read in
+    /// the log's current epoch, with the epoch of its hello or ack before
+    /// and the current one (`None` without a stored cursor).
+    async fn device_read(&self, owner: &str, device_id: &str) -> Result<Option<DeviceRead>, StoreError>;
 
     /// Acknowledges `seq` for a device: the cursor becomes
     /// `max(cursor, min(seq, head))` (created at that value); returns it.

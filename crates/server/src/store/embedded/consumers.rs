@@ -194,24 +194,26 @@ impl ConsumerStore for EmbeddedStore {
         .await
     }
 
-    async fn device_read(&self, owner: &str, device_id: &str) -> Result<Option<(i32, i32)>, StoreError> {
+    async fn device_read(&self, owner: &str, device_id: &str) -> Result<Option<DeviceRead>, StoreError> {
         let (owner, device_id) = (owner.to_owned(), device_id.to_owned());
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let before: Option<i32> = tx
-                .query_row("SELECT epoch FROM tidings_device_cursors WHERE owner = ?1 AND device_id = ?2", params![owner, device_id], |r| {
-                    r.get(0)
-                })
+            let before: Option<(EventId, i32)> = tx
+                .query_row(
+                    "SELECT cursor, epoch FROM tidings_device_cursors WHERE owner = ?1 AND device_id = ?2",
+                    params![owner, device_id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
                 .optional()?;
-            let now: i32 = tx.query_row("SELECT epoch FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
+            let epoch: i32 = tx.query_row("SELECT epoch FROM tidings_head WHERE singleton = 1", [], |r| r.get(0))?;
             if before.is_some() {
                 tx.execute(
                     "UPDATE tidings_device_cursors SET epoch = ?3 WHERE owner = ?1 AND device_id = ?2",
-                    params![owner, device_id, now],
+                    params![owner, device_id, epoch],
                 )?;
             }
             tx.commit()?;
-            Ok(before.map(|before| (before, now)))
+            Ok(before.map(|(cursor, read_epoch)| DeviceRead { cursor, read_epoch, epoch }))
         })
         .await
     }

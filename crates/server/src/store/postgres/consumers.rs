@@ -185,18 +185,18 @@ impl ConsumerStore for PostgresStore {
         Ok(row.map(|r| r.get(0)))
     }
 
-    async fn device_read(&self, owner: &str, device_id: &str) -> Result<Option<(i32, i32)>, StoreError> {
+    async fn device_read(&self, owner: &str, device_id: &str) -> Result<Option<DeviceRead>, StoreError> {
         let client = self.client().await?;
         let row = client
             .query_opt(
                 "WITH before AS (SELECT epoch FROM tidings_device_cursors WHERE owner = $1 AND device_id = $2)
                  UPDATE tidings_device_cursors SET epoch = (SELECT epoch FROM tidings_head)
-                 WHERE owner = $1 AND device_id = $2 RETURNING (SELECT epoch FROM before), epoch",
+                 WHERE owner = $1 AND device_id = $2 RETURNING cursor, (SELECT epoch FROM before), epoch",
                 &[&owner, &device_id],
             )
             .await
             .map_err(pg_error)?;
-        Ok(row.map(|r| (r.get(0), r.get(1))))
+        Ok(row.map(|r| DeviceRead { cursor: r.get(0), read_epoch: r.get(1), epoch: r.get(2) }))
     }
 
     async fn device_ack(&self, owner: &str, device_id: &str, seq: EventId, now_ms: i64) -> Result<EventId, StoreError> {
