@@ -12,9 +12,8 @@
 //! Implementations: [`postgres`] (production, several processes, one LISTEN
 //! connection per process) and [`embedded`] (a single-node SQLite file, for a
 //! machine with nothing installed). Only the composition root (`app`) names a
-//! concrete store. [`epoch`] says what survives a store that lost a suffix
-//! of its log (a failover, a restore): which ids name nothing any more, and
-//! where a new epoch's ids begin.
+//! concrete store. [`epoch`]: what survives a store that lost a suffix of its
+//! log (a failover, a restore), and where a new epoch's ids begin.
 
 pub mod embedded;
 pub mod epoch;
@@ -501,10 +500,8 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// [`Bounds::epoch`] names a newer one), when the store is read again.
     async fn epochs(&self, at_least: i32) -> Result<Arc<Epochs>, StoreError>;
 
-    /// Begins a new epoch at the head, whose ids begin past every id the
-    /// log can have handed out, lost or not, and past `seen` (the highest
-    /// id the caller saw committed): what `tidings epoch new` does after a
-    /// backup was restored.
+    /// Begins a new epoch at the head, past every id the log can have handed
+    /// out and past `seen` (what `tidings epoch new` does after a restore).
     async fn begin_epoch(&self, reason: EpochReason, seen: EventId) -> Result<Epoch, StoreError>;
 
     /// Starts whatever wakes `wake` after each commit (the LISTEN task for
