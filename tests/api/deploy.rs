@@ -34,11 +34,20 @@ fn the_kubernetes_manifests_validate_and_a_broken_one_does_not() {
     for needed in ["@tidings-db-rw:5432/tidings", "TIDINGS_REPLICA_URLS", "@tidings-db-ro:5432/tidings", "path: /health/ready"] {
         assert!(deployment.contains(needed), "deployment.yaml has {needed}");
     }
+    // The configuration that loses nothing in a failover: synchronous
+    // replication that waits rather than degrades, and delivery that waits
+    // for it.
+    assert!(deployment.contains("{name: TIDINGS_DELIVERY, value: replicated}"), "deployment.yaml waits for the standby");
+    let postgres = std::fs::read_to_string(k8s.join("postgres.yaml")).unwrap();
+    for needed in ["    synchronous:\n", "      dataDurability: required\n", "      failoverQuorum: true\n"] {
+        assert!(postgres.contains(needed), "postgres.yaml has {needed}");
+    }
 
     // Broken copies are refused.
     for (file, from, to, error) in [
         ("postgres.yaml", "  instances: 3", "  instance: 3", "'instance' was unexpected"),
         ("deployment.yaml", "  replicas: 3", "  replicas: three", "'three' is not of type"),
+        ("postgres.yaml", "dataDurability: required", "dataDurability: always", "'always' is not one of"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("schemas")).unwrap();

@@ -344,7 +344,7 @@ async fn a_new_timeline_or_a_head_below_what_was_seen_begins_an_epoch() {
 /// Runs a `pg_ctl` command line from the test environment (`PG_CTL` of
 /// scripts/pg.sh: a `runuser` prefix, the binary, its data directory) with
 /// `args`.
-async fn pg_ctl(variable: &str, args: &[&str]) {
+pub(crate) async fn pg_ctl(variable: &str, args: &[&str]) {
     let line = std::env::var(variable).unwrap_or_else(|_| panic!("{variable} is not set: run the suite with scripts/test"));
     let mut words = line.split_whitespace();
     let mut cmd = tokio::process::Command::new(words.next().unwrap());
@@ -353,8 +353,32 @@ async fn pg_ctl(variable: &str, args: &[&str]) {
     assert!(status.success(), "pg_ctl {args:?} on {variable}");
 }
 
+/// Publishes `payload` through a failover, retrying each `503` for up to 5 s
+/// (any other answer fails the test): the id, and how many were refused.
+pub(crate) async fn publish_within_5s(app: &TestApp, payload: Value) -> (i64, u32) {
+    crate::helpers::gather(
+        Duration::from_secs(5),
+        0,
+        |refused| format!("publishing to resume within 5 s of the promotion ({refused} refused)"),
+        |refused| {
+            let body = json!({"event_type": "comment.posted", "payload": payload.clone()});
+            async move {
+                match app.post_events(&body).await {
+                    (201, body) => ControlFlow::Break((body["event_ids"][0].as_i64().unwrap(), refused)),
+                    (503, _) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        ControlFlow::Continue(refused + 1)
+                    }
+                    (status, body) => panic!("a publish during the failover answered {status}: {body}"),
+                }
+            }
+        },
+    )
+    .await
+}
+
 /// `host:port` of a test cluster's URL.
-fn host_of(url: &str) -> &str {
+pub(crate) fn host_of(url: &str) -> &str {
     url.split_once('@').unwrap().1.split('/').next().unwrap()
 }
 
@@ -435,26 +459,7 @@ async fn a_promotion_that_lost_acknowledged_events_is_told_and_reuses_no_id() {
 
     // Publishing resumes within 5 s; what fails meanwhile is refused, never
     // acknowledged.
-    let (after, refused) = crate::helpers::gather(
-        Duration::from_secs(5),
-        0,
-        |refused| format!("publishing to resume within 5 s of the promotion ({refused} refused)"),
-        |refused| {
-            let app = &app;
-            async move {
-                let (status, body) = app.post_events(&json!({"event_type": "comment.posted", "payload": {"i": "after"}})).await;
-                match status {
-                    201 => ControlFlow::Break((body["event_ids"][0].as_i64().unwrap(), refused)),
-                    503 => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        ControlFlow::Continue(refused + 1)
-                    }
-                    other => panic!("a publish during the failover answered {other}: {body}"),
-                }
-            }
-        },
-    )
-    .await;
+    let (after, refused) = publish_within_5s(&app, json!({"i": "after"})).await;
     let epochs = app.store.epochs(i32::MAX).await.unwrap();
     let epoch = epochs.current().clone();
     assert_eq!((epoch.number, epoch.fork, epoch.reason.as_str()), (1, 3, "timeline"), "{epochs:?}");
@@ -475,25 +480,7 @@ async fn a_promotion_that_lost_acknowledged_events_is_told_and_reuses_no_id() {
 
     // The other server publishes within 5 s of the promotion too, in the
     // same epoch; its live client is ended and told as well.
-    let next = crate::helpers::gather(
-        Duration::from_secs(5),
-        (),
-        |_| "the other server to publish again".into(),
-        |()| {
-            let other = &other;
-            async move {
-                match other.post_events(&json!({"event_type": "comment.posted", "payload": {"i": "other"}})).await {
-                    (201, body) => ControlFlow::Break(body["event_ids"][0].as_i64().unwrap()),
-                    (503, _) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        ControlFlow::Continue(())
-                    }
-                    (status, body) => panic!("the other server answered {status}: {body}"),
-                }
-            }
-        },
-    )
-    .await;
+    let (next, _) = publish_within_5s(&other, json!({"i": "other"})).await;
     assert_eq!(next, after + 1, "one epoch between the two servers");
     assert_eq!(other.store.epochs(i32::MAX).await.unwrap().current().number, 1);
     ends(&mut watching_other).await;

@@ -6,12 +6,14 @@ mod helpers;
 
 mod attacks;
 mod browser;
+mod checker;
 mod cli;
 mod delivery;
 mod deploy;
 mod durability;
 mod epochs;
 mod exhaustion;
+mod failover;
 mod filters;
 mod idempotency;
 mod identity;

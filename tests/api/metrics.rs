@@ -41,8 +41,15 @@ const CATALOG: &[&str] = &[
 
 /// Families with a series per peer or per mirror, so exported once there
 /// is one; on the dashboard all the same.
-const PER_OBJECT: &[&str] =
-    &["tidings_peer_backlog_events", "tidings_mirror_repairs_total", "tidings_mirror_hops", "tidings_mirror_upstream"];
+/// (And `tidings_replication_stalled`, exported with
+/// `TIDINGS_DELIVERY=replicated`: tests/api/failover.rs reads it.)
+const PER_OBJECT: &[&str] = &[
+    "tidings_peer_backlog_events",
+    "tidings_mirror_repairs_total",
+    "tidings_mirror_hops",
+    "tidings_mirror_upstream",
+    "tidings_replication_stalled",
+];
 
 async fn every_family_from_start_up_and_promtool_accepts_it(backend: Backend) {
     let app = spawn_app(backend).await;

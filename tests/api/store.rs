@@ -60,6 +60,7 @@ async fn postgres_store() -> Arc<dyn Store> {
         acquire_timeout: Duration::from_secs(5),
         replica_urls: Vec::new(),
         broker_reads_replica: false,
+        replicated_delivery: false,
         replica_max_lag: Duration::ZERO,
     };
     Arc::new(PostgresStore::connect(&url, options).await.expect("connecting the test database"))

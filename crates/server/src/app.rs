@@ -70,10 +70,16 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
                     replica_urls: settings.replica_urls.clone(),
                     replica_max_lag: settings.replica_max_lag,
                     broker_reads_replica: settings.broker_reads == crate::config::BrokerReads::Replica,
+                    replicated_delivery: settings.delivery == crate::config::Delivery::Replicated,
                 },
             )
             .await?,
         ),
+        None if settings.delivery == crate::config::Delivery::Replicated => {
+            anyhow::bail!(
+                "TIDINGS_DELIVERY=replicated needs PostgreSQL with a synchronous standby (set DATABASE_URL); the embedded store has no replication"
+            )
+        }
         None => Arc::new(EmbeddedStore::open(&settings.data_dir).await?),
     })
 }

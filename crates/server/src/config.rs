@@ -29,6 +29,17 @@ pub enum BrokerReads {
     Replica,
 }
 
+/// `TIDINGS_DELIVERY`: when an event may be shown to clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Delivery {
+    /// Once committed on the primary (the default).
+    Committed,
+    /// Once the primary's synchronous standby has it too (PostgreSQL with
+    /// synchronous replication): a failover to that standby then loses
+    /// nothing any client was shown or any publisher was answered `201`.
+    Replicated,
+}
+
 /// How logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -257,6 +268,13 @@ pub struct Settings {
     /// up to 100 ms for one to replay a notified commit), not only history.
     #[arg(long, env = "TIDINGS_BROKER_READS", value_enum, default_value = "primary")]
     pub broker_reads: BrokerReads,
+
+    /// `replicated`: publishes are answered and events shown only once
+    /// PostgreSQL's synchronous standby has them (README "History that
+    /// survives failover"); publishes are refused with `503` while it does
+    /// not confirm within `TIDINGS_DB_TIMEOUT`.
+    #[arg(long, env = "TIDINGS_DELIVERY", value_enum, default_value = "committed")]
+    pub delivery: Delivery,
 
     /// A standby further behind the primary than this is skipped.
     #[arg(long, env = "TIDINGS_REPLICA_MAX_LAG", default_value = "5s", value_parser = duration)]

@@ -69,6 +69,7 @@ const REPLAY_GAPS: &str = "tidings_replay_gaps_total";
 /// Epochs the event log began, by reason (`timeline`, `system`,
 /// `head_behind`, `operator`): each may have lost a suffix of history.
 const EPOCHS_BEGUN: &str = "tidings_epochs_begun_total";
+const REPLICATION_STALLED: &str = "tidings_replication_stalled";
 /// Payload-rule evaluations stopped by `TIDINGS_RULE_BUDGET` (the event did not match).
 const FILTER_BUDGET_EXCEEDED: &str = "tidings_filter_budget_exceeded_total";
 
@@ -196,6 +197,11 @@ fn describe() {
         BROKER_READS,
         Unit::Count,
         "The broker's reads of the log's tail with TIDINGS_REPLICA_URLS, by the server that answered: primary or replica."
+    );
+    describe_gauge!(
+        REPLICATION_STALLED,
+        Unit::Count,
+        "1 while the synchronous standby does not confirm (TIDINGS_DELIVERY=replicated): publishes are refused and nothing new is shown."
     );
     describe_gauge!(REPLICA_UP, Unit::Count, "1 while a hot standby serves history (TIDINGS_REPLICA_URLS), by standby.");
     describe_gauge!(
@@ -449,6 +455,12 @@ pub fn broker_read(at: ReadAt) {
 /// `TIDINGS_REPLICA_URLS`) serves history or not.
 pub fn replica_up(replica: &str, up: bool) {
     gauge!(REPLICA_UP, "replica" => replica.to_owned()).set(if up { 1.0 } else { 0.0 });
+}
+
+/// Whether the synchronous standby stopped confirming
+/// (`TIDINGS_DELIVERY=replicated`).
+pub fn replication_stalled(stalled: bool) {
+    gauge!(REPLICATION_STALLED).set(if stalled { 1.0 } else { 0.0 });
 }
 
 /// The standby labelled `replica` is `lag_ms` behind.

@@ -68,7 +68,7 @@ pub(crate) async fn read_body(settings: &Settings, headers: &HeaderMap, body: Bo
         (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
         (status = 422, description = "`invalid_event_name`, `idempotency_key_reused` (the key was used with another body); in strict mode `unregistered_event_type`, `payload_schema_violation`", body = crate::http::openapi::ErrorBody),
         (status = 429, description = "`rate_limited` (with Retry-After)", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "`store_unavailable` (with Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "`store_unavailable`, `replication_unavailable` (TIDINGS_DELIVERY=replicated: the synchronous standby does not confirm) (with Retry-After)", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]

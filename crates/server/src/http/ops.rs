@@ -58,7 +58,7 @@ pub(crate) async fn health() -> Json<Value> {
     path = "/health/deep",
     tag = "operations",
     responses(
-        (status = 200, description = "`{status, store, database, head_event_id, history_from, epoch: {number, fork, base, reason, started_ms}, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads, primary_broker_reads} (null without TIDINGS_REPLICA_URLS; for an admin token, else null), outbox: {depth, oldest_age_ms, set_aside} (PostgreSQL; else null), uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
+        (status = 200, description = "`{status, store, database, head_event_id, history_from, epoch: {number, fork, base, reason, started_ms}, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads, primary_broker_reads} (null without TIDINGS_REPLICA_URLS; for an admin token, else null), outbox: {depth, oldest_age_ms, set_aside} (PostgreSQL; else null), delivery: {mode: replicated, synchronous_standby: confirming|stalled|none_named|unknown, confirmed_through} (TIDINGS_DELIVERY=replicated; else null), uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
         (status = 503, description = "The same document while the database is down", body = Object),
     )
 )]
@@ -108,6 +108,9 @@ pub(crate) async fn health_deep(
         // The SQL outbox (PostgreSQL's tidings.publish): rows waiting to be
         // moved into the log, the oldest one's age, and rows set aside.
         "outbox": outbox,
+        // TIDINGS_DELIVERY=replicated: whether the synchronous standby
+        // confirms what is shown and answered.
+        "delivery": store.delivery(),
         "uptime_seconds": app.inner.started.elapsed().as_secs(),
         "peers": peers,
         "mirrors": if admin { app.core().subscriptions().mirrors() } else { Value::Null },

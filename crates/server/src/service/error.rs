@@ -15,13 +15,14 @@ impl Refusal for StoreError {
     fn code(&self) -> &'static str {
         match self {
             StoreError::Unavailable(_) => "store_unavailable",
+            StoreError::Unreplicated(_) => "replication_unavailable",
             StoreError::Other(_) => "internal",
         }
     }
 
     fn kind(&self) -> Kind {
         match self {
-            StoreError::Unavailable(_) => Kind::Unavailable,
+            StoreError::Unavailable(_) | StoreError::Unreplicated(_) => Kind::Unavailable,
             StoreError::Other(_) => Kind::Internal,
         }
     }
@@ -30,12 +31,17 @@ impl Refusal for StoreError {
         // The database's own words stay in the log.
         match self {
             StoreError::Unavailable(_) => "the event store is unavailable; retry later".to_owned(),
+            StoreError::Unreplicated(_) => {
+                "the database's synchronous standby does not confirm, and this server shows and stores nothing it has not confirmed; \
+                 retry later"
+                    .to_owned()
+            }
             StoreError::Other(_) => "internal error".to_owned(),
         }
     }
 
     fn retry_after(&self) -> Option<u64> {
-        matches!(self, StoreError::Unavailable(_)).then_some(1)
+        matches!(self, StoreError::Unavailable(_) | StoreError::Unreplicated(_)).then_some(1)
     }
 }
 

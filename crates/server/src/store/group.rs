@@ -222,6 +222,14 @@ async fn commit<G: Grouped>(store: &dyn Store, group: Vec<Job<G>>, events: usize
                 let _ = answer.send(Err(StoreError::Unavailable(why.clone())));
             }
         }
+        // The synchronous standby does not confirm: the group may be
+        // committed already (only not yet confirmed), so it is never
+        // retried member by member, which would store it twice.
+        Err(StoreError::Unreplicated(why)) => {
+            for answer in answers {
+                let _ = answer.send(Err(StoreError::Unreplicated(why.clone())));
+            }
+        }
         Err(e) => {
             tracing::debug!(error = %e, members = answers.len(), "a group commit failed; committing its members one by one");
             for (request, answer) in requests.into_iter().zip(answers) {

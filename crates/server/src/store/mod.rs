@@ -21,6 +21,7 @@ pub mod group;
 pub mod idempotency;
 pub mod outbox;
 pub mod postgres;
+pub mod status;
 
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ pub use crate::tree::{ChangeEvent, ChangeKind};
 pub use epoch::{Epoch, EpochReason, Epochs};
 pub use idempotency::{IdempotencyKey, Publish, Published};
 pub use outbox::{Decide, OutboxDecision, OutboxMoved, OutboxRow, OutboxStatus};
+pub use status::{DeliveryStatus, ListenerState, ReplicaStatus};
 
 /// One record to append.
 #[derive(Debug, Clone)]
@@ -49,26 +51,6 @@ impl NewRecord {
     pub fn event(body: &EventBody) -> Self {
         Self { event_type: body.event_type.clone(), body: body.to_json() }
     }
-}
-
-/// One standby as `/health/deep` shows it.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ReplicaStatus {
-    /// `host:port/dbname`.
-    pub replica: String,
-    /// Whether reads go to it now.
-    pub usable: bool,
-    /// Whether it answered the last probe.
-    pub up: bool,
-    /// Ids it is behind the primary's head.
-    pub lag_events: i64,
-    /// Milliseconds since it replayed a commit, while behind.
-    pub lag_ms: i64,
-    /// History reads it answered.
-    pub reads: u64,
-    /// Why it is not usable, when it is not.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
 }
 
 /// One stored record.
@@ -352,24 +334,16 @@ impl StoreKind {
     }
 }
 
-/// State of the wake-up listener, for `/health/deep` and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ListenerState {
-    /// Connected and listening (or in-process for the embedded store).
-    Listening,
-    /// Reconnecting after a loss.
-    Reconnecting,
-    /// Not started yet.
-    Starting,
-}
-
 /// Store failures, by what a caller can do about them.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached now; retrying later may work (`503`).
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
+    /// With `TIDINGS_DELIVERY=replicated`, the synchronous standby does not
+    /// confirm: nothing new is stored or shown until it does (`503`).
+    #[error("replication is unavailable: {0}")]
+    Unreplicated(String),
     /// Anything else; a bug or corruption, logged and answered `500`.
     #[error("store error: {0}")]
     Other(#[from] anyhow::Error),
@@ -433,6 +407,12 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// The hot standbys serving history, and how many history reads and
     /// broker tail reads the primary answered; `None` without standbys.
     fn replicas(&self) -> Option<(Vec<ReplicaStatus>, u64, u64)> {
+        None
+    }
+
+    /// Delivery that waits for the synchronous standby; `None` unless
+    /// `TIDINGS_DELIVERY=replicated`.
+    fn delivery(&self) -> Option<DeliveryStatus> {
         None
     }
 

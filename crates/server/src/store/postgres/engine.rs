@@ -29,6 +29,11 @@ impl EngineStore for PostgresStore {
         let rows = client.query(&statement, &[&after, &head, &types, &(limit as i64)]).await.map_err(pg_error)?;
         let records: Vec<Record> = rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect();
         let reached = if records.len() == limit { records.last().map_or(head, |r| r.id) } else { head };
+        // Path subscriptions are notified of nothing the synchronous
+        // standby lacks (`TIDINGS_DELIVERY=replicated`).
+        if reached > after {
+            self.shown(reached).await?;
+        }
         Ok((records, reached.max(after)))
     }
 

@@ -17,10 +17,12 @@ impl EventLog for PostgresStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        self.admit()?;
         let (types, bodies): (Vec<String>, Vec<String>) = batch.into_iter().map(|r| (r.event_type, r.body)).unzip();
         let base = self.after_append_failed(self.append_rows(&types, &bodies).await).await?;
         self.saw(base + types.len() as i64);
         let ids: Vec<EventId> = (1..=types.len() as i64).map(|i| base + i).collect();
+        self.shown(base + types.len() as i64).await?;
         // Committed (one statement): hand it to the broker, which takes it
         // when nothing committed before it is still unread (another
         // process's events come by NOTIFY and a read, as before). The
@@ -36,14 +38,19 @@ impl EventLog for PostgresStore {
     }
 
     async fn append_once(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError> {
-        let appended = self.append_once_in(source, stream, seq, record).await;
-        self.after_append_failed(appended).await
+        self.admit()?;
+        let appended = self.after_append_failed(self.append_once_in(source, stream, seq, record).await).await?;
+        if let Some(id) = appended {
+            self.shown(id).await?;
+        }
+        Ok(appended)
     }
 
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
         let rows = read_after_on(&self.client().await?, after, limit).await?;
         if let Some(last) = rows.last() {
             self.saw(last.id);
+            self.shown(last.id).await?;
         }
         Ok(rows)
     }
@@ -53,7 +60,11 @@ impl EventLog for PostgresStore {
             crate::metrics::history_read(crate::metrics::ReadAt::Primary);
             return self.read_after(after, limit).await;
         }
-        self.replicas.read(after, limit, |from, rest| self.read_after(from, rest)).await
+        let rows = self.replicas.read(after, limit, |from, rest| self.read_after(from, rest)).await?;
+        if let Some(last) = rows.last() {
+            self.shown(last.id).await?;
+        }
+        Ok(rows)
     }
 
     async fn read_tail(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
@@ -71,11 +82,19 @@ impl EventLog for PostgresStore {
             // Every commit notifies its head; none past this one yet.
             return Ok(Vec::new());
         }
-        self.replicas.tail(after, until, limit, |from, rest| self.read_after(from, rest)).await
+        let rows = self.replicas.tail(after, until, limit, |from, rest| self.read_after(from, rest)).await?;
+        if let Some(last) = rows.last() {
+            self.shown(last.id).await?;
+        }
+        Ok(rows)
     }
 
     fn replicas(&self) -> Option<(Vec<crate::store::ReplicaStatus>, u64, u64)> {
         self.replicas.any().then(|| self.replicas.status())
+    }
+
+    fn delivery(&self) -> Option<crate::store::DeliveryStatus> {
+        self.sync.as_ref().map(|gate| gate.status())
     }
 
     async fn head(&self) -> Result<EventId, StoreError> {
@@ -97,6 +116,7 @@ impl EventLog for PostgresStore {
         if publishes.iter().all(|p| p.key.is_none()) {
             return idempotency::unkeyed(self, publishes).await;
         }
+        self.admit()?;
         let published = async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_error)?;
@@ -107,6 +127,12 @@ impl EventLog for PostgresStore {
         let (answers, appended) = self.after_append_failed(published.await).await?;
         if let Some((last, _)) = appended.last() {
             self.saw(*last);
+        }
+        // A replayed key's events were appended before: shown once the
+        // standby has them too.
+        let newest = answers.iter().filter_map(published_last).chain(appended.last().map(|(id, _)| *id)).max();
+        if let Some(id) = newest {
+            self.shown(id).await?;
         }
         self.hand_off_appended(appended);
         Ok(answers)
@@ -222,6 +248,9 @@ impl EventLog for PostgresStore {
     }
 
     fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
+        if let Some(gate) = &self.sync {
+            tokio::spawn(gate.clone().run(self.config.clone(), cancel.clone()));
+        }
         let config = self.config.clone();
         let status = self.listener.clone();
         tokio::spawn(listen_loop(config, status, self.epochs.clone(), wake, cancel))
@@ -250,6 +279,14 @@ pub(super) async fn read_after_on(client: &deadpool_postgres::Object, after: Eve
         .map_err(pg_error)?;
     let rows = client.query(&statement, &[&after, &(limit as i64)]).await.map_err(pg_error)?;
     Ok(rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect())
+}
+
+/// The newest id a publish was answered with.
+fn published_last(published: &Published) -> Option<EventId> {
+    match published {
+        Published::Stored(ids) | Published::Replayed(ids) => ids.last().copied(),
+        Published::KeyReused => None,
+    }
 }
 
 /// Publishes in `tx` (see [`EventLog::publish`]): what became of each, and

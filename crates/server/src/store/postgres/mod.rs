@@ -16,7 +16,8 @@
 //! One file per concern: `log` (the event log), `consumers`, `tree` (the
 //! tree and the content store), `engine` (the subscription engine's state
 //! and leader lock), `listen` (the LISTEN task), `migrate` (the schema),
-//! `replica` (hot standbys that serve history).
+//! `replica` (hot standbys that serve history), `sync` (delivery that
+//! waits for the synchronous standby).
 
 mod consumers;
 mod engine;
@@ -26,6 +27,7 @@ mod log;
 mod migrate;
 mod outbox;
 mod replica;
+mod sync;
 mod tree;
 
 use std::collections::HashMap;
@@ -70,6 +72,9 @@ pub struct PostgresOptions {
     /// The broker's tail reads go to the standbys too
     /// (`TIDINGS_BROKER_READS=replica`).
     pub broker_reads_replica: bool,
+    /// Nothing is answered or shown before the synchronous standby has it
+    /// (`TIDINGS_DELIVERY=replicated`; [`sync`]).
+    pub replicated_delivery: bool,
 }
 
 /// The PostgreSQL store. Cloning is shallow.
@@ -88,6 +93,8 @@ pub struct PostgresStore {
     broker_reads_replica: bool,
     /// The epochs read last.
     epochs: Arc<crate::store::epoch::EpochCache>,
+    /// The gate of `TIDINGS_DELIVERY=replicated`.
+    sync: Option<Arc<sync::SyncGate>>,
 }
 
 fn lock_hand_off(m: &std::sync::Mutex<Option<HandOff>>) -> std::sync::MutexGuard<'_, Option<HandOff>> {
@@ -129,6 +136,7 @@ impl PostgresStore {
             replicas,
             broker_reads_replica: options.broker_reads_replica,
             epochs: Arc::default(),
+            sync: options.replicated_delivery.then(|| sync::SyncGate::new(options.acquire_timeout)),
         };
         store.migrate().await?;
         // The cluster found is the epoch's, or a new epoch begins before
@@ -155,6 +163,22 @@ impl PostgresStore {
     /// Notes ids this process saw committed.
     fn saw(&self, id: EventId) {
         self.listener.seen.fetch_max(id, Ordering::AcqRel);
+    }
+
+    /// Refuses an append while the synchronous standby does not confirm
+    /// (`TIDINGS_DELIVERY=replicated`).
+    fn admit(&self) -> Result<(), StoreError> {
+        self.sync.as_ref().map_or(Ok(()), |gate| gate.admit())
+    }
+
+    /// Returns once what is committed up to `id` may be shown and
+    /// answered: at once, or with `TIDINGS_DELIVERY=replicated` once the
+    /// synchronous standby has it.
+    async fn shown(&self, id: EventId) -> Result<(), StoreError> {
+        match &self.sync {
+            Some(gate) => gate.replicated(id).await,
+            None => Ok(()),
+        }
     }
 
     /// After an append failed: when it was refused for the timeline (the

@@ -48,6 +48,9 @@ impl PostgresStore {
         if rows.is_empty() {
             return Ok(moved);
         }
+        // While the synchronous standby does not confirm, rows wait in the
+        // outbox (TIDINGS_DELIVERY=replicated).
+        self.admit()?;
         let now = chrono::Utc::now().timestamp_millis();
         let (mut publishes, mut published_seqs, mut aside) = (Vec::new(), Vec::new(), Vec::new());
         for r in rows {
@@ -92,6 +95,9 @@ impl PostgresStore {
         tx.commit().await.map_err(pg_error)?;
         drop(client);
         moved.appended = appended.len();
+        if let Some((last, _)) = appended.last() {
+            self.shown(*last).await?;
+        }
         self.hand_off_appended(appended);
         Ok(moved)
     }

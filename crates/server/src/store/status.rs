@@ -1,0 +1,52 @@
+//! What the store reports about itself for `/health/deep` and metrics:
+//! the wake-up listener, the hot standbys, and delivery that waits for the
+//! synchronous standby.
+
+use serde::Serialize;
+
+/// State of the wake-up listener, for `/health/deep` and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerState {
+    /// Connected and listening (or in-process for the embedded store).
+    Listening,
+    /// Reconnecting after a loss.
+    Reconnecting,
+    /// Not started yet.
+    Starting,
+}
+
+/// One standby as `/health/deep` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplicaStatus {
+    /// `host:port/dbname`.
+    pub replica: String,
+    /// Whether reads go to it now.
+    pub usable: bool,
+    /// Whether it answered the last probe.
+    pub up: bool,
+    /// Ids it is behind the primary's head.
+    pub lag_events: i64,
+    /// Milliseconds since it replayed a commit, while behind.
+    pub lag_ms: i64,
+    /// History reads it answered.
+    pub reads: u64,
+    /// Why it is not usable, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// Delivery that waits for the synchronous standby
+/// (`TIDINGS_DELIVERY=replicated`), as `/health/deep` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeliveryStatus {
+    /// `replicated`.
+    pub mode: &'static str,
+    /// `confirming` (the standby confirms barriers), `stalled` (it has
+    /// not within `TIDINGS_DB_TIMEOUT`: publishes are refused),
+    /// `none_named` (the primary names no synchronous standby) or
+    /// `unknown` (not connected).
+    pub synchronous_standby: &'static str,
+    /// Ids up to this one are known to be on the synchronous standby.
+    pub confirmed_through: i64,
+}

@@ -1,0 +1,232 @@
+//! An independent checker of histories through a failover (README
+//! "History that survives failover"). It knows nothing of the server's
+//! code: only what each client was shown, in order (events by id and body,
+//! and the losses it was told of), what publishers were answered, and the
+//! final log. It holds the server to the contract:
+//! - no id is ever seen with two different bodies, by any client or in the
+//!   final log;
+//! - every event a client saw is in the final log under the same id, or
+//!   was announced lost to that client afterwards (a `history_lost` whose
+//!   fork lies below it);
+//! - between announcements, a client's events follow the final log with
+//!   nothing skipped, and after an announcement it goes on with the first
+//!   event after the fork;
+//! - every acknowledged publish is in the final log, exactly once (when the
+//!   configuration promises it).
+//!
+//! Followers that collect what clients see over SSE, resuming as browsers
+//! do, live here too.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::TestApp;
+
+/// One thing a client was shown.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Seen {
+    /// An event: its id and payload.
+    Event(i64, Value),
+    /// History was lost: events after `fork` it may have seen are gone.
+    Lost { fork: i64 },
+}
+
+/// What the checker found, when it found nothing wrong.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// Events checked, over every client.
+    pub(crate) events: usize,
+    /// Losses announced, over every client.
+    pub(crate) announced: usize,
+    /// Events seen that the final log lacks (each announced lost).
+    pub(crate) lost: usize,
+}
+
+/// Checks `clients` (a name and what it saw, in order) against the final
+/// `log` (ids ascending).
+pub(crate) fn check(log: &[(i64, Value)], clients: &[(String, Vec<Seen>)]) -> Result<Verdict, String> {
+    let final_log: BTreeMap<i64, &Value> = log.iter().map(|(id, body)| (*id, body)).collect();
+    if final_log.len() != log.len() {
+        return Err("the final log holds an id twice".into());
+    }
+    // The successor of an id in the final log.
+    let next_after = |id: i64| final_log.range(id + 1..).next().map(|(id, _)| *id);
+    let mut bodies: HashMap<i64, (&str, &Value)> = log.iter().map(|(id, body)| (*id, ("the final log", body))).collect();
+    let mut verdict = Verdict::default();
+    for (name, seen) in clients {
+        // Events seen that the final log lacks, not announced yet.
+        let mut unannounced: Vec<i64> = Vec::new();
+        // What must come next: the log's successor of the last event, or
+        // of the fork after an announcement.
+        let mut expected: Option<i64> = None;
+        for item in seen {
+            match item {
+                Seen::Event(id, body) => {
+                    verdict.events += 1;
+                    if let Some((who, earlier)) = bodies.get(id)
+                        && *earlier != body
+                    {
+                        return Err(format!("id {id} named two events: {earlier} to {who}, {body} to {name}"));
+                    }
+                    bodies.entry(*id).or_insert((name, body));
+                    if !final_log.contains_key(id) {
+                        unannounced.push(*id);
+                    }
+                    if let Some(want) = expected
+                        && final_log.contains_key(id)
+                        && Some(*id) != Some(want)
+                    {
+                        return Err(format!("{name} was shown {id} where the final log goes on with {want}"));
+                    }
+                    expected = next_after(*id).or(Some(i64::MAX));
+                }
+                Seen::Lost { fork } => {
+                    verdict.announced += 1;
+                    if let Some(bad) = unannounced.iter().find(|&&id| id <= *fork) {
+                        return Err(format!("{name} saw {bad}, at or below the fork {fork}, which the final log lacks"));
+                    }
+                    verdict.lost += unannounced.len();
+                    unannounced.clear();
+                    expected = next_after(*fork).or(Some(i64::MAX));
+                }
+            }
+        }
+        if let Some(id) = unannounced.first() {
+            return Err(format!("{name} saw {id}, which the final log lacks, and was never told"));
+        }
+    }
+    Ok(verdict)
+}
+
+/// Checks that every acknowledged publish (the ids and payload it was
+/// answered `201` for) is in the final log under those ids, once.
+pub(crate) fn acknowledged_kept(log: &[(i64, Value)], acknowledged: &[(i64, Value)]) -> Result<(), String> {
+    for (id, body) in acknowledged {
+        let held: Vec<&(i64, Value)> = log.iter().filter(|(_, b)| b == body).collect();
+        match held.as_slice() {
+            [(at, _)] if at == id => {}
+            [] => return Err(format!("{id} ({body}) was acknowledged and is not in the final log")),
+            _ => return Err(format!("{id} ({body}) was acknowledged and the final log holds {held:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// The final log as a poll from 0 reads it: `(id, payload)`.
+pub(crate) async fn final_log(app: &TestApp) -> Vec<(i64, Value)> {
+    let page: Value = app.http.get(app.url("/v1/poll?since=0&limit=1000")).send().await.unwrap().json().await.unwrap();
+    page["events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{page}"))
+        .iter()
+        .map(|e| (e["event_id"].as_i64().unwrap(), e["payload"].clone()))
+        .collect()
+}
+
+/// A client that follows a server's stream from `since` as a browser
+/// does: when the stream ends or cannot be opened, it resumes with the last
+/// id it saw. Everything it is shown is recorded.
+pub(crate) struct Follower {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Follower {
+    pub(crate) fn start(app: &TestApp, since: i64) -> Self {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let (http, url) = (app.http.clone(), app.url(&format!("/v1/stream?since={since}")));
+        let task = tokio::spawn({
+            let (seen, stop) = (seen.clone(), stop.clone());
+            async move {
+                let mut last: Option<i64> = None;
+                while !stop.is_cancelled() {
+                    let opened = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        r = tidings_client::sse::connect(&http, &url, last) => r,
+                    };
+                    let Ok(mut reader) = opened else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    loop {
+                        let frame = tokio::select! {
+                            _ = stop.cancelled() => return,
+                            f = reader.next_event() => f,
+                        };
+                        let Some(frame) = frame else { break };
+                        let data: Value = serde_json::from_str(&frame.data).unwrap_or(Value::Null);
+                        match frame.event.as_deref() {
+                            None => {
+                                let id: i64 = frame.id.as_deref().and_then(|i| i.parse().ok()).expect("events carry an id");
+                                last = Some(id);
+                                seen.lock().unwrap().push(Seen::Event(id, data["payload"].clone()));
+                            }
+                            Some("system.replay_gap") if data["reason"] == "history_lost" => {
+                                seen.lock().unwrap().push(Seen::Lost { fork: data["fork"].as_i64().expect("a fork") });
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        });
+        Self { seen, stop, task }
+    }
+
+    /// What it was shown so far.
+    pub(crate) fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits until it was shown event `id` (failing after `within`).
+    pub(crate) async fn wait_for(&self, what: &str, within: Duration, id: i64) {
+        crate::helpers::wait_until(what, within, Duration::from_millis(20), || async {
+            self.seen().iter().any(|s| matches!(s, Seen::Event(i, _) if *i == id))
+        })
+        .await;
+    }
+
+    /// Stops it and returns what it was shown.
+    pub(crate) async fn stop(self) -> Vec<Seen> {
+        self.stop.cancel();
+        let seen = self.seen.clone();
+        let _ = self.task.await;
+        seen.lock().unwrap().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn log(ids: &[i64]) -> Vec<(i64, Value)> {
+        ids.iter().map(|&i| (i, json!(i))).collect()
+    }
+
+    #[test]
+    fn the_checker_catches_what_the_contract_forbids() {
+        let log = log(&[1, 2, 3, 100]);
+        let ev = |i: i64| Seen::Event(i, json!(i));
+        let ok = vec![("a".into(), vec![ev(1), ev(2), ev(3), ev(4), Seen::Lost { fork: 3 }, ev(100)])];
+        assert_eq!(check(&log, &ok), Ok(Verdict { events: 5, announced: 1, lost: 1 }));
+        // An id reused for another body (the defect this guards against).
+        let reused = vec![("a".into(), vec![ev(1), ev(2), ev(3), Seen::Event(100, json!("other"))])];
+        assert!(check(&log, &reused).unwrap_err().contains("named two events"));
+        // Lost and never told.
+        assert!(check(&log, &[("a".into(), vec![ev(3), ev(4), ev(100)])]).unwrap_err().contains("never told"));
+        // Skipped an event of the log.
+        assert!(check(&log, &[("a".into(), vec![ev(1), ev(3)])]).unwrap_err().contains("goes on with 2"));
+        // After the announcement, the first event after the fork.
+        assert!(check(&log, &[("a".into(), vec![ev(3), ev(4), Seen::Lost { fork: 1 }, ev(3)])]).unwrap_err().contains("goes on with 2"));
+        assert!(acknowledged_kept(&log, &[(2, json!(2))]).is_ok());
+        assert!(acknowledged_kept(&log, &[(4, json!(4))]).unwrap_err().contains("not in the final log"));
+    }
+}

@@ -1,0 +1,145 @@
+//! Failover to a synchronous standby (README "History that survives
+//! failover"): with `TIDINGS_DELIVERY=replicated` nothing a client was
+//! shown, and no publish answered `201`, is lost by a promotion; without
+//! it, a commit whose wait for the standby was cancelled is shown at once
+//! and then lost (and the clients that saw it are told). The independent
+//! checker (`checker`) judges what every client saw against the final log.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tidings_server::config::Delivery;
+
+use crate::checker::{self, Follower, Verdict};
+use crate::epochs::{host_of, pg_ctl, publish_within_5s};
+use crate::helpers::{Backend, TestApp, spawn_app_with, wait_until};
+
+/// What `/health/deep` says of the synchronous standby.
+async fn standby_state(app: &TestApp) -> String {
+    app.deep().await.1["delivery"]["synchronous_standby"].as_str().unwrap_or("none").to_owned()
+}
+
+async fn standby_becomes(app: &TestApp, state: &str) {
+    wait_until(&format!("the synchronous standby to be {state}"), Duration::from_secs(20), Duration::from_millis(50), || async {
+        standby_state(app).await == state
+    })
+    .await;
+}
+
+/// A client of the test's PostgreSQL cluster at `url`.
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connecting to the test cluster");
+    tokio::spawn(conn);
+    client
+}
+
+/// Two servers on one database over a primary and its synchronous
+/// standby: one with `TIDINGS_DELIVERY=replicated`, one without. While
+/// the standby is down, the replicated one refuses publishes (`503
+/// replication_unavailable`, nothing stored) and takes them again when it
+/// is back. Then a publish to the other one is committed on the primary
+/// alone (its wait for the standby is cancelled, as `pg_cancel_backend`
+/// or a statement timeout does): that server shows it at once, the
+/// replicated one shows nothing. The primary dies and the standby is
+/// promoted. The checker finds that every client's history matches the
+/// final log, that every `201` of the replicated server is in it once,
+/// and that its client was never told of a loss, while the other
+/// server's client, which saw the lost event, was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_synchronous_standby_loses() {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run the suite with scripts/test"));
+    let (primary, standby) = (var("TIDINGS_TEST_SYNC_PRIMARY_URL"), var("TIDINGS_TEST_SYNC_STANDBY_URL"));
+    let (primary_db, name) = crate::helpers::fresh_database_on(&primary).await;
+    let url = format!("postgres://postgres@{},{}/{name}?target_session_attrs=read-write", host_of(&primary), host_of(&standby));
+    let replicated = spawn_app_with(Backend::Postgres, |s| {
+        s.database_url = Some(url.clone());
+        s.delivery = Delivery::Replicated;
+    })
+    .await;
+    let committed = spawn_app_with(Backend::Postgres, |s| s.database_url = Some(url.clone())).await;
+    let mut acknowledged: Vec<(i64, Value)> = Vec::new();
+    for i in 1..=3 {
+        acknowledged.push((replicated.publish("comment.posted", json!({"i": i})).await, json!({"i": i})));
+    }
+    standby_becomes(&replicated, "confirming").await;
+    assert_eq!(committed.deep().await.1["delivery"], Value::Null, "committed delivery is the default");
+    let shown = Follower::start(&replicated, 0);
+    let other = Follower::start(&committed, 0);
+    shown.wait_for("the replicated server's client to see 3", Duration::from_secs(10), 3).await;
+    other.wait_for("the other server's client to see 3", Duration::from_secs(10), 3).await;
+
+    // The standby stops: within the patience (TIDINGS_DB_TIMEOUT) the
+    // replicated server refuses publishes and stores nothing.
+    pg_ctl("TIDINGS_TEST_SYNC_STANDBY_PG_CTL", &["-m", "fast", "stop"]).await;
+    standby_becomes(&replicated, "stalled").await;
+    assert_eq!(replicated.metric("tidings_replication_stalled").await, 1.0);
+    let db = connect(&primary_db).await;
+    let head = || async { db.query_one("SELECT last_id FROM tidings_head", &[]).await.unwrap().get::<_, i64>(0) };
+    let (status, body) = replicated.post_events(&json!({"event_type": "comment.posted", "payload": {"i": "refused"}})).await;
+    assert_eq!((status, body["error"].as_str()), (503, Some("replication_unavailable")), "{body}");
+    assert_eq!(head().await, 3, "a refused publish stores nothing");
+    // Back: accepted again, and shown.
+    pg_ctl("TIDINGS_TEST_SYNC_STANDBY_PG_CTL", &["start"]).await;
+    standby_becomes(&replicated, "confirming").await;
+    let four = replicated.publish("comment.posted", json!({"i": 4})).await;
+    acknowledged.push((four, json!({"i": 4})));
+    shown.wait_for("the replicated server's client to see 4", Duration::from_secs(10), four).await;
+    other.wait_for("the other server's client to see 4", Duration::from_secs(10), four).await;
+
+    // The standby stops again, and a publish to the other server waits for
+    // it; cancelling that wait commits the event on the primary alone.
+    pg_ctl("TIDINGS_TEST_SYNC_STANDBY_PG_CTL", &["-m", "fast", "stop"]).await;
+    let lone = tokio::spawn({
+        let (http, url) = (committed.http.clone(), committed.url("/v1/events"));
+        async move {
+            let r = http.post(url).json(&json!({"event_type": "comment.posted", "payload": {"i": "lone"}})).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    });
+    let cancel = "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+                  WHERE wait_event = 'SyncRep' AND datname = current_database() AND query LIKE '%UPDATE tidings_head%'";
+    wait_until("the lone publish to wait for the standby", Duration::from_secs(20), Duration::from_millis(20), || async {
+        !db.query(cancel, &[]).await.unwrap().is_empty()
+    })
+    .await;
+    let (status, body) = tokio::time::timeout(Duration::from_secs(20), lone).await.expect("the lone publish is answered").unwrap();
+    assert_eq!(status, 201, "PostgreSQL commits a cancelled wait on the primary alone: {body}");
+    let five = body["event_ids"][0].as_i64().unwrap();
+    other.wait_for("the other server to show the lone event", Duration::from_secs(10), five).await;
+    // The replicated server has read it too and waits for the standby.
+    standby_becomes(&replicated, "stalled").await;
+
+    // The primary dies; the standby, which never got the lone event, is
+    // promoted. It has no standby of its own, and says so (as
+    // CloudNativePG does with `dataDurability: preferred` when no replica
+    // is left): a reload of an empty synchronous_standby_names.
+    pg_ctl("TIDINGS_TEST_SYNC_PRIMARY_PG_CTL", &["-m", "immediate", "stop"]).await;
+    pg_ctl("TIDINGS_TEST_SYNC_STANDBY_PG_CTL", &["start"]).await;
+    pg_ctl("TIDINGS_TEST_SYNC_STANDBY_PG_CTL", &["promote"]).await;
+    let promoted = connect(&standby).await;
+    promoted.batch_execute("ALTER SYSTEM SET synchronous_standby_names = ''").await.unwrap();
+    promoted.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+
+    // Publishing resumes within 5 s.
+    let (after, _) = publish_within_5s(&replicated, json!({"i": "after"})).await;
+    acknowledged.push((after, json!({"i": "after"})));
+    let epoch = replicated.store.epochs(i32::MAX).await.unwrap().current().clone();
+    assert_eq!((epoch.fork, epoch.reason.as_str()), (four, "timeline"), "the lone event was lost");
+    standby_becomes(&replicated, "none_named").await;
+    shown.wait_for("the replicated server's client to see the next event", Duration::from_secs(10), after).await;
+    other.wait_for("the other server's client to resume", Duration::from_secs(20), after).await;
+
+    let log = checker::final_log(&replicated).await;
+    let (shown, other) = (shown.stop().await, other.stop().await);
+    checker::acknowledged_kept(&log, &acknowledged).unwrap();
+    assert_eq!(
+        checker::check(&log, &[("replicated".into(), shown.clone())]),
+        Ok(Verdict { events: 5, announced: 0, lost: 0 }),
+        "the replicated server's client saw {shown:?}; the log is {log:?}"
+    );
+    assert_eq!(
+        checker::check(&log, &[("committed".into(), other.clone())]),
+        Ok(Verdict { events: 6, announced: 1, lost: 1 }),
+        "the other server's client saw {other:?}; the log is {log:?}"
+    );
+}
