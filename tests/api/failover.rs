@@ -26,6 +26,20 @@ async fn standby_becomes(app: &TestApp, state: &str) {
     .await;
 }
 
+/// A publish of `payload` with an idempotency key made of it, as a
+/// retrying publisher sends it.
+fn keyed(app: &TestApp, payload: Value) -> reqwest::RequestBuilder {
+    app.http
+        .post(app.url("/v1/events"))
+        .header("Idempotency-Key", format!("key-{}", payload["i"].to_string().trim_matches('"')))
+        .json(&json!({"event_type": "comment.posted", "payload": payload}))
+}
+
+async fn get(app: &TestApp, path: &str) -> (u16, Value) {
+    let r = app.http.get(app.url(path)).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
 /// A client of the test's PostgreSQL cluster at `url`.
 async fn connect(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connecting to the test cluster");
@@ -37,14 +51,15 @@ async fn connect(url: &str) -> tokio_postgres::Client {
 /// standby: one with `TIDINGS_DELIVERY=replicated`, one without. While
 /// the standby is down, the replicated one refuses publishes (`503
 /// replication_unavailable`, nothing stored) and takes them again when it
-/// is back. Then a publish to the other one is committed on the primary
-/// alone (its wait for the standby is cancelled, as `pg_cancel_backend`
-/// or a statement timeout does): that server shows it at once, the
-/// replicated one shows nothing. The primary dies and the standby is
-/// promoted. The checker finds that every client's history matches the
-/// final log, that every `201` of the replicated server is in it once,
-/// and that its client was never told of a loss, while the other
-/// server's client, which saw the lost event, was.
+/// is back. Then a publish to each is committed on the primary alone (its
+/// wait for the standby is cancelled, as `pg_cancel_backend` does): the
+/// replicated server answers its own `503` and shows neither (a poll past
+/// them is refused), the other answers `201` and shows both. The primary
+/// dies and the standby is promoted; the `503` publisher retries with its
+/// key. The checker finds that every client's history matches the final
+/// log, that every `201` of the replicated server is in it once, and that
+/// its client was never told of a loss, while the other server's client,
+/// which saw the lost events, was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_synchronous_standby_loses() {
     let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run the suite with scripts/test"));
@@ -54,6 +69,9 @@ async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_sy
     let replicated = spawn_app_with(Backend::Postgres, |s| {
         s.database_url = Some(url.clone());
         s.delivery = Delivery::Replicated;
+        // The patience: a publish sent right after the standby stops is
+        // admitted.
+        s.db_timeout = Duration::from_secs(3);
     })
     .await;
     let committed = spawn_app_with(Backend::Postgres, |s| s.database_url = Some(url.clone())).await;
@@ -77,7 +95,11 @@ async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_sy
     let head = || async { db.query_one("SELECT last_id FROM tidings_head", &[]).await.unwrap().get::<_, i64>(0) };
     let (status, body) = replicated.post_events(&json!({"event_type": "comment.posted", "payload": {"i": "refused"}})).await;
     assert_eq!((status, body["error"].as_str()), (503, Some("replication_unavailable")), "{body}");
-    assert_eq!(head().await, 3, "a refused publish stores nothing");
+    let r = replicated.http.put(replicated.url("/v1/tree/notes/a")).json(&json!({"type": "note", "data": {"v": 1}})).send().await.unwrap();
+    assert_eq!(r.status(), 503, "a tree write is refused too");
+    assert_eq!(head().await, 3, "a refused publish or tree write stores nothing");
+    let entities: i64 = db.query_one("SELECT count(*) FROM tree_entities", &[]).await.unwrap().get(0);
+    assert_eq!(entities, 0);
     // Back: accepted again, and shown.
     pg_ctl("TIDINGS_TEST_SYNC_STANDBY_PG_CTL", &["start"]).await;
     standby_becomes(&replicated, "confirming").await;
@@ -86,27 +108,41 @@ async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_sy
     shown.wait_for("the replicated server's client to see 4", Duration::from_secs(10), four).await;
     other.wait_for("the other server's client to see 4", Duration::from_secs(10), four).await;
 
-    // The standby stops again, and a publish to the other server waits for
-    // it; cancelling that wait commits the event on the primary alone.
+    // The standby stops again. A publish to each server is admitted (the
+    // standby has not been missed for the patience yet) and waits for it
+    // inside PostgreSQL; cancelling that wait commits the event on the
+    // primary alone. The replicated server does not answer 201 for its own
+    // and shows neither; the other one answers 201 and shows both.
     pg_ctl("TIDINGS_TEST_SYNC_STANDBY_PG_CTL", &["-m", "fast", "stop"]).await;
-    let lone = tokio::spawn({
-        let (http, url) = (committed.http.clone(), committed.url("/v1/events"));
-        async move {
-            let r = http.post(url).json(&json!({"event_type": "comment.posted", "payload": {"i": "lone"}})).send().await.unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        }
-    });
+    // Every session of the test's database waiting for the standby but the
+    // replicated server's barrier (which this server never cancels).
     let cancel = "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
-                  WHERE wait_event = 'SyncRep' AND datname = current_database() AND query LIKE '%UPDATE tidings_head%'";
-    wait_until("the lone publish to wait for the standby", Duration::from_secs(20), Duration::from_millis(20), || async {
-        !db.query(cancel, &[]).await.unwrap().is_empty()
-    })
-    .await;
-    let (status, body) = tokio::time::timeout(Duration::from_secs(20), lone).await.expect("the lone publish is answered").unwrap();
-    assert_eq!(status, 201, "PostgreSQL commits a cancelled wait on the primary alone: {body}");
-    let five = body["event_ids"][0].as_i64().unwrap();
-    other.wait_for("the other server to show the lone event", Duration::from_secs(10), five).await;
-    // The replicated server has read it too and waits for the standby.
+                  WHERE wait_event = 'SyncRep' AND datname = current_database() AND application_name <> 'tidings-sync'";
+    let mut answers = Vec::new();
+    for (app, payload) in [(&replicated, json!({"i": "own"})), (&committed, json!({"i": "lone"}))] {
+        let mut publish = tokio::spawn(keyed(app, payload).send());
+        // Its wait is cancelled as soon as it waits (and any other
+        // session's of the database, such as a consumer's or the engine's).
+        let answer = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                tokio::select! {
+                    answer = &mut publish => break answer.unwrap().unwrap(),
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => { db.query(cancel, &[]).await.unwrap(); }
+                }
+            }
+        })
+        .await
+        .expect("the publish is answered");
+        answers.push((answer.status().as_u16(), answer.json::<Value>().await.unwrap()));
+    }
+    let [(own_status, own), (lone_status, lone)] = <[(u16, Value); 2]>::try_from(answers).unwrap();
+    assert_eq!((own_status, own["error"].as_str()), (503, Some("replication_unavailable")), "{own}");
+    assert_eq!(lone_status, 201, "PostgreSQL commits a cancelled wait on the primary alone: {lone}");
+    let lone = lone["event_ids"][0].as_i64().unwrap();
+    other.wait_for("the other server to show the lone event", Duration::from_secs(10), lone).await;
+    // A poll past 4 on the replicated server is not shown them.
+    let (status, body) = get(&replicated, "/v1/poll?since=4").await;
+    assert_eq!((status, &body["events"]), (200, &json!([])), "{body}");
     standby_becomes(&replicated, "stalled").await;
 
     // The primary dies; the standby, which never got the lone event, is
@@ -124,22 +160,27 @@ async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_sy
     let (after, _) = publish_within_5s(&replicated, json!({"i": "after"})).await;
     acknowledged.push((after, json!({"i": "after"})));
     let epoch = replicated.store.epochs(i32::MAX).await.unwrap().current().clone();
-    assert_eq!((epoch.fork, epoch.reason.as_str()), (four, "timeline"), "the lone event was lost");
+    assert_eq!((epoch.fork, epoch.reason.as_str()), (four, "timeline"), "both events committed on the primary alone were lost");
     standby_becomes(&replicated, "none_named").await;
-    shown.wait_for("the replicated server's client to see the next event", Duration::from_secs(10), after).await;
-    other.wait_for("the other server's client to resume", Duration::from_secs(20), after).await;
+    // The publisher answered 503 retries with its key: stored once, now.
+    let retried = keyed(&replicated, json!({"i": "own"})).send().await.unwrap();
+    assert_eq!(retried.status(), 201);
+    let retried = retried.json::<Value>().await.unwrap()["event_ids"][0].as_i64().unwrap();
+    acknowledged.push((retried, json!({"i": "own"})));
+    shown.wait_for("the replicated server's client to see the retry", Duration::from_secs(10), retried).await;
+    other.wait_for("the other server's client to resume", Duration::from_secs(20), retried).await;
 
     let log = checker::final_log(&replicated).await;
     let (shown, other) = (shown.stop().await, other.stop().await);
     checker::acknowledged_kept(&log, &acknowledged).unwrap();
     assert_eq!(
         checker::check(&log, &[("replicated".into(), shown.clone())]),
-        Ok(Verdict { events: 5, announced: 0, lost: 0 }),
+        Ok(Verdict { events: 6, announced: 0, lost: 0 }),
         "the replicated server's client saw {shown:?}; the log is {log:?}"
     );
     assert_eq!(
         checker::check(&log, &[("committed".into(), other.clone())]),
-        Ok(Verdict { events: 6, announced: 1, lost: 1 }),
+        Ok(Verdict { events: 8, announced: 1, lost: 2 }),
         "the other server's client saw {other:?}; the log is {log:?}"
     );
 }

@@ -292,7 +292,13 @@ impl Broker {
                         self.fan_out(rows, false);
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "broker cannot read the event log; retrying");
+                        // A stalled synchronous standby is logged once, where
+                        // it is noticed (TIDINGS_DELIVERY=replicated).
+                        if matches!(e, crate::store::StoreError::Unreplicated(_)) {
+                            tracing::debug!(error = %e, "broker waits for the synchronous standby");
+                        } else {
+                            tracing::warn!(error = %e, "broker cannot read the event log; retrying");
+                        }
                         tokio::select! {
                             _ = cancel.cancelled() => break,
                             _ = tokio::time::sleep(backoff.step()) => {}

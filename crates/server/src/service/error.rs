@@ -32,8 +32,8 @@ impl Refusal for StoreError {
         match self {
             StoreError::Unavailable(_) => "the event store is unavailable; retry later".to_owned(),
             StoreError::Unreplicated(_) => {
-                "the database's synchronous standby does not confirm, and this server shows and stores nothing it has not confirmed; \
-                 retry later"
+                "the database's synchronous standby does not confirm, and this server answers and shows nothing it has not confirmed; \
+                 retry later with the same Idempotency-Key (a publish may have been stored)"
                     .to_owned()
             }
             StoreError::Other(_) => "internal error".to_owned(),

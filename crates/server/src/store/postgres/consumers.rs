@@ -103,8 +103,15 @@ impl ConsumerStore for PostgresStore {
         tx.commit().await.map_err(pg_error)?;
         // Still none: it exists and belongs to someone else, or its owner
         // has no room for another.
+        drop(client);
         Ok(match row {
-            Some(row) => Opened::Ready(consumer_row(&row)),
+            Some(row) => {
+                let consumer = consumer_row(&row);
+                // A new consumer starts at the head: one the synchronous
+                // standby has (TIDINGS_DELIVERY=replicated).
+                self.shown(consumer.cursor).await?;
+                Opened::Ready(consumer)
+            }
             None if exists => Opened::Forbidden,
             None => Opened::TooMany,
         })

@@ -27,12 +27,19 @@ impl EngineStore for PostgresStore {
             .await
             .map_err(pg_error)?;
         let rows = client.query(&statement, &[&after, &head, &types, &(limit as i64)]).await.map_err(pg_error)?;
-        let records: Vec<Record> = rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect();
-        let reached = if records.len() == limit { records.last().map_or(head, |r| r.id) } else { head };
+        drop(client);
+        let mut records: Vec<Record> = rows.into_iter().map(|r| Record { id: r.get(0), body: r.get(1), recorded_ms: r.get(2) }).collect();
+        let mut reached = if records.len() == limit { records.last().map_or(head, |r| r.id) } else { head };
         // Path subscriptions are notified of nothing the synchronous
-        // standby lacks (`TIDINGS_DELIVERY=replicated`).
-        if reached > after {
-            self.shown(reached).await?;
+        // standby lacks (`TIDINGS_DELIVERY=replicated`): while it does not
+        // confirm, the engine goes as far as it is known to have.
+        if let Some(gate) = &self.sync
+            && reached > after
+            && gate.replicated(reached).await.is_err()
+        {
+            let through = gate.through();
+            records.retain(|r| r.id <= through);
+            reached = reached.min(through);
         }
         Ok((records, reached.max(after)))
     }

@@ -40,8 +40,12 @@ impl EventLog for PostgresStore {
     async fn append_once(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError> {
         self.admit()?;
         let appended = self.after_append_failed(self.append_once_in(source, stream, seq, record).await).await?;
-        if let Some(id) = appended {
-            self.shown(id).await?;
+        match (appended, &self.sync) {
+            (Some(id), _) => self.shown(id).await?,
+            // Received before, perhaps by a commit whose wait for the
+            // standby was cancelled: answered once a barrier covers it.
+            (None, Some(gate)) => gate.barrier_after().await?,
+            (None, None) => {}
         }
         Ok(appended)
     }
@@ -100,7 +104,8 @@ impl EventLog for PostgresStore {
     async fn head(&self) -> Result<EventId, StoreError> {
         let client = self.client().await?;
         let row = client.query_one("SELECT last_id FROM tidings_head", &[]).await.map_err(pg_error)?;
-        Ok(row.get(0))
+        drop(client);
+        Ok(self.confirmed_head(row.get(0)).await)
     }
 
     async fn floor(&self) -> Result<EventId, StoreError> {
@@ -166,7 +171,9 @@ impl EventLog for PostgresStore {
             .await
             .map_err(pg_error)?;
         let row = client.query_one(&statement, &[]).await.map_err(pg_error)?;
-        Ok(Bounds { floor: row.get(0), head: row.get(1), epoch: row.get(2) })
+        drop(client);
+        let floor: EventId = row.get(0);
+        Ok(Bounds { floor, head: self.confirmed_head(row.get(1)).await.max(floor), epoch: row.get(2) })
     }
 
     async fn prune(&self, recorded_before_ms: Option<i64>, keep_last: Option<u64>) -> Result<u64, StoreError> {
@@ -248,9 +255,6 @@ impl EventLog for PostgresStore {
     }
 
     fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
-        if let Some(gate) = &self.sync {
-            tokio::spawn(gate.clone().run(self.config.clone(), cancel.clone()));
-        }
         let config = self.config.clone();
         let status = self.listener.clone();
         tokio::spawn(listen_loop(config, status, self.epochs.clone(), wake, cancel))

@@ -95,6 +95,18 @@ pub struct PostgresStore {
     epochs: Arc<crate::store::epoch::EpochCache>,
     /// The gate of `TIDINGS_DELIVERY=replicated`.
     sync: Option<Arc<sync::SyncGate>>,
+    /// Stops the store's own tasks (the barrier) with its last clone.
+    tasks: Arc<TasksGuard>,
+}
+
+/// Cancels its token when dropped.
+#[derive(Debug)]
+struct TasksGuard(tokio_util::sync::DropGuard);
+
+impl TasksGuard {
+    fn token(&self) -> CancellationToken {
+        self.0.token().clone()
+    }
 }
 
 fn lock_hand_off(m: &std::sync::Mutex<Option<HandOff>>) -> std::sync::MutexGuard<'_, Option<HandOff>> {
@@ -137,7 +149,13 @@ impl PostgresStore {
             broker_reads_replica: options.broker_reads_replica,
             epochs: Arc::default(),
             sync: options.replicated_delivery.then(|| sync::SyncGate::new(options.acquire_timeout)),
+            tasks: Arc::new(TasksGuard(CancellationToken::new().drop_guard())),
         };
+        // The barrier task runs from the start (startup writes wait for it
+        // too) until the last clone of the store is dropped.
+        if let Some(gate) = &store.sync {
+            tokio::spawn(gate.clone().run(store.config.clone(), store.tasks.token()));
+        }
         store.migrate().await?;
         // The cluster found is the epoch's, or a new epoch begins before
         // anything is appended.
@@ -181,6 +199,20 @@ impl PostgresStore {
         }
     }
 
+    /// The head a caller may be given as a resume point: with
+    /// `TIDINGS_DELIVERY=replicated`, once the synchronous standby has it,
+    /// or (while replication is stalled) the newest id it is known to have,
+    /// so nobody is handed a cursor past what a failover keeps.
+    async fn confirmed_head(&self, head: EventId) -> EventId {
+        match &self.sync {
+            Some(gate) => match gate.replicated(head).await {
+                Ok(()) => head,
+                Err(_) => gate.through().min(head),
+            },
+            None => head,
+        }
+    }
+
     /// After an append failed: when it was refused for the timeline (the
     /// database was promoted or restored), the new epoch begins now, so
     /// the publisher's retry is appended in it. The failure stands (`503`):
@@ -206,8 +238,10 @@ fn pool(url: &str, setting: &str, application: &str, size: usize, timeout: Durat
     }
     config.connect_timeout(timeout);
     // TCP keepalives find a dead database connection in a pool that sits
-    // idle; 10 s is a transport detail, not a tuning knob.
-    config.keepalives(true).keepalives_idle(Duration::from_secs(10));
+    // idle, or a session waiting on a primary that vanished without a
+    // reset (a failover), within about 25 s; a transport detail, not a
+    // tuning knob.
+    config.keepalives(true).keepalives_idle(Duration::from_secs(10)).keepalives_interval(Duration::from_secs(5)).keepalives_retries(3);
     let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     let pool = Pool::builder(manager)
         .max_size(size)

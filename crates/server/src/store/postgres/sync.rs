@@ -20,13 +20,17 @@
 //! process runs about one barrier per round trip to the standby, whatever
 //! the rate of appends and reads.
 //!
-//! A barrier that is not confirmed within the patience (`TIDINGS_DB_TIMEOUT`)
-//! marks replication **stalled**: appends are refused at once with `503
-//! replication_unavailable` (nothing stored), waiting reads and appends end
-//! with that error, and the barrier keeps waiting (it is never cancelled,
-//! which would commit it unreplicated) until the standby is back. An idle
-//! process runs a barrier every few seconds, so a lost standby is noticed
-//! before the next publish. When the primary names no synchronous standby
+//! Replication is **stalled** while a barrier has been wanted for longer
+//! than the patience (`TIDINGS_DB_TIMEOUT`) without one confirmed: a barrier
+//! waiting for a standby that is gone, or no connection to run one on.
+//! Then appends are refused at once with `503 replication_unavailable`
+//! (nothing stored), reads and appends waiting for a barrier end with that
+//! error, and the barrier keeps waiting (this process never cancels it,
+//! which would commit it unreplicated) until the standby is back. A barrier
+//! whose wait someone else cancelled (`pg_cancel_backend`; PostgreSQL then
+//! commits it with a warning) confirms nothing: the warning is read, and
+//! the next barrier waits again. An idle process runs a barrier every few
+//! seconds, so a lost standby is noticed before the next publish. When the primary names no synchronous standby
 //! at all (`synchronous_standby_names` empty, or CloudNativePG's
 //! `dataDurability: preferred` with none left), barriers return at once
 //! and the process says so in its log, `/health/deep` and metrics:
@@ -60,8 +64,16 @@ pub(super) struct SyncGate {
     through: AtomicI64,
     /// Wakes the barrier task.
     demand: Notify,
-    /// A barrier has waited longer than the patience.
+    /// Declared stalled (see [`SyncGate::is_stalled`]); cleared by the next
+    /// confirmed barrier.
     stalled: AtomicBool,
+    /// Wakes waiters when a stall is declared.
+    stall: Notify,
+    /// Since when a barrier has been wanted and none confirmed, in ms after
+    /// `started` (0: none wanted).
+    wanted_since: AtomicU64,
+    /// The gate's own clock origin.
+    started: std::time::Instant,
     /// [`NAMED`], [`NONE_NAMED`] or [`UNKNOWN`] (not connected yet).
     standby: AtomicU8,
     /// How long a barrier may take before replication counts as stalled.
@@ -77,6 +89,9 @@ impl SyncGate {
             through: AtomicI64::new(0),
             demand: Notify::new(),
             stalled: AtomicBool::new(false),
+            stall: Notify::new(),
+            wanted_since: AtomicU64::new(0),
+            started: std::time::Instant::now(),
             standby: AtomicU8::new(UNKNOWN),
             patience,
         })
@@ -84,7 +99,7 @@ impl SyncGate {
 
     /// Refuses an append while replication is stalled (nothing is stored).
     pub(super) fn admit(&self) -> Result<(), StoreError> {
-        if self.stalled.load(Ordering::Acquire) {
+        if self.is_stalled() {
             return Err(stalled());
         }
         Ok(())
@@ -92,28 +107,95 @@ impl SyncGate {
 
     /// Returns once every id up to `id`, committed before this call, is on
     /// the synchronous standby, or fails with `replication_unavailable`
-    /// after the patience.
+    /// once replication is stalled.
     pub(super) async fn replicated(&self, id: EventId) -> Result<(), StoreError> {
         if id <= self.through.load(Ordering::Acquire) {
             return Ok(());
         }
-        // The first barrier begun after this line covers `id`.
+        self.barrier_after().await?;
+        self.through.fetch_max(id, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Returns once a barrier begun after this call is confirmed: what
+    /// anyone committed before it is on the synchronous standby.
+    pub(super) async fn barrier_after(&self) -> Result<(), StoreError> {
+        let stall = self.stall.notified();
+        tokio::pin!(stall);
+        stall.as_mut().enable();
+        if self.is_stalled() {
+            return Err(stalled());
+        }
+        // The first barrier begun after this line covers what is committed.
         let needed = self.begun.load(Ordering::Acquire) + 1;
         let mut confirmed = self.confirmed.subscribe();
+        self.want();
         self.demand.notify_one();
-        match tokio::time::timeout(self.patience, confirmed.wait_for(|&n| n >= needed)).await {
-            Ok(Ok(_)) => {
-                self.through.fetch_max(id, Ordering::AcqRel);
-                Ok(())
-            }
-            _ => Err(stalled()),
+        tokio::select! {
+            r = confirmed.wait_for(|&n| n >= needed) => r.map(|_| ()).map_err(|_| stalled()),
+            _ = stall => Err(stalled()),
+            // A barrier begun just before this call may take the patience,
+            // and then the one this call needs may too.
+            _ = tokio::time::sleep(self.patience * 2) => Err(stalled()),
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        // Never 0, which means "none wanted".
+        self.started.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Notes that a barrier is wanted (keeping an earlier unanswered want).
+    fn want(&self) {
+        let _ = self.wanted_since.compare_exchange(0, self.now_ms(), Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Whether a barrier has been wanted for longer than the patience
+    /// without one confirmed; declares the stall (log, metric, waiters
+    /// woken) the first time it finds one.
+    fn is_stalled(&self) -> bool {
+        if self.stalled.load(Ordering::Acquire) {
+            return true;
+        }
+        let since = self.wanted_since.load(Ordering::Acquire);
+        if since == 0 || self.now_ms().saturating_sub(since) <= self.patience.as_millis() as u64 {
+            return false;
+        }
+        if !self.stalled.swap(true, Ordering::AcqRel) {
+            crate::metrics::replication_stalled(true);
+            self.stall.notify_waiters();
+            tracing::error!(
+                patience_ms = self.patience.as_millis() as u64,
+                "the synchronous standby does not confirm: publishes are refused (503 replication_unavailable) and nothing new is shown \
+                 until it does"
+            );
+        }
+        true
+    }
+
+    /// A barrier was confirmed: nothing is wanted, nothing stalled.
+    fn confirm(&self, number: u64) {
+        self.confirmed.send_if_modified(|n| {
+            let newer = number > *n;
+            *n = (*n).max(number);
+            newer
+        });
+        self.wanted_since.store(0, Ordering::Release);
+        if self.stalled.swap(false, Ordering::AcqRel) {
+            crate::metrics::replication_stalled(false);
+            tracing::info!("the synchronous standby confirms again; publishes are accepted");
+        }
+    }
+
+    /// Ids up to this one are known to be on the synchronous standby.
+    pub(super) fn through(&self) -> EventId {
+        self.through.load(Ordering::Acquire)
     }
 
     /// What `/health/deep` shows.
     pub(super) fn status(&self) -> DeliveryStatus {
         let standby = match self.standby.load(Ordering::Relaxed) {
-            NAMED if self.stalled.load(Ordering::Relaxed) => "stalled",
+            _ if self.is_stalled() => "stalled",
             NAMED => "confirming",
             NONE_NAMED => "none_named",
             _ => "unknown",
@@ -134,7 +216,8 @@ impl SyncGate {
             // out as unavailable; the next connection, to whichever host is
             // the primary now, serves them.
             self.standby.store(UNKNOWN, Ordering::Relaxed);
-            tracing::warn!(error = %result.unwrap_err(), "the synchronous replication barrier lost its connection; reconnecting");
+            self.want();
+            tracing::warn!(error = %result.unwrap_err(), "the synchronous replication barrier failed; reconnecting");
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(backoff.next_delay()) => {}
@@ -149,18 +232,38 @@ impl SyncGate {
         config: &tokio_postgres::Config,
         backoff: &mut crate::retry::Backoff,
     ) -> anyhow::Result<std::convert::Infallible> {
-        let (mut client, connection) = config.connect(NoTls).await.context("connecting the synchronous replication barrier")?;
-        let driver = tokio::spawn(connection);
+        let (mut client, mut connection) = config.connect(NoTls).await.context("connecting the synchronous replication barrier")?;
+        // The connection is driven here so its notices are read: a barrier
+        // whose wait was cancelled commits with a warning.
+        let (notices, mut warned) = mpsc::unbounded_channel::<String>();
+        let driver = tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                match message? {
+                    AsyncMessage::Notice(notice) if notice.message().contains("synchronous replication") => {
+                        let _ = notices.send(notice.message().to_owned());
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        });
         let _guard = AbortOnDrop(driver);
-        let commit: String =
-            client.query_one("SELECT current_setting('synchronous_commit')", &[]).await.context("reading synchronous_commit")?.get(0);
-        // A barrier must wait whatever the database's or role's default.
-        if matches!(commit.as_str(), "off" | "local") {
-            client.batch_execute("SET synchronous_commit = on").await.context("SET synchronous_commit")?;
-        }
+        // A barrier waits for the standby's flush whatever the database's
+        // or role's defaults, and no timeout of ours cancels its wait.
+        client
+            .batch_execute(
+                "SET synchronous_commit = on; SET statement_timeout = 0; SET lock_timeout = 0; SET idle_in_transaction_session_timeout = 0",
+            )
+            .await
+            .context("setting up the barrier's session")?;
         loop {
             let number = self.begun.fetch_add(1, Ordering::AcqRel) + 1;
+            self.want();
             let names = self.barrier(&mut client).await?;
+            if let Ok(warning) = warned.try_recv() {
+                anyhow::bail!("a barrier's wait for the synchronous standby was cancelled ({warning}); it confirms nothing");
+            }
             backoff.reset();
             let named = if names.trim().is_empty() { NONE_NAMED } else { NAMED };
             if self.standby.swap(named, Ordering::Relaxed) != named && named == NONE_NAMED {
@@ -169,15 +272,7 @@ impl SyncGate {
                      events are shown once committed on the primary alone, and a failover may lose them"
                 );
             }
-            self.confirmed.send_if_modified(|n| {
-                let newer = number > *n;
-                *n = (*n).max(number);
-                newer
-            });
-            if self.stalled.swap(false, Ordering::AcqRel) {
-                crate::metrics::replication_stalled(false);
-                tracing::info!("the synchronous standby confirms again; publishes are accepted");
-            }
+            self.confirm(number);
             // Waiters that came while this barrier ran were not covered by
             // it: the next one begins at once.
             tokio::select! {
@@ -187,9 +282,10 @@ impl SyncGate {
         }
     }
 
-    /// One barrier, answering `synchronous_standby_names`. Past the patience replication counts as stalled, and
-    /// the barrier goes on waiting: cancelling it would leave its commit on
-    /// the primary alone, and a new one would wait behind it all the same.
+    /// One barrier, answering `synchronous_standby_names`. Past the
+    /// patience replication is stalled, and the barrier goes on waiting:
+    /// cancelling it would leave its commit on the primary alone, and a new
+    /// one would wait behind it all the same.
     async fn barrier(&self, client: &mut tokio_postgres::Client) -> anyhow::Result<String> {
         let work = async {
             let tx = client.transaction().await?;
@@ -197,19 +293,13 @@ impl SyncGate {
             tx.commit().await.map(|()| names)
         };
         tokio::pin!(work);
-        tokio::select! {
-            r = &mut work => return r.context("the synchronous replication barrier"),
-            _ = tokio::time::sleep(self.patience) => {}
+        loop {
+            tokio::select! {
+                r = &mut work => return r.context("the synchronous replication barrier"),
+                // Declares the stall once it is one.
+                _ = tokio::time::sleep(self.patience / 4) => { self.is_stalled(); }
+            }
         }
-        if !self.stalled.swap(true, Ordering::AcqRel) {
-            crate::metrics::replication_stalled(true);
-            tracing::error!(
-                patience_ms = self.patience.as_millis() as u64,
-                "the synchronous standby does not confirm: publishes are refused (503 replication_unavailable) and nothing new is shown \
-                 until it does"
-            );
-        }
-        work.await.context("the synchronous replication barrier")
     }
 }
 

@@ -173,7 +173,12 @@ impl TreeStore for PostgresStore {
         let client = self.client().await?;
         let row =
             client.query_opt("SELECT entity, hash, changed_event FROM tree_entities WHERE path = $1", &[&path]).await.map_err(pg_error)?;
-        Ok(row.map(|r| TreeEntry { path: path.to_owned(), entity: r.get(0), hash: r.get(1), changed_event: r.get(2) }))
+        drop(client);
+        let entry = row.map(|r| TreeEntry { path: path.to_owned(), entity: r.get(0), hash: r.get(1), changed_event: r.get(2) });
+        if let Some(entry) = &entry {
+            self.shown(entry.changed_event).await?;
+        }
+        Ok(entry)
     }
 
     async fn tree_below(&self, prefix: &str, limit: usize) -> Result<Vec<String>, StoreError> {
@@ -189,21 +194,33 @@ impl TreeStore for PostgresStore {
     }
 
     async fn tree_write(&self, write: TreeWrite) -> Result<TreeOutcome, StoreError> {
+        self.admit()?;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
         let outcome = tree_write_in(&tx, write, self.seen()).await.map_err(pg_error)?;
-        if matches!(outcome, TreeOutcome::Done { .. }) {
+        if let TreeOutcome::Done { event_id, .. } = outcome {
             tx.commit().await.map_err(pg_error)?;
+            drop(client);
+            self.shown(event_id).await?;
         }
         Ok(outcome)
     }
 
     async fn tree_write_many(&self, writes: Vec<TreeWrite>) -> Result<Vec<TreeOutcome>, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg_error)?;
-        let outcomes = tree_write_many_in(&tx, writes, self.seen()).await.map_err(pg_error)?;
-        if outcomes.iter().any(|o| matches!(o, TreeOutcome::Done { .. })) {
-            tx.commit().await.map_err(pg_error)?;
+        self.admit()?;
+        let (outcomes, newest) = {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(pg_error)?;
+            let outcomes = tree_write_many_in(&tx, writes, self.seen()).await.map_err(pg_error)?;
+            let newest =
+                outcomes.iter().filter_map(|o| if let TreeOutcome::Done { event_id, .. } = o { Some(*event_id) } else { None }).max();
+            if newest.is_some() {
+                tx.commit().await.map_err(pg_error)?;
+            }
+            (outcomes, newest)
+        };
+        if let Some(id) = newest {
+            self.shown(id).await?;
         }
         Ok(outcomes)
     }
@@ -252,6 +269,12 @@ impl TreeStore for PostgresStore {
             )
             .await
             .map_err(pg_error)?;
-        Ok(rows.iter().map(|r| TreeEntry { path: r.get(0), entity: r.get(1), hash: r.get(2), changed_event: r.get(3) }).collect())
+        drop(client);
+        let entries: Vec<TreeEntry> =
+            rows.iter().map(|r| TreeEntry { path: r.get(0), entity: r.get(1), hash: r.get(2), changed_event: r.get(3) }).collect();
+        if let Some(newest) = entries.iter().map(|e| e.changed_event).max() {
+            self.shown(newest).await?;
+        }
+        Ok(entries)
     }
 }
