@@ -116,15 +116,35 @@ pub(crate) fn acknowledged_kept(log: &[(i64, Value)], acknowledged: &[(i64, Valu
     Ok(())
 }
 
-/// The final log as a poll from 0 reads it: `(id, payload)`.
+/// Checks that no payload is stored twice (publishers retry with
+/// idempotency keys, and every payload they send is new).
+pub(crate) fn stored_once(log: &[(i64, Value)]) -> Result<(), String> {
+    let mut ids: HashMap<String, i64> = HashMap::new();
+    for (id, body) in log {
+        if let Some(first) = ids.insert(body.to_string(), *id) {
+            return Err(format!("{body} is stored twice: {first} and {id}"));
+        }
+    }
+    Ok(())
+}
+
+/// The final log as polls from 0 read it: `(id, payload)`.
 pub(crate) async fn final_log(app: &TestApp) -> Vec<(i64, Value)> {
-    let page: Value = app.http.get(app.url("/v1/poll?since=0&limit=1000")).send().await.unwrap().json().await.unwrap();
-    page["events"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{page}"))
-        .iter()
-        .map(|e| (e["event_id"].as_i64().unwrap(), e["payload"].clone()))
-        .collect()
+    final_log_at(&app.http, &app.url("")).await
+}
+
+/// [`final_log`] of the server at `base`.
+pub(crate) async fn final_log_at(http: &reqwest::Client, base: &str) -> Vec<(i64, Value)> {
+    let (mut log, mut since) = (Vec::new(), 0i64);
+    loop {
+        let page: Value = http.get(format!("{base}/v1/poll?since={since}&limit=1000")).send().await.unwrap().json().await.unwrap();
+        let events = page["events"].as_array().unwrap_or_else(|| panic!("{page}"));
+        if events.is_empty() {
+            return log;
+        }
+        log.extend(events.iter().map(|e| (e["event_id"].as_i64().unwrap(), e["payload"].clone())));
+        since = page["next_since"].as_i64().unwrap();
+    }
 }
 
 /// A client that follows a server's stream from `since` as a browser
@@ -138,9 +158,13 @@ pub(crate) struct Follower {
 
 impl Follower {
     pub(crate) fn start(app: &TestApp, since: i64) -> Self {
+        Self::start_at(app.http.clone(), app.url(&format!("/v1/stream?since={since}")))
+    }
+
+    /// Follows the stream at `url` (a `/v1/stream` URL with its query).
+    pub(crate) fn start_at(http: reqwest::Client, url: String) -> Self {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = CancellationToken::new();
-        let (http, url) = (app.http.clone(), app.url(&format!("/v1/stream?since={since}")));
         let task = tokio::spawn({
             let (seen, stop) = (seen.clone(), stop.clone());
             async move {

@@ -6,6 +6,7 @@ mod helpers;
 
 mod attacks;
 mod browser;
+mod chaos;
 mod checker;
 mod cli;
 mod delivery;
