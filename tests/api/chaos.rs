@@ -7,7 +7,9 @@
 //! (`lacodda-tear`: cut, black-hole, outage, throttle). On the embedded
 //! store: one process and its data directory. Publishers retry with
 //! idempotency keys until answered `201`; every process has an SSE client
-//! that resumes with `Last-Event-ID` and a polling client with `since`.
+//! that resumes with `Last-Event-ID`, a polling client with `since`, and a
+//! WebSocket device that says hello with its last seq and pages
+//! `sync.delta` before it goes live.
 //! Faults, drawn from the seed: `kill -9`, SIGTERM, SIGSTOP/SIGCONT of a
 //! process; PostgreSQL stopped at once (`-m immediate`) and restarted; the
 //! LISTEN sessions terminated; the network to the primary cut, black-holed,
@@ -29,14 +31,17 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::{SinkExt as _, StreamExt as _};
 use lacodda_tear::{Cut, Tear};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
 
 use crate::checker::{self, Follower, Seen};
 use crate::epochs::host_of;
 use crate::helpers::{free_port, process_command};
+use crate::ws::Key;
 
 /// One tidings process the campaign starts, kills and starts again on
 /// the same port.
@@ -200,7 +205,7 @@ fn publishers(bases: Arc<Vec<String>>, stop: Arc<AtomicBool>, refused: Arc<Atomi
 /// A client that polls `base` with `since`, from 0, recording what it is
 /// shown (and `history_lost` gaps), until it has read the id `until`
 /// holds (0 until the last event is known).
-fn poller(base: String, until: Arc<AtomicI64>) -> tokio::task::JoinHandle<Vec<Seen>> {
+pub(crate) fn poller(base: String, until: Arc<AtomicI64>) -> tokio::task::JoinHandle<Vec<Seen>> {
     tokio::spawn(async move {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
         let (mut seen, mut since) = (Vec::new(), 0i64);
@@ -223,6 +228,106 @@ fn poller(base: String, until: Arc<AtomicI64>) -> tokio::task::JoinHandle<Vec<Se
             }
             seen.extend(events.iter().map(|e| Seen::Event(e["event_id"].as_i64().unwrap(), e["payload"].clone())));
             since = page["next_since"].as_i64().unwrap_or(since);
+        }
+    })
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The next text frame as JSON (`Some(None)` after 2 s of quiet or for a
+/// ping), or `None` once the connection is closed.
+async fn next_message(ws: &mut Ws) -> Option<Option<Value>> {
+    match tokio::time::timeout(Duration::from_secs(2), ws.next()).await {
+        Ok(Some(Ok(Message::Text(t)))) => Some(Some(serde_json::from_str::<Value>(t.as_str()).unwrap_or(Value::Null))),
+        Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) => None,
+        _ => Some(None),
+    }
+}
+
+/// A WebSocket device on `base` (device `name`): says hello with the last
+/// seq it saw (its cursor is its own: it never acks), pages `sync.delta`
+/// to the head, then takes `stream.event` frames, and on any close does it
+/// all again; records what it is shown (and the losses it is told of, by
+/// `stream.gap` or in a `sync.delta` page) until it has read the id
+/// `until` holds.
+pub(crate) fn device(base: String, name: String, until: Arc<AtomicI64>) -> tokio::task::JoinHandle<Vec<Seen>> {
+    tokio::spawn(async move {
+        let key = Key::new();
+        let mut seen: Vec<Seen> = Vec::new();
+        let url = format!("{}/v1/ws", base.replace("http://", "ws://"));
+        let last_seq = |seen: &[Seen]| seen.iter().rev().find_map(|s| if let Seen::Event(id, _) = s { Some(*id) } else { None });
+        let done = |seen: &[Seen]| {
+            let last = until.load(Ordering::Acquire);
+            last > 0 && seen.iter().any(|s| matches!(s, Seen::Event(id, _) if *id == last))
+        };
+        'connect: loop {
+            if done(&seen) {
+                return seen;
+            }
+            let Ok(Ok((mut ws, _))) = tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(&url)).await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let hello = loop {
+                match next_message(&mut ws).await {
+                    Some(Some(m)) if m["method"] == "stream.hello" => break m,
+                    Some(_) => {}
+                    None => continue 'connect,
+                }
+            };
+            let cursor = last_seq(&seen).unwrap_or(0);
+            let nonce = hello["params"]["nonce"].as_str().unwrap_or_default().to_owned();
+            let body = json!({"device_id": name, "cursor": cursor});
+            let proof = key.proof("stream.auth", &body, &nonce);
+            let auth = json!({"jsonrpc": "2.0", "id": 1, "method": "stream.auth", "params": {"body": body, "origin_proof": proof}});
+            if ws.send(Message::text(auth.to_string())).await.is_err() {
+                continue;
+            }
+            let (mut since, mut id, mut head, mut caught_up) = (cursor, 1, i64::MAX, false);
+            loop {
+                if done(&seen) {
+                    return seen;
+                }
+                let message = match next_message(&mut ws).await {
+                    Some(Some(m)) => m,
+                    Some(None) => continue,
+                    None => continue 'connect,
+                };
+                if message["method"] == "stream.gap" {
+                    if message["params"]["reason"] == "history_lost" {
+                        seen.push(Seen::Lost { fork: message["params"]["fork"].as_i64().expect("a fork") });
+                    }
+                } else if message["id"] == id {
+                    let result = &message["result"];
+                    if result.is_null() {
+                        // Refused (the store is down, say): again.
+                        continue 'connect;
+                    }
+                    if id == 1 {
+                        head = result["head_seq"].as_i64().unwrap_or(i64::MAX);
+                    } else {
+                        // A page from a point in a lost stretch says so.
+                        if result["gap"]["reason"] == "history_lost" {
+                            seen.push(Seen::Lost { fork: result["gap"]["fork"].as_i64().expect("a fork") });
+                        }
+                        for item in result["items"].as_array().into_iter().flatten() {
+                            seen.push(Seen::Event(item["seq"].as_i64().unwrap(), item["event"]["payload"].clone()));
+                        }
+                        since = result["next_since"].as_i64().unwrap_or(since);
+                        caught_up = !result["has_more"].as_bool().unwrap_or(true) && since >= head;
+                    }
+                    if !caught_up {
+                        id += 1;
+                        let page = json!({"jsonrpc": "2.0", "id": id, "method": "sync.delta", "params": {"device_id": name, "since": since, "limit": 200}});
+                        if ws.send(Message::text(page.to_string())).await.is_err() {
+                            continue 'connect;
+                        }
+                    }
+                } else if message["method"] == "stream.event" && caught_up {
+                    let params = &message["params"];
+                    seen.push(Seen::Event(params["seq"].as_i64().unwrap(), params["event"]["payload"].clone()));
+                }
+            }
         }
     })
 }
@@ -377,6 +482,7 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
     let followers: Vec<Follower> = bases.iter().map(|b| Follower::start_at(http.clone(), format!("{b}/v1/stream?since=0"))).collect();
     let until = Arc::new(AtomicI64::new(0));
     let pollers: Vec<_> = bases.iter().map(|b| poller(b.clone(), until.clone())).collect();
+    let devices: Vec<_> = bases.iter().enumerate().map(|(i, b)| device(b.clone(), format!("chaos-{i}"), until.clone())).collect();
 
     // Faults until the end of the run; on PostgreSQL one promotion between
     // half and three quarters of it.
@@ -432,6 +538,10 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
     for (i, p) in pollers.into_iter().enumerate() {
         let seen = tokio::time::timeout(Duration::from_secs(60), p).await.expect("the polling clients read to the last event").unwrap();
         clients.push((format!("poll@{i}"), seen));
+    }
+    for (i, d) in devices.into_iter().enumerate() {
+        let seen = tokio::time::timeout(Duration::from_secs(60), d).await.expect("the devices read to the last event").unwrap();
+        clients.push((format!("ws@{i}"), seen));
     }
     let log = checker::final_log_at(&http, &bases[0]).await;
     for s in servers.lock().unwrap().iter_mut() {

@@ -5,12 +5,15 @@
 //! and then lost (and the clients that saw it are told). The independent
 //! checker (`checker`) judges what every client saw against the final log.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tidings_server::config::Delivery;
 
-use crate::checker::{self, Follower, Verdict};
+use crate::chaos;
+use crate::checker::{self, Follower, Seen, Verdict};
 use crate::epochs::{host_of, pg_ctl, publish_within_5s};
 use crate::helpers::{Backend, TestApp, spawn_app_with, wait_until};
 
@@ -83,6 +86,18 @@ async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_sy
     assert_eq!(committed.deep().await.1["delivery"], Value::Null, "committed delivery is the default");
     let shown = Follower::start(&replicated, 0);
     let other = Follower::start(&committed, 0);
+    // On each server too: a client polling with `since` and a WebSocket
+    // device (the campaign's, tests/api/chaos.rs), until they read `until`.
+    let until = Arc::new(AtomicI64::new(0));
+    let others: Vec<(String, tokio::task::JoinHandle<Vec<Seen>>)> = [("replicated", &replicated), ("committed", &committed)]
+        .into_iter()
+        .flat_map(|(name, app)| {
+            [
+                (format!("{name} poll"), chaos::poller(app.url(""), until.clone())),
+                (format!("{name} ws"), chaos::device(app.url(""), format!("sync-{name}"), until.clone())),
+            ]
+        })
+        .collect();
     shown.wait_for("the replicated server's client to see 3", Duration::from_secs(10), 3).await;
     other.wait_for("the other server's client to see 3", Duration::from_secs(10), 3).await;
 
@@ -170,8 +185,18 @@ async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_sy
     shown.wait_for("the replicated server's client to see the retry", Duration::from_secs(10), retried).await;
     other.wait_for("the other server's client to resume", Duration::from_secs(20), retried).await;
 
+    until.store(retried, Ordering::Release);
     let log = checker::final_log(&replicated).await;
     let (shown, other) = (shown.stop().await, other.stop().await);
+    for (name, client) in others {
+        let seen = tokio::time::timeout(Duration::from_secs(30), client).await.expect("every client reads to the end").unwrap();
+        let verdict = checker::check(&log, &[(name.clone(), seen.clone())]);
+        if name.starts_with("replicated") {
+            assert_eq!(verdict, Ok(Verdict { events: 6, announced: 0, lost: 0 }), "{name} saw {seen:?}; the log is {log:?}");
+        } else {
+            assert!(verdict.is_ok(), "{name} saw {seen:?}; the log is {log:?}: {verdict:?}");
+        }
+    }
     checker::acknowledged_kept(&log, &acknowledged).unwrap();
     assert_eq!(
         checker::check(&log, &[("replicated".into(), shown.clone())]),
