@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::both_stores;
 use crate::helpers::{Backend, Process, free_port, process_command, process_store, spawn_process};
 
-both_stores!(sigterm_ends_streams_and_a_restart_loses_nothing);
+both_stores!(sigterm_ends_streams_and_a_restart_loses_nothing, an_idle_server_exits_on_sigterm_without_waiting_out_the_drain);
 
 async fn start(dir: &std::path::Path) -> Process {
     spawn_process(&[("TIDINGS_DATA_DIR", dir.display().to_string())]).await
@@ -118,4 +118,19 @@ async fn sigterm_ends_streams_and_a_restart_loses_nothing(backend: Backend) {
     let later = publish(server.base.clone()).await;
     let mut reader = tidings_client::sse::connect(&http, &format!("{}/v1/stream", server.base), Some(first)).await.unwrap();
     assert_eq!(reader.next_event().await.unwrap().id, Some(later.to_string()));
+}
+
+/// SIGTERM on an idle server: once the readiness delay is over and no
+/// stream is open, nothing is left to drain, and the process exits without
+/// waiting out the drain window (here two minutes, which the test's
+/// deadline would not wait for).
+async fn an_idle_server_exits_on_sigterm_without_waiting_out_the_drain(backend: Backend) {
+    let (mut envs, _dir) = process_store(backend).await;
+    envs.push(("TIDINGS_DRAIN_DELAY", "1s".to_owned()));
+    envs.push(("TIDINGS_DRAIN", "120s".to_owned()));
+    let mut server = spawn_process(&envs).await;
+    let pid = server.child.id().unwrap().to_string();
+    assert!(tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(30), server.child.wait()).await.expect("the idle process exits").unwrap();
+    assert!(status.success(), "a clean exit: {status:?}");
 }

@@ -17,7 +17,9 @@ impl Broker {
     /// so their reconnections reach the other processes spread over the
     /// window instead of in one storm. Clients that arrive meanwhile are
     /// ended in the same way; whatever is left at the end of the window is
-    /// ended then. The broker goes on serving until the shutdown.
+    /// ended then. Once none is left the drain is over, window or not: an
+    /// idle process exits at once. The broker goes on serving until the
+    /// shutdown.
     pub async fn drain(&self, window: Duration) {
         let started = Instant::now();
         let mut tick = tokio::time::interval(DRAIN_TICK);
@@ -46,8 +48,9 @@ impl Broker {
                     slot.state.detached.store(Detached::Closed as u8 + 1, Ordering::Release);
                 }
             }
+            let none_left = clients.map.is_empty();
             drop(clients);
-            if elapsed >= window {
+            if none_left || elapsed >= window {
                 return;
             }
         }

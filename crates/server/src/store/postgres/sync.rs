@@ -30,8 +30,10 @@
 //! whose wait someone else cancelled (`pg_cancel_backend`; PostgreSQL then
 //! commits it with a warning) confirms nothing: the warning is read, and
 //! the next barrier waits again. An idle process runs a barrier every few
-//! seconds, so a lost standby is noticed before the next publish. When the primary names no synchronous standby
-//! at all (`synchronous_standby_names` empty, or CloudNativePG's
+//! seconds, so a lost standby is noticed before the next publish.
+//!
+//! When the primary names no synchronous standby at all
+//! (`synchronous_standby_names` empty, or CloudNativePG's
 //! `dataDurability: preferred` with none left), barriers return at once
 //! and the process says so in its log, `/health/deep` and metrics:
 //! PostgreSQL's configuration decides what is durable; the gate only makes
