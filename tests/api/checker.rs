@@ -60,9 +60,14 @@ pub(crate) fn check(log: &[(i64, Value)], clients: &[(String, Vec<Seen>)]) -> Re
     for (name, seen) in clients {
         // Events seen that the final log lacks, not announced yet.
         let mut unannounced: Vec<i64> = Vec::new();
-        // What must come next: the log's successor of the last event, or
-        // of the fork after an announcement.
-        let mut expected: Option<i64> = None;
+        // What must come next: the log's first event (every client starts
+        // from 0), then the successor of the last event, or of the fork
+        // after an announcement.
+        let mut expected = final_log.keys().next().copied().unwrap_or(i64::MAX);
+        // The last event shown (where the client would resume), and the
+        // newest shown that survived.
+        let mut last: Option<i64> = None;
+        let mut kept: Option<i64> = None;
         for item in seen {
             match item {
                 Seen::Event(id, body) => {
@@ -73,25 +78,46 @@ pub(crate) fn check(log: &[(i64, Value)], clients: &[(String, Vec<Seen>)]) -> Re
                         return Err(format!("id {id} named two events: {earlier} to {who}, {body} to {name}"));
                     }
                     bodies.entry(*id).or_insert((name, body));
-                    if !final_log.contains_key(id) {
+                    if final_log.contains_key(id) {
+                        // Nothing in the log comes after a lost event
+                        // before the loss is announced.
+                        if let Some(lost) = unannounced.first() {
+                            return Err(format!("{name} was shown {id} after {lost}, which the final log lacks, without being told"));
+                        }
+                        if *id != expected {
+                            return Err(format!("{name} was shown {id} where the final log goes on with {expected}"));
+                        }
+                        kept = Some(*id);
+                    } else if *id > expected || last.is_some_and(|l| *id <= l) {
+                        // A lost event still comes in order, and skips
+                        // nothing of the log before it.
+                        return Err(format!("{name} was shown {id}, which the final log lacks, out of order (next due: {expected})"));
+                    } else {
                         unannounced.push(*id);
                     }
-                    if let Some(want) = expected
-                        && final_log.contains_key(id)
-                        && Some(*id) != Some(want)
-                    {
-                        return Err(format!("{name} was shown {id} where the final log goes on with {want}"));
-                    }
-                    expected = next_after(*id).or(Some(i64::MAX));
+                    last = Some(*id);
+                    expected = next_after(*id).unwrap_or(i64::MAX);
                 }
                 Seen::Lost { fork } => {
                     verdict.announced += 1;
+                    // Told only where it resumes from a lost event, and
+                    // the fork is below it and not below anything it saw
+                    // that survived.
+                    match last {
+                        Some(l) if !final_log.contains_key(&l) && l > *fork => {}
+                        _ => return Err(format!("{name} was told of a loss (fork {fork}) after {last:?}, which is no lost event past it")),
+                    }
                     if let Some(bad) = unannounced.iter().find(|&&id| id <= *fork) {
                         return Err(format!("{name} saw {bad}, at or below the fork {fork}, which the final log lacks"));
                     }
+                    if let Some(k) = kept
+                        && *fork < k
+                    {
+                        return Err(format!("{name} was told the fork is {fork}, below {k}, which it saw and which survived"));
+                    }
                     verdict.lost += unannounced.len();
                     unannounced.clear();
-                    expected = next_after(*fork).or(Some(i64::MAX));
+                    expected = next_after(*fork).unwrap_or(i64::MAX);
                 }
             }
         }
@@ -239,17 +265,29 @@ mod tests {
     fn the_checker_catches_what_the_contract_forbids() {
         let log = log(&[1, 2, 3, 100]);
         let ev = |i: i64| Seen::Event(i, json!(i));
-        let ok = vec![("a".into(), vec![ev(1), ev(2), ev(3), ev(4), Seen::Lost { fork: 3 }, ev(100)])];
-        assert_eq!(check(&log, &ok), Ok(Verdict { events: 5, announced: 1, lost: 1 }));
+        let judge = |seen: Vec<Seen>| check(&log, &[("a".into(), seen)]);
+        assert_eq!(
+            judge(vec![ev(1), ev(2), ev(3), ev(4), Seen::Lost { fork: 3 }, ev(100)]),
+            Ok(Verdict { events: 5, announced: 1, lost: 1 })
+        );
+        // Told again where it resumes from the same lost event: fine.
+        let twice = vec![ev(1), ev(2), ev(3), ev(4), Seen::Lost { fork: 3 }, Seen::Lost { fork: 3 }, ev(100)];
+        assert_eq!(judge(twice), Ok(Verdict { events: 5, announced: 2, lost: 1 }));
         // An id reused for another body (the defect this guards against).
-        let reused = vec![("a".into(), vec![ev(1), ev(2), ev(3), Seen::Event(100, json!("other"))])];
-        assert!(check(&log, &reused).unwrap_err().contains("named two events"));
-        // Lost and never told.
-        assert!(check(&log, &[("a".into(), vec![ev(3), ev(4), ev(100)])]).unwrap_err().contains("never told"));
-        // Skipped an event of the log.
-        assert!(check(&log, &[("a".into(), vec![ev(1), ev(3)])]).unwrap_err().contains("goes on with 2"));
-        // After the announcement, the first event after the fork.
-        assert!(check(&log, &[("a".into(), vec![ev(3), ev(4), Seen::Lost { fork: 1 }, ev(3)])]).unwrap_err().contains("goes on with 2"));
+        assert!(judge(vec![ev(1), ev(2), ev(3), Seen::Event(100, json!("other"))]).unwrap_err().contains("named two events"));
+        // Lost and never told; told only after an event of the log.
+        assert!(judge(vec![ev(1), ev(2), ev(3), ev(4)]).unwrap_err().contains("never told"));
+        assert!(judge(vec![ev(1), ev(2), ev(3), ev(4), ev(100)]).unwrap_err().contains("without being told"));
+        // Skipped an event of the log, the first one included.
+        assert!(judge(vec![ev(1), ev(3)]).unwrap_err().contains("goes on with 2"));
+        assert!(judge(vec![ev(2), ev(3)]).unwrap_err().contains("goes on with 1"));
+        // A loss announced where nothing was lost.
+        assert!(judge(vec![ev(1), ev(2), Seen::Lost { fork: 0 }, ev(1)]).unwrap_err().contains("no lost event"));
+        // A fork below what it saw survive (it would be shown 2 and 3 again).
+        assert!(judge(vec![ev(1), ev(2), ev(3), ev(4), Seen::Lost { fork: 1 }, ev(2)]).unwrap_err().contains("below 3"));
+        // A lost event that skipped the log's events before it, or repeated.
+        assert!(judge(vec![ev(1), ev(4), Seen::Lost { fork: 3 }, ev(100)]).unwrap_err().contains("out of order"));
+        assert!(judge(vec![ev(1), ev(2), ev(3), ev(4), ev(4)]).unwrap_err().contains("out of order"));
         assert!(acknowledged_kept(&log, &[(2, json!(2))]).is_ok());
         assert!(acknowledged_kept(&log, &[(4, json!(4))]).unwrap_err().contains("not in the final log"));
     }
