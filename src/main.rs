@@ -4,6 +4,7 @@
 //! `registry`).
 
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal as _;
 use tidings_cli::bench::{BenchArgs, Mode};
 use tidings_cli::cli::{ListenArgs, PublishArgs, RegistryCommand, TailArgs};
 use tidings_server::app::Application;
@@ -61,7 +62,10 @@ enum EpochCommand {
 fn init_logs(format: LogFormat) {
     let filter = EnvFilter::try_from_env("TIDINGS_LOG").unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
     // Logs go to stderr; stdout stays for command output (bench reports).
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only on a terminal (and not with NO_COLOR): a pipe or a file
+    // (systemd, Docker, Kubernetes) gets plain text.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -20,6 +20,7 @@ mod idempotency;
 mod identity;
 mod js_client;
 mod layers;
+mod logs;
 mod mcp;
 mod metrics;
 mod mirrors;
