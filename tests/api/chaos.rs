@@ -345,12 +345,7 @@ struct Database {
 
 impl Database {
     async fn pg_ctl(&self, host: usize, args: &[&str]) {
-        let line = &self.hosts[host].1;
-        let mut words = line.split_whitespace();
-        let mut cmd = tokio::process::Command::new(words.next().unwrap());
-        cmd.args(words).args(args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
-        let status = tokio::time::timeout(Duration::from_secs(60), cmd.status()).await.expect("pg_ctl finished").unwrap();
-        assert!(status.success(), "pg_ctl {args:?}");
+        crate::epochs::pg_ctl_line(&self.hosts[host].1, args).await;
     }
 
     /// Terminates the LISTEN sessions of the campaign's database.

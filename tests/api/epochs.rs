@@ -346,11 +346,17 @@ async fn a_new_timeline_or_a_head_below_what_was_seen_begins_an_epoch() {
 /// `args`.
 pub(crate) async fn pg_ctl(variable: &str, args: &[&str]) {
     let line = std::env::var(variable).unwrap_or_else(|_| panic!("{variable} is not set: run the suite with scripts/test"));
+    pg_ctl_line(&line, args).await;
+}
+
+/// Runs the `pg_ctl` command `line` (a `runuser` prefix, the binary, its
+/// data directory) with `args`, for at most 60 s.
+pub(crate) async fn pg_ctl_line(line: &str, args: &[&str]) {
     let mut words = line.split_whitespace();
     let mut cmd = tokio::process::Command::new(words.next().unwrap());
-    cmd.args(words).args(args).stdout(std::process::Stdio::null());
+    cmd.args(words).args(args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
     let status = tokio::time::timeout(Duration::from_secs(60), cmd.status()).await.expect("pg_ctl finished").unwrap();
-    assert!(status.success(), "pg_ctl {args:?} on {variable}");
+    assert!(status.success(), "pg_ctl {args:?} ({line})");
 }
 
 /// Publishes `payload` through a failover, retrying each `503` for up to 5 s
