@@ -60,7 +60,14 @@ enum EpochCommand {
 }
 
 fn init_logs(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("TIDINGS_LOG").unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    // The MCP SDK logs tool arguments (event payloads, tree entities,
+    // idempotency keys) at debug: it stays at warn unless the filter names it.
+    let spec = std::env::var("TIDINGS_LOG").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "info".to_owned());
+    let spec = if spec.contains("rmcp") { spec } else { format!("{spec},rmcp=warn") };
+    let filter = EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+        eprintln!("TIDINGS_LOG={spec:?} is not a log filter ({e}); logging at info");
+        EnvFilter::new("info,rmcp=warn")
+    });
     // Logs go to stderr; stdout stays for command output (bench reports).
     // Colour only on a terminal (and not with NO_COLOR): a pipe or a file
     // (systemd, Docker, Kubernetes) gets plain text.

@@ -12,6 +12,7 @@ use crate::subscriptions::{Peer, Subscribe, inbox_grant, server_hash};
 
 both_stores!(
     long_polls_and_silent_websockets_hold_bounded_places,
+    abandoned_long_polls_give_their_places_back,
     an_expired_token_ends_what_it_opened,
     connections_that_say_nothing_are_closed,
     http2_streams_that_grant_no_window_are_closed,
@@ -72,6 +73,61 @@ async fn long_polls_and_silent_websockets_hold_bounded_places(backend: Backend) 
         app.http.get(app.url("/v1/poll?wait_ms=1")).send().await.unwrap().status() == 200
     })
     .await;
+}
+
+/// A `POST /v1/poll` and an MCP `poll` that wait, whose clients hang up at
+/// once, give their places in `TIDINGS_MAX_STREAMS` back right away (those
+/// requests run detached so that writes are never cut off half-way; the
+/// waits watch for their client leaving), not after their two minutes.
+async fn abandoned_long_polls_give_their_places_back(backend: Backend) {
+    use tokio::io::AsyncWriteExt as _;
+    let app = spawn_app_with(backend, |s| {
+        s.max_streams = 2;
+        s.poll_max_wait = std::time::Duration::from_secs(120);
+    })
+    .await;
+    let post = |path: &str, body: Value, accept: &str| {
+        let body = body.to_string();
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: {accept}\r\nContent-Length: {}\r\n\r\n{body}",
+            app.base.trim_start_matches("http://"),
+            body.len()
+        )
+    };
+    let requests = [
+        post("/v1/poll", json!({"filter": {"types": ["probe.*"]}, "wait_ms": 120_000}), "application/json"),
+        post(
+            "/mcp",
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                   "params": {"name": "poll", "arguments": {"filter": {"types": ["probe.*"]}, "wait_ms": 120_000}}}),
+            "application/json, text/event-stream",
+        ),
+    ];
+    let mut sockets = Vec::new();
+    for request in requests {
+        let mut socket = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://")).await.unwrap();
+        socket.write_all(request.as_bytes()).await.unwrap();
+        sockets.push(socket);
+    }
+    crate::helpers::eventually("both polls wait, holding both places", || async { app.clients().await == 2 }).await;
+    let (status, _) = {
+        let r = app.http.get(app.url("/v1/poll?wait_ms=1")).send().await.unwrap();
+        (r.status().as_u16(), r.text().await)
+    };
+    assert_eq!(status, 503, "the waiting polls hold the places");
+    drop(sockets);
+    crate::helpers::eventually("the abandoned polls give their places back", || async { app.clients().await == 0 }).await;
+    let r = app.http.get(app.url("/v1/poll?wait_ms=1")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "a new poll finds a place");
+    // The server goes on answering waits whose clients stay.
+    let waiting = app.http.post(app.url("/v1/poll")).json(&json!({"filter": {"types": ["probe.*"]}, "wait_ms": 30_000})).send();
+    let publish = async {
+        crate::helpers::eventually("the next poll waits", || async { app.clients().await == 1 }).await;
+        app.publish("probe.done", json!({})).await;
+    };
+    let (answer, ()) = tokio::join!(waiting, publish);
+    let page: Value = answer.unwrap().json().await.unwrap();
+    assert_eq!(page["events"].as_array().map(Vec::len), Some(1), "{page}");
 }
 
 /// Item 3: a token's life bounds what it opened. At its expiry (with the

@@ -256,3 +256,44 @@ async fn lagging_or_stopped() {
     assert_eq!(polled(&app, 0, last, 100).await, (1..=last).collect::<Vec<_>>(), "polls after the standby stopped");
     eventually("the standby is seen down", || async { standby(&app).await["up"] == false }).await;
 }
+
+/// Any role that can connect may `NOTIFY tidings_events` with a head of
+/// its choosing. A head past the log's is set back at the first read that
+/// finds nothing: the broker's reads at the head go on costing nothing, not
+/// (after a 100 ms wait for a standby that can never have it) a read at the
+/// primary on every wake-up for good; and nothing is missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_notify_costs_the_broker_nothing_lasting() {
+    let a = spawn_app_with(Backend::Postgres, |s| {
+        s.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
+        s.broker_reads = tidings_server::config::BrokerReads::Replica;
+    })
+    .await;
+    let url = a.db_url.clone().unwrap();
+    let b = spawn_app_with(Backend::Postgres, |s| s.database_url = Some(url.clone())).await;
+    eventually("the standby serves", || async { standby(&a).await["usable"] == true }).await;
+    let mut stream = a.stream("?types=probe.*", None).await;
+    one_by_one(&b, &mut stream, 3).await;
+    let primary_reads = || async { a.deep().await.1["replicas"]["primary_broker_reads"].as_i64().unwrap() };
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client.batch_execute("NOTIFY tidings_events, '9223372036854775000'").await.unwrap();
+    let head = a.store.head().await.unwrap();
+    let before = primary_reads().await;
+    // Reads at the head, as the broker makes after each wake-up.
+    for _ in 0..10 {
+        assert!(a.store.read_tail(head, 100).await.unwrap().is_empty());
+    }
+    let after = primary_reads().await;
+    assert!(after - before <= 2, "10 reads at the head after a forged NOTIFY cost the primary {} reads", after - before);
+    // Commits go on being delivered, one by one.
+    one_by_one(&b, &mut stream, 5).await;
+}
+
+/// `n` commits on `publisher`, each read from `stream` before the next.
+async fn one_by_one(publisher: &TestApp, stream: &mut crate::helpers::Stream, n: usize) {
+    for _ in 0..n {
+        let last = publish_many(publisher, 1).await;
+        while stream.next().await.id.as_deref().unwrap().parse::<i64>().unwrap() < last {}
+    }
+}

@@ -29,11 +29,12 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
-use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
+use super::{AppState, ClientGone};
 use crate::auth::Identity;
 use crate::event::names;
 use crate::service::tree as tree_service;
@@ -69,6 +70,9 @@ pub(crate) async fn post(State(app): State<AppState>, Caller(caller): Caller, re
     };
     let json = parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     parts.extensions.insert(caller);
+    // A `poll` that waits stops when its client is gone (the request runs
+    // detached, as every non-`GET` does).
+    let gone = parts.extensions.get::<ClientGone>().map(|g| g.0.clone()).unwrap_or_default();
     let request = Request::from_parts(parts, Body::from(bytes));
     let max_body = app.settings().max_body;
     let config = StreamableHttpServerConfig::default()
@@ -80,7 +84,11 @@ pub(crate) async fn post(State(app): State<AppState>, Caller(caller): Caller, re
         .disable_allowed_hosts()
         .with_max_request_body_bytes(max_body);
     // Built per request: cheap, and no handle on the application outlives it.
-    let service = StreamableHttpService::new(move || Ok(Tools { app: app.clone() }), Arc::new(NeverSessionManager::default()), config);
+    let service = StreamableHttpService::new(
+        move || Ok(Tools { app: app.clone(), gone: gone.clone() }),
+        Arc::new(NeverSessionManager::default()),
+        config,
+    );
     let response = match service.oneshot(request).await {
         Ok(response) => response.map(Body::new),
         Err(never) => match never {},
@@ -123,6 +131,8 @@ async fn stable(response: Response, sent_json: bool) -> Response {
 #[derive(Clone)]
 pub(crate) struct Tools {
     app: AppState,
+    /// Cancelled when the client of this request goes away.
+    gone: CancellationToken,
 }
 
 /// A tool, and who may use it.
@@ -327,7 +337,7 @@ impl Tools {
             }
             "poll" => {
                 let body: super::poll::PollBody = arguments(args)?;
-                let request = super::poll::request_of(&self.app, body)?;
+                let request = super::poll::request_of(&self.app, body, self.gone.clone())?;
                 let page = crate::service::poll::poll(core, caller, request).await?;
                 serde_json::from_slice(&super::poll::page_json(page)).map_err(|_| internal())
             }

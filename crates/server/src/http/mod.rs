@@ -26,6 +26,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AuthMode, Identity};
 use crate::broker::Broker;
@@ -215,6 +216,13 @@ async fn method_not_allowed() -> ApiError {
 /// or [`guard`] refuses it, logs it at debug level with the query string
 /// redacted (tokens may travel there), and counts it by route template
 /// (never the raw path: bounded labels).
+/// Cancelled when the client of a non-`GET` request goes away before its
+/// answer. Such requests run detached, so that a write is never cut off
+/// half-way; what only waits on the client's behalf (a long poll, on HTTP or
+/// MCP) watches this and gives its place back.
+#[derive(Clone, Debug)]
+pub(crate) struct ClientGone(pub(crate) CancellationToken);
+
 async fn observe_requests(axum::extract::State(guard): axum::extract::State<Arc<guard::Guard>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "unmatched".to_owned());
@@ -228,6 +236,13 @@ async fn observe_requests(axum::extract::State(guard): axum::extract::State<Arc<
     let (method, path) = (request.method().clone(), request.uri().path().to_owned());
     let query = request.uri().query().map(crate::auth::redact_query);
     let mutates = request.method() != axum::http::Method::GET && request.method() != axum::http::Method::HEAD;
+    // Cancelled when the client goes away before its answer (a write runs
+    // on, detached; what waits for it, a long poll, stops).
+    let gone = CancellationToken::new();
+    let mut request = request;
+    if mutates {
+        request.extensions_mut().insert(ClientGone(gone.clone()));
+    }
     let refused = match crate::server::HeadRefusal::check(&request) {
         Some(refusal) => Some(error::head_refusal(refusal)),
         None => guard.check(&request).map(IntoResponse::into_response),
@@ -252,7 +267,10 @@ async fn observe_requests(axum::extract::State(guard): axum::extract::State<Arc<
     // A write runs on its own task, so a client that goes away does not
     // cancel it half-way: a publish that commits is counted (and answered,
     // for nobody) like any other, and no store call is cut off mid-flight.
-    match tokio::spawn(handle).await {
+    let on_drop = gone.drop_guard();
+    let answered = tokio::spawn(handle).await;
+    on_drop.disarm();
+    match answered {
         Ok(response) => response,
         Err(e) => {
             tracing::error!(error = %e, "a request handler panicked");

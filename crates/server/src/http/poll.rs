@@ -6,15 +6,16 @@
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
-use super::AppState;
 use super::caller::{Caller, Params};
 use super::error::ApiError;
+use super::{AppState, ClientGone};
 use crate::event::EventId;
 use crate::filter::{Filter, FilterQuery};
 use crate::service::error::{InvalidField, check_envelope, parse_cursor};
@@ -104,6 +105,8 @@ pub(crate) async fn poll_get(
         consumer_id: q.consumer_id,
         limit: uint(None, q.limit.as_deref(), u64::MAX, "invalid_limit", "limit")?,
         wait_ms: uint(None, q.wait_ms.as_deref(), u64::MAX, "invalid_wait_ms", "wait_ms")?,
+        // A `GET` stops with its client: nothing to watch.
+        gone: CancellationToken::new(),
     };
     Ok(answer(service::poll(app.core(), &caller, request).await?))
 }
@@ -131,19 +134,21 @@ pub(crate) async fn poll_get(
 pub(crate) async fn poll_post(
     State(app): State<AppState>,
     Caller(caller): Caller,
+    gone: Option<Extension<ClientGone>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = super::events::read_body(app.settings(), &headers, body).await?;
     let body: PollBody = crate::json::from_object_slice(&bytes)
         .map_err(|e| ApiError::bad_request("invalid_poll", format!("the poll body is not valid: {e}")))?;
-    let request = request_of(&app, body)?;
+    let request = request_of(&app, body, gone.map(|g| g.0.0).unwrap_or_default())?;
     Ok(answer(service::poll(app.core(), &caller, request).await?))
 }
 
 /// A poll in its JSON form (the body of `POST /v1/poll`, the arguments of
 /// the MCP `poll` tool), checked.
-pub(crate) fn request_of(app: &AppState, body: PollBody) -> Result<PollRequest, ApiError> {
+/// `gone` is cancelled when the client goes away.
+pub(crate) fn request_of(app: &AppState, body: PollBody, gone: CancellationToken) -> Result<PollRequest, ApiError> {
     check_envelope(body.accept_envelope.as_deref())?;
     let filter_json = body.filter.filter(|f| !f.is_null()).map(|f| f.to_string());
     if let Some(json) = &filter_json {
@@ -155,6 +160,7 @@ pub(crate) fn request_of(app: &AppState, body: PollBody) -> Result<PollRequest, 
         consumer_id: body.consumer_id,
         limit: uint(body.limit.as_ref(), None, u64::MAX, "invalid_limit", "limit")?,
         wait_ms: uint(body.wait_ms.as_ref(), None, u64::MAX, "invalid_wait_ms", "wait_ms")?,
+        gone,
     })
 }
 

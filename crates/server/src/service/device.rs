@@ -6,6 +6,7 @@
 
 use serde::Deserialize;
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use super::error::{Kind, Refusal};
@@ -152,6 +153,7 @@ pub async fn delta(
     limit: Option<u64>,
 ) -> Result<PollPage, DeviceError> {
     let since = u64::try_from(since).map_err(|_| DeviceError::InvalidSeq)?;
-    let request = PollRequest { filter_json, since: Some(since), consumer_id: None, limit, wait_ms: Some(0) };
+    let request =
+        PollRequest { filter_json, since: Some(since), consumer_id: None, limit, wait_ms: Some(0), gone: CancellationToken::new() };
     Ok(super::poll::poll(core, caller, request).await?)
 }

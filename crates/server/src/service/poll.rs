@@ -110,6 +110,9 @@ pub struct PollRequest {
     pub limit: Option<u64>,
     /// How long to wait for a first match (at most `TIDINGS_POLL_MAX_WAIT`).
     pub wait_ms: Option<u64>,
+    /// Cancelled when the client is gone: the poll ends at once and gives
+    /// its place in the stream limits back.
+    pub gone: CancellationToken,
 }
 
 /// A poll's answer.
@@ -259,6 +262,8 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     let (mut events, mut has_more, mut caught_up, mut gap) = (Vec::new(), false, false, told);
     loop {
         let item = tokio::select! {
+            // Nobody is left to answer: end, and give the permit back.
+            _ = request.gone.cancelled() => break,
             item = session.next() => item,
             // Only waiting for a first match is bounded by wait_ms; history
             // is read to the end of the page regardless.

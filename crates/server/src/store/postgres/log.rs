@@ -90,6 +90,19 @@ impl EventLog for PostgresStore {
         if let Some(last) = rows.last() {
             self.shown(last.id).await?;
         }
+        if rows.is_empty() {
+            // Neither a standby nor the primary holds anything past
+            // `after`, below the head notified. Any role that can
+            // connect may NOTIFY: a head above the primary's is unknown,
+            // not a promise, and is set back (the next read asks the
+            // primary, for a true head notified meanwhile).
+            let client = self.client().await?;
+            let head: EventId = client.query_one("SELECT last_id FROM tidings_head", &[]).await.map_err(pg_error)?.get(0);
+            if head < until && self.listener.notified.compare_exchange(until, head, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                self.listener.unsure.store(true, Ordering::Release);
+                tracing::debug!(notified = until, head, "a NOTIFY named a head past the log's: set back");
+            }
+        }
         Ok(rows)
     }
 
@@ -249,7 +262,6 @@ impl EventLog for PostgresStore {
 
     async fn begin_epoch(&self, reason: EpochReason, seen: EventId) -> Result<Epoch, StoreError> {
         debug_assert_eq!(reason, EpochReason::Operator, "PostgreSQL begins the other epochs itself");
-        let seen = seen.max(self.listener.notified.load(Ordering::Acquire));
         let begun = self.settle(epoch::Settle::Begin { seen }).await?;
         begun.ok_or_else(|| StoreError::Other(anyhow::anyhow!("no epoch was begun")))
     }
