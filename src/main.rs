@@ -1,7 +1,7 @@
 //! The `tidings` binary, the one door users run: parses the command line,
 //! starts logging, and hands over to the server library (`serve`, `migrate`)
 //! or to the tools crate (`bench`, `tail`, `listen`, `publish`, `subscribe`,
-//! `registry`).
+//! `token`, `registry`).
 
 use clap::{Parser, Subcommand};
 use std::io::IsTerminal as _;
@@ -37,6 +37,9 @@ enum Command {
     /// Subscribe to a path pattern with a key, following capacity redirects
     /// to relays, and print the notifications.
     Subscribe(tidings_cli::subscribe::SubscribeArgs),
+    /// Mint a bearer token with the server's HS256 secret
+    /// (TIDINGS_JWT_HS256_SECRET) and print it.
+    Token(tidings_cli::token::TokenArgs),
     /// Work with the event-type registry.
     #[command(subcommand)]
     Registry(RegistryCommand),
@@ -146,6 +149,7 @@ async fn main() -> anyhow::Result<()> {
             tidings_cli::cli::listen(args).await
         }
         Command::Publish(args) => tidings_cli::cli::publish(args).await,
+        Command::Token(args) => tidings_cli::token::token(args),
         Command::Subscribe(args) => {
             init_logs(LogFormat::Human);
             tidings_cli::subscribe::subscribe(args).await

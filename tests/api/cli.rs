@@ -1,6 +1,7 @@
 //! The command-line clients as a user runs them: `publish`, `tail` and
 //! `listen` (which resume across a server restart with nothing missing or
-//! repeated) and `registry check`.
+//! repeated), `token` (whose tokens the server accepts, with their grants)
+//! and `registry check`.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,7 +15,8 @@ both_stores!(
     publish_and_tail_resume_across_a_restart,
     listen_resumes_across_a_restart_and_acks,
     listen_stops_on_a_rejection,
-    publish_retries_a_lost_answer_without_storing_twice
+    publish_retries_a_lost_answer_without_storing_twice,
+    token_mints_what_the_server_accepts
 );
 
 fn tidings() -> tokio::process::Command {
@@ -179,4 +181,72 @@ async fn registry_check_validates_a_directory() {
     let bad = tidings().args(["registry", "check", "--registry", dir.path().to_str().unwrap()]).output().await.unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("a.b.json"), "names the file: {}", String::from_utf8_lossy(&bad.stderr));
+}
+
+/// `tidings token`, run with the settings the server reads (the secret
+/// and the audience from the environment), prints a token the server
+/// accepts, with the grants asked for and nothing more; a secret shorter
+/// than 32 bytes is refused by the command and by the server.
+async fn token_mints_what_the_server_accepts(backend: Backend) {
+    let secret = "a-secret-for-the-token-command-of-32-bytes";
+    let (mut envs, _dir) = process_store(backend).await;
+    envs.extend([("TIDINGS_JWT_HS256_SECRET", secret.to_owned()), ("TIDINGS_JWT_AUDIENCE", "tidings-test".to_owned())]);
+    let port = free_port();
+    let server = spawn_process_at(&envs, port).await;
+    let mint = |args: &[&str]| {
+        let mut cmd = tidings();
+        cmd.arg("token").args(args).env("TIDINGS_JWT_HS256_SECRET", secret).env("TIDINGS_JWT_AUDIENCE", "tidings-test");
+        async move {
+            let out = cmd.output().await.unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap().trim().to_owned()
+        }
+    };
+    let http = reqwest::Client::new();
+    let publish = |token: String, event_type: &str| {
+        let request = http
+            .post(format!("{}/v1/events", server.base))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"event_type": event_type, "payload": {}}));
+        async move {
+            let r = request.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let publisher = mint(&["persona:mendel", "--publish", "hypothesis.*", "--ttl", "10m"]).await;
+    let (status, body) = publish(publisher.clone(), "hypothesis.created").await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = publish(publisher, "comment.posted").await;
+    assert_eq!((status, body["error"].as_str()), (403, Some("forbidden_event_type")), "only the grants asked for: {body}");
+    // Admin rights: publishing for another agent.
+    let as_other = |token: String| {
+        let request = http.post(format!("{}/v1/events", server.base)).bearer_auth(token).json(
+            &serde_json::json!({"event_type": "hypothesis.created", "payload": {}, "agent": {"id": "persona:other", "kind": "ai_persona"}}),
+        );
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(as_other(mint(&["ops", "--publish", "**", "--admin"]).await).await, 201, "an admin publishes for another agent");
+    assert_eq!(as_other(mint(&["ops", "--publish", "**"]).await).await, 403, "without --admin, agent_spoofing");
+    // A token for another audience is not.
+    let other = tidings()
+        .args(["token", "persona:mendel", "--publish", "hypothesis.*"])
+        .env("TIDINGS_JWT_HS256_SECRET", secret)
+        .env("TIDINGS_JWT_AUDIENCE", "another-service")
+        .output()
+        .await
+        .unwrap();
+    let (status, _) = publish(String::from_utf8(other.stdout).unwrap().trim().to_owned(), "hypothesis.created").await;
+    assert_eq!(status, 401, "a token for another audience is refused");
+    drop(server);
+    // 31 bytes: the command refuses to mint, the server to start.
+    let short = "a-secret-of-thirty-one-bytes-xx";
+    assert_eq!(short.len(), 31);
+    let out = tidings().args(["token", "someone"]).env("TIDINGS_JWT_HS256_SECRET", short).output().await.unwrap();
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 32 bytes"), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut cmd = crate::helpers::process_command(&envs, 0);
+    cmd.env("TIDINGS_JWT_HS256_SECRET", short);
+    let output = tokio::time::timeout(Duration::from_secs(20), cmd.output()).await.unwrap().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("at least 32 bytes"), "{}", String::from_utf8_lossy(&output.stderr));
 }

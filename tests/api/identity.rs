@@ -57,7 +57,7 @@ async fn identity_is_stable_and_minted_capabilities_verify(backend: Backend) {
 
 async fn minting_is_for_admins(backend: Backend) {
     use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
-    let secret = "identity-test-secret-of-enough-bytes";
+    let secret = "identity-test-secret-of-enough-bytes-for-hs256";
     let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(secret.into())).await;
     let token = |admin: bool| {
         let claims = json!({"sub": "someone", "exp": chrono::Utc::now().timestamp() + 600, "admin": admin});

@@ -272,7 +272,7 @@ async fn a_mirror_renews_its_subscription_and_cancels_it_when_deleted(backend: B
 
 async fn a_mirror_of_a_peer_with_tokens_on_uses_its_capability(backend: Backend) {
     use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
-    let secret = "mirror-test-secret-of-enough-bytes";
+    let secret = "mirror-test-secret-of-enough-bytes-for-hs256";
     let a = Server::start_with(backend, &[("TIDINGS_JWT_HS256_SECRET", secret)]).await;
     let b = Server::start(backend).await;
     let claims = json!({"sub": "ops", "exp": chrono::Utc::now().timestamp() + 600, "admin": true, "publish": ["**"], "subscribe": ["**"]});

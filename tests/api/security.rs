@@ -24,7 +24,7 @@ both_stores!(
     the_caller_sees_what_its_token_grants
 );
 
-pub(crate) const SECRET: &str = "a-test-secret-of-enough-bytes";
+pub(crate) const SECRET: &str = "a-test-secret-of-enough-bytes-for-hs256";
 
 fn token_with(claims: Value, secret: &str) -> String {
     encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()).unwrap()).unwrap()
@@ -93,6 +93,13 @@ async fn bad_tokens_are_401(backend: Backend) {
             assert_eq!(body["error"], "unauthorized");
             if let Some(t) = &token {
                 assert!(!body.to_string().contains(t.as_str()), "the token is never echoed");
+            } else {
+                // Where a token may travel, said for this request: a cookie
+                // authenticates only the two browser streams.
+                let message = body["message"].as_str().unwrap();
+                assert!(message.contains("Authorization: Bearer") && message.contains("access_token query"), "{message}");
+                let cookie_named = message.contains(", or an access_token cookie");
+                assert_eq!(cookie_named, path == "/v1/stream", "{method} {path}: {message}");
             }
         }
     }

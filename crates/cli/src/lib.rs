@@ -1,8 +1,9 @@
 //! tidings-cli: the tools around the server, in one binary with it but not
 //! part of it. It owns:
 //! - the terminal commands: [`cli`] (`tail`, `publish`, `listen`,
-//!   `registry check`) and [`subscribe`] (a path subscription that follows
-//!   capacity redirects);
+//!   `registry check`), [`subscribe`] (a path subscription that follows
+//!   capacity redirects) and [`token`] (mints a bearer token with the
+//!   server's HS256 secret);
 //! - the load generators behind `tidings bench`: [`bench`] (its arguments,
 //!   modes and the delivery, poll, publish, replay and recovery runs),
 //!   [`peers`] (between servers), [`scale`] (the reconnect storm of
@@ -13,9 +14,10 @@
 //! They talk to a server over HTTP and WebSocket through `tidings-client`,
 //! like any other client, and sign and read what servers say to each other
 //! with `tidings-protocol`; the server crate names none of this. The server
-//! library is read for two things: `registry check` validates a registry
-//! with the loader the server runs, so the two cannot disagree, and
-//! `subscribe --ttl` reads durations with the server's parser.
+//! library is read for three things: `registry check` validates a registry
+//! with the loader the server runs, and `token` mints with the claims the
+//! server verifies, so neither can disagree with the server; and
+//! durations are read with the server's parser.
 
 pub mod bench;
 pub mod cli;
@@ -24,3 +26,4 @@ pub mod peers;
 pub mod scale;
 pub mod sqlpublish;
 pub mod subscribe;
+pub mod token;

@@ -101,9 +101,16 @@ struct Claims {
 /// the token.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {
-    /// No token anywhere.
-    #[error("a bearer token is required (Authorization header, access_token cookie or access_token query parameter)")]
-    Missing,
+    /// No token anywhere; `cookie` says whether an `access_token` cookie
+    /// would have been taken on this request.
+    #[error(
+        "a bearer token is required: an Authorization: Bearer header or an access_token query parameter{}",
+        if *cookie { ", or an access_token cookie" } else { " (an access_token cookie authenticates only GET /v1/stream and GET /v1/ws)" }
+    )]
+    Missing {
+        /// Whether the request may carry its token in a cookie.
+        cookie: bool,
+    },
     /// The token does not verify.
     #[error("the token is not valid: {0}")]
     Invalid(String),
@@ -112,9 +119,14 @@ pub enum AuthError {
 /// Why a verification key is unusable (a startup error).
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
-    /// The HS256 secret is too short to be a secret.
-    #[error("TIDINGS_JWT_HS256_SECRET must be at least 16 bytes")]
+    /// The HS256 secret is shorter than the hash it keys.
+    #[error(
+        "TIDINGS_JWT_HS256_SECRET must be at least {MIN_SECRET} bytes (HS256 is keyed with 256 bits); `openssl rand -base64 32` makes one"
+    )]
     ShortSecret,
+    /// A token to mint names a grant the server would refuse.
+    #[error("{0}")]
+    Claim(String),
     /// The HS256 secret was refused.
     #[error("unusable HS256 secret: {0}")]
     Secret(jsonwebtoken::errors::Error),
@@ -165,7 +177,7 @@ impl std::fmt::Debug for Verifier {
 impl Verifier {
     /// HS256 with a shared secret.
     pub fn hs256(secret: &[u8]) -> Result<Self, KeyError> {
-        if secret.len() < 16 {
+        if secret.len() < MIN_SECRET {
             return Err(KeyError::ShortSecret);
         }
         let key = DecodingKey::from_secret(secret).map_err(KeyError::Secret)?;
@@ -233,6 +245,73 @@ impl Verifier {
             expires_at: claims.exp.map(|exp| exp.saturating_add(LEEWAY as i64 + 1)),
         })
     }
+}
+
+/// The fewest bytes an HS256 secret may have: the 256 bits of the hash it
+/// keys.
+pub const MIN_SECRET: usize = 32;
+
+/// A token to mint with the server's own HS256 secret (`tidings token`).
+#[derive(Debug, Clone, Default)]
+pub struct NewToken {
+    /// The identity (`sub`); for publishers, their agent id.
+    pub sub: String,
+    /// Event-type globs the holder may publish.
+    pub publish: Vec<String>,
+    /// Event-type globs the holder may receive.
+    pub subscribe: Vec<String>,
+    /// The highest visibility the holder may see.
+    pub visibility: Visibility,
+    /// Admin rights.
+    pub admin: bool,
+    /// How long the token lives.
+    pub ttl: std::time::Duration,
+    /// `aud`, when the server checks one (`TIDINGS_JWT_AUDIENCE`).
+    pub audience: Option<String>,
+    /// `iss`, when the server checks one (`TIDINGS_JWT_ISSUER`).
+    pub issuer: Option<String>,
+}
+
+/// Mints `token` with `secret`, as [`Verifier::hs256`] with the same secret
+/// (and audience and issuer) accepts it. Refuses a secret the server would
+/// refuse, an empty `sub`, and a glob it could not read.
+pub fn mint_hs256(secret: &[u8], token: &NewToken) -> Result<String, KeyError> {
+    if secret.len() < MIN_SECRET {
+        return Err(KeyError::ShortSecret);
+    }
+    if token.sub.is_empty() {
+        return Err(KeyError::Claim("the subject (sub) must not be empty".into()));
+    }
+    for (field, list) in [("publish", &token.publish), ("subscribe", &token.subscribe)] {
+        for glob in list {
+            Glob::new(glob).map_err(|e| KeyError::Claim(format!("{field} {glob:?}: {e}")))?;
+        }
+    }
+    let now = chrono::Utc::now().timestamp();
+    let ttl = i64::try_from(token.ttl.as_secs()).map_err(|_| KeyError::Claim("the lifetime is too long".into()))?;
+    let mut claims = serde_json::json!({
+        "sub": token.sub,
+        "iat": now,
+        "exp": now.saturating_add(ttl),
+        "visibility": token.visibility,
+    });
+    if !token.publish.is_empty() {
+        claims["publish"] = serde_json::json!(token.publish);
+    }
+    if !token.subscribe.is_empty() {
+        claims["subscribe"] = serde_json::json!(token.subscribe);
+    }
+    if token.admin {
+        claims["admin"] = true.into();
+    }
+    if let Some(aud) = &token.audience {
+        claims["aud"] = aud.as_str().into();
+    }
+    if let Some(iss) = &token.issuer {
+        claims["iss"] = iss.as_str().into();
+    }
+    let key = jsonwebtoken::EncodingKey::from_secret(secret).map_err(KeyError::Secret)?;
+    jsonwebtoken::encode(&jsonwebtoken::Header::new(Algorithm::HS256), &claims, &key).map_err(KeyError::Secret)
 }
 
 /// Seconds of clock skew allowed around `exp`, `nbf` and `iat`.
@@ -310,12 +389,36 @@ mod tests {
     }
 
     #[test]
+    fn a_secret_shorter_than_the_hash_is_refused_and_a_minted_token_verifies() {
+        assert!(matches!(Verifier::hs256(&[b'x'; 31]), Err(KeyError::ShortSecret)));
+        let secret = [b'k'; 32];
+        let v = Verifier::hs256(&secret).unwrap().expect(Some("aud-1"), Some("iss-1"));
+        let new = NewToken {
+            sub: "persona:mendel".into(),
+            publish: vec!["hypothesis.*".into()],
+            visibility: Visibility::ReviewerOnly,
+            ttl: std::time::Duration::from_secs(600),
+            audience: Some("aud-1".into()),
+            issuer: Some("iss-1".into()),
+            ..NewToken::default()
+        };
+        let id = v.verify(&mint_hs256(&secret, &new).unwrap()).unwrap();
+        assert_eq!((id.sub.as_str(), id.visibility, id.admin), ("persona:mendel", Visibility::ReviewerOnly, false));
+        assert!(id.may_publish("hypothesis.created") && !id.may_subscribe("hypothesis.created"));
+        let other_audience = NewToken { audience: Some("aud-2".into()), ..new.clone() };
+        assert!(v.verify(&mint_hs256(&secret, &other_audience).unwrap()).is_err());
+        assert!(matches!(mint_hs256(&[b'k'; 31], &new), Err(KeyError::ShortSecret)));
+        assert!(matches!(mint_hs256(&secret, &NewToken { sub: String::new(), ..new.clone() }), Err(KeyError::Claim(_))));
+        assert!(matches!(mint_hs256(&secret, &NewToken { publish: vec!["a..b".into()], ..new }), Err(KeyError::Claim(_))));
+    }
+
+    #[test]
     fn verifies_claims_and_refuses_the_rest() {
-        let v = Verifier::hs256(b"secret-of-16-bytes").unwrap();
+        let v = Verifier::hs256(b"a-secret-of-thirty-two-bytes-abcd").unwrap();
         let id = v
             .verify(&token(
                 json!({"sub":"persona:mendel","exp":exp(),"publish":["hypothesis.*"],"visibility":"reviewer_only"}),
-                b"secret-of-16-bytes",
+                b"a-secret-of-thirty-two-bytes-abcd",
             ))
             .unwrap();
         assert_eq!(id.sub, "persona:mendel");
@@ -323,21 +426,21 @@ mod tests {
         assert!(!id.may_subscribe("hypothesis.created"), "no subscribe claim, no subscription");
         assert_eq!(id.visibility, Visibility::ReviewerOnly);
         assert!(matches!(v.verify(&token(json!({"sub":"a","exp":exp()}), b"other")), Err(AuthError::Invalid(_))));
-        assert!(matches!(v.verify(&token(json!({"sub":"a"}), b"secret-of-16-bytes")), Err(AuthError::Invalid(m)) if m.contains("exp")));
-        let expired = token(json!({"sub":"a","exp":chrono::Utc::now().timestamp() - 600}), b"secret-of-16-bytes");
+        assert!(matches!(v.verify(&token(json!({"sub":"a"}), b"a-secret-of-thirty-two-bytes-abcd")), Err(AuthError::Invalid(m)) if m.contains("exp")));
+        let expired = token(json!({"sub":"a","exp":chrono::Utc::now().timestamp() - 600}), b"a-secret-of-thirty-two-bytes-abcd");
         assert_eq!(v.verify(&expired).unwrap_err(), AuthError::Invalid("it has expired".into()));
         // alg: none
         let none = format!("{}.{}.", b64(r#"{"alg":"none","typ":"JWT"}"#), b64(&json!({"sub":"a","exp":exp()}).to_string()));
         assert!(v.verify(&none).is_err());
-        assert!(v.verify(&token(json!({"sub":"a","exp":exp(),"publish":["a..b"]}), b"secret-of-16-bytes")).is_err());
+        assert!(v.verify(&token(json!({"sub":"a","exp":exp(),"publish":["a..b"]}), b"a-secret-of-thirty-two-bytes-abcd")).is_err());
         // Not yet valid, or issued in the future: refused (beyond the leeway).
         let later = chrono::Utc::now().timestamp() + 60;
-        let early = token(json!({"sub":"a","exp":exp(),"nbf":later}), b"secret-of-16-bytes");
+        let early = token(json!({"sub":"a","exp":exp(),"nbf":later}), b"a-secret-of-thirty-two-bytes-abcd");
         assert_eq!(v.verify(&early).unwrap_err(), AuthError::Invalid("it is not valid yet".into()));
-        let issued_later = token(json!({"sub":"a","exp":exp(),"iat":later}), b"secret-of-16-bytes");
+        let issued_later = token(json!({"sub":"a","exp":exp(),"iat":later}), b"a-secret-of-thirty-two-bytes-abcd");
         assert!(matches!(v.verify(&issued_later), Err(AuthError::Invalid(m)) if m.contains("iat")));
         let (now, until) = (chrono::Utc::now().timestamp(), exp());
-        let fine = v.verify(&token(json!({"sub":"a","exp":until,"nbf":now - 1,"iat":now + 2}), b"secret-of-16-bytes")).unwrap();
+        let fine = v.verify(&token(json!({"sub":"a","exp":until,"nbf":now - 1,"iat":now + 2}), b"a-secret-of-thirty-two-bytes-abcd")).unwrap();
         assert_eq!(fine.expires_at, Some(until + LEEWAY as i64 + 1), "the token's life, with the leeway, bounds what it opens");
     }
 

@@ -24,8 +24,9 @@ impl FromRequestParts<AppState> for Caller {
             AuthMode::Off => Ok(Caller(state.local_identity().clone())),
             AuthMode::Jwt(verifier) => {
                 let header_str = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
+                let cookie_taken = takes_cookie(parts);
                 let token = find_token(header_str(header::AUTHORIZATION), cookie(parts), parts.uri.query())
-                    .ok_or(crate::auth::AuthError::Missing)?;
+                    .ok_or(crate::auth::AuthError::Missing { cookie: cookie_taken })?;
                 Ok(Caller(verifier.verify(&token)?))
             }
         }
@@ -40,9 +41,13 @@ impl FromRequestParts<AppState> for Caller {
 /// nowhere else does it authenticate: such a request cannot move a durable
 /// consumer's cursor or write anything.
 fn cookie(parts: &Parts) -> Option<&str> {
+    takes_cookie(parts).then(|| parts.headers.get(header::COOKIE).and_then(|v| v.to_str().ok())).flatten()
+}
+
+/// Whether an `access_token` cookie authenticates this request.
+fn takes_cookie(parts: &Parts) -> bool {
     let path = parts.uri.path();
-    let streams = parts.method == axum::http::Method::GET && (path == "/v1/stream" || path == "/v1/ws");
-    streams.then(|| parts.headers.get(header::COOKIE).and_then(|v| v.to_str().ok())).flatten()
+    parts.method == axum::http::Method::GET && (path == "/v1/stream" || path == "/v1/ws")
 }
 
 /// The caller where a bearer token is optional (`POST /v1/execute`, whose
