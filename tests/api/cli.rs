@@ -16,7 +16,8 @@ both_stores!(
     listen_resumes_across_a_restart_and_acks,
     listen_stops_on_a_rejection,
     publish_retries_a_lost_answer_without_storing_twice,
-    token_mints_what_the_server_accepts
+    token_mints_what_the_server_accepts,
+    tail_sends_its_token_as_a_header_and_says_what_went_wrong
 );
 
 fn tidings() -> tokio::process::Command {
@@ -249,4 +250,92 @@ async fn token_mints_what_the_server_accepts(backend: Backend) {
     let output = tokio::time::timeout(Duration::from_secs(20), cmd.output()).await.unwrap().unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("at least 32 bytes"), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// `tidings tail --token` sends the token as a header: it is in no URL,
+/// so in no log line of the server and no error of its own; a refusal
+/// shows the server's code and message and is not retried; `--agents`
+/// follows one agent's events only.
+async fn tail_sends_its_token_as_a_header_and_says_what_went_wrong(backend: Backend) {
+    use crate::security::token;
+    use tokio::io::AsyncBufReadExt as _;
+    let (mut envs, _dir) = process_store(backend).await;
+    envs.extend([("TIDINGS_JWT_HS256_SECRET", crate::security::SECRET.to_owned()), ("TIDINGS_LOG", "debug".to_owned())]);
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let server = spawn_process_at(&envs, port).await;
+    let grants = serde_json::json!({"publish": ["**"], "subscribe": ["**"]});
+    let (a, b) = (token("persona:a", grants.clone()), token("persona:b", grants));
+    let expired = crate::security::token_with(
+        serde_json::json!({"sub": "persona:a", "exp": chrono::Utc::now().timestamp() - 600, "subscribe": ["**"]}),
+        crate::security::SECRET,
+    );
+    let refused = tokio::time::timeout(Duration::from_secs(20), tidings().args(["tail", "--url", &url, "--token", &expired]).output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a refusal is not retried: {stderr}");
+    assert!(stderr.contains("401: unauthorized (the token is not valid: it has expired)"), "the server's code and message: {stderr}");
+    assert!(!stderr.contains(&expired), "the token is in no error: {stderr}");
+    let mut tail = tidings()
+        .args(["tail", "--url", &url, "--token", &a, "--agents", "persona:a", "--json", "--count", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    crate::helpers::eventually("tail's stream is open", || async {
+        let deep: Value = http.get(format!("{url}/health/deep")).send().await.unwrap().json().await.unwrap();
+        deep["events"]["in_flight_subscriptions"] == 1
+    })
+    .await;
+    let mut ids = Vec::new();
+    for t in [&b, &a] {
+        let r = http
+            .post(format!("{url}/v1/events"))
+            .bearer_auth(t)
+            .json(&serde_json::json!({"event_type": "comment.posted"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        ids.push(r.json::<Value>().await.unwrap()["event_ids"][0].as_i64().unwrap());
+    }
+    let mut lines = tokio::io::BufReader::new(tail.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await.unwrap().unwrap().unwrap();
+    let printed: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!((printed["event_id"].as_i64(), printed["agent"]["id"].as_str()), (Some(ids[1]), Some("persona:a")), "{line}");
+    assert!(tail.wait().await.unwrap().success());
+    let logs = server.kill_and_log().await;
+    assert!(logs.contains("/v1/stream"), "the stream's request was logged:\n{logs}");
+    for secret in [&a, &expired] {
+        assert!(!logs.contains(secret.as_str()), "a token reached the server's log");
+    }
+    assert!(!logs.contains("access_token"), "no token in a URL:\n{logs}");
+}
+
+/// With the server down and standard error a pipe (a service manager, a
+/// log), `tidings tail` says what goes wrong and when it retries, in
+/// words: no spinner that draws nothing, no nanoseconds, no "error sending
+/// request".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_without_a_terminal_says_it_retries() {
+    use tokio::io::AsyncBufReadExt as _;
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let mut tail = tidings().args(["tail", "--url", &url, "--token", "a-token-never-shown"]).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(tail.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
+    while said.len() < 2 {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await.expect("a line within 10 s").unwrap().unwrap();
+        said.push(line);
+    }
+    tail.kill().await.unwrap();
+    for line in &said {
+        assert!(line.starts_with("tidings tail: cannot connect: "), "{said:?}");
+        assert!(line.to_lowercase().contains("connection refused"), "{said:?}");
+        let delay = line.rsplit_once("retrying in ").map(|(_, d)| d).unwrap_or_default();
+        assert!(delay.ends_with(" s") && delay.trim_end_matches(" s").parse::<f64>().is_ok(), "{said:?}");
+        assert!(!line.contains("error sending request") && !line.contains("a-token-never-shown") && !line.contains(&url), "{said:?}");
+    }
 }

@@ -26,7 +26,7 @@ both_stores!(
 
 pub(crate) const SECRET: &str = "a-test-secret-of-enough-bytes-for-hs256";
 
-fn token_with(claims: Value, secret: &str) -> String {
+pub(crate) fn token_with(claims: Value, secret: &str) -> String {
     encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()).unwrap()).unwrap()
 }
 

@@ -651,6 +651,8 @@ class DeviceConnection {
     options;
     WS;
     highWater = 0;
+    /** A starting cursor was given (0 included): it goes along even at 0. */
+    cursorGiven = false;
     cursor = null;
     state = "connecting";
     stopped = false;
@@ -666,8 +668,10 @@ class DeviceConnection {
         this.options = options;
         this.WS = WS;
         this.delay = delay(options.backoff);
-        if (options.cursor !== undefined)
+        if (options.cursor !== undefined) {
             this.highWater = options.cursor;
+            this.cursorGiven = true;
+        }
     }
     ready() {
         if (this.caughtUp)
@@ -772,7 +776,9 @@ class DeviceConnection {
                 body.filter = this.options.filter;
             // The high-water mark goes along: a device whose acks never landed
             // would otherwise start at the head, past what came while it was away.
-            if (this.highWater > 0)
+            // A cursor given as 0 goes too: the device starts at the beginning,
+            // not at the head.
+            if (this.highWater > 0 || this.cursorGiven)
                 body.cursor = this.highWater;
             const { head_seq: head, cursor } = (await rpc("stream.auth", { body, origin_proof: await originProof(this.options.key, "stream.auth", body, nonce) }));
             this.cursor = cursor;

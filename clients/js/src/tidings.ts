@@ -909,6 +909,8 @@ class Lost extends Error {}
 
 class DeviceConnection implements Connection {
   highWater = 0;
+  /** A starting cursor was given (0 included): it goes along even at 0. */
+  private cursorGiven = false;
   cursor: number | null = null;
   state: State = "connecting";
   private stopped = false;
@@ -926,7 +928,10 @@ class DeviceConnection implements Connection {
     private readonly WS: typeof WebSocket,
   ) {
     this.delay = delay(options.backoff);
-    if (options.cursor !== undefined) this.highWater = options.cursor;
+    if (options.cursor !== undefined) {
+      this.highWater = options.cursor;
+      this.cursorGiven = true;
+    }
   }
 
   ready(): Promise<void> {
@@ -1027,7 +1032,9 @@ class DeviceConnection implements Connection {
       if (this.options.filter && Object.keys(this.options.filter).length) body.filter = this.options.filter;
       // The high-water mark goes along: a device whose acks never landed
       // would otherwise start at the head, past what came while it was away.
-      if (this.highWater > 0) body.cursor = this.highWater;
+      // A cursor given as 0 goes too: the device starts at the beginning,
+      // not at the head.
+      if (this.highWater > 0 || this.cursorGiven) body.cursor = this.highWater;
       const { head_seq: head, cursor } = (await rpc("stream.auth", { body, origin_proof: await originProof(this.options.key, "stream.auth", body, nonce) })) as {
         head_seq: number;
         cursor: number;

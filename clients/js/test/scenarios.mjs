@@ -487,6 +487,25 @@ async function websocketResumesFromAckedCursor(lib, env) {
 }
 
 /**
+ * A device given `cursor: 0` catches up from the start of the log (0 is a
+ * cursor like any other), not from the head: by `ready()` it has every
+ * event its filter matches.
+ */
+async function websocketCursorZeroStartsAtTheBeginning(lib, env) {
+  const run = tag();
+  const { key } = await lib.createDeviceKey();
+  const before = await publishRun(env, run, 2);
+  const got = [];
+  const c = lib.connect({ url: env.url, deviceId: `js-zero-${run}`, key, filter: byRun(run), cursor: 0, onEvent: (seq) => got.push(seq) });
+  try {
+    await c.ready();
+    equal(got, before, "caught up from 0");
+  } finally {
+    c.close();
+  }
+}
+
+/**
  * A handler that throws, in catch-up and in realtime: the connection ends,
  * nothing is acknowledged past the failure, and the next connection brings
  * the event again. `ready()` rejects once the connection is closed.
@@ -706,6 +725,7 @@ export const scenarios = [
   { name: "poll and a durable consumer", server: "main", run: (lib, env) => pollAndConsumer(lib, env) },
   { name: "publish: a lost answer is retried with its Idempotency-Key, stored once", server: "main", run: (lib, env) => publishRetriesALostAnswer(lib, env) },
   { name: "websocket: a reconnect resumes from the acked cursor", server: "main", run: (lib, env) => websocketResumesFromAckedCursor(lib, env) },
+  { name: "websocket: cursor 0 starts at the beginning", server: "main", run: (lib, env) => websocketCursorZeroStartsAtTheBeginning(lib, env) },
   { name: "websocket: a handler that throws gets the event again", server: "main", run: (lib, env) => websocketHandlerErrorRedelivers(lib, env) },
   { name: "websocket: a rejection is not retried", server: "main", run: (lib, env) => websocketRejectionIsNotRetried(lib, env) },
   { name: "stream (fetch): an expired token is replaced through the token function", server: "auth", run: (lib, env) => streamTokenRefreshed(lib, env, "fetch") },

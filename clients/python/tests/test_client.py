@@ -6,6 +6,7 @@ tokens refreshed through the `token` function."""
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -198,6 +199,34 @@ def test_a_device_resumes_after_its_last_finished_event(main: Server) -> None:
         got = take(again.__next__, 2)
         assert [seq for seq, _ in got] == later
         again.close()
+
+
+def test_a_device_given_cursor_0_starts_at_the_beginning(main: Server) -> None:
+    # 0 is a cursor like any other: the device catches up from the start of
+    # the log, not from its head.
+    run = tag()
+    with tidings.Client(main.url) as client:
+        published = client.publish([event(run, i=i) for i in range(2)])
+        device = client.device(f"py-{run}", tidings.DeviceKey.generate(), only(run), cursor=0)
+        got = take(device.__next__, 2, timeout=15)
+        assert [seq for seq, _ in got] == published
+        device.close()
+
+
+def test_a_device_sends_its_token_in_a_header_and_logs_none(auth: Server, caplog: pytest.LogCaptureFixture) -> None:
+    # The token is in no URL and, with websockets' debug log on, in no log line.
+    run = tag()
+    token = mint(600)
+    caplog.set_level(logging.DEBUG)
+    with tidings.Client(auth.url, token=token) as client:
+        published = client.publish([event(run, i=0)])
+        device = client.device(f"py-{run}", tidings.DeviceKey.generate(), only(run), cursor=published[0] - 1)
+        got = take(device.__next__, 1, timeout=15)
+        assert [seq for seq, _ in got] == published
+        device.close()
+    assert "GET /v1/ws HTTP/1.1" in caplog.text, "the upgrade was logged, without a query"
+    assert "Authorization: REDACTED" in caplog.text
+    assert token not in caplog.text and token.rsplit(".", 1)[1] not in caplog.text
 
 
 def test_a_device_with_a_bad_filter_is_refused(main: Server) -> None:

@@ -4,7 +4,7 @@
 //! server-side cursor; `tidings publish` sends one event; `tidings registry
 //! check` validates a registry directory.
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -28,6 +28,12 @@ pub struct FollowArgs {
     /// Comma list of type globs.
     #[arg(long)]
     pub types: Option<String>,
+    /// Comma list of agent ids (events caused by one of them).
+    #[arg(long, conflicts_with = "filter")]
+    pub agents: Option<String>,
+    /// Comma list of target globs (events whose `ref` matches one).
+    #[arg(long, conflicts_with = "filter")]
+    pub targets: Option<String>,
     /// Print each envelope as one JSON line instead of a summary.
     #[arg(long)]
     pub json: bool,
@@ -128,14 +134,10 @@ pub async fn tail(tail: TailArgs) -> anyhow::Result<()> {
     let args = &tail.follow;
     let http = reqwest::Client::new();
     let mut query = vec![];
-    if let Some(f) = &args.filter {
-        query.push(("filter", f.clone()));
-    }
-    if let Some(t) = &args.types {
-        query.push(("types", t.clone()));
-    }
-    if let Some(t) = &args.token {
-        query.push(("access_token", t.clone()));
+    for (name, value) in [("filter", &args.filter), ("types", &args.types), ("agents", &args.agents), ("targets", &args.targets)] {
+        if let Some(value) = value {
+            query.push((name, value.clone()));
+        }
     }
     let mut url = reqwest::Url::parse(&format!("{}/v1/stream", args.url.trim_end_matches('/'))).context("--url")?;
     url.query_pairs_mut().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
@@ -143,20 +145,30 @@ pub async fn tail(tail: TailArgs) -> anyhow::Result<()> {
     let mut printed = 0u64;
     // As before the one backoff: 500 ms doubling to 10 s.
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
+    // On a terminal, a spinner says what it waits for; to a pipe or a log,
+    // a line per attempt does (a spinner draws nothing there).
+    let terminal = std::io::stderr().is_terminal();
     let spinner = indicatif::ProgressBar::new_spinner();
-    spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    spinner.set_draw_target(if terminal { indicatif::ProgressDrawTarget::stderr() } else { indicatif::ProgressDrawTarget::hidden() });
     loop {
         spinner.set_message(format!("connecting to {}", args.url));
         spinner.enable_steady_tick(Duration::from_millis(120));
-        let mut reader = match client::connect(&http, url.as_str(), last).await {
+        // The token travels as a header, never in the URL (which proxies
+        // log and errors quote).
+        let mut reader = match client::open(&http, url.as_str(), last, args.token.as_deref()).await {
             Ok(reader) => reader,
+            Err(e) if e.is_final() => {
+                spinner.finish_and_clear();
+                anyhow::bail!("the server refused the stream: {e}");
+            }
             Err(e) => {
-                if e.status().is_some_and(|s| s.is_client_error()) {
-                    spinner.finish_and_clear();
-                    anyhow::bail!("the server refused the stream: {e}");
-                }
                 let wait = backoff.next_delay();
-                spinner.set_message(format!("{e}; retrying in {wait:?}"));
+                let line = format!("{e}; retrying in {}", seconds(wait));
+                if terminal {
+                    spinner.set_message(line);
+                } else {
+                    eprintln!("tidings tail: {line}");
+                }
                 tokio::time::sleep(wait).await;
                 continue;
             }
@@ -189,6 +201,27 @@ pub async fn tail(tail: TailArgs) -> anyhow::Result<()> {
         let wait = reader.parser().retry_ms.map_or(backoff.peek(), Duration::from_millis).min(Duration::from_secs(10));
         tokio::time::sleep(wait).await;
     }
+}
+
+/// A delay as a person reads it: `0.5 s`, `10 s`.
+fn seconds(wait: Duration) -> String {
+    let s = wait.as_secs_f64();
+    if s < 10.0 { format!("{s:.1} s") } else { format!("{s:.0} s") }
+}
+
+/// The filter `listen` sends: `--filter`, or one built from the lists.
+fn follow_filter(follow: &FollowArgs) -> anyhow::Result<Option<Value>> {
+    if let Some(f) = &follow.filter {
+        return Ok(Some(serde_json::from_str::<Value>(f).context("--filter is not valid JSON")?));
+    }
+    let list = |s: &String| s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned).collect::<Vec<_>>();
+    let mut filter = serde_json::Map::new();
+    for (name, value) in [("types", &follow.types), ("agents", &follow.agents), ("targets", &follow.targets)] {
+        if let Some(value) = value {
+            filter.insert(name.to_owned(), json!(list(value)));
+        }
+    }
+    Ok((!filter.is_empty()).then_some(Value::Object(filter)))
 }
 
 /// Publishes one event and prints its id.
@@ -270,12 +303,8 @@ enum Ended {
 pub async fn listen(args: ListenArgs) -> anyhow::Result<()> {
     let key = tidings_protocol::identity::ServerIdentity::open(&args.key)?;
     let follow = &args.follow;
-    let filter = match (&follow.filter, &follow.types) {
-        (Some(f), _) => Some(serde_json::from_str::<Value>(f).context("--filter is not valid JSON")?),
-        (None, Some(t)) => Some(json!({"types": t.split(',').map(str::trim).collect::<Vec<_>>()})),
-        (None, None) => None,
-    };
-    let url = tidings_client::device::ws_url(&follow.url, follow.token.as_deref());
+    let filter = follow_filter(follow)?;
+    let url = tidings_client::device::ws_url(&follow.url, None);
     let mut state = Listening { printed: 0, high_water: None, since: args.since };
     let mut backoff = Backoff::CLIENT;
     loop {
@@ -334,10 +363,17 @@ impl Listening {
                 e => Err(anyhow::anyhow!("the server rejected this device: {e}")),
             }
         };
-        let mut client = match DeviceClient::connect(url).await {
+        let mut client = match DeviceClient::connect_as(url, args.follow.token.as_deref()).await {
             Ok(c) => c,
             Err(E::Transport(tokio_tungstenite::tungstenite::Error::Http(response))) => {
-                anyhow::bail!("the server refused the upgrade: {}", response.status())
+                // The server's stable code and message, when it gave them.
+                let answer: Value = response.body().as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
+                anyhow::bail!(
+                    "the server refused the upgrade: {}: {} ({})",
+                    response.status().as_u16(),
+                    answer["error"].as_str().unwrap_or("error"),
+                    answer["message"].as_str().unwrap_or("")
+                )
             }
             Err(e) => return retry(e),
         };

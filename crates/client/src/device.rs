@@ -93,9 +93,22 @@ pub fn ws_url(base: &str, token: Option<&str>) -> String {
 impl DeviceClient {
     /// Connects and reads `stream.hello`.
     pub async fn connect(url: &str) -> Result<Self, DeviceClientError> {
+        Self::connect_as(url, None).await
+    }
+
+    /// Connects with `token` as a bearer header of the upgrade (never in
+    /// the URL, which proxies log and errors quote) and reads `stream.hello`.
+    pub async fn connect_as(url: &str, token: Option<&str>) -> Result<Self, DeviceClientError> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        let mut request = url.into_client_request()?;
+        if let Some(token) = token {
+            let value =
+                format!("Bearer {token}").parse().map_err(|_| DeviceClientError::Unexpected("the token is not a header value".into()))?;
+            request.headers_mut().insert("authorization", value);
+        }
         // Small buffers, as the server has: a bench opens thousands.
         let config = WebSocketConfig::default().read_buffer_size(4096).write_buffer_size(0);
-        let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true).await?;
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), true).await?;
         let mut client = DeviceClient { ws, hello: Value::Null, nonce: String::new(), next_id: 1, pending: VecDeque::new() };
         let hello = client.read().await?;
         if hello["method"] != "stream.hello" {

@@ -141,6 +141,87 @@ where
 /// A response body as a stream of chunks.
 pub type BodyStream = std::pin::Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
+/// Why [`open`] could not open a stream.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The server answered with an error: its status, stable code and message.
+    #[error("{status}: {code} ({message})")]
+    Answered {
+        /// The HTTP status.
+        status: u16,
+        /// The stable code (`unauthorized`, `invalid_filter`, `too_many_streams`…).
+        code: String,
+        /// The server's message.
+        message: String,
+    },
+    /// No answer: the connection failed (what happened, without the URL).
+    #[error("{0}")]
+    Network(String),
+}
+
+impl OpenError {
+    /// A refusal the same request would meet again (a `4xx` other than
+    /// `408` and `429`): not worth retrying.
+    pub fn is_final(&self) -> bool {
+        matches!(self, Self::Answered { status, .. } if (400..500).contains(status) && *status != 408 && *status != 429)
+    }
+}
+
+/// What went wrong with a request, in words a terminal user reads: the
+/// innermost cause (`Connection refused (os error 111)`), never the URL,
+/// which may carry a token.
+pub fn describe(e: &reqwest::Error) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    let what = if e.is_timeout() { "timed out".to_owned() } else { cause.to_string() };
+    if e.is_connect() { format!("cannot connect: {what}") } else { what }
+}
+
+/// Opens `url` as an event stream with `token` as a bearer header (never
+/// in the URL), sending `Last-Event-ID` when given. A refusal carries the
+/// server's code and message.
+pub async fn open(
+    http: &reqwest::Client,
+    url: &str,
+    last_event_id: Option<i64>,
+    token: Option<&str>,
+) -> Result<SseReader<BodyStream>, OpenError> {
+    let mut request = http.get(url).header("accept", "text/event-stream");
+    if let Some(id) = last_event_id {
+        request = request.header("last-event-id", id.to_string());
+    }
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.map_err(|e| OpenError::Network(describe(&e)))?;
+    let status = response.status();
+    if !status.is_success() {
+        // The answer's body is read within bounds (64 KiB, 10 s): a server
+        // says its code in a few hundred bytes.
+        let mut body = Vec::new();
+        let mut chunks = response.bytes_stream();
+        let read = async {
+            while body.len() < 64 * 1024 {
+                match chunks.next().await {
+                    Some(Ok(chunk)) => body.extend_from_slice(&chunk),
+                    _ => break,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), read).await;
+        let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let text = |field: &str, fallback: &str| answer[field].as_str().unwrap_or(fallback).chars().take(500).collect::<String>();
+        return Err(OpenError::Answered {
+            status: status.as_u16(),
+            code: text("error", "error"),
+            message: text("message", status.canonical_reason().unwrap_or("")),
+        });
+    }
+    Ok(SseReader::new(Box::pin(response.bytes_stream())))
+}
+
 /// Opens `url` as an event stream, sending `Last-Event-ID` when given.
 pub async fn connect(http: &reqwest::Client, url: &str, last_event_id: Option<i64>) -> reqwest::Result<SseReader<BodyStream>> {
     let mut request = http.get(url).header("accept", "text/event-stream");

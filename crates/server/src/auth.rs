@@ -426,7 +426,9 @@ mod tests {
         assert!(!id.may_subscribe("hypothesis.created"), "no subscribe claim, no subscription");
         assert_eq!(id.visibility, Visibility::ReviewerOnly);
         assert!(matches!(v.verify(&token(json!({"sub":"a","exp":exp()}), b"other")), Err(AuthError::Invalid(_))));
-        assert!(matches!(v.verify(&token(json!({"sub":"a"}), b"a-secret-of-thirty-two-bytes-abcd")), Err(AuthError::Invalid(m)) if m.contains("exp")));
+        assert!(
+            matches!(v.verify(&token(json!({"sub":"a"}), b"a-secret-of-thirty-two-bytes-abcd")), Err(AuthError::Invalid(m)) if m.contains("exp"))
+        );
         let expired = token(json!({"sub":"a","exp":chrono::Utc::now().timestamp() - 600}), b"a-secret-of-thirty-two-bytes-abcd");
         assert_eq!(v.verify(&expired).unwrap_err(), AuthError::Invalid("it has expired".into()));
         // alg: none
@@ -440,7 +442,8 @@ mod tests {
         let issued_later = token(json!({"sub":"a","exp":exp(),"iat":later}), b"a-secret-of-thirty-two-bytes-abcd");
         assert!(matches!(v.verify(&issued_later), Err(AuthError::Invalid(m)) if m.contains("iat")));
         let (now, until) = (chrono::Utc::now().timestamp(), exp());
-        let fine = v.verify(&token(json!({"sub":"a","exp":until,"nbf":now - 1,"iat":now + 2}), b"a-secret-of-thirty-two-bytes-abcd")).unwrap();
+        let fine =
+            v.verify(&token(json!({"sub":"a","exp":until,"nbf":now - 1,"iat":now + 2}), b"a-secret-of-thirty-two-bytes-abcd")).unwrap();
         assert_eq!(fine.expires_at, Some(until + LEEWAY as i64 + 1), "the token's life, with the leeway, bounds what it opens");
     }
 

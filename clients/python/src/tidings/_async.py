@@ -37,7 +37,7 @@ from ._core import (
     refusal,
     refusal_of_upgrade,
     retry_after,
-    ws_url,
+    ws_connect_args,
 )
 from ._model import Envelope, Event, Filter, Gap, Page, Refused, Unavailable
 
@@ -152,7 +152,7 @@ class AsyncClient:
         self, device_id: str, key: DeviceKey, filter: Filter | Mapping[str, Any] | None = None, *, cursor: int | None = None
     ) -> AsyncDevice:
         """As :meth:`tidings.Client.device`."""
-        return AsyncDevice(self, DeviceState(device_id, key, filter, high_water=cursor or 0))
+        return AsyncDevice(self, DeviceState(device_id, key, filter, high_water=cursor or 0, cursor_given=cursor is not None))
 
 
 
@@ -318,7 +318,7 @@ class AsyncDevice:
         while True:
             try:
                 token = await self._client.token()
-                async with connect(ws_url(self._client.url, token), open_timeout=self._client._timeout, max_size=None) as socket:
+                async with connect(**ws_connect_args(self._client.url, token, self._client._timeout)) as socket:
                     self._socket = socket
                     self._session = _AsyncSession(socket, self.state)
                     async for item in self._session.run(backoff):

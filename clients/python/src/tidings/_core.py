@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import random
 import secrets
 from dataclasses import dataclass, field
@@ -223,12 +224,46 @@ def rpc_refusal(error: Mapping[str, Any]) -> Refused:
     return Refused(0, str(code or "rpc_error"), str(error.get("message", "")), dict(error), rpc_code=int(error.get("code", 0)))
 
 
-def ws_url(base: str, token: str | None) -> str:
+def ws_url(base: str) -> str:
+    """The WebSocket URL of `/v1/ws` on `base`. The token goes in a header
+    (:func:`ws_headers`), never in the URL: URLs reach proxies' logs and
+    the websockets library's debug log."""
     url = httpx.URL(base).join("/v1/ws")
-    if token:
-        url = url.copy_merge_params({"access_token": token})
     scheme = "wss" if url.scheme == "https" else "ws"
     return str(url.copy_with(scheme=scheme))
+
+
+def ws_headers(token: str | None) -> dict[str, str] | None:
+    """The upgrade's headers: the bearer token, when there is one."""
+    return {"Authorization": f"Bearer {token}"} if token else None
+
+
+class _RedactAuthorization(logging.Filter):
+    """websockets logs every header of the upgrade at debug: not the token."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 2 and str(args[0]).lower() == "authorization":
+            record.args = (args[0], "REDACTED")
+        return True
+
+
+def ws_connect_args(base: str, token: str | None, timeout: float | None) -> dict[str, Any]:
+    """The arguments of websockets' `connect` (sync or asyncio) for a device
+    connection to `base`."""
+    return {
+        "uri": ws_url(base),
+        "additional_headers": ws_headers(token),
+        "logger": WS_LOGGER,
+        "open_timeout": timeout,
+        "max_size": None,
+    }
+
+
+WS_LOGGER = logging.getLogger("tidings.websocket")
+"""The logger the device's connections log to (websockets' debug lines,
+with the Authorization header redacted)."""
+WS_LOGGER.addFilter(_RedactAuthorization())
 
 
 @dataclass
@@ -240,6 +275,8 @@ class DeviceState:
     filter: Filter | Mapping[str, Any] | None
     high_water: int = 0
     """The highest seq the loop body has finished (acknowledged automatically)."""
+    cursor_given: bool = False
+    """A starting cursor was given (0 included): it goes along even at 0."""
     handed_out: int = 0
     """The highest seq handed out (acknowledged by an explicit `ack()`)."""
     cursor: int | None = None
@@ -284,7 +321,9 @@ class DeviceState:
             body["filter"] = dict(self.filter)
         # The high-water mark goes along: a device whose acks never landed
         # would otherwise start at the head, past what came meanwhile.
-        if self.high_water > 0:
+        # A cursor given as 0 goes too: the device starts at the beginning,
+        # not at the head.
+        if self.high_water > 0 or self.cursor_given:
             body["cursor"] = self.high_water
         return body
 

@@ -35,7 +35,7 @@ from ._core import (
     refusal,
     refusal_of_upgrade,
     retry_after,
-    ws_url,
+    ws_connect_args,
 )
 from ._model import Envelope, Event, Filter, Gap, Page, Refused, Unavailable
 
@@ -160,7 +160,7 @@ class Client:
     ) -> Device:
         """A WebSocket device (seed 003) whose cursor the server keeps for
         (`key`, `device_id`); `cursor` is where a new device starts."""
-        return Device(self, DeviceState(device_id, key, filter, high_water=cursor or 0))
+        return Device(self, DeviceState(device_id, key, filter, high_water=cursor or 0, cursor_given=cursor is not None))
 
 
 class Stream:
@@ -346,7 +346,7 @@ class Device:
         while True:
             try:
                 token = self._client.token()
-                with connect(ws_url(self._client.url, token), open_timeout=self._client._timeout, max_size=None) as socket:
+                with connect(**ws_connect_args(self._client.url, token, self._client._timeout)) as socket:
                     self._socket = socket
                     self._session = _Session(socket, self.state)
                     yield from self._session.run(backoff)
