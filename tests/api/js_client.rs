@@ -68,6 +68,20 @@ async fn client_scenarios_pass_in_node_and_in_chromium(backend: Backend) {
     }
 }
 
+/// The client's types take what the server takes (`clients/js/test/types.ts`,
+/// type-checked strictly): an agent without a kind, say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_types_take_what_the_server_takes() {
+    let out = tokio::process::Command::new("node")
+        .arg("node_modules/typescript/bin/tsc")
+        .args(["--noEmit", "-p", "test"])
+        .current_dir(CLIENT)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "tsc: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
 /// `/tidings.js` is the committed build, which is what `tsc` makes of the
 /// source now; it is revalidated by `ETag`.
 async fn the_server_serves_the_compiled_client(backend: Backend) {

@@ -291,7 +291,7 @@ async fn a_repeated_parameter_is_a_json_refusal(backend: Backend) {
         assert_eq!(r.headers()["content-type"], "application/json", "{path}");
         let body: Value = r.json().await.unwrap();
         assert_eq!(body["error"], "invalid_query", "{path}: {body}");
-        assert!(body["message"].as_str().unwrap().contains("duplicate"), "{path}: {body}");
+        assert!(body["message"].as_str().unwrap().contains("is given twice"), "{path}: {body}");
     }
 }
 

@@ -14,6 +14,7 @@ both_stores!(
     bodies_that_never_arrive_time_out,
     limits_on_batches_filters_and_poll_scans,
     concurrent_publishes_are_committed_together_with_gap_free_ids,
+    strict_input_is_refused_with_where_and_stores_nothing,
 );
 
 async fn single_and_batch(backend: Backend) {
@@ -357,4 +358,78 @@ async fn concurrent_publishes_are_committed_together_with_gap_free_ids(backend: 
     }
     assert_eq!(r["events"].as_array().unwrap().len(), 48);
     assert!(server.metric("tidings_publish_group_events_count{kind=\"publish\"}").await >= 1.0, "requests were committed together");
+}
+
+/// Strict input everywhere: a query parameter an endpoint does not take
+/// (`type`, a typo of `types`, would otherwise stream everything), a JSON
+/// key given twice (on publish, poll, the tree, MCP and the WebSocket), and
+/// a value of the wrong type are refused with their usual codes, each
+/// naming where it is; nothing is stored and the server goes on serving.
+async fn strict_input_is_refused_with_where_and_stores_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    for (path, hint) in [
+        ("/v1/stream?type=a.b", "did you mean `types`?"),
+        ("/v1/poll?sinse=0", "did you mean `since`?"),
+        ("/v1/poll?types=a.b&wait=5", "did you mean `wait_ms`?"),
+        ("/v1/stream?x=1", "(it takes filter, types, agents, targets, since, accept_envelope, and access_token)"),
+    ] {
+        let r = app.http.get(app.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"], "invalid_query", "{path}: {body}");
+        assert!(body["message"].as_str().unwrap().contains(hint), "{path}: {body}");
+    }
+    let r = app.http.get(app.url("/v1/poll?types=a.b&access_token=ignored-with-auth-off")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "access_token is taken everywhere");
+    let raw = |path: &str, body: &'static str| {
+        app.http
+            .post(app.url(path))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body)
+            .send()
+    };
+    for (path, body, code, place) in [
+        ("/v1/events", r#"{"event_type":"a.b","event_type":"c.d"}"#, "malformed_json", "event_type: the key is given twice"),
+        (
+            "/v1/events",
+            r#"{"events":[{"event_type":"a.b","payload":{"n":1,"n":2}}]}"#,
+            "malformed_json",
+            "events[0].payload.n: the key is given twice",
+        ),
+        ("/v1/events", r#"{"event_type":5}"#, "invalid_event", "event_type: invalid type: integer `5`, expected a string"),
+        (
+            "/v1/events",
+            r#"{"events":[{"event_type":"a.b"},{"event_type":"a.b","agent":{"kind":"human"}}]}"#,
+            "invalid_event",
+            "events[1]: agent: missing field `id`",
+        ),
+        ("/v1/poll", r#"{"since":0,"since":5}"#, "invalid_poll", "since: the key is given twice"),
+        (
+            "/mcp",
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"publish","arguments":{"events":[{"event_type":"a.b","event_type":"c.d"}]}}}"#,
+            "invalid_mcp_message",
+            "params.arguments.events[0].event_type: the key is given twice",
+        ),
+    ] {
+        let r = raw(path, body).await.unwrap();
+        let status = r.status();
+        let answer: Value = r.json().await.unwrap();
+        assert_eq!((status.as_u16(), answer["error"].as_str()), (400, Some(code)), "{path} {body}: {answer}");
+        assert!(answer["message"].as_str().unwrap().contains(place), "{path} {body}: {answer}");
+    }
+    let put = app
+        .http
+        .put(app.url("/v1/tree/notes/a"))
+        .header("content-type", "application/json")
+        .body(r#"{"data":{"x":1,"x":2}}"#)
+        .send()
+        .await
+        .unwrap();
+    let status = put.status();
+    let answer: Value = put.json().await.unwrap();
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("data.x: the key is given twice"), "{answer}");
+    assert_eq!(app.head().await, 0, "nothing was stored");
+    app.publish("a.b", json!({})).await;
 }

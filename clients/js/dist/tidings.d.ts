@@ -24,7 +24,8 @@ export type Visibility = "public" | "reviewer_only" | "admin";
 /** The agent an event is attributed to. */
 export interface Agent {
     id: string;
-    kind: string;
+    /** Free-form (`ai_persona`, `human`); optional, as the server takes it. */
+    kind?: string;
 }
 /** A typed relation from an event to something it concerns. */
 export interface Link {

@@ -75,19 +75,99 @@ impl FromRequestParts<AppState> for MaybeCaller {
 }
 
 /// Query parameters as an extractor whose refusal is a JSON error like every
-/// other (`400 invalid_query`), not axum's plain-text one. A parameter given
-/// twice (`since=1&since=2`) is refused rather than one of them silently
-/// winning: the request is ambiguous.
+/// other (`400 invalid_query`), not axum's plain-text one. Strict: a
+/// parameter the endpoint does not take is refused (`type=a.b`, a typo of
+/// `types`, would otherwise stream everything), and so is one given twice
+/// (`since=1&since=2`), rather than one of them silently winning.
 #[derive(Debug)]
 pub(crate) struct Params<T>(pub(crate) T);
 
-impl<T: serde::de::DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Params<T> {
+/// The query parameters an endpoint takes, besides `access_token`, which
+/// every endpoint takes (for browsers, which cannot set a header on an
+/// `EventSource` or a WebSocket).
+pub(crate) trait QueryNames {
+    /// The endpoint, as its refusals name it.
+    const ENDPOINT: &'static str;
+    /// Every parameter it takes.
+    const NAMES: &'static [&'static str];
+}
+
+impl<T: serde::de::DeserializeOwned + QueryNames + Send, S: Send + Sync> FromRequestParts<S> for Params<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or_default();
+        if let Some((unknown, _)) =
+            form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k != "access_token" && !T::NAMES.contains(&k.as_ref()))
+        {
+            return Err(ApiError::bad_request("invalid_query", unknown_parameter::<T>(&unknown)));
+        }
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(value)) => Ok(Params(value)),
-            Err(rejection) => Err(ApiError::bad_request("invalid_query", rejection.body_text())),
+            Err(rejection) => Err(ApiError::bad_request("invalid_query", query_refusal(&rejection.body_text()))),
         }
+    }
+}
+
+/// Says which parameter is unknown, what the endpoint takes, and the one
+/// meant when it is a near miss (`type` for `types`).
+fn unknown_parameter<T: QueryNames>(name: &str) -> String {
+    // Bounded: a name is echoed, never a whole hostile query.
+    let shown: String = name.chars().take(64).collect();
+    let near = T::NAMES.iter().find(|known| edits(name, known) <= 2 || (name.len() >= 3 && known.starts_with(name)));
+    let hint = near.map(|n| format!("; did you mean `{n}`?")).unwrap_or_default();
+    format!("{} takes no query parameter `{shown}`{hint} (it takes {}, and access_token)", T::ENDPOINT, T::NAMES.join(", "))
+}
+
+/// The edit distance between two short names (capped: longer names are
+/// not near misses).
+fn edits(a: &str, b: &str) -> usize {
+    if a.len() > 64 || b.len() > 64 {
+        return usize::MAX;
+    }
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (previous + usize::from(ca != cb)).min(row[j] + 1).min(here + 1);
+            previous = here;
+        }
+    }
+    row[b.len()]
+}
+
+/// The framework's refusal of a query string, in tidings' words.
+fn query_refusal(text: &str) -> String {
+    let reason = text.strip_prefix("Failed to deserialize query string: ").unwrap_or(text);
+    match reason.strip_prefix("duplicate field `").and_then(|rest| rest.strip_suffix('`')) {
+        Some(name) => format!("the query parameter `{name}` is given twice"),
+        None => format!("the query string is not valid: {reason}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_misses_are_named() {
+        assert_eq!((edits("type", "types"), edits("sinse", "since"), edits("x", "consumer_id")), (1, 1, 11));
+        struct Q;
+        impl QueryNames for Q {
+            const ENDPOINT: &'static str = "GET /v1/stream";
+            const NAMES: &'static [&'static str] = &["types", "since"];
+        }
+        assert_eq!(
+            unknown_parameter::<Q>("type"),
+            "GET /v1/stream takes no query parameter `type`; did you mean `types`? (it takes types, since, and access_token)"
+        );
+        assert!(!unknown_parameter::<Q>("zzzzzz").contains("did you mean"));
+        assert_eq!(
+            query_refusal("Failed to deserialize query string: duplicate field `since`"),
+            "the query parameter `since` is given twice"
+        );
     }
 }

@@ -69,6 +69,11 @@ pub(crate) async fn post(State(app): State<AppState>, Caller(caller): Caller, re
         Err(refusal) => return refusal.into_response(),
     };
     let json = parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    // The SDK keeps the last of a key given twice: such a message is
+    // refused before it sees it (tool arguments are an event, an entity).
+    if json && let Err(e) = crate::json::strict_value(&bytes) {
+        return ApiError::bad_request("invalid_mcp_message", format!("the message is not valid JSON: {e}")).into_response();
+    }
     parts.extensions.insert(caller);
     // A `poll` that waits stops when its client is gone (the request runs
     // detached, as every non-`GET` does).

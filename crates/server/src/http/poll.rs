@@ -33,6 +33,12 @@ pub(crate) struct PollQuery {
     accept_envelope: Option<String>,
 }
 
+impl super::caller::QueryNames for PollQuery {
+    const ENDPOINT: &'static str = "GET /v1/poll";
+    const NAMES: &'static [&'static str] =
+        &["filter", "types", "agents", "targets", "since", "consumer_id", "limit", "wait_ms", "accept_envelope"];
+}
+
 /// JSON form of a poll (for filters too long for a URL).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,7 +85,7 @@ const MAX_ID: u64 = i64::MAX as u64;
         ("wait_ms" = Option<u32>, Query, description = "Long-poll: wait up to this long for a match (capped)"),
     ),
     responses(
-        (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_limit`, `invalid_wait_ms`, `invalid_consumer_id`, `invalid_accept_envelope`, `invalid_query` (a parameter given twice, or unreadable)", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_limit`, `invalid_wait_ms`, `invalid_consumer_id`, `invalid_accept_envelope`, `invalid_query` (a parameter the endpoint does not take, one given twice, or unreadable)", body = crate::http::openapi::ErrorBody),
         (status = 200, description = "`{\"events\": [<envelope>...], \"next_since\": N, \"has_more\": bool, \"gap\"?: {requested, available_from, head, reason, fork?}}`: `gap` when the resume point was pruned, beyond the head, past the replay limit, or in history the store lost (`reason` `history_lost`, with the `fork` delivery goes on after)", body = Object),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
@@ -279,7 +285,7 @@ pub(crate) async fn list(State(app): State<AppState>, Caller(caller): Caller) ->
     ),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "`invalid_consumer_id`", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "`invalid_consumer_id`, `invalid_query` (a parameter the endpoint does not take, one given twice)", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`not_consumer_owner`", body = crate::http::openapi::ErrorBody),
         (status = 404, description = "`consumer_not_found`", body = crate::http::openapi::ErrorBody),
@@ -302,4 +308,9 @@ pub(crate) async fn delete(
 pub(crate) struct DeleteQuery {
     /// Whose consumer (admins only; default: the caller's).
     owner: Option<String>,
+}
+
+impl super::caller::QueryNames for DeleteQuery {
+    const ENDPOINT: &'static str = "DELETE /v1/consumers/{id}";
+    const NAMES: &'static [&'static str] = &["owner"];
 }

@@ -43,6 +43,11 @@ pub(crate) struct StreamQuery {
     accept_envelope: Option<String>,
 }
 
+impl super::caller::QueryNames for StreamQuery {
+    const ENDPOINT: &'static str = "GET /v1/stream";
+    const NAMES: &'static [&'static str] = &["filter", "types", "agents", "targets", "since", "accept_envelope"];
+}
+
 /// Opens a stream.
 #[utoipa::path(
     get,
@@ -55,7 +60,7 @@ pub(crate) struct StreamQuery {
     ),
     responses(
         (status = 200, description = "An event stream: `retry:`, then `id:` + `data: <envelope>` per event; named notices `system.client_dropped_slow`, `system.replay_gap`, `system.token_expired` (the token expired: the stream ends), `system.filter_budget_exceeded` (once: the payload rule went over its budget on an event, which did not match); comment heartbeats", content_type = "text/event-stream", body = String),
-        (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_last_event_id`, `invalid_accept_envelope`, `invalid_query` (a parameter given twice, or unreadable)", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "`invalid_filter`, `invalid_since`, `invalid_last_event_id`, `invalid_accept_envelope`, `invalid_query` (a parameter the endpoint does not take, one given twice, or unreadable)", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 406, description = "`envelope_version_unsupported` (lists `supported`)", body = crate::http::openapi::ErrorBody),
         (status = 429, description = "`too_many_streams_for_identity`", body = crate::http::openapi::ErrorBody),

@@ -323,7 +323,8 @@ impl Ws {
             // Answered with the client's own code (RFC 6455 §5.5.1).
             Incoming::Close(code) => return Next::Close(code.unwrap_or(close::NORMAL), "closed"),
         };
-        let Ok(request) = serde_json::from_str::<Value>(text.as_str()) else { return Next::Close(close::INVALID, "invalid_json") };
+        // Strict: a key given twice is as unreadable as broken JSON.
+        let Ok(request) = crate::json::strict_value(text.as_bytes()) else { return Next::Close(close::INVALID, "invalid_json") };
         let (Some(method), true) = (request["method"].as_str(), request["jsonrpc"] == "2.0") else {
             return Next::Close(close::PROTOCOL, "not_jsonrpc");
         };

@@ -173,7 +173,7 @@ pub async fn publish(core: &Core, caller: &Identity, body: &[u8], idempotency_ke
     if idempotency_key.is_some_and(|k| !valid_idempotency_key(k)) {
         return Err(PublishError::InvalidIdempotencyKey);
     }
-    let value: Value = serde_json::from_slice(body).map_err(|e| PublishError::MalformedJson(e.to_string()))?;
+    let value: Value = crate::json::strict_value(body).map_err(|e| PublishError::MalformedJson(e.to_string()))?;
     let (items, batch) = match value {
         Value::Object(mut map) if map.contains_key("events") && !map.contains_key("event_type") => {
             if map.len() != 1 {
