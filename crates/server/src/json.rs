@@ -8,7 +8,6 @@
 //! - Every refusal names where it is, as a field path (`events[0].agent:
 //!   missing field `id``), through `serde_path_to_error`.
 
-use std::collections::hash_map::Entry;
 use std::fmt;
 
 use serde::de::{DeserializeOwned, DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
@@ -133,19 +132,13 @@ impl<'de> Visitor<'de> for Strict<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut out = Map::new();
-        let mut seen = std::collections::HashMap::new();
         while let Some(key) = map.next_key::<String>()? {
-            let value = map.next_value_seed(Strict(Place::Key(&self.0, &key)))?;
-            match seen.entry(key) {
-                Entry::Occupied(e) => {
-                    let place = Place::Key(&self.0, e.key());
-                    return Err(A::Error::custom(format_args!("{place}: the key is given twice")));
-                }
-                Entry::Vacant(e) => {
-                    out.insert(e.key().clone(), value);
-                    e.insert(());
-                }
+            if out.contains_key(&key) {
+                let place = Place::Key(&self.0, &key);
+                return Err(A::Error::custom(format_args!("{place}: the key is given twice")));
             }
+            let value = map.next_value_seed(Strict(Place::Key(&self.0, &key)))?;
+            out.insert(key, value);
         }
         Ok(Value::Object(out))
     }
