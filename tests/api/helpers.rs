@@ -289,6 +289,11 @@ pub(crate) struct Process {
 }
 
 impl Process {
+    /// Everything it has logged so far.
+    pub(crate) fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
     /// Stops it (SIGKILL) and returns everything it logged.
     pub(crate) async fn kill_and_log(mut self) -> String {
         let _ = self.child.kill().await;

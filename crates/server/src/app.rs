@@ -150,7 +150,7 @@ async fn reload_on_hangup(certificates: Arc<crate::server::tls::Certificates>, s
     let mut hangups = match signal(SignalKind::hangup()) {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!(error = %e, "no SIGHUP handler: the TLS certificate is read only at start-up");
+            tracing::warn!(error = %crate::report::chain(&e), "no SIGHUP handler: the TLS certificate is read only at start-up");
             return;
         }
     };
@@ -166,7 +166,7 @@ async fn reload_on_hangup(certificates: Arc<crate::server::tls::Certificates>, s
             }
             Err(e) => {
                 crate::metrics::tls_reloaded(false);
-                tracing::warn!(error = %e, "the TLS certificate did not reload; the one in use stays");
+                tracing::warn!(error = %crate::report::chain(&e), "the TLS certificate did not reload; the one in use stays");
             }
         }
     }
@@ -181,6 +181,12 @@ impl Application {
         let store = open_store(&settings).await?;
         let registry = Arc::new(Registry::load(&settings.registry, settings.registry_mode).context("loading the event-type registry")?);
         crate::metrics::register_types(registry.docs().map(|d| d.name.as_str()));
+        tracing::info!(
+            source = registry.source(),
+            types = registry.len(),
+            mode = ?settings.registry_mode,
+            "event-type registry in force (TIDINGS_REGISTRY names a directory of <type>.json files to bring your own)"
+        );
         let head = store.head().await.context("reading the head of the event log")?;
         tracing::info!(store = store.kind().as_str(), head, registered_types = registry.len(), mode = ?settings.registry_mode, "store opened");
 

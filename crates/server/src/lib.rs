@@ -33,7 +33,8 @@
 //!   [`auth`] (tokens and grants), [`registry`] (event types and payload
 //!   schemas);
 //! - vocabulary, pure: [`filter`], [`refusal`] (what a refusal is),
-//!   [`json`] (request bodies decode from objects only);
+//!   [`json`] (strict decoding of what clients and peers send), [`report`]
+//!   (errors logged with their causes);
 //! - from the `tidings-protocol` crate, which clients build on too and
 //!   which this crate re-exports under the same names: [`event`] (names,
 //!   envelope), [`glob`], [`tree`] (paths, entities, hashes, capabilities),
@@ -62,6 +63,7 @@ pub mod json;
 pub mod metrics;
 pub mod refusal;
 pub mod registry;
+pub mod report;
 pub mod server;
 pub mod service;
 pub mod store;

@@ -57,6 +57,17 @@ impl std::fmt::Debug for Entry {
     }
 }
 
+/// What [`Registry::first_warning`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Warning {
+    /// The first event of its type: log it.
+    First,
+    /// Logged before: count it only.
+    Again,
+    /// Too many types to name each: say so once, count the rest.
+    Full,
+}
+
 /// The loaded registry.
 #[derive(Debug)]
 pub struct Registry {
@@ -64,7 +75,16 @@ pub struct Registry {
     /// Every name (canonical and alias) to its entry.
     names: BTreeMap<String, Entry>,
     mode: RegistryMode,
+    /// Where it was read from, as start-up says it.
+    source: String,
+    /// The types already warned of in warn mode (each is logged once; the
+    /// metric counts every event), bounded: publishers choose the names.
+    warned: std::sync::Mutex<std::collections::HashSet<String>>,
 }
+
+/// Types warned of by name, at most; past it, one line says the rest are
+/// counted only.
+const MAX_WARNED: usize = 1024;
 
 /// Why the registry cannot be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +129,11 @@ pub struct Check {
 impl Registry {
     /// Loads `dir`, or the embedded registry when `dir` does not exist.
     pub fn load(dir: &Path, mode: RegistryMode) -> Result<Self, RegistryError> {
+        let source = if dir.is_dir() {
+            format!("directory {}", dir.display())
+        } else {
+            "built into the binary (the project's registry/ directory when it was built)".to_owned()
+        };
         let files = if dir.is_dir() {
             let mut files = Vec::new();
             let entries = std::fs::read_dir(dir).map_err(|source| RegistryError::Io { path: dir.display().to_string(), source })?;
@@ -125,7 +150,38 @@ impl Registry {
             tracing::info!(dir = %dir.display(), "registry directory not found; using the registry built into the binary");
             builtin::BUILTIN.iter().map(|(n, t)| ((*n).to_owned(), (*t).to_owned())).collect()
         };
-        Self::from_files(files, mode)
+        let mut registry = Self::from_files(files, mode)?;
+        registry.source = source;
+        Ok(registry)
+    }
+
+    /// Where the registry was read from: a directory, or the copy built
+    /// into the binary.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether an event of `event_type` the registry does not vouch for is
+    /// the first of its type (log it), or one more (count it only). Past
+    /// [`MAX_WARNED`] types, the first call says so once and the rest are
+    /// counted only.
+    pub fn first_warning(&self, event_type: &str) -> Warning {
+        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        if warned.contains(event_type) {
+            return Warning::Again;
+        }
+        match warned.len() {
+            n if n < MAX_WARNED => {
+                warned.insert(event_type.to_owned());
+                Warning::First
+            }
+            MAX_WARNED => {
+                // A sentinel no event type can be (names are lowercase).
+                warned.insert("!full".to_owned());
+                Warning::Full
+            }
+            _ => Warning::Again,
+        }
     }
 
     /// Builds a registry from `(file name, contents)` pairs.
@@ -149,7 +205,7 @@ impl Registry {
             }
             docs.insert(doc.name.clone(), doc);
         }
-        Ok(Self { docs, names, mode })
+        Ok(Self { docs, names, mode, source: "given files".to_owned(), warned: Default::default() })
     }
 
     /// The configured mode.

@@ -74,7 +74,7 @@ impl Broker {
             Err(e) => {
                 // Ending every client costs a reconnect each; keeping a
                 // client that saw lost events would hide them from it.
-                tracing::warn!(error = %e, "cannot read the log's epochs; ending every client to be safe");
+                tracing::warn!(error = %crate::report::chain(&e), "cannot read the log's epochs; ending every client to be safe");
                 EventId::MAX
             }
         };

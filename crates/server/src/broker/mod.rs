@@ -295,9 +295,9 @@ impl Broker {
                         // A stalled synchronous standby is logged once, where
                         // it is noticed (TIDINGS_DELIVERY=replicated).
                         if matches!(e, crate::store::StoreError::Unreplicated(_)) {
-                            tracing::debug!(error = %e, "broker waits for the synchronous standby");
+                            tracing::debug!(error = %crate::report::chain(&e), "broker waits for the synchronous standby");
                         } else {
-                            tracing::warn!(error = %e, "broker cannot read the event log; retrying");
+                            tracing::warn!(error = %crate::report::chain(&e), "broker cannot read the event log; retrying");
                         }
                         tokio::select! {
                             _ = cancel.cancelled() => break,
@@ -364,7 +364,7 @@ impl Broker {
                 Ok(event) => events.push(event),
                 // A row that does not parse was not written by this version of
                 // tidings; skipping it keeps every other client live.
-                Err(e) => tracing::error!(id = row.id, error = %e, "skipping an unreadable event row"),
+                Err(e) => tracing::error!(id = row.id, error = %crate::report::chain(&e), "skipping an unreadable event row"),
             }
         }
         let mut guard = self.lock();

@@ -105,11 +105,11 @@ pub(crate) fn status(kind: Kind) -> StatusCode {
     }
 }
 
-impl<E: Refusal> From<E> for ApiError {
+impl<E: Refusal + 'static> From<E> for ApiError {
     fn from(e: E) -> Self {
         let kind = e.kind();
         match kind {
-            Kind::Unavailable if e.code() == "store_unavailable" => tracing::warn!(error = %e, "store unavailable"),
+            Kind::Unavailable if e.code() == "store_unavailable" => tracing::warn!(error = %crate::report::chain(&e), "store unavailable"),
             Kind::Internal => tracing::error!(error = ?e, "internal error"),
             _ => {}
         }

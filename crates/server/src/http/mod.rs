@@ -273,7 +273,7 @@ async fn observe_requests(axum::extract::State(guard): axum::extract::State<Arc<
     match answered {
         Ok(response) => response,
         Err(e) => {
-            tracing::error!(error = %e, "a request handler panicked");
+            tracing::error!(error = %crate::report::chain(&e), "a request handler panicked");
             ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error").into_response()
         }
     }

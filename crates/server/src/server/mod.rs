@@ -142,7 +142,7 @@ pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions,
                     // of spinning (50 ms: long enough to let descriptors
                     // free up, short enough not to be noticed); the listener
                     // itself is still fine.
-                    tracing::warn!(error = %e, "accept failed");
+                    tracing::warn!(error = %crate::report::chain(&e), "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -227,7 +227,7 @@ async fn serve_tls(
         accepted = tokio::time::timeout(header_timeout, accept) => match accepted {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {
-                tracing::debug!(error = %e, "TLS handshake failed");
+                tracing::debug!(error = %crate::report::chain(&e), "TLS handshake failed");
                 return;
             }
             Err(_) => return,

@@ -63,7 +63,7 @@ pub async fn run_mover(core: Core, cancel: CancellationToken) {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "could not move the SQL outbox; retrying");
+                    tracing::warn!(error = %crate::report::chain(&e), "could not move the SQL outbox; retrying");
                     break;
                 }
             }
@@ -76,7 +76,7 @@ fn decide(core: &Core, row: &OutboxRow) -> OutboxDecision {
     match prepare(core, row) {
         Ok(publish) => OutboxDecision::Publish(publish),
         Err(e) => {
-            tracing::warn!(seq = row.seq, code = e.code(), error = %e, "set aside an event published from SQL");
+            tracing::warn!(seq = row.seq, code = e.code(), error = %crate::report::chain(&e), "set aside an event published from SQL");
             OutboxDecision::SetAside { code: e.code(), message: e.to_string() }
         }
     }

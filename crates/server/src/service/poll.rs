@@ -364,7 +364,7 @@ pub async fn run_expiry(store: Arc<dyn Store>, ttl: Duration, cancel: Cancellati
         match store.consumer_expire(before).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(collected = n, "collected silent durable consumers"),
-            Err(e) => tracing::warn!(error = %e, "consumer expiry failed; retrying at the next interval"),
+            Err(e) => tracing::warn!(error = %crate::report::chain(&e), "consumer expiry failed; retrying at the next interval"),
         }
         if let (Ok(head), Ok(consumers)) = (store.head().await, store.consumer_list(Actor { sub: "", admin: true }).await) {
             for c in consumers {

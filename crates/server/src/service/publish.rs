@@ -134,7 +134,19 @@ pub(crate) fn registered_records(
         if registry.mode() == RegistryMode::Strict {
             return Err(refused);
         }
-        tracing::warn!(event_type = %body.event_type, problem = refused.code(), "accepting an event the registry does not vouch for (warn mode)");
+        // Once per type (every event is counted): a publisher of an
+        // unregistered type would otherwise write a line per event.
+        match registry.first_warning(&body.event_type) {
+            crate::registry::Warning::First => tracing::warn!(
+                event_type = %body.event_type,
+                problem = refused.code(),
+                "accepting events the registry does not vouch for (warn mode); logged once per type, counted in tidings_registry_violations_total"
+            ),
+            crate::registry::Warning::Full => tracing::warn!(
+                "events of many types the registry does not vouch for: further types are counted in tidings_registry_violations_total, not logged"
+            ),
+            crate::registry::Warning::Again => {}
+        }
         m::registry_violation(kind);
     }
     Ok(check

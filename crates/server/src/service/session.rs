@@ -478,7 +478,7 @@ impl Session {
             Ok(rows) => rows,
             Err(e) => {
                 // The client resumes from its last id once the store is back.
-                tracing::warn!(error = %e, "replay failed; ending the session");
+                tracing::warn!(error = %crate::report::chain(&e), "replay failed; ending the session");
                 return Some(self.end(End::Failed));
             }
         };
@@ -526,7 +526,7 @@ impl Session {
             match Event::from_stored(row.id, &row.body, row.recorded_ms) {
                 Ok(event) if self.filter.matches(&event.body) => frames.push(Frame::from_event(event)),
                 Ok(_) => {}
-                Err(e) => tracing::error!(id = row.id, error = %e, "skipping an unreadable event row"),
+                Err(e) => tracing::error!(id = row.id, error = %crate::report::chain(&e), "skipping an unreadable event row"),
             }
         }
         if let Some(sub) = &self.subscription {

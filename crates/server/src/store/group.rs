@@ -231,7 +231,7 @@ async fn commit<G: Grouped>(store: &dyn Store, group: Vec<Job<G>>, events: usize
             }
         }
         Err(e) => {
-            tracing::debug!(error = %e, members = answers.len(), "a group commit failed; committing its members one by one");
+            tracing::debug!(error = %crate::report::chain(&e), members = answers.len(), "a group commit failed; committing its members one by one");
             for (request, answer) in requests.into_iter().zip(answers) {
                 let _ = answer.send(G::alone(store, request).await);
             }

@@ -649,7 +649,7 @@ pub async fn run_retention(
         match store.prune_idempotency(now.saturating_sub(window)).await {
             Ok(0) => {}
             Ok(deleted) => tracing::debug!(deleted, "forgot expired idempotency keys"),
-            Err(e) => tracing::warn!(error = %e, "could not prune idempotency keys; retrying at the next interval"),
+            Err(e) => tracing::warn!(error = %crate::report::chain(&e), "could not prune idempotency keys; retrying at the next interval"),
         }
         if !retention.is_on() {
             continue;
@@ -658,7 +658,7 @@ pub async fn run_retention(
         match store.prune(before, retention.max_events).await {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "retention pruned history"),
-            Err(e) => tracing::warn!(error = %e, "retention could not prune history; retrying at the next interval"),
+            Err(e) => tracing::warn!(error = %crate::report::chain(&e), "retention could not prune history; retrying at the next interval"),
         }
     }
 }

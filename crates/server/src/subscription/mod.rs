@@ -568,7 +568,7 @@ impl Subscriptions {
     /// describes is committed, and the advertisement may lag.
     pub async fn refresh_config_logged(&self) {
         if let Err(e) = self.refresh_config().await {
-            tracing::warn!(error = %e, "could not refresh system/config/subscription");
+            tracing::warn!(error = %crate::report::chain(&e), "could not refresh system/config/subscription");
         }
     }
 

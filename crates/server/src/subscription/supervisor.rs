@@ -55,7 +55,7 @@ impl Supervisor {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "subscription engine cannot reach the store; retrying");
+                    tracing::warn!(error = %crate::report::chain(&e), "subscription engine cannot reach the store; retrying");
                     tokio::select! {
                         _ = cancel.cancelled() => break,
                         _ = tokio::time::sleep(backoff.step()) => {}
@@ -66,7 +66,7 @@ impl Supervisor {
             match self.lead(&cancel).await {
                 Ok(()) => backoff.reset(),
                 Err(e) => {
-                    tracing::warn!(error = %e, "subscription engine step failed; rebuilding its index");
+                    tracing::warn!(error = %crate::report::chain(&e), "subscription engine step failed; rebuilding its index");
                     tokio::select! {
                         _ = cancel.cancelled() => break,
                         _ = tokio::time::sleep(backoff.step()) => {}

@@ -38,7 +38,9 @@ pub(super) async fn listen_loop(
         first = false;
         match result {
             Ok(()) => tracing::warn!("LISTEN connection closed; reconnecting"),
-            Err(e) => tracing::warn!(error = %e, backoff_ms = backoff.peek().as_millis() as u64, "LISTEN connection lost; reconnecting"),
+            Err(e) => {
+                tracing::warn!(error = %crate::report::chain(e.as_ref()), backoff_ms = backoff.peek().as_millis() as u64, "LISTEN connection lost; reconnecting")
+            }
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -78,7 +80,7 @@ async fn listen_once(
         }
         Ok(())
     });
-    let guard = DriverGuard(driver);
+    let guard = DriverGuard(Some(driver));
     // A (re)connect may have reached another database than before (a
     // promoted standby, a restore): the epoch is settled (before LISTEN, so
     // the session shows LISTEN as what it is for) before the broker
@@ -122,15 +124,27 @@ async fn listen_once(
             }
         }
     }
-    drop(guard);
-    anyhow::bail!("LISTEN connection ended")
+    // The driver ended (it dropped the sender): why, from the database.
+    match guard.finish().await {
+        Some(Err(e)) => Err(anyhow::Error::new(e).context("LISTEN connection ended")),
+        _ => anyhow::bail!("LISTEN connection ended"),
+    }
 }
 
 /// Aborts the connection driver when the listener gives up on it.
-struct DriverGuard(tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>);
+struct DriverGuard(Option<tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>>);
+
+impl DriverGuard {
+    /// The driver's end, once it has ended.
+    async fn finish(mut self) -> Option<Result<(), tokio_postgres::Error>> {
+        self.0.take()?.await.ok()
+    }
+}
 
 impl Drop for DriverGuard {
     fn drop(&mut self) {
-        self.0.abort();
+        if let Some(driver) = &self.0 {
+            driver.abort();
+        }
     }
 }

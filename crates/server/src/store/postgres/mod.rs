@@ -222,7 +222,7 @@ impl PostgresStore {
             && message.starts_with(epoch::OFF_TIMELINE)
             && let Err(e) = self.settle(epoch::Settle::Check { seen: self.seen() }).await
         {
-            tracing::warn!(error = %e, "cannot begin the event log's new epoch yet");
+            tracing::warn!(error = %crate::report::chain(&e), "cannot begin the event log's new epoch yet");
         }
         result
     }

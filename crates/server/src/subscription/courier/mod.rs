@@ -270,7 +270,7 @@ impl Courier {
             let (records, reached) = match self.store.engine_changes(position, &[names::SUBSCRIPTION_NOTIFICATION], DISPATCH_BATCH).await {
                 Ok(read) => read,
                 Err(e) => {
-                    tracing::warn!(error = %e, "courier cannot read the log; retrying");
+                    tracing::warn!(error = %crate::report::chain(&e), "courier cannot read the log; retrying");
                     if sleep_or_stop(&cancel, retry.next_delay()).await {
                         return;
                     }
@@ -317,7 +317,7 @@ impl Courier {
             // The subscription is gone and takes its undelivered
             // notifications with it; its cursor no longer holds retention.
             if let Err(e) = self.store.device_forget(CURSOR_OWNER, &lane.subscription_id).await {
-                tracing::warn!(error = %e, subscription = lane.subscription_id, "could not forget a courier cursor");
+                tracing::warn!(error = %crate::report::chain(&e), subscription = lane.subscription_id, "could not forget a courier cursor");
             }
         }
     }
@@ -336,7 +336,7 @@ impl Courier {
             match self.start(lane).await {
                 Ok(p) => break p,
                 Err(e) => {
-                    tracing::warn!(error = %e, subscription = lane.subscription_id, "courier cannot read its cursor; retrying");
+                    tracing::warn!(error = %crate::report::chain(&e), subscription = lane.subscription_id, "courier cannot read its cursor; retrying");
                     if sleep_or_stop(stop, retry.next_delay()).await {
                         return;
                     }
@@ -354,7 +354,7 @@ impl Courier {
                 let (records, reached) = match self.store.engine_changes(position, &[names::SUBSCRIPTION_NOTIFICATION], BATCH).await {
                     Ok(read) => read,
                     Err(e) => {
-                        tracing::warn!(error = %e, "courier cannot read the log; retrying");
+                        tracing::warn!(error = %crate::report::chain(&e), "courier cannot read the log; retrying");
                         if sleep_or_stop(stop, retry.next_delay()).await {
                             return;
                         }
@@ -435,7 +435,7 @@ impl Courier {
             }
             Ok(None) => return true,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read a failing subscription; evicting it later");
+                tracing::warn!(error = %crate::report::chain(&e), "cannot read a failing subscription; evicting it later");
                 return false;
             }
         };
@@ -454,7 +454,7 @@ impl Courier {
             }
             Ok(_) => false,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot end a failing subscription; retrying later");
+                tracing::warn!(error = %crate::report::chain(&e), "cannot end a failing subscription; retrying later");
                 false
             }
         }
@@ -475,7 +475,7 @@ impl Courier {
             event_id: record.id,
         };
         if let Err(e) = self.store.tree_write(marker.write()).await {
-            tracing::warn!(error = %e, "could not bind the chain-error marker of a lost delivery");
+            tracing::warn!(error = %crate::report::chain(&e), "could not bind the chain-error marker of a lost delivery");
         }
     }
 }

@@ -43,7 +43,7 @@ impl<'a> Sender<'a> {
             match self.envelope(record.id, &stored).await {
                 Ok(envelope) => break envelope,
                 Err(e) => {
-                    tracing::warn!(error = %e, subscription = lane.subscription_id, "cannot build a delivery; retrying");
+                    tracing::warn!(error = %crate::report::chain(&e), subscription = lane.subscription_id, "cannot build a delivery; retrying");
                     if sleep_or_stop(stop, backoff.next_delay()).await {
                         return None;
                     }

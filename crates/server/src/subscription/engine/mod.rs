@@ -372,7 +372,7 @@ impl Engine {
             crate::metrics::notifications(outcome, n);
         }
         if terminated && let Err(e) = self.handler.refresh_config().await {
-            tracing::warn!(error = %e, "could not refresh system/config/subscription");
+            tracing::warn!(error = %crate::report::chain(&e), "could not refresh system/config/subscription");
         }
         Ok(if full { Progress::More } else { Progress::Idle })
     }

@@ -291,7 +291,7 @@ impl Mirrors {
                         tasks.spawn(this.clone().mirror(spec, stop, gone));
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot read system/mirror/; retrying"),
+                Err(e) => tracing::warn!(error = %crate::report::chain(&e), "cannot read system/mirror/; retrying"),
             }
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -389,7 +389,7 @@ impl Mirrors {
             match applier.start().await {
                 Ok(c) => break c,
                 Err(e) => {
-                    tracing::warn!(error = %e, mirror = spec.name, "cannot read the mirror's cursor; retrying");
+                    tracing::warn!(error = %crate::report::chain(&e), mirror = spec.name, "cannot read the mirror's cursor; retrying");
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(Backoff::MIRROR.peek()) => {}
@@ -400,7 +400,7 @@ impl Mirrors {
         // Whatever arrived while no applier ran (a restart, a takeover).
         match applier.step(cursor).await {
             Ok(c) => cursor = c,
-            Err(e) => tracing::warn!(error = %e, mirror = spec.name, "mirror apply step failed; retrying"),
+            Err(e) => tracing::warn!(error = %crate::report::chain(&e), mirror = spec.name, "mirror apply step failed; retrying"),
         }
         let mut link = Link::new();
         let mut reconcile = tokio::time::interval(self.settings.reconcile.max(Duration::from_millis(100)));
@@ -434,7 +434,7 @@ impl Mirrors {
                 _ = wake.notified() => {
                     match applier.step(cursor).await {
                         Ok(c) => cursor = c,
-                        Err(e) => tracing::warn!(error = %e, mirror = spec.name, "mirror apply step failed; retrying"),
+                        Err(e) => tracing::warn!(error = %crate::report::chain(&e), mirror = spec.name, "mirror apply step failed; retrying"),
                     }
                 }
                 _ = reconcile.tick() => {

@@ -138,7 +138,7 @@ impl Mirrors {
         match self.store.tree_write(crate::subscription::learned_peer(peer, endpoint, agent, generate_id())).await {
             Ok(_) => true,
             Err(e) => {
-                tracing::warn!(error = %e, peer, "could not store a relay's endpoint");
+                tracing::warn!(error = %crate::report::chain(&e), peer, "could not store a relay's endpoint");
                 false
             }
         }
