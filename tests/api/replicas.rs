@@ -297,3 +297,65 @@ async fn one_by_one(publisher: &TestApp, stream: &mut crate::helpers::Stream, n:
         while stream.next().await.id.as_deref().unwrap().parse::<i64>().unwrap() < last {}
     }
 }
+
+/// Two processes on one primary, each with the same hot standby, readers
+/// replaying from 0 on each while publishers run on both: each process
+/// serves most of its history reads from the standby (issue 48 reported
+/// one process reading all of them at the primary; not reproduced here, in
+/// process or with two `tidings` binaries: this holds it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_process_reads_history_at_the_standby() {
+    let a = Arc::new(with_standby("TIDINGS_TEST_STANDBY_URL", Duration::from_secs(5)).await);
+    let url = a.db_url.clone().unwrap();
+    let b = Arc::new(
+        spawn_app_with(Backend::Postgres, |s| {
+            s.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", &url)];
+            s.database_url = Some(url.clone());
+        })
+        .await,
+    );
+    publish_many(&a, 200).await;
+    for app in [&a, &b] {
+        eventually("the standby serves history", || async { standby(app).await["usable"] == true }).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let publishers: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .map(|app| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    publish_many(&app, 5).await;
+                }
+            })
+        })
+        .collect();
+    let before = [
+        (primary_reads(&a).await, standby(&a).await["reads"].as_i64().unwrap()),
+        (primary_reads(&b).await, standby(&b).await["reads"].as_i64().unwrap()),
+    ];
+    // Ten readers on each, each replaying from 0 five times over.
+    let readers: Vec<_> = (0..20)
+        .map(|i| {
+            let app = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                for _ in 0..5 {
+                    let until = app.head().await;
+                    polled(&app, 0, until, 1000).await;
+                }
+            })
+        })
+        .collect();
+    for reader in readers {
+        reader.await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for p in publishers {
+        p.await.unwrap();
+    }
+    for ((name, app), (primary_before, standby_before)) in [("a", &a), ("b", &b)].into_iter().zip(before) {
+        let primary = primary_reads(app).await - primary_before;
+        let at_standby = standby(app).await["reads"].as_i64().unwrap() - standby_before;
+        assert!(primary * 4 <= at_standby, "process {name}: {primary} history reads at the primary, {at_standby} at the standby");
+    }
+}
