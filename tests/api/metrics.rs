@@ -1,4 +1,6 @@
-//! The Prometheus catalog: every family exported from start-up, and the
+//! The Prometheus catalog: every family exported from start-up, on both
+//! stores, with the type the README gives it and a panel on the dashboard;
+//! the process's own families and `tidings_build_info`; and the
 //! exposition valid for `promtool check metrics`.
 
 use std::process::Stdio;
@@ -8,7 +10,7 @@ use tokio::io::AsyncWriteExt as _;
 use crate::both_stores;
 use crate::helpers::{Backend, spawn_app};
 
-both_stores!(every_family_from_start_up_and_promtool_accepts_it);
+both_stores!(every_family_from_start_up_and_promtool_accepts_it, a_fresh_process_exports_every_family_as_documented);
 
 const CATALOG: &[&str] = &[
     "tidings_events_published_total",
@@ -39,8 +41,8 @@ const CATALOG: &[&str] = &[
     "tidings_publish_group_events",
 ];
 
-/// Families with a series per peer or per mirror, so exported once there
-/// is one; on the dashboard all the same.
+/// Families with a series per peer, per mirror or per standby, so exported
+/// once there is one; on the dashboard all the same.
 /// (And `tidings_replication_stalled`, exported with
 /// `TIDINGS_DELIVERY=replicated`: tests/api/failover.rs reads it.)
 const PER_OBJECT: &[&str] = &[
@@ -49,6 +51,9 @@ const PER_OBJECT: &[&str] = &[
     "tidings_mirror_hops",
     "tidings_mirror_upstream",
     "tidings_replication_stalled",
+    "tidings_replica_up",
+    "tidings_replica_lag_seconds",
+    "tidings_mirror_relays_left_total",
 ];
 
 async fn every_family_from_start_up_and_promtool_accepts_it(backend: Backend) {
@@ -110,4 +115,71 @@ fn the_deploy_kit_covers_the_catalog() {
         let family = name.trim_end_matches("_bucket");
         assert!(CATALOG.contains(&family) || PER_OBJECT.contains(&family), "alert rules use only exported families: {name}");
     }
+}
+
+/// Every family the server defines (the names in `crates/server/src/metrics.rs`).
+fn defined_families() -> Vec<String> {
+    let source = include_str!("../../crates/server/src/metrics.rs");
+    let mut names: Vec<String> = source
+        .lines()
+        .filter(|l| l.starts_with("const ") && l.contains(": &str = \"tidings_"))
+        .map(|l| l.split('"').nth(1).unwrap().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The README's metrics table: each family and its documented type.
+fn documented_types() -> std::collections::BTreeMap<String, String> {
+    let readme = include_str!("../../README.md");
+    readme
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            let kind = cells.get(2)?;
+            (name.starts_with("tidings_") || name.starts_with("process_")).then(|| (name.to_owned(), kind.to_string()))
+        })
+        .collect()
+}
+
+/// A fresh `tidings` process (no other server's series in it) exports every
+/// family the server defines from start-up, except those with a series per
+/// peer, mirror or setting; plus `tidings_build_info` and the process's own
+/// (CPU, resident memory, open and maximum file descriptors). Each has the
+/// type the README's table gives it, and a panel on the dashboard.
+async fn a_fresh_process_exports_every_family_as_documented(backend: Backend) {
+    let (envs, _dir) = crate::helpers::process_store(backend).await;
+    let server = crate::helpers::spawn_process(&envs).await;
+    let text = reqwest::get(format!("{}/metrics", server.base)).await.unwrap().text().await.unwrap();
+    drop(server);
+    let exported: std::collections::BTreeMap<&str, &str> = text
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.strip_prefix("# TYPE ")?.split(' ');
+            Some((words.next()?, words.next()?))
+        })
+        .collect();
+    let documented = documented_types();
+    let dashboard = include_str!("../../deploy/grafana/tidings-dashboard.json");
+    let process = ["process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "process_max_fds"];
+    let mut wrong = Vec::new();
+    for family in defined_families().iter().map(String::as_str).chain(process) {
+        let Some(kind) = exported.get(family) else {
+            if !PER_OBJECT.contains(&family) {
+                wrong.push(format!("{family} is not exported at start-up"));
+            }
+            continue;
+        };
+        match documented.get(family) {
+            Some(doc) if doc == kind => {}
+            Some(doc) => wrong.push(format!("{family} is a {kind}, documented as a {doc}")),
+            None => wrong.push(format!("{family} ({kind}) is not in the README's table")),
+        }
+        if !dashboard.contains(family) {
+            wrong.push(format!("{family} has no panel on the dashboard"));
+        }
+    }
+    assert!(text.contains(&format!("tidings_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))), "{text}");
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }

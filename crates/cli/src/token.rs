@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use clap::Args;
+use clap::builder::TypedValueParser as _;
 use tidings_protocol::event::Visibility;
 use tidings_server::auth::{NewToken, mint_hs256};
 use tidings_server::config::Secret;
@@ -24,7 +25,7 @@ pub struct TokenArgs {
     #[arg(long)]
     pub subscribe: Vec<String>,
     /// The highest visibility the holder may see.
-    #[arg(long, default_value = "public", value_parser = visibility)]
+    #[arg(long, default_value = "public", value_parser = visibility())]
     pub visibility: Visibility,
     /// Admin rights: publish for any agent, see and manage every durable
     /// consumer, mint capabilities.
@@ -44,16 +45,15 @@ pub struct TokenArgs {
     pub issuer: Option<String>,
 }
 
-fn visibility(s: &str) -> Result<Visibility, String> {
-    match s {
-        "public" => Ok(Visibility::Public),
-        "reviewer_only" => Ok(Visibility::ReviewerOnly),
-        "admin" => Ok(Visibility::Admin),
-        _ => Err("one of public, reviewer_only, admin".into()),
-    }
+fn visibility() -> impl clap::builder::TypedValueParser<Value = Visibility> {
+    clap::builder::PossibleValuesParser::new(["public", "reviewer_only", "admin"]).map(|s| match s.as_str() {
+        "reviewer_only" => Visibility::ReviewerOnly,
+        "admin" => Visibility::Admin,
+        _ => Visibility::Public,
+    })
 }
 
-fn secret(s: &str) -> Result<Secret, String> {
+fn secret(s: &str) -> Result<Secret, std::convert::Infallible> {
     Ok(Secret::from(s))
 }
 

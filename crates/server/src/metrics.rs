@@ -15,6 +15,8 @@ use std::time::Duration;
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+/// Always 1, labelled with the version that runs.
+const BUILD_INFO: &str = "tidings_build_info";
 /// Events appended, by registered type.
 const EVENTS_PUBLISHED: &str = "tidings_events_published_total";
 /// Publishes answered from their Idempotency-Key (nothing stored).
@@ -124,8 +126,20 @@ pub const DROP_REASONS: &[&str] = &["queue_full", "no_progress", "write_stalled"
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// The process's own families (`process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, `process_open_fds`, `process_max_fds`:
+/// streams are bounded by the open-file limit, ...), as Prometheus' own
+/// clients export them, read at each scrape.
+static PROCESS: std::sync::LazyLock<metrics_process::Collector> = std::sync::LazyLock::new(metrics_process::Collector::default);
+
+/// Reads the process's families now (before a scrape renders).
+pub fn collect_process() {
+    PROCESS.collect();
+}
+
 const LATENCY_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 const DEPTH_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+const LAG_BUCKETS: &[f64] = &[0.0, 1.0, 10.0, 100.0, 1_000.0, 10_000.0, 100_000.0, 1_000_000.0];
 
 /// Installs the process-wide recorder (once; later calls share it) and
 /// returns the handle that renders `/metrics`.
@@ -136,6 +150,8 @@ pub fn install() -> PrometheusHandle {
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(QUEUE_DEPTH.into()), DEPTH_BUCKETS))
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(PUBLISH_GROUP_EVENTS.into()), DEPTH_BUCKETS))
+                // A histogram, not a summary: buckets add up across processes.
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(CONSUMER_LAG.into()), LAG_BUCKETS))
                 .expect("bucket lists are non-empty")
                 .build_recorder();
             let handle = recorder.handle();
@@ -159,6 +175,10 @@ pub fn install() -> PrometheusHandle {
 }
 
 fn describe() {
+    describe_gauge!(BUILD_INFO, Unit::Count, "Always 1; the labels say which tidings runs (version).");
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    PROCESS.describe();
+    PROCESS.collect();
     describe_counter!(EVENTS_PUBLISHED, Unit::Count, "Events appended to the log, by registered type.");
     describe_counter!(OUTBOX_MOVED, Unit::Count, "Rows of the SQL outbox (tidings.publish) moved into the log, or answered by their key.");
     describe_counter!(OUTBOX_SET_ASIDE, Unit::Count, "Rows of the SQL outbox set aside (never delivered), by error code.");
@@ -253,6 +273,20 @@ fn describe() {
     gauge!(LISTENER_UP).set(0.0);
     for target in ["primary", "replica"] {
         counter!(HISTORY_READS, "target" => target).increment(0);
+        counter!(BROKER_READS, "target" => target).increment(0);
+    }
+    // What the SQL outbox's mover can set a row aside for (PostgreSQL; 0
+    // on the embedded store, which has no outbox, so dashboards read alike).
+    for code in [
+        "malformed_json",
+        "invalid_event",
+        "invalid_event_name",
+        "payload_too_large",
+        "reserved_event_type",
+        "unregistered_event_type",
+        "payload_schema_violation",
+    ] {
+        counter!(OUTBOX_SET_ASIDE, "code" => code).increment(0);
     }
     for outcome in NOTIFICATION_OUTCOMES {
         counter!(SUBSCRIPTION_NOTIFICATIONS, "outcome" => *outcome).increment(0);

@@ -149,6 +149,7 @@ pub(crate) async fn health_ready(State(app): State<AppState>) -> Response {
 /// Prometheus exposition.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
 pub(crate) async fn metrics(State(app): State<AppState>) -> Response {
+    crate::metrics::collect_process();
     let text = app.inner.metrics.render();
     ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"))], text).into_response()
 }
