@@ -24,6 +24,7 @@ mod logs;
 mod mcp;
 mod metrics;
 mod mirrors;
+mod nginx;
 mod openapi;
 mod ordering;
 mod outbox;
