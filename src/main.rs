@@ -1,7 +1,7 @@
 //! The `tidings` binary, the one door users run: parses the command line,
 //! starts logging, and hands over to the server library (`serve`, `migrate`)
 //! or to the tools crate (`bench`, `tail`, `listen`, `publish`, `subscribe`,
-//! `token`, `registry`).
+//! `token`, `health`, `registry`).
 
 use clap::{Parser, Subcommand};
 use std::io::IsTerminal as _;
@@ -40,6 +40,9 @@ enum Command {
     /// Mint a bearer token with the server's HS256 secret
     /// (TIDINGS_JWT_HS256_SECRET) and print it.
     Token(tidings_cli::token::TokenArgs),
+    /// Ask a running server's /health (the container's HEALTHCHECK): exit 0
+    /// when it answers 200.
+    Health(tidings_cli::health::HealthArgs),
     /// Work with the event-type registry.
     #[command(subcommand)]
     Registry(RegistryCommand),
@@ -150,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Publish(args) => tidings_cli::cli::publish(args).await,
         Command::Token(args) => tidings_cli::token::token(args),
+        Command::Health(args) => tidings_cli::health::health(args).await,
         Command::Subscribe(args) => {
             init_logs(LogFormat::Human);
             tidings_cli::subscribe::subscribe(args).await

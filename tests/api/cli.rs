@@ -339,3 +339,18 @@ async fn tail_without_a_terminal_says_it_retries() {
         assert!(!line.contains("error sending request") && !line.contains("a-token-never-shown") && !line.contains(&url), "{said:?}");
     }
 }
+
+/// `tidings health` (the container's HEALTHCHECK): 0 while the server
+/// answers `/health`, 1 with the reason when nothing answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_says_whether_the_server_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = crate::helpers::spawn_process(&[("TIDINGS_DATA_DIR", dir.path().display().to_string())]).await;
+    let ok = tidings().args(["health", "--url", &server.base]).output().await.unwrap();
+    assert!(ok.status.success() && String::from_utf8_lossy(&ok.stdout).contains("/health: 200"));
+    let ready = tidings().args(["health", "--ready", "--url", &server.base]).output().await.unwrap();
+    assert!(ready.status.success() && String::from_utf8_lossy(&ready.stdout).contains("/health/ready: 200"));
+    let down = tidings().args(["health", "--url", &format!("http://127.0.0.1:{}", free_port())]).output().await.unwrap();
+    assert!(!down.status.success());
+    assert!(String::from_utf8_lossy(&down.stderr).contains("cannot connect"), "{}", String::from_utf8_lossy(&down.stderr));
+}

@@ -72,3 +72,58 @@ async fn minting_is_for_admins(backend: Backend) {
     // The identity itself is public, like /health.
     assert_eq!(app.http.get(app.url("/v1/identity")).send().await.unwrap().status(), 200);
 }
+
+/// Every process of a deployment is one server: with the identity from
+/// `TIDINGS_SERVER_KEY_FILE` (a key made as the deploy docs say, `openssl
+/// genpkey -algorithm ed25519`), two processes on one database answer the
+/// same `/v1/identity`, and a subscription whose deliver token names the
+/// server as one process showed it is taken by the other. On PostgreSQL with
+/// the key file, nothing is written to the data directory: one that cannot
+/// be created changes nothing (a read-only root filesystem). A process with
+/// an identity of its own (no key file) is another server, and refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_sharing_a_key_file_are_one_server() {
+    use crate::subscriptions::{Peer, Subscribe, execute_at, inbox_grant};
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("server.key");
+    let made = std::process::Command::new("openssl").args(["genpkey", "-algorithm", "ed25519", "-out"]).arg(&key).output().unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let (mut envs, _data) = crate::helpers::process_store(Backend::Postgres).await;
+    envs.retain(|(k, _)| *k != "TIDINGS_DATA_DIR");
+    let own_identity = envs.clone();
+    envs.push(("TIDINGS_SERVER_KEY_FILE", key.display().to_string()));
+    // Not creatable, even by root.
+    envs.push(("TIDINGS_DATA_DIR", "/proc/tidings-no-data-dir-here".to_owned()));
+    let (a, b) = (crate::helpers::spawn_process(&envs).await, crate::helpers::spawn_process(&envs).await);
+    let http = reqwest::Client::new();
+    let identity = |base: String| {
+        let http = http.clone();
+        async move {
+            http.get(format!("{base}/v1/identity")).send().await.unwrap().json::<Value>().await.unwrap()["hash"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    let server = identity(a.base.clone()).await;
+    assert_eq!(identity(b.base.clone()).await, server, "one identity on both processes");
+    let subscribe_at = |base: String, author: &Peer, pattern: &'static str| {
+        let mut included = serde_json::Map::new();
+        let token = author.grant(&server, inbox_grant("system/inbox/mine"), None, &mut included);
+        let params = json!({"deliver_to": {"uri": "system/inbox/mine"}, "deliver_token": token});
+        let envelope = Subscribe { author, pattern, params, capability: None, included }.envelope("subscribe");
+        let http = http.clone();
+        async move { execute_at(&http, &base, &envelope).await }
+    };
+    let subscriber = Peer::new();
+    let (status, body) = subscribe_at(b.base.clone(), &subscriber, "sensors/**").await;
+    assert_eq!(status, 200, "B takes a deliver token granted to the server A showed: {body}");
+    // A process with its own identity is another server.
+    let mut other_envs = own_identity;
+    let other_dir = tempfile::tempdir().unwrap();
+    other_envs.push(("TIDINGS_DATA_DIR", other_dir.path().display().to_string()));
+    let other = crate::helpers::spawn_process(&other_envs).await;
+    assert_ne!(identity(other.base.clone()).await, server);
+    let (status, body) = subscribe_at(other.base.clone(), &subscriber, "rooms/**").await;
+    assert_eq!((status, crate::subscriptions::code(&body)), (403, "deliver_token_insufficient"), "{body}");
+}

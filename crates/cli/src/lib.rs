@@ -2,8 +2,8 @@
 //! part of it. It owns:
 //! - the terminal commands: [`cli`] (`tail`, `publish`, `listen`,
 //!   `registry check`), [`subscribe`] (a path subscription that follows
-//!   capacity redirects) and [`token`] (mints a bearer token with the
-//!   server's HS256 secret);
+//!   capacity redirects), [`token`] (mints a bearer token with the
+//!   server's HS256 secret) and [`health`] (the container's health check);
 //! - the load generators behind `tidings bench`: [`bench`] (its arguments,
 //!   modes and the delivery, poll, publish, replay and recovery runs),
 //!   [`peers`] (between servers), [`scale`] (the reconnect storm of
@@ -21,6 +21,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod health;
 pub mod lossy;
 pub mod peers;
 pub mod scale;
