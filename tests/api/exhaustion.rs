@@ -13,6 +13,7 @@ use crate::subscriptions::{Peer, Subscribe, inbox_grant, server_hash};
 both_stores!(
     long_polls_and_silent_websockets_hold_bounded_places,
     abandoned_long_polls_give_their_places_back,
+    poll_pages_are_bounded_in_bytes_on_every_transport,
     an_expired_token_ends_what_it_opened,
     connections_that_say_nothing_are_closed,
     http2_streams_that_grant_no_window_are_closed,
@@ -128,6 +129,71 @@ async fn abandoned_long_polls_give_their_places_back(backend: Backend) {
     let (answer, ()) = tokio::join!(waiting, publish);
     let page: Value = answer.unwrap().json().await.unwrap();
     assert_eq!(page["events"].as_array().map(Vec::len), Some(1), "{page}");
+}
+
+/// A page is bounded in bytes (`TIDINGS_POLL_MAX_BYTES`), not only in
+/// events, on HTTP, MCP and the WebSocket's `sync.delta`: large events come
+/// a few to a page with `has_more`, every one once, in order. MCP answers a
+/// page once (as structured content; its text only says what it holds).
+/// Each poll holds a place in its identity's stream limit while it reads.
+async fn poll_pages_are_bounded_in_bytes_on_every_transport(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.poll_max_bytes = 64 * 1024).await;
+    let big = "x".repeat(10_000);
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(app.publish("probe.big", json!({"i": i, "blob": big})).await);
+    }
+    // HTTP: pages of at most 64 KiB (6 of these events), every id once.
+    let (mut since, mut seen, mut pages) = (0i64, Vec::new(), 0);
+    loop {
+        let r = app.http.get(app.url(&format!("/v1/poll?types=probe.*&since={since}&limit=1000"))).send().await.unwrap();
+        let text = r.text().await.unwrap();
+        assert!(text.len() <= 64 * 1024 + 256, "a page of {} bytes", text.len());
+        let page: Value = serde_json::from_str(&text).unwrap();
+        seen.extend(page["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_i64().unwrap()));
+        since = page["next_since"].as_i64().unwrap();
+        pages += 1;
+        if page["has_more"] != true {
+            break;
+        }
+    }
+    assert_eq!(seen, ids, "every event once, in order");
+    assert!(pages >= 4, "{pages} pages");
+    // MCP: the same bound, and the page once.
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "poll", "arguments": {"filter": {"types": ["probe.*"]}, "since": 0, "limit": 1000}}});
+    let r = app.http.post(app.url("/mcp")).header("accept", "application/json, text/event-stream").json(&call).send().await.unwrap();
+    let text = r.text().await.unwrap();
+    assert!(text.len() <= 2 * 64 * 1024, "an MCP page of {} bytes carries the page once", text.len());
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    let result = &answer["result"];
+    let events = result["structuredContent"]["events"].as_array().unwrap();
+    assert!(!events.is_empty() && events.len() < 20 && result["structuredContent"]["has_more"] == true, "{}", result["content"]);
+    assert!(result["content"][0]["text"].as_str().unwrap().starts_with(&format!("{} events", events.len())));
+    // The WebSocket's sync.delta.
+    let mut client = crate::ws::Client::connect(&app).await;
+    let auth = client.auth(&crate::ws::Key::new(), json!({"device_id": "big", "cursor": 0, "filter": {"types": ["probe.*"]}})).await;
+    assert!(auth["result"].is_object(), "{auth}");
+    let page = client.call("sync.delta", json!({"device_id": "big", "since": 0, "limit": 500})).await;
+    let items = page["result"]["items"].as_array().unwrap();
+    assert!(!items.is_empty() && items.len() < 20 && page["result"]["has_more"] == true, "{}", items.len());
+    drop(client);
+    // A poll holds its identity's place while it reads: with one place
+    // and a long-poll waiting, a plain poll of the same identity is refused.
+    let app = spawn_app_with(backend, |s| {
+        s.jwt_hs256_secret = Some(crate::security::SECRET.into());
+        s.max_streams_per_identity = 1;
+    })
+    .await;
+    let token = crate::security::token("reader", json!({"subscribe": ["**"]}));
+    let waiting = tokio::spawn({
+        let request = app.http.get(app.url("/v1/poll?types=nothing.here&wait_ms=20000")).bearer_auth(&token);
+        async move { request.send().await.unwrap().status().as_u16() }
+    });
+    crate::helpers::eventually("the long-poll waits", || async { app.clients().await == 1 }).await;
+    let r = app.http.get(app.url("/v1/poll?types=probe.*&since=0")).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(r.status(), 429, "a second read of the same identity waits its turn");
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "too_many_streams_for_identity");
+    waiting.abort();
 }
 
 /// Item 3: a token's life bounds what it opened. At its expiry (with the
@@ -363,6 +429,41 @@ async fn one_subscriber_cannot_take_every_subscription(backend: Backend) {
     let (status, body) = subscribe(&greedy, "a/**").await;
     assert_eq!((status, body["result"]["renewed"].as_bool()), (200, Some(true)), "a renewal passes: {body}");
     assert_eq!(subscribe(&other, "c/**").await.0, 200, "another identity has its own room");
+
+    // A capability's holder who delegates it to fresh keys buys no more
+    // room: every subscription under it counts against the identity the
+    // server granted it to.
+    let holder = Peer::new();
+    let (status, minted) = {
+        let grants = json!([{"handler": "system/subscription", "operations": ["subscribe"], "resources": ["**"]}]);
+        let r =
+            app.http.post(app.url("/v1/admin/capabilities")).json(&json!({"grantee": holder.hash, "grants": grants})).send().await.unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    assert_eq!(status, 200, "{minted}");
+    let delegated = |delegate: &Peer, pattern: &'static str| {
+        let mut included = minted["included"].as_object().unwrap().clone();
+        let grants = json!([{"handler": "system/subscription", "operations": ["subscribe"], "resources": ["**"]}]);
+        let capability = holder.grant(&delegate.hash, grants, Some(minted["hash"].as_str().unwrap()), &mut included);
+        let inbox = "system/inbox/delegated";
+        let token = delegate.grant(&server, inbox_grant(inbox), None, &mut included);
+        let params = json!({"deliver_to": {"uri": inbox}, "deliver_token": token});
+        let envelope = Subscribe { author: delegate, pattern, params, capability: Some(capability), included }.envelope("subscribe");
+        let request = app.http.post(app.url("/v1/execute")).json(&envelope);
+        async move {
+            let r = request.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let stored = app.store.tree_entries_below("system/subscription", 100).await.unwrap().len();
+    let (first, second, third) = (Peer::new(), Peer::new(), Peer::new());
+    for (delegate, pattern) in [(&first, "d/**"), (&second, "e/**")] {
+        let (status, body) = delegated(delegate, pattern).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = delegated(&third, "f/**").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (429, Some("too_many_subscriptions_for_identity")), "{body}");
+    assert_eq!(app.store.tree_entries_below("system/subscription", 100).await.unwrap().len(), stored + 2, "the refusal stored nothing");
 }
 
 /// Item 5: a rule within every limit that would build 30 MB per event (500

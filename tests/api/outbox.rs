@@ -176,16 +176,21 @@ async fn names_are_checked_in_sql_and_schema_violations_are_set_aside() {
     }
     let e = db.execute("SELECT tidings.publish('comment.posted', '[1]')", &[]).await.unwrap_err();
     assert_eq!(e.as_db_error().unwrap().message(), "invalid_event");
-    // hypothesis.promoted requires `to_state`: the row is set aside. So are
-    // payloads over TIDINGS_MAX_PAYLOAD: just over (checked as a publish)
-    // and far over (set aside unread).
+    // A payload over TIDINGS_MAX_PAYLOAD is refused in the caller's
+    // transaction, nothing queued: just over, and far over.
+    for size in [2_000, 200_000] {
+        let payload = json!({"text": "x".repeat(size)});
+        let e = db.execute("SELECT tidings.publish('comment.posted', $1)", &[&payload]).await.unwrap_err();
+        assert_eq!(e.as_db_error().unwrap().message(), "payload_too_large", "{size}");
+    }
+    let queued: i64 = db.query_one("SELECT count(*) FROM tidings.outbox", &[]).await.unwrap().get(0);
+    assert_eq!(queued, 0, "the refusals queued nothing");
+    // hypothesis.promoted requires `to_state`: the row is set aside.
     sql_publish(&db, "hypothesis.promoted", json!({"score": 0.5})).await;
-    sql_publish(&db, "comment.posted", json!({"text": "x".repeat(2_000)})).await;
-    sql_publish(&db, "comment.posted", json!({"text": "x".repeat(200_000)})).await;
     sql_publish(&db, "comment.posted", json!({"after": true})).await;
-    wait_until("three rows set aside", Duration::from_secs(30), Duration::from_millis(20), || async {
+    wait_until("the row set aside", Duration::from_secs(30), Duration::from_millis(20), || async {
         let deep = app.deep().await.1;
-        deep["outbox"]["set_aside"] == 3 && deep["outbox"]["depth"] == 0
+        deep["outbox"]["set_aside"] == 1 && deep["outbox"]["depth"] == 0
     })
     .await;
     let (_, deep) = app.deep().await;
@@ -195,7 +200,7 @@ async fn names_are_checked_in_sql_and_schema_violations_are_set_aside() {
     assert_eq!(events[0]["payload"], json!({"after": true}));
     let codes: Vec<String> =
         db.query("SELECT error_code FROM tidings.outbox ORDER BY seq", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
-    assert_eq!(codes, ["payload_schema_violation", "payload_too_large", "payload_too_large"]);
+    assert_eq!(codes, ["payload_schema_violation"]);
     assert!(app.metric("tidings_outbox_set_aside_total{code=\"payload_schema_violation\"}").await >= 1.0);
 }
 
@@ -253,4 +258,35 @@ async fn no_advisory_lock_of_a_stranger_stops_the_mover() {
     sql_publish(&db, "comment.posted", json!({"moved": true})).await;
     settled(&app, 1).await;
     drop(squatter);
+}
+
+/// Rows set aside are kept for `TIDINGS_OUTBOX_SET_ASIDE_RETENTION`, then
+/// forgotten by the retention sweep; newer ones stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_aside_rows_are_forgotten_after_their_retention() {
+    let app = spawn_app_with(Backend::Postgres, |s| {
+        s.registry_mode = tidings_server::registry::RegistryMode::Strict;
+        s.outbox_set_aside_retention = Duration::from_secs(3600);
+        s.retention_interval = Duration::from_millis(200);
+    })
+    .await;
+    let db = app.db().await;
+    for score in [0.1, 0.2] {
+        sql_publish(&db, "hypothesis.promoted", json!({"score": score})).await;
+    }
+    wait_until("two rows set aside", Duration::from_secs(30), Duration::from_millis(20), || async {
+        app.deep().await.1["outbox"]["set_aside"] == 2
+    })
+    .await;
+    // The first one queued two hours ago.
+    db.execute("UPDATE tidings.outbox SET created_at = now() - interval '2 hours' WHERE seq = (SELECT min(seq) FROM tidings.outbox)", &[])
+        .await
+        .unwrap();
+    wait_until("the old row forgotten", Duration::from_secs(30), Duration::from_millis(50), || async {
+        app.deep().await.1["outbox"]["set_aside"] == 1
+    })
+    .await;
+    let kept: Vec<Value> = db.query("SELECT event FROM tidings.outbox", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0]["payload"]["score"], json!(0.2), "the newer row stays");
 }

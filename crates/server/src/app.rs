@@ -35,6 +35,8 @@ pub struct Application {
     subscriptions: Arc<crate::subscription::Subscriptions>,
     options: ServeOptions,
     retention: (crate::config::Retention, std::time::Duration, std::time::Duration),
+    /// How long set-aside rows of the SQL outbox are kept.
+    set_aside_retention: std::time::Duration,
     consumer_ttl: std::time::Duration,
     background: Background,
     shutdown: CancellationToken,
@@ -230,6 +232,7 @@ impl Application {
             },
         };
         let retention = (settings.retention, settings.idempotency_window, settings.retention_interval);
+        let set_aside_retention = settings.outbox_set_aside_retention;
         let consumer_ttl = settings.consumer_ttl;
         let peer_allow = Arc::new(settings.peer_allow.clone());
         let background = Background {
@@ -277,7 +280,7 @@ impl Application {
         // What tidings.publish (SQL) checks names against: this registry.
         let names = core.registry().docs().flat_map(|d| std::iter::once(d.name.clone()).chain(d.renamed_from.iter().cloned())).collect();
         let strict = core.registry().mode() == crate::registry::RegistryMode::Strict;
-        core.store().registry_sync(names, strict).await.context("writing the registry for tidings.publish")?;
+        core.store().registry_sync(names, strict, core.settings().max_payload).await.context("writing the registry for tidings.publish")?;
         let state = AppState::new(core.clone(), auth, metrics);
         Ok(Self {
             core,
@@ -289,6 +292,7 @@ impl Application {
             subscriptions,
             options,
             retention,
+            set_aside_retention,
             consumer_ttl,
             background,
             shutdown,
@@ -333,7 +337,9 @@ impl Application {
         let listener_task = self.store.start_wakeups(self.broker.waker(), background.clone());
         let broker_task = tokio::spawn(self.broker.clone().run(self.shutdown.clone(), background.clone()));
         let (retention, window, every) = self.retention;
-        let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), retention, window, every, background.clone()));
+        let set_aside = self.set_aside_retention;
+        let retention_task =
+            tokio::spawn(crate::store::run_retention(self.store.clone(), retention, window, set_aside, every, background.clone()));
         let expiry_task = tokio::spawn(crate::service::poll::run_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
         let probe_task = tokio::spawn(crate::store::run_health_probe(self.store.clone(), self.background.health_probe, background.clone()));
         let engine = crate::subscription::supervisor::Supervisor::new(

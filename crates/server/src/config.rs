@@ -292,6 +292,11 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_POLL_MAX_LIMIT", default_value_t = 1000)]
     pub poll_max_limit: usize,
 
+    /// Most bytes of events one poll answers (at least one event; `has_more`
+    /// past it): a page's memory is bounded whatever the events' sizes.
+    #[arg(long, env = "TIDINGS_POLL_MAX_BYTES", default_value = "4MiB", value_parser = byte_size)]
+    pub poll_max_bytes: usize,
+
     /// Longest a poll may wait (`wait_ms` is capped here).
     #[arg(long, env = "TIDINGS_POLL_MAX_WAIT", default_value = "60s", value_parser = duration)]
     pub poll_max_wait: Duration,
@@ -309,7 +314,13 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = duration)]
     pub idempotency_window: Duration,
 
-    /// How often retention prunes history (and expired idempotency keys).
+    /// How long rows of the SQL outbox set aside (never delivered) are kept
+    /// for an operator to read (`tidings.outbox`, `error_code`).
+    #[arg(long, env = "TIDINGS_OUTBOX_SET_ASIDE_RETENTION", default_value = "7d", value_parser = duration)]
+    pub outbox_set_aside_retention: Duration,
+
+    /// How often retention prunes history (and expired idempotency keys,
+    /// and set-aside outbox rows).
     #[arg(long, env = "TIDINGS_RETENTION_INTERVAL", default_value = "1m", value_parser = duration)]
     pub retention_interval: Duration,
 

@@ -418,6 +418,20 @@ impl ServerHandler for Tools {
         let (tools, name) = (self.clone(), request.name.clone());
         let call = tokio::spawn(async move { tools.call(&caller, &name, request.arguments).await });
         Ok(match call.await {
+            // A page is answered once, as structured content; the text says
+            // what it holds (rmcp's `structured` would carry it twice).
+            Ok(Ok(value)) if request.name == "poll" => {
+                let mut result = CallToolResult::structured(Value::Null);
+                let summary = format!(
+                    "{} events, next_since {}, has_more {} (the page is the structured content)",
+                    value["events"].as_array().map_or(0, Vec::len),
+                    value["next_since"],
+                    value["has_more"]
+                );
+                result.content = vec![ContentBlock::text(summary)];
+                result.structured_content = Some(value);
+                result
+            }
             Ok(Ok(value)) => CallToolResult::structured(value),
             Ok(Err(error)) => refused(error),
             Err(panicked) => {

@@ -113,6 +113,7 @@ pub(crate) async fn poll_get(
         wait_ms: uint(None, q.wait_ms.as_deref(), u64::MAX, "invalid_wait_ms", "wait_ms")?,
         // A `GET` stops with its client: nothing to watch.
         gone: CancellationToken::new(),
+        own_place: true,
     };
     Ok(answer(service::poll(app.core(), &caller, request).await?))
 }
@@ -167,6 +168,7 @@ pub(crate) fn request_of(app: &AppState, body: PollBody, gone: CancellationToken
         limit: uint(body.limit.as_ref(), None, u64::MAX, "invalid_limit", "limit")?,
         wait_ms: uint(body.wait_ms.as_ref(), None, u64::MAX, "invalid_wait_ms", "wait_ms")?,
         gone,
+        own_place: true,
     })
 }
 

@@ -153,7 +153,14 @@ pub async fn delta(
     limit: Option<u64>,
 ) -> Result<PollPage, DeviceError> {
     let since = u64::try_from(since).map_err(|_| DeviceError::InvalidSeq)?;
-    let request =
-        PollRequest { filter_json, since: Some(since), consumer_id: None, limit, wait_ms: Some(0), gone: CancellationToken::new() };
+    let request = PollRequest {
+        filter_json,
+        since: Some(since),
+        consumer_id: None,
+        limit,
+        wait_ms: Some(0),
+        gone: CancellationToken::new(),
+        own_place: false,
+    };
     Ok(super::poll::poll(core, caller, request).await?)
 }

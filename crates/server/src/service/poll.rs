@@ -113,6 +113,10 @@ pub struct PollRequest {
     /// Cancelled when the client is gone: the poll ends at once and gives
     /// its place in the stream limits back.
     pub gone: CancellationToken,
+    /// The poll takes a place of its own in the stream limits, waiting or
+    /// not (HTTP and MCP polls: concurrent page reads are bounded per
+    /// identity); a device's `sync.delta` reads within its connection's.
+    pub own_place: bool,
 }
 
 /// A poll's answer.
@@ -196,7 +200,7 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     // A poll that waits is a stream while it waits: it holds a place in
     // the stream limits (taken before a consumer is stored, so a refusal
     // stores nothing).
-    let permit = if wait.is_zero() { None } else { Some(core.limits().acquire_stream(caller)?) };
+    let permit = if wait.is_zero() && !request.own_place { None } else { Some(core.limits().acquire_stream(caller)?) };
     // A durable consumer's first read in a newer epoch may be told that
     // history it was shown is gone.
     let mut told = None;
@@ -260,6 +264,8 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     // delivered under a token past its life.
     let deadline = tokio::time::Instant::now() + wait.min(until_expiry(caller));
     let (mut events, mut has_more, mut caught_up, mut gap) = (Vec::new(), false, false, told);
+    // Bytes of the envelopes in `events`: a page is bounded in bytes too.
+    let mut bytes = 0usize;
     loop {
         let item = tokio::select! {
             // Nobody is left to answer: end, and give the permit back.
@@ -271,7 +277,21 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
         };
         match item {
             Item::Events { frames, .. } => {
+                let before = events.len();
                 events.extend(frames);
+                bytes += events[before..].iter().map(|e| e.envelope.len()).sum::<usize>();
+                if bytes > settings.poll_max_bytes && events.len() > 1 {
+                    // Past the byte bound: as many as fit (one at least).
+                    let mut kept = 0usize;
+                    let fit = events.iter().take_while(|e| {
+                        kept += e.envelope.len();
+                        kept <= settings.poll_max_bytes
+                    });
+                    let fit = fit.count().max(1);
+                    events.truncate(fit.min(limit));
+                    has_more = true;
+                    break;
+                }
                 if events.len() > limit {
                     // One match beyond the limit proves there is more.
                     events.truncate(limit);

@@ -454,10 +454,17 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
         Ok(None)
     }
 
-    /// Writes the registry's names (with aliases) and whether it is strict
-    /// where `tidings.publish` checks them; nothing without an outbox.
-    async fn registry_sync(&self, _names: Vec<String>, _strict: bool) -> Result<(), StoreError> {
+    /// Writes the registry's names (with aliases), whether it is strict,
+    /// and the largest payload (`TIDINGS_MAX_PAYLOAD`) where
+    /// `tidings.publish` checks them; nothing without an outbox.
+    async fn registry_sync(&self, _names: Vec<String>, _strict: bool, _max_payload: usize) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Forgets the SQL outbox's set-aside rows queued before `before_ms`
+    /// (Unix ms); how many. Nothing without an outbox.
+    async fn prune_set_aside(&self, _before_ms: i64) -> Result<u64, StoreError> {
+        Ok(0)
     }
 
     /// [`Self::floor`] and [`Self::head`] read together, in one round trip
@@ -633,6 +640,7 @@ pub async fn run_retention(
     store: Arc<dyn Store>,
     retention: crate::config::Retention,
     idempotency_window: std::time::Duration,
+    set_aside_retention: std::time::Duration,
     every: std::time::Duration,
     cancel: CancellationToken,
 ) {
@@ -650,6 +658,14 @@ pub async fn run_retention(
             Ok(0) => {}
             Ok(deleted) => tracing::debug!(deleted, "forgot expired idempotency keys"),
             Err(e) => tracing::warn!(error = %crate::report::chain(&e), "could not prune idempotency keys; retrying at the next interval"),
+        }
+        let kept = i64::try_from(set_aside_retention.as_millis()).unwrap_or(i64::MAX);
+        match store.prune_set_aside(now.saturating_sub(kept)).await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::info!(deleted, "forgot set-aside rows of the SQL outbox past TIDINGS_OUTBOX_SET_ASIDE_RETENTION"),
+            Err(e) => {
+                tracing::warn!(error = %crate::report::chain(&e), "could not prune the outbox's set-aside rows; retrying at the next interval")
+            }
         }
         if !retention.is_on() {
             continue;

@@ -138,12 +138,24 @@ pub struct Subscription {
     /// (seed 000 §8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay_endpoint: Option<String>,
+    /// Whom it counts against in `TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY`
+    /// when that is not the subscriber: the identity this server granted
+    /// the caller capability to (the root of its chain), so delegating the
+    /// capability to fresh keys buys no more room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accountable: Option<String>,
 }
 
 impl Subscription {
     /// Its path in the tree.
     pub fn path(&self) -> String {
         format!("{DIR}/{}", self.subscription_id)
+    }
+
+    /// The identity it counts against: the capability's first grantee, or
+    /// the subscriber.
+    pub fn counted_against(&self) -> &str {
+        self.accountable.as_deref().unwrap_or(&self.subscriber_identity)
     }
 
     /// As an entity.

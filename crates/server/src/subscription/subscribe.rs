@@ -64,6 +64,10 @@ impl Subscriptions {
         let deliver_chain: Vec<String> =
             if request.deliver_peer.is_some() { content.iter().map(|(hash, _)| hash.clone()).collect() } else { Vec::new() };
         let pattern = request.pattern.as_str();
+        // Room is counted against the identity this server granted the
+        // caller capability to (the chain's root grantee), whoever it was
+        // delegated to; without a capability, against the subscriber.
+        let accountable = caller.capability.and_then(<[_]>::last).map_or(caller.author, |root| root.grantee.as_str()).to_owned();
         // A new peer is proven by a call to its endpoint: only once the
         // request is accepted (every check above, and room for it), and
         // outside the gate (a slow endpoint holds up no other subscribe).
@@ -74,7 +78,7 @@ impl Subscriptions {
                 let _gate = self.gate.lock().await;
                 let existing = self.list().await?;
                 if !self.renews(&existing, caller.author, &request)
-                    && let Some(answer) = self.no_room(&existing, caller.author, pattern).await?
+                    && let Some(answer) = self.no_room(&existing, caller.author, &accountable, pattern).await?
                 {
                     return answer;
                 }
@@ -108,7 +112,7 @@ impl Subscriptions {
             self.store.content_put(content).await?;
             return Ok(Executed::Done(result(&renewed, true)));
         }
-        if let Some(answer) = self.no_room(&existing, caller.author, pattern).await? {
+        if let Some(answer) = self.no_room(&existing, caller.author, &accountable, pattern).await? {
             return answer;
         }
         // 4–5. Store the entity: the engine registers it when it reaches the
@@ -126,6 +130,7 @@ impl Subscriptions {
             limits: request.limits,
             deliver_chain,
             relay_endpoint: request.relay_endpoint,
+            accountable: (accountable != caller.author).then_some(accountable),
         };
         if let Some((peer, endpoint)) = &learn {
             // Lost to a concurrent write of the same peer: that one stands.
@@ -146,10 +151,18 @@ impl Subscriptions {
         existing.iter().any(|h| renewal_of(&h.1, author, request))
     }
 
-    /// The answer when a new subscription of `author` for `pattern` has no
-    /// room: `too_many_subscriptions` at the server's cap, a capacity
-    /// redirect (seed 000 §8.3) at the prefix's; `None` when it fits.
-    async fn no_room(&self, existing: &[Held], author: &str, pattern: &str) -> Result<Option<Result<Executed, ExecuteError>>, StoreError> {
+    /// The answer when a new subscription of `author`, counted against
+    /// `accountable` (see [`Subscription::counted_against`]), for `pattern`
+    /// has no room:
+    /// `too_many_subscriptions` at the server's cap, a capacity redirect
+    /// (seed 000 §8.3) at the prefix's; `None` when it fits.
+    async fn no_room(
+        &self,
+        existing: &[Held],
+        author: &str,
+        accountable: &str,
+        pattern: &str,
+    ) -> Result<Option<Result<Executed, ExecuteError>>, StoreError> {
         if existing.len() >= self.max_total {
             return Ok(Some(Err(ExecuteError::TooManySubscriptions(format!(
                 "this server keeps at most {} subscriptions; unsubscribe some or use another server",
@@ -157,7 +170,7 @@ impl Subscriptions {
             )))));
         }
         // One subscriber cannot take the server's room from everyone else.
-        if existing.iter().filter(|h| h.1.subscriber_identity == author).count() >= self.max_per_identity {
+        if existing.iter().filter(|h| h.1.counted_against() == accountable).count() >= self.max_per_identity {
             return Ok(Some(Err(ExecuteError::TooManySubscriptionsForIdentity(format!(
                 "this identity keeps at most {} subscriptions here (TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY); unsubscribe some",
                 self.max_per_identity

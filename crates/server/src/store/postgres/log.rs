@@ -168,8 +168,19 @@ impl EventLog for PostgresStore {
         self.outbox_status_now().await.map(Some)
     }
 
-    async fn registry_sync(&self, names: Vec<String>, strict: bool) -> Result<(), StoreError> {
-        self.write_registry(names, strict).await
+    async fn registry_sync(&self, names: Vec<String>, strict: bool, max_payload: usize) -> Result<(), StoreError> {
+        self.write_registry(names, strict, max_payload).await
+    }
+
+    async fn prune_set_aside(&self, before_ms: i64) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM tidings.outbox WHERE error_code IS NOT NULL AND created_at < to_timestamp($1::bigint / 1000.0)",
+                &[&before_ms],
+            )
+            .await
+            .map_err(pg_error)
     }
 
     async fn prune_idempotency(&self, before_ms: i64) -> Result<u64, StoreError> {

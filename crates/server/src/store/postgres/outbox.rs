@@ -117,7 +117,7 @@ impl PostgresStore {
         Ok(OutboxStatus { depth: row.get(0), oldest_age_ms: row.get(1), set_aside: row.get(2) })
     }
 
-    pub(super) async fn write_registry(&self, names: Vec<String>, strict: bool) -> Result<(), StoreError> {
+    pub(super) async fn write_registry(&self, names: Vec<String>, strict: bool, max_payload: usize) -> Result<(), StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
         // Processes starting together each replace the copy whole, one after
@@ -125,9 +125,11 @@ impl PostgresStore {
         tx.execute("LOCK TABLE tidings.registry IN EXCLUSIVE MODE", &[]).await.map_err(pg_error)?;
         tx.execute("DELETE FROM tidings.registry", &[]).await.map_err(pg_error)?;
         tx.execute("INSERT INTO tidings.registry (name) SELECT DISTINCT unnest($1::text[])", &[&names]).await.map_err(pg_error)?;
+        let max_payload = i32::try_from(max_payload).unwrap_or(i32::MAX);
         tx.execute(
-            "INSERT INTO tidings.registry_mode (strict) VALUES ($1) ON CONFLICT (singleton) DO UPDATE SET strict = EXCLUDED.strict",
-            &[&strict],
+            "INSERT INTO tidings.registry_mode (strict, max_payload) VALUES ($1, $2) \
+             ON CONFLICT (singleton) DO UPDATE SET strict = EXCLUDED.strict, max_payload = EXCLUDED.max_payload",
+            &[&strict, &max_payload],
         )
         .await
         .map_err(pg_error)?;

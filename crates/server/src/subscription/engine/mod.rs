@@ -475,6 +475,7 @@ mod tests {
             limits,
             deliver_chain: vec![],
             relay_endpoint: None,
+            accountable: None,
         };
         Active {
             glob: Glob::new_path(&sub.pattern).unwrap(),
