@@ -202,6 +202,31 @@ export interface Stream {
  * disconnect from the last event delivered: nothing missed, nothing twice.
  */
 export declare function stream(filter: Filter, options: StreamOptions): Stream;
+/** One dispatched Server-Sent Events frame (what [SseParser] hands out). */
+export interface Frame {
+    event: string;
+    data: string;
+    id: string | undefined;
+}
+/**
+ * The event-stream parser of the HTML standard (§9.2.6), fed with bytes.
+ * Bounded: a line or an event past the bounds throws (the stream is then
+ * broken and resumed) rather than growing without end; each byte is
+ * searched for a line end once, however the text arrives.
+ */
+export declare class SseParser {
+    /** The last `retry:` value, in milliseconds. */
+    retry: number | undefined;
+    private readonly decoder;
+    private buffer;
+    private data;
+    private dataLength;
+    private event;
+    private id;
+    private lastId;
+    push(bytes: Uint8Array): Frame[];
+    private line;
+}
 /** A poll: `since` (exclusive), or a durable `consumer_id`, or neither (from the head). */
 export interface PollRequest {
     filter?: Filter;

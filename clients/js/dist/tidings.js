@@ -426,23 +426,43 @@ function report(error) {
     if (typeof console !== "undefined" && !(error instanceof DOMException && error.name === "AbortError"))
         console.warn("tidings:", error);
 }
-/** The event-stream parser of the HTML standard (§9.2.6), fed with bytes. */
-class SseParser {
+/**
+ * The longest line of an event stream the client holds: a server's
+ * envelopes are far smaller (`TIDINGS_MAX_PAYLOAD`, 64 KiB by default). A
+ * longer one is a broken stream: the client resumes from its last event.
+ */
+const MAX_LINE = 4 * 1024 * 1024;
+/** The most data one event may gather over its `data:` lines. */
+const MAX_EVENT = 8 * 1024 * 1024;
+/**
+ * The event-stream parser of the HTML standard (§9.2.6), fed with bytes.
+ * Bounded: a line or an event past the bounds throws (the stream is then
+ * broken and resumed) rather than growing without end; each byte is
+ * searched for a line end once, however the text arrives.
+ */
+export class SseParser {
     /** The last `retry:` value, in milliseconds. */
     retry;
     decoder = new TextDecoder();
     buffer = "";
     data = [];
+    dataLength = 0;
     event = "";
     id;
     lastId;
     push(bytes) {
+        // What is left of the buffer holds no line end but perhaps a last CR.
+        const from = Math.max(0, this.buffer.length - 1);
         this.buffer += this.decoder.decode(bytes, { stream: true });
         const frames = [];
         let start = 0;
+        // The next CR, searched again only once passed (a stream with none is
+        // not rescanned for one at every line).
+        let cr = this.buffer.indexOf("\r", from);
         for (;;) {
-            const lf = this.buffer.indexOf("\n", start);
-            const cr = this.buffer.indexOf("\r", start);
+            const lf = this.buffer.indexOf("\n", Math.max(start, from));
+            if (cr !== -1 && cr < start)
+                cr = this.buffer.indexOf("\r", start);
             let end;
             let next;
             if (cr !== -1 && (lf === -1 || cr < lf)) {
@@ -465,6 +485,8 @@ class SseParser {
             start = next;
         }
         this.buffer = this.buffer.slice(start);
+        if (this.buffer.length > MAX_LINE)
+            throw new Error(`tidings: a stream line past ${MAX_LINE} characters; resuming`);
         return frames;
     }
     line(line) {
@@ -473,6 +495,7 @@ class SseParser {
             if (this.id !== undefined)
                 this.lastId = this.id;
             this.data = [];
+            this.dataLength = 0;
             this.event = "";
             this.id = undefined;
             return frame;
@@ -484,8 +507,12 @@ class SseParser {
         let value = colon === -1 ? "" : line.slice(colon + 1);
         if (value.startsWith(" "))
             value = value.slice(1);
-        if (field === "data")
+        if (field === "data") {
+            this.dataLength += value.length + 1;
+            if (this.dataLength > MAX_EVENT)
+                throw new Error(`tidings: a stream event past ${MAX_EVENT} characters; resuming`);
             this.data.push(value);
+        }
         else if (field === "event")
             this.event = value;
         else if (field === "id" && !value.includes("\0"))

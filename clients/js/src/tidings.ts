@@ -584,31 +584,51 @@ function report(error: unknown): void {
   if (typeof console !== "undefined" && !(error instanceof DOMException && error.name === "AbortError")) console.warn("tidings:", error);
 }
 
-/** One dispatched Server-Sent Events frame. */
-interface Frame {
+/** One dispatched Server-Sent Events frame (what [SseParser] hands out). */
+export interface Frame {
   event: string;
   data: string;
   id: string | undefined;
 }
 
-/** The event-stream parser of the HTML standard (§9.2.6), fed with bytes. */
-class SseParser {
+/**
+ * The longest line of an event stream the client holds: a server's
+ * envelopes are far smaller (`TIDINGS_MAX_PAYLOAD`, 64 KiB by default). A
+ * longer one is a broken stream: the client resumes from its last event.
+ */
+const MAX_LINE = 4 * 1024 * 1024;
+/** The most data one event may gather over its `data:` lines. */
+const MAX_EVENT = 8 * 1024 * 1024;
+
+/**
+ * The event-stream parser of the HTML standard (§9.2.6), fed with bytes.
+ * Bounded: a line or an event past the bounds throws (the stream is then
+ * broken and resumed) rather than growing without end; each byte is
+ * searched for a line end once, however the text arrives.
+ */
+export class SseParser {
   /** The last `retry:` value, in milliseconds. */
   retry: number | undefined;
   private readonly decoder = new TextDecoder();
   private buffer = "";
   private data: string[] = [];
+  private dataLength = 0;
   private event = "";
   private id: string | undefined;
   private lastId: string | undefined;
 
   push(bytes: Uint8Array): Frame[] {
+    // What is left of the buffer holds no line end but perhaps a last CR.
+    const from = Math.max(0, this.buffer.length - 1);
     this.buffer += this.decoder.decode(bytes, { stream: true });
     const frames: Frame[] = [];
     let start = 0;
+    // The next CR, searched again only once passed (a stream with none is
+    // not rescanned for one at every line).
+    let cr = this.buffer.indexOf("\r", from);
     for (;;) {
-      const lf = this.buffer.indexOf("\n", start);
-      const cr = this.buffer.indexOf("\r", start);
+      const lf = this.buffer.indexOf("\n", Math.max(start, from));
+      if (cr !== -1 && cr < start) cr = this.buffer.indexOf("\r", start);
       let end: number;
       let next: number;
       if (cr !== -1 && (lf === -1 || cr < lf)) {
@@ -627,6 +647,7 @@ class SseParser {
       start = next;
     }
     this.buffer = this.buffer.slice(start);
+    if (this.buffer.length > MAX_LINE) throw new Error(`tidings: a stream line past ${MAX_LINE} characters; resuming`);
     return frames;
   }
 
@@ -635,6 +656,7 @@ class SseParser {
       const frame = this.data.length ? { event: this.event || "message", data: this.data.join("\n"), id: this.id ?? this.lastId } : null;
       if (this.id !== undefined) this.lastId = this.id;
       this.data = [];
+      this.dataLength = 0;
       this.event = "";
       this.id = undefined;
       return frame;
@@ -644,7 +666,11 @@ class SseParser {
     const field = colon === -1 ? line : line.slice(0, colon);
     let value = colon === -1 ? "" : line.slice(colon + 1);
     if (value.startsWith(" ")) value = value.slice(1);
-    if (field === "data") this.data.push(value);
+    if (field === "data") {
+      this.dataLength += value.length + 1;
+      if (this.dataLength > MAX_EVENT) throw new Error(`tidings: a stream event past ${MAX_EVENT} characters; resuming`);
+      this.data.push(value);
+    }
     else if (field === "event") this.event = value;
     else if (field === "id" && !value.includes("\0")) this.id = value;
     else if (field === "retry" && /^\d+$/.test(value)) this.retry = Number(value);

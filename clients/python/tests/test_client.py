@@ -7,7 +7,9 @@ tokens refreshed through the `token` function."""
 from __future__ import annotations
 
 import logging
+import socketserver
 import threading
+import time
 
 import pytest
 
@@ -264,3 +266,64 @@ def test_an_expired_token_is_replaced_through_the_token_function(auth: Server) -
             stale.poll()
         assert refused.value.status == 401
     publisher.close()
+
+
+class _Endless(socketserver.ThreadingTCPServer):
+    """A hostile server: every stream it answers is one `data:` line that
+    never ends (`size` characters, then silence). Counts its connections."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, size: int) -> None:
+        self.size, self.connections = size, 0
+        outer = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                outer.connections += 1
+                self.rfile.readline()
+                head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 999999999\r\n\r\n"
+                try:
+                    self.wfile.write(head.encode() + b"data: ")
+                    chunk = b"x" * 65536
+                    for _ in range(outer.size // len(chunk)):
+                        self.wfile.write(chunk)
+                    time.sleep(30)
+                except OSError:
+                    pass
+
+        super().__init__(("127.0.0.1", free_port()), Handler)
+
+
+def test_a_stream_whose_line_never_ends_is_resumed_not_buffered() -> None:
+    # 6 MiB of one line, past the client's 4 MiB bound: the client drops the
+    # connection and comes back (resuming), rather than holding it all.
+    server = _Endless(6 * 1024 * 1024)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with tidings.Client(f"http://127.0.0.1:{server.server_address[1]}") as client:
+            stream = client.stream({"types": ["probe.*"]})
+            Reader(stream)
+            until(lambda: server.connections >= 2, "the client to drop the endless line and resume", timeout=30)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_reader_bounds_lines_and_events() -> None:
+    from tidings._core import MAX_EVENT, MAX_LINE, Oversized, SseReader
+
+    reader = SseReader()
+    events = reader.feed("id: 1\ndata: a\r\ndata: b\r")
+    assert events == []
+    events = reader.feed("\n\r\n: comment\nretry: 20\nevent: system.x\ndata: y\n\n")
+    assert [(e.event, e.data, e.id) for e in events] == [("message", "a\nb", "1"), ("system.x", "y", "1")]
+    with pytest.raises(Oversized):
+        for _ in range(MAX_LINE // 65536 + 2):
+            SseReader.feed(reader, "z" * 65536)
+    with pytest.raises(Oversized):
+        many = SseReader()
+        line = "data: " + "w" * 65536 + "\n"
+        for _ in range(MAX_EVENT // 65536 + 2):
+            many.feed(line)

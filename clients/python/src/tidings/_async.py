@@ -13,7 +13,6 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapp
 from urllib.parse import quote
 
 import httpx
-from httpx_sse import EventSource
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -37,6 +36,8 @@ from ._core import (
     refusal,
     refusal_of_upgrade,
     retry_after,
+    Oversized,
+    SseReader,
     ws_connect_args,
 )
 from ._model import Envelope, Event, Filter, Gap, Page, Refused, Unavailable
@@ -210,16 +211,20 @@ class AsyncStream:
                     state.connections += 1
                     fresh_token = callable(client._token)
                     backoff.reset()
-                    async for sse in EventSource(response).aiter_sse():
-                        if sse.retry is not None:
-                            state.retry_ms = sse.retry
-                        envelope = state.frame(sse.event, sse.data, sse.id)
-                        if envelope is not None:
-                            yield envelope
+                    reader = SseReader()
+                    async for text in response.aiter_text():
+                        for sse in reader.feed(text):
+                            if sse.retry is not None:
+                                state.retry_ms = sse.retry
+                            envelope = state.frame(sse.event, sse.data, sse.id)
+                            if envelope is not None:
+                                yield envelope
                 wait = state.retry_ms / 1000 if state.retry_ms is not None else backoff.take()
                 if state.token_expired:
                     state.token_expired, wait = False, 0.0
-            except httpx.TransportError:
+            except (httpx.TransportError, Oversized):
+                # A lost connection, or a stream past the client's bounds
+                # (a broken or hostile server): resume from the last event.
                 wait = backoff.take()
             except Again as again:
                 wait = max(backoff.take(), again.at_least)

@@ -224,6 +224,119 @@ def rpc_refusal(error: Mapping[str, Any]) -> Refused:
     return Refused(0, str(code or "rpc_error"), str(error.get("message", "")), dict(error), rpc_code=int(error.get("code", 0)))
 
 
+MAX_LINE = 4 * 1024 * 1024
+"""The longest line of an event stream the client holds: a server's
+envelopes are far smaller (TIDINGS_MAX_PAYLOAD, 64 KiB by default). A
+longer one is a broken stream: the client resumes from its last event."""
+MAX_EVENT = 8 * 1024 * 1024
+"""The most data one event may gather over its `data:` lines."""
+MAX_WS_MESSAGE = 16 * 1024 * 1024
+"""The largest WebSocket message a device takes (a `sync.delta` page is at
+most TIDINGS_POLL_MAX_BYTES, 4 MiB by default, plus its framing)."""
+
+
+class Oversized(Exception):
+    """A line or an event past :data:`MAX_LINE` / :data:`MAX_EVENT`."""
+
+
+@dataclass
+class SseEvent:
+    """One dispatched event-stream frame."""
+
+    event: str
+    data: str
+    id: str
+    retry: int | None
+
+
+class SseReader:
+    """The event-stream parser of the HTML standard, fed text, bounded: a
+    line or an event past the bounds raises :class:`Oversized` rather than
+    growing without end. Finds line ends only in text it has not scanned."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._scanned = 0
+        self._data: list[str] = []
+        self._data_len = 0
+        self._event = ""
+        self._id: str | None = None
+        self._last_id = ""
+        self._retry: int | None = None
+
+    def feed(self, text: str) -> list[SseEvent]:
+        out: list[SseEvent] = []
+        if "\r" not in text and not self._buffer.endswith("\r"):
+            # Lines end with LF alone (what tidings sends): split once.
+            if "\n" not in text:
+                self._buffer += text
+                self._scanned = len(self._buffer)
+            else:
+                lines = (self._buffer + text).split("\n")
+                self._buffer = lines.pop()
+                self._scanned = len(self._buffer)
+                for line in lines:
+                    frame = self._line(line)
+                    if frame is not None:
+                        out.append(frame)
+            if len(self._buffer) > MAX_LINE:
+                raise Oversized(f"a line of more than {MAX_LINE} characters")
+            return out
+        self._buffer += text
+        start = 0
+        while True:
+            lf = self._buffer.find("\n", max(start, self._scanned))
+            cr = self._buffer.find("\r", max(start, self._scanned))
+            if cr != -1 and (lf == -1 or cr < lf):
+                if cr == len(self._buffer) - 1:
+                    # Maybe the first half of a CRLF.
+                    self._scanned = cr
+                    break
+                end, start_next = cr, cr + 2 if self._buffer[cr + 1] == "\n" else cr + 1
+            elif lf != -1:
+                end, start_next = lf, lf + 1
+            else:
+                self._scanned = len(self._buffer)
+                break
+            frame = self._line(self._buffer[start:end])
+            if frame is not None:
+                out.append(frame)
+            start = start_next
+        if start:
+            self._buffer = self._buffer[start:]
+            self._scanned = max(0, self._scanned - start)
+        if len(self._buffer) > MAX_LINE:
+            raise Oversized(f"a line of more than {MAX_LINE} characters")
+        return out
+
+    def _line(self, line: str) -> SseEvent | None:
+        if line == "":
+            frame = None
+            if self._data:
+                frame = SseEvent(self._event or "message", "\n".join(self._data), self._id if self._id is not None else self._last_id, self._retry)
+            if self._id is not None:
+                self._last_id = self._id
+            self._data, self._data_len, self._event, self._id, self._retry = [], 0, "", None, None
+            return frame
+        if line.startswith(":"):
+            return None
+        field, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "data":
+            self._data_len += len(value) + 1
+            if self._data_len > MAX_EVENT:
+                raise Oversized(f"an event of more than {MAX_EVENT} characters")
+            self._data.append(value)
+        elif field == "event":
+            self._event = value
+        elif field == "id" and "\0" not in value:
+            self._id = value
+        elif field == "retry" and value.isdigit():
+            self._retry = int(value)
+        return None
+
+
 def ws_url(base: str) -> str:
     """The WebSocket URL of `/v1/ws` on `base`. The token goes in a header
     (:func:`ws_headers`), never in the URL: URLs reach proxies' logs and
@@ -256,7 +369,7 @@ def ws_connect_args(base: str, token: str | None, timeout: float | None) -> dict
         "additional_headers": ws_headers(token),
         "logger": WS_LOGGER,
         "open_timeout": timeout,
-        "max_size": None,
+        "max_size": MAX_WS_MESSAGE,
     }
 
 

@@ -11,7 +11,6 @@ from typing import Any, Callable, Generator, Mapping, Sequence, Union
 from urllib.parse import quote
 
 import httpx
-from httpx_sse import EventSource
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
@@ -35,6 +34,8 @@ from ._core import (
     refusal,
     refusal_of_upgrade,
     retry_after,
+    Oversized,
+    SseReader,
     ws_connect_args,
 )
 from ._model import Envelope, Event, Filter, Gap, Page, Refused, Unavailable
@@ -219,18 +220,22 @@ class Stream:
                     state.connections += 1
                     fresh_token = callable(client._token)
                     backoff.reset()
-                    for sse in EventSource(response).iter_sse():
-                        if sse.retry is not None:
-                            state.retry_ms = sse.retry
-                        envelope = state.frame(sse.event, sse.data, sse.id)
-                        if envelope is not None:
-                            yield envelope
+                    reader = SseReader()
+                    for text in response.iter_text():
+                        for sse in reader.feed(text):
+                            if sse.retry is not None:
+                                state.retry_ms = sse.retry
+                            envelope = state.frame(sse.event, sse.data, sse.id)
+                            if envelope is not None:
+                                yield envelope
                 # The server ended the stream (a drop, a shutdown, an expired
                 # token): back after its `retry:` hint.
                 wait = state.retry_ms / 1000 if state.retry_ms is not None else backoff.take()
                 if state.token_expired:
                     state.token_expired, wait = False, 0.0
-            except httpx.TransportError:
+            except (httpx.TransportError, Oversized):
+                # A lost connection, or a stream past the client's bounds
+                # (a broken or hostile server): resume from the last event.
                 wait = backoff.take()
             except Again as again:
                 wait = max(backoff.take(), again.at_least)
