@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::both_stores;
 use crate::helpers::{Backend, process_store};
 
-both_stores!(client_scenarios_pass);
+both_stores!(client_scenarios_pass, the_readme_example_runs_as_written);
 
 /// The MCP server's tests (`clients/python/tests/test_mcp.py`, through the
 /// official MCP Python SDK) run from `tests/api/mcp.rs`; the client's tests
@@ -91,4 +91,37 @@ pub(crate) async fn run_pytest(backend: Backend, args: &[&str]) {
 fn the_client_is_typed() {
     let out = std::process::Command::new(python()).args(["-m", "mypy", "src", "tests", "bench"]).current_dir(CLIENT).output().unwrap();
     assert!(out.status.success(), "mypy --strict: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+/// Runs the first Python block of the README after `marker`, as written,
+/// with the Python client's pinned environment, against a server with
+/// authentication on (`TIDINGS_URL`, `TIDINGS_TOKEN` for `sub` `agent-7`
+/// with `globs` to publish and subscribe); answers what it printed.
+pub(crate) async fn run_readme_example(backend: Backend, marker: &str, globs: &[&str]) -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let after = readme.split_once(marker).unwrap_or_else(|| panic!("the README has {marker:?}")).1;
+    let code = after.split_once("```python\n").unwrap().1.split_once("```").unwrap().0;
+    let (mut envs, dir) = crate::helpers::process_store(backend).await;
+    envs.push(("TIDINGS_JWT_HS256_SECRET", crate::security::SECRET.to_owned()));
+    let server = crate::helpers::spawn_process(&envs).await;
+    let script = dir.path().join("readme_example.py");
+    std::fs::write(&script, code).unwrap();
+    let token = crate::security::token("agent-7", serde_json::json!({"publish": globs, "subscribe": globs}));
+    let run = tokio::process::Command::new(python())
+        .arg(&script)
+        .env("TIDINGS_URL", &server.base)
+        .env("TIDINGS_TOKEN", &token)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), run).await.expect("the example ends").unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the README's example after {marker:?} failed:\n{stdout}\n{stderr}");
+    stdout.into_owned()
+}
+
+/// The README's Python client example, run as written: it prints the
+/// event its new consumer was created in time to see.
+async fn the_readme_example_runs_as_written(backend: Backend) {
+    let stdout = run_readme_example(backend, "### Python client", &["task.*"]).await;
+    assert_eq!(stdout.trim(), "{'id': 7}");
 }
