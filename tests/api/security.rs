@@ -440,12 +440,14 @@ async fn tokens_never_reach_the_logs(backend: Backend) {
         let _ = http.get(format!("{}/v1/consumers", server.base)).header("cookie", format!("access_token={t}")).send().await;
         let _ = http.get(format!("{}/v1/nope?access_token={t}", server.base)).send().await;
         let _ = http.get(format!("{}/v1/registry?x=1;access_token={t}", server.base)).send().await;
-        // Every spelling of the name that authenticates is redacted too.
+        // A percent-encoded spelling of the name authenticates nothing (a
+        // proxy's log redaction looks for the name as written), and is
+        // redacted from the log all the same.
         for name in ["access%5Ftoken", "%61ccess_token", "access_toke%6E", "access%5ftoken"] {
             let r = http.get(format!("{}/v1/poll?{name}={t}", server.base)).send().await.unwrap();
-            assert_eq!(r.status() == 200, t == &good, "{name} carries the token");
+            assert_eq!(r.status(), 401, "{name} carries no token");
             let r = http.get(format!("{}/v1/stream?{name}={t}", server.base)).send().await.unwrap();
-            assert_eq!(r.status() == 200, t == &good, "{name} carries the token on a stream");
+            assert_eq!(r.status(), 401, "{name} carries no token on a stream");
         }
     }
     let logs = server.kill_and_log().await;

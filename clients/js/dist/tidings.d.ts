@@ -211,14 +211,17 @@ export interface Frame {
 /**
  * The event-stream parser of the HTML standard (§9.2.6), fed with bytes.
  * Bounded: a line or an event past the bounds throws (the stream is then
- * broken and resumed) rather than growing without end; each byte is
- * searched for a line end once, however the text arrives.
+ * broken and resumed) rather than growing without end, in time linear
+ * in what arrives, however it is cut.
  */
 export declare class SseParser {
     /** The last `retry:` value, in milliseconds. */
     retry: number | undefined;
     private readonly decoder;
-    private buffer;
+    /** The unterminated rest of the stream, in pieces. */
+    private parts;
+    private partsLength;
+    private started;
     private data;
     private dataLength;
     private event;

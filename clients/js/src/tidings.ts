@@ -603,14 +603,17 @@ const MAX_EVENT = 8 * 1024 * 1024;
 /**
  * The event-stream parser of the HTML standard (§9.2.6), fed with bytes.
  * Bounded: a line or an event past the bounds throws (the stream is then
- * broken and resumed) rather than growing without end; each byte is
- * searched for a line end once, however the text arrives.
+ * broken and resumed) rather than growing without end, in time linear
+ * in what arrives, however it is cut.
  */
 export class SseParser {
   /** The last `retry:` value, in milliseconds. */
   retry: number | undefined;
   private readonly decoder = new TextDecoder();
-  private buffer = "";
+  /** The unterminated rest of the stream, in pieces. */
+  private parts: string[] = [];
+  private partsLength = 0;
+  private started = false;
   private data: string[] = [];
   private dataLength = 0;
   private event = "";
@@ -618,36 +621,55 @@ export class SseParser {
   private lastId: string | undefined;
 
   push(bytes: Uint8Array): Frame[] {
-    // What is left of the buffer holds no line end but perhaps a last CR.
-    const from = Math.max(0, this.buffer.length - 1);
-    this.buffer += this.decoder.decode(bytes, { stream: true });
+    let text = this.decoder.decode(bytes, { stream: true });
+    if (!this.started && text.length) {
+      this.started = true;
+      if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
+    }
+    const last = this.parts.length ? this.parts[this.parts.length - 1]! : "";
+    if (!text.includes("\n") && !text.includes("\r") && !last.endsWith("\r")) {
+      // No line end yet: keep the piece; join only once one arrives
+      // (appending to one string would copy it every time).
+      this.parts.push(text);
+      this.partsLength += text.length;
+      if (this.partsLength > MAX_LINE) throw new Error(`tidings: a stream line past ${MAX_LINE} characters; resuming`);
+      return [];
+    }
+    const buffer = this.parts.join("") + text;
+    this.parts = [];
+    this.partsLength = 0;
     const frames: Frame[] = [];
     let start = 0;
-    // The next CR, searched again only once passed (a stream with none is
-    // not rescanned for one at every line).
-    let cr = this.buffer.indexOf("\r", from);
+    // The next CR and LF, each searched again only once passed: every
+    // character is looked at a bounded number of times.
+    let cr = buffer.indexOf("\r");
+    let lf = buffer.indexOf("\n");
     for (;;) {
-      const lf = this.buffer.indexOf("\n", Math.max(start, from));
-      if (cr !== -1 && cr < start) cr = this.buffer.indexOf("\r", start);
+      if (cr !== -1 && cr < start) cr = buffer.indexOf("\r", start);
+      if (lf !== -1 && lf < start) lf = buffer.indexOf("\n", start);
       let end: number;
       let next: number;
       if (cr !== -1 && (lf === -1 || cr < lf)) {
         // A CR at the very end may be the first half of a CRLF.
-        if (cr === this.buffer.length - 1) break;
+        if (cr === buffer.length - 1) break;
         end = cr;
-        next = this.buffer[cr + 1] === "\n" ? cr + 2 : cr + 1;
+        next = buffer[cr + 1] === "\n" ? cr + 2 : cr + 1;
       } else if (lf !== -1) {
         end = lf;
         next = lf + 1;
       } else {
         break;
       }
-      const frame = this.line(this.buffer.slice(start, end));
+      const frame = this.line(buffer.slice(start, end));
       if (frame) frames.push(frame);
       start = next;
     }
-    this.buffer = this.buffer.slice(start);
-    if (this.buffer.length > MAX_LINE) throw new Error(`tidings: a stream line past ${MAX_LINE} characters; resuming`);
+    const rest = buffer.slice(start);
+    if (rest) {
+      this.parts.push(rest);
+      this.partsLength = rest.length;
+    }
+    if (this.partsLength > MAX_LINE) throw new Error(`tidings: a stream line past ${MAX_LINE} characters; resuming`);
     return frames;
   }
 
@@ -673,7 +695,7 @@ export class SseParser {
     }
     else if (field === "event") this.event = value;
     else if (field === "id" && !value.includes("\0")) this.id = value;
-    else if (field === "retry" && /^\d+$/.test(value)) this.retry = Number(value);
+    else if (field === "retry" && /^\d{1,9}$/.test(value)) this.retry = Number(value);
     return null;
   }
 }

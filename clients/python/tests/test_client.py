@@ -314,6 +314,11 @@ def test_a_stream_whose_line_never_ends_is_resumed_not_buffered() -> None:
 def test_the_reader_bounds_lines_and_events() -> None:
     from tidings._core import MAX_EVENT, MAX_LINE, Oversized, SseReader
 
+    odd = SseReader()
+    # A BOM at the start is dropped; a retry that is not plain digits (or is
+    # absurdly long) is ignored, never a crash.
+    events = odd.feed("\ufeffretry: \u00b2\nretry: " + "9" * 5000 + "\ndata: x\n\n")
+    assert [(e.data, e.retry) for e in events] == [("x", None)]
     reader = SseReader()
     events = reader.feed("id: 1\ndata: a\r\ndata: b\r")
     assert events == []

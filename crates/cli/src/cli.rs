@@ -368,12 +368,10 @@ impl Listening {
             Err(E::Transport(tokio_tungstenite::tungstenite::Error::Http(response))) => {
                 // The server's stable code and message, when it gave them.
                 let answer: Value = response.body().as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
-                anyhow::bail!(
-                    "the server refused the upgrade: {}: {} ({})",
-                    response.status().as_u16(),
-                    answer["error"].as_str().unwrap_or("error"),
-                    answer["message"].as_str().unwrap_or("")
-                )
+                // Bounded, and no control character reaches the terminal.
+                let text =
+                    |field: &str| answer[field].as_str().unwrap_or("").chars().take(500).flat_map(char::escape_default).collect::<String>();
+                anyhow::bail!("the server refused the upgrade: {}: {} ({})", response.status().as_u16(), text("error"), text("message"))
             }
             Err(e) => return retry(e),
         };

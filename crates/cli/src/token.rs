@@ -34,8 +34,9 @@ pub struct TokenArgs {
     /// How long the token lives (`30m`, `12h`, `30d`).
     #[arg(long, default_value = "1h", value_parser = tidings_server::config::duration)]
     pub ttl: Duration,
-    /// The server's HS256 secret.
-    #[arg(long, env = "TIDINGS_JWT_HS256_SECRET", hide_env_values = true, value_parser = secret)]
+    /// The server's HS256 secret: from the environment only (an argument
+    /// would show in the process list and the shell's history).
+    #[arg(skip = Secret::from(std::env::var("TIDINGS_JWT_HS256_SECRET").unwrap_or_default()))]
     pub secret: Secret,
     /// `aud`, as the server checks it.
     #[arg(long, env = "TIDINGS_JWT_AUDIENCE")]
@@ -53,12 +54,9 @@ fn visibility() -> impl clap::builder::TypedValueParser<Value = Visibility> {
     })
 }
 
-fn secret(s: &str) -> Result<Secret, std::convert::Infallible> {
-    Ok(Secret::from(s))
-}
-
 /// Prints a token for `args` on standard output (and nothing else there).
 pub fn token(args: TokenArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(!args.secret.expose().is_empty(), "set TIDINGS_JWT_HS256_SECRET to the server's secret");
     let token = NewToken {
         sub: args.sub,
         publish: args.publish,

@@ -212,7 +212,10 @@ pub async fn open(
         };
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), read).await;
         let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        let text = |field: &str, fallback: &str| answer[field].as_str().unwrap_or(fallback).chars().take(500).collect::<String>();
+        // Bounded, and no control character reaches the user's terminal.
+        let text = |field: &str, fallback: &str| {
+            answer[field].as_str().unwrap_or(fallback).chars().take(500).flat_map(char::escape_default).collect::<String>()
+        };
         return Err(OpenError::Answered {
             status: status.as_u16(),
             code: text("error", "error"),

@@ -355,8 +355,13 @@ pub fn find_token<'a>(
             }
         }
     }
+    // The name as written, never percent-encoded (`access%5Ftoken`): what
+    // proxies' log redaction looks for is what authenticates.
     let query = query?;
-    form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "access_token").map(|(_, v)| v.into_owned().into())
+    query
+        .split(['&', ';'])
+        .find_map(|pair| pair.strip_prefix("access_token="))
+        .map(|v| form_urlencoded::parse(format!("v={v}").as_bytes()).next().map(|(_, v)| v.into_owned()).unwrap_or_default().into())
 }
 
 /// Replaces the value of `access_token` in a query string, for logs. The

@@ -47,7 +47,7 @@ pub fn from_object_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonErr
 pub fn from_object<T: DeserializeOwned>(value: Value) -> Result<T, JsonError> {
     match value {
         Value::Object(_) => serde_path_to_error::deserialize(value)
-            .map_err(|e| JsonError { path: e.path().to_string(), message: e.into_inner().to_string() }),
+            .map_err(|e| JsonError { path: short(&e.path().to_string(), 256), message: short(&e.into_inner().to_string(), 512) }),
         other => Err(JsonError::whole(format!("expected a JSON object, found {}", kind(&other)))),
     }
 }
@@ -65,10 +65,19 @@ impl fmt::Display for Place<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Place::Root => Ok(()),
-            Place::Key(Place::Root, key) => write!(f, "{key}"),
-            Place::Key(parent, key) => write!(f, "{parent}.{key}"),
+            Place::Key(Place::Root, key) => write!(f, "{}", short(key, 64)),
+            Place::Key(parent, key) => write!(f, "{parent}.{}", short(key, 64)),
             Place::Index(parent, i) => write!(f, "{parent}[{i}]"),
         }
+    }
+}
+
+/// `text` cut to `max` characters: keys are the sender's to choose, and a
+/// refusal quotes them.
+fn short(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
     }
 }
 
@@ -202,6 +211,21 @@ mod tests {
         let typed = from_object_slice::<Outer>(br#"{"inner": [{"name": "x"}, {"name": 5}]}"#).unwrap_err();
         assert_eq!(typed.path, "inner[1].name");
         assert!(typed.to_string().starts_with("inner[1].name: invalid type: integer `5`, expected a string"), "{typed}");
+    }
+
+    #[test]
+    fn a_refusal_quotes_a_hostile_key_in_part() {
+        let key = "k".repeat(100_000);
+        let twice = strict_value(format!(r#"{{"{key}": 1, "{key}": 2}}"#).as_bytes()).unwrap_err();
+        assert!(twice.to_string().len() < 300, "{}", twice.to_string().len());
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Strict {
+            a: Option<u8>,
+        }
+        let unknown = from_object::<Strict>(serde_json::json!({ key.clone(): 1 })).unwrap_err();
+        assert!(unknown.to_string().len() < 1_000, "{}", unknown.to_string().len());
     }
 
     #[test]

@@ -249,14 +249,36 @@ class SseEvent:
     retry: int | None
 
 
+def _split_lines(buffer: str) -> tuple[list[str], str]:
+    """`buffer`'s complete lines (ended by CR, LF or CRLF) and its rest; a
+    CR at the very end stays in the rest (it may be half a CRLF). One pass."""
+    lines: list[str] = []
+    start = i = 0
+    n = len(buffer)
+    while i < n:
+        c = buffer[i]
+        if c == "\n" or c == "\r":
+            if c == "\r" and i == n - 1:
+                break
+            lines.append(buffer[start:i])
+            i += 2 if c == "\r" and buffer[i + 1] == "\n" else 1
+            start = i
+        else:
+            i += 1
+    return lines, buffer[start:]
+
+
 class SseReader:
     """The event-stream parser of the HTML standard, fed text, bounded: a
     line or an event past the bounds raises :class:`Oversized` rather than
     growing without end. Finds line ends only in text it has not scanned."""
 
     def __init__(self) -> None:
-        self._buffer = ""
-        self._scanned = 0
+        # The unterminated rest of the stream: pieces, joined only once a
+        # line end arrives (appending to one string copies it every time).
+        self._parts: list[str] = []
+        self._parts_len = 0
+        self._started = False
         self._data: list[str] = []
         self._data_len = 0
         self._event = ""
@@ -265,47 +287,33 @@ class SseReader:
         self._retry: int | None = None
 
     def feed(self, text: str) -> list[SseEvent]:
-        out: list[SseEvent] = []
-        if "\r" not in text and not self._buffer.endswith("\r"):
-            # Lines end with LF alone (what tidings sends): split once.
-            if "\n" not in text:
-                self._buffer += text
-                self._scanned = len(self._buffer)
-            else:
-                lines = (self._buffer + text).split("\n")
-                self._buffer = lines.pop()
-                self._scanned = len(self._buffer)
-                for line in lines:
-                    frame = self._line(line)
-                    if frame is not None:
-                        out.append(frame)
-            if len(self._buffer) > MAX_LINE:
+        if not self._started and text:
+            self._started = True
+            if text.startswith("\ufeff"):
+                text = text[1:]
+        pending_cr = bool(self._parts) and self._parts[-1].endswith("\r")
+        if "\n" not in text and "\r" not in text and not pending_cr:
+            self._parts.append(text)
+            self._parts_len += len(text)
+            if self._parts_len > MAX_LINE:
                 raise Oversized(f"a line of more than {MAX_LINE} characters")
-            return out
-        self._buffer += text
-        start = 0
-        while True:
-            lf = self._buffer.find("\n", max(start, self._scanned))
-            cr = self._buffer.find("\r", max(start, self._scanned))
-            if cr != -1 and (lf == -1 or cr < lf):
-                if cr == len(self._buffer) - 1:
-                    # Maybe the first half of a CRLF.
-                    self._scanned = cr
-                    break
-                end, start_next = cr, cr + 2 if self._buffer[cr + 1] == "\n" else cr + 1
-            elif lf != -1:
-                end, start_next = lf, lf + 1
-            else:
-                self._scanned = len(self._buffer)
-                break
-            frame = self._line(self._buffer[start:end])
+            return []
+        buffer = "".join(self._parts) + text
+        self._parts, self._parts_len = [], 0
+        out: list[SseEvent] = []
+        if "\r" not in buffer:
+            # Lines end with LF alone (what tidings sends): split once.
+            lines = buffer.split("\n")
+            rest = lines.pop()
+        else:
+            lines, rest = _split_lines(buffer)
+        for line in lines:
+            frame = self._line(line)
             if frame is not None:
                 out.append(frame)
-            start = start_next
-        if start:
-            self._buffer = self._buffer[start:]
-            self._scanned = max(0, self._scanned - start)
-        if len(self._buffer) > MAX_LINE:
+        if rest:
+            self._parts, self._parts_len = [rest], len(rest)
+        if self._parts_len > MAX_LINE:
             raise Oversized(f"a line of more than {MAX_LINE} characters")
         return out
 
@@ -332,7 +340,7 @@ class SseReader:
             self._event = value
         elif field == "id" and "\0" not in value:
             self._id = value
-        elif field == "retry" and value.isdigit():
+        elif field == "retry" and value.isascii() and value.isdigit() and len(value) <= 9:
             self._retry = int(value)
         return None
 

@@ -1,6 +1,6 @@
 -- What tidings.publish checks that only the server's settings know: the
 -- largest payload (TIDINGS_MAX_PAYLOAD), written by each process at start-up
--- with the registry. A larger payload is refused in the caller's
+-- with the registry. A payload far past it is refused in the caller's
 -- transaction (payload_too_large) rather than queued only to be set aside.
 ALTER TABLE tidings.registry_mode ADD COLUMN IF NOT EXISTS max_payload integer;
 
@@ -36,13 +36,17 @@ BEGIN
     IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'invalid_event', DETAIL = 'payload must be a JSON object';
     END IF;
-    -- The server's TIDINGS_MAX_PAYLOAD, as each process wrote it at start-up
-    -- (the mover checks the exact size again; this keeps the outbox from
-    -- holding what would only be set aside).
-    IF octet_length(payload::text) > coalesce((SELECT m.max_payload FROM tidings.registry_mode m), 2147483647) THEN
+    -- Twice the server's TIDINGS_MAX_PAYLOAD, as each process wrote it at
+    -- start-up: PostgreSQL's text form of jsonb has a space after every
+    -- `:` and `,` that the server's compact count does not, so the mover
+    -- checks the exact size; this keeps the outbox from holding what is
+    -- far past it. The other fields together are bounded likewise.
+    IF octet_length(payload::text) > 2 * coalesce((SELECT m.max_payload FROM tidings.registry_mode m), 1073741823)
+       OR octet_length(coalesce(ref, '') || coalesce(agent_id, '') || coalesce(agent_kind, '') || coalesce(session_id, '')
+                       || coalesce(links::text, '')) > 65536 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'payload_too_large',
-            DETAIL = format('the payload is %s bytes; the server takes at most %s',
-                            octet_length(payload::text), (SELECT m.max_payload FROM tidings.registry_mode m));
+            DETAIL = format('the event is far past what the server takes (TIDINGS_MAX_PAYLOAD %s bytes)',
+                            (SELECT m.max_payload FROM tidings.registry_mode m));
     END IF;
     IF visibility IS NULL OR visibility NOT IN ('public', 'reviewer_only', 'admin') THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'invalid_event',

@@ -68,7 +68,7 @@ pub(crate) async fn post(State(app): State<AppState>, Caller(caller): Caller, re
         Ok(bytes) => bytes,
         Err(refusal) => return refusal.into_response(),
     };
-    let json = parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let json = parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().to_ascii_lowercase().starts_with(b"application/json"));
     // The SDK keeps the last of a key given twice: such a message is
     // refused before it sees it (tool arguments are an event, an entity).
     if json && let Err(e) = crate::json::strict_value(&bytes) {
