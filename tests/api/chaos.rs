@@ -31,17 +31,15 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt as _, StreamExt as _};
 use lacodda_tear::{Cut, Tear};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::{Value, json};
-use tokio_tungstenite::tungstenite::Message;
 
 use crate::checker::{self, Follower, Seen};
 use crate::epochs::host_of;
 use crate::helpers::{free_port, process_command};
-use crate::ws::Key;
+use crate::readers;
 
 /// One tidings process the campaign starts, kills and starts again on
 /// the same port.
@@ -117,6 +115,7 @@ struct Figures {
     seed: u64,
     seconds: u64,
     faults: BTreeMap<&'static str, u64>,
+    listen_sessions_terminated: u64,
     publishes_acknowledged: u64,
     publish_attempts_refused: u64,
     events_in_final_log: usize,
@@ -133,6 +132,7 @@ impl Figures {
             "seed": self.seed,
             "seconds": self.seconds,
             "faults": self.faults,
+            "listen_sessions_terminated": self.listen_sessions_terminated,
             "publishes_acknowledged": self.publishes_acknowledged,
             "publish_attempts_refused": self.publish_attempts_refused,
             "events_in_final_log": self.events_in_final_log,
@@ -202,136 +202,6 @@ fn publishers(bases: Arc<Vec<String>>, stop: Arc<AtomicBool>, refused: Arc<Atomi
         .collect()
 }
 
-/// A client that polls `base` with `since`, from 0, recording what it is
-/// shown (and `history_lost` gaps), until it has read the id `until`
-/// holds (0 until the last event is known).
-pub(crate) fn poller(base: String, until: Arc<AtomicI64>) -> tokio::task::JoinHandle<Vec<Seen>> {
-    tokio::spawn(async move {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
-        let (mut seen, mut since) = (Vec::new(), 0i64);
-        loop {
-            let last = until.load(Ordering::Acquire);
-            if last > 0 && seen.iter().any(|s| matches!(s, Seen::Event(id, _) if *id == last)) {
-                return seen;
-            }
-            let url = format!("{base}/v1/poll?since={since}&limit=200&wait_ms=300");
-            let page = match http.get(url).send().await {
-                Ok(r) if r.status() == 200 => r.json::<Value>().await.unwrap_or(Value::Null),
-                _ => Value::Null,
-            };
-            let Some(events) = page["events"].as_array() else {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            if page["gap"]["reason"] == "history_lost" {
-                seen.push(Seen::Lost { fork: page["gap"]["fork"].as_i64().expect("a fork") });
-            }
-            seen.extend(events.iter().map(|e| Seen::Event(e["event_id"].as_i64().unwrap(), e["payload"].clone())));
-            since = page["next_since"].as_i64().unwrap_or(since);
-        }
-    })
-}
-
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-/// The next text frame as JSON (`Some(None)` after 2 s of quiet or for a
-/// ping), or `None` once the connection is closed.
-async fn next_message(ws: &mut Ws) -> Option<Option<Value>> {
-    match tokio::time::timeout(Duration::from_secs(2), ws.next()).await {
-        Ok(Some(Ok(Message::Text(t)))) => Some(Some(serde_json::from_str::<Value>(t.as_str()).unwrap_or(Value::Null))),
-        Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) => None,
-        _ => Some(None),
-    }
-}
-
-/// A WebSocket device on `base` (device `name`): says hello with the last
-/// seq it saw (its cursor is its own: it never acks), pages `sync.delta`
-/// to the head, then takes `stream.event` frames, and on any close does it
-/// all again; records what it is shown (and the losses it is told of, by
-/// `stream.gap` or in a `sync.delta` page) until it has read the id
-/// `until` holds.
-pub(crate) fn device(base: String, name: String, until: Arc<AtomicI64>) -> tokio::task::JoinHandle<Vec<Seen>> {
-    tokio::spawn(async move {
-        let key = Key::new();
-        let mut seen: Vec<Seen> = Vec::new();
-        let url = format!("{}/v1/ws", base.replace("http://", "ws://"));
-        let last_seq = |seen: &[Seen]| seen.iter().rev().find_map(|s| if let Seen::Event(id, _) = s { Some(*id) } else { None });
-        let done = |seen: &[Seen]| {
-            let last = until.load(Ordering::Acquire);
-            last > 0 && seen.iter().any(|s| matches!(s, Seen::Event(id, _) if *id == last))
-        };
-        'connect: loop {
-            if done(&seen) {
-                return seen;
-            }
-            let Ok(Ok((mut ws, _))) = tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(&url)).await else {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            let hello = loop {
-                match next_message(&mut ws).await {
-                    Some(Some(m)) if m["method"] == "stream.hello" => break m,
-                    Some(_) => {}
-                    None => continue 'connect,
-                }
-            };
-            let cursor = last_seq(&seen).unwrap_or(0);
-            let nonce = hello["params"]["nonce"].as_str().unwrap_or_default().to_owned();
-            let body = json!({"device_id": name, "cursor": cursor});
-            let proof = key.proof("stream.auth", &body, &nonce);
-            let auth = json!({"jsonrpc": "2.0", "id": 1, "method": "stream.auth", "params": {"body": body, "origin_proof": proof}});
-            if ws.send(Message::text(auth.to_string())).await.is_err() {
-                continue;
-            }
-            let (mut since, mut id, mut head, mut caught_up) = (cursor, 1, i64::MAX, false);
-            loop {
-                if done(&seen) {
-                    return seen;
-                }
-                let message = match next_message(&mut ws).await {
-                    Some(Some(m)) => m,
-                    Some(None) => continue,
-                    None => continue 'connect,
-                };
-                if message["method"] == "stream.gap" {
-                    if message["params"]["reason"] == "history_lost" {
-                        seen.push(Seen::Lost { fork: message["params"]["fork"].as_i64().expect("a fork") });
-                    }
-                } else if message["id"] == id {
-                    let result = &message["result"];
-                    if result.is_null() {
-                        // Refused (the store is down, say): again.
-                        continue 'connect;
-                    }
-                    if id == 1 {
-                        head = result["head_seq"].as_i64().unwrap_or(i64::MAX);
-                    } else {
-                        // A page from a point in a lost stretch says so.
-                        if result["gap"]["reason"] == "history_lost" {
-                            seen.push(Seen::Lost { fork: result["gap"]["fork"].as_i64().expect("a fork") });
-                        }
-                        for item in result["items"].as_array().into_iter().flatten() {
-                            seen.push(Seen::Event(item["seq"].as_i64().unwrap(), item["event"]["payload"].clone()));
-                        }
-                        since = result["next_since"].as_i64().unwrap_or(since);
-                        caught_up = !result["has_more"].as_bool().unwrap_or(true) && since >= head;
-                    }
-                    if !caught_up {
-                        id += 1;
-                        let page = json!({"jsonrpc": "2.0", "id": id, "method": "sync.delta", "params": {"device_id": name, "since": since, "limit": 200}});
-                        if ws.send(Message::text(page.to_string())).await.is_err() {
-                            continue 'connect;
-                        }
-                    }
-                } else if message["method"] == "stream.event" && caught_up {
-                    let params = &message["params"];
-                    seen.push(Seen::Event(params["seq"].as_i64().unwrap(), params["event"]["payload"].clone()));
-                }
-            }
-        }
-    })
-}
-
 /// The PostgreSQL hosts of a campaign, each behind its fault proxy.
 struct Database {
     /// The admin URL and `pg_ctl` line of the primary and the standby.
@@ -348,18 +218,19 @@ impl Database {
         crate::epochs::pg_ctl_line(&self.hosts[host].1, args).await;
     }
 
-    /// Terminates the LISTEN sessions of the campaign's database.
-    async fn terminate_listeners(&self) {
+    /// Terminates the LISTEN sessions of the campaign's database; how
+    /// many it terminated.
+    async fn terminate_listeners(&self) -> u64 {
         let url = self.hosts[self.primary].0.clone();
-        if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-            tokio::spawn(conn);
-            let _ = client
-                .query(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tidings-listener' AND datname = $1",
-                    &[&self.name],
-                )
-                .await;
-        }
+        let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await else { return 0 };
+        tokio::spawn(conn);
+        let terminated = client
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tidings-listener' AND datname = $1",
+                &[&self.name],
+            )
+            .await;
+        terminated.map_or(0, |rows| rows.iter().filter(|r| r.get::<_, bool>(0)).count() as u64)
     }
 }
 
@@ -367,90 +238,126 @@ impl Database {
 const PROCESS_FAULTS: &[&str] = &["kill9", "sigterm", "sigstop"];
 const DATABASE_FAULTS: &[&str] = &["pg_restart", "listen_killed", "net_cut", "net_blackhole", "net_outage", "net_slow"];
 
-/// Injects one fault of `kind`, lasting what the seed says, and undoes it.
-async fn inject(kind: &'static str, rng: &mut StdRng, servers: &Mutex<Vec<Server>>, db: Option<&mut Database>) {
+/// Injects one fault of `kind` into a tidings process, lasting what the
+/// seed says, and undoes it.
+async fn process_fault(kind: &'static str, rng: &mut StdRng, servers: &Mutex<Vec<Server>>) {
     let pause = Duration::from_millis(rng.random_range(300..2500));
     let which = rng.random_range(0..servers.lock().unwrap().len());
-    // The servers are taken out while a fault holds them (clients use
-    // their ports only).
-    let take = |i: usize| {
-        let mut s = std::mem::replace(&mut servers.lock().unwrap()[i], Server { port: 0, envs: Vec::new(), child: None });
-        // A process that exited by itself is a crash, not a fault of ours.
-        if let Some(status) = s.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
-            panic!("tidings on port {} exited by itself ({status}) before a {kind}", s.port);
-        }
-        s
-    };
-    let put = |i: usize, s: Server| servers.lock().unwrap()[i] = s;
+    // The server is taken out while the fault holds it (clients use its
+    // port only).
+    let mut s = std::mem::replace(&mut servers.lock().unwrap()[which], Server { port: 0, envs: Vec::new(), child: None });
+    // A process that exited by itself is a crash, not a fault of ours.
+    if let Some(status) = s.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+        panic!("tidings on port {} exited by itself ({status}) before a {kind}", s.port);
+    }
     match kind {
         "kill9" => {
-            let mut s = take(which);
             s.kill9().await;
             tokio::time::sleep(pause / 2).await;
             s.start().await;
-            put(which, s);
         }
         "sigterm" => {
-            let mut s = take(which);
             s.terminate().await;
             s.start().await;
-            put(which, s);
         }
         "sigstop" => {
-            let s = take(which);
             s.signal("-STOP").await;
             tokio::time::sleep(pause).await;
             s.signal("-CONT").await;
-            put(which, s);
         }
-        _ => {
-            let db = db.expect("a database fault on PostgreSQL");
-            let tear = &db.tears[db.primary];
-            match kind {
-                "pg_restart" => {
-                    db.pg_ctl(db.primary, &["-m", "immediate", "stop"]).await;
-                    tokio::time::sleep(pause).await;
-                    db.pg_ctl(db.primary, &["start"]).await;
-                }
-                "listen_killed" => db.terminate_listeners().await,
-                "net_cut" => tear.cut(Cut::Now),
-                "net_blackhole" => {
-                    tear.stall();
-                    tokio::time::sleep(pause).await;
-                    tear.flow();
-                }
-                "net_outage" => {
-                    tear.offline();
-                    tokio::time::sleep(pause).await;
-                    tear.online();
-                }
-                "net_slow" => {
-                    tear.throttle(20_000);
-                    tokio::time::sleep(pause * 2).await;
-                    tear.unthrottle();
-                }
-                // The standby falls behind (stopped while publishes go
-                // on), the primary dies, and the standby is promoted: the
-                // newest events are lost, and whoever saw them is told.
-                "promotion" => {
-                    let (old, new) = (db.primary, 1 - db.primary);
-                    db.pg_ctl(new, &["-m", "fast", "stop"]).await;
-                    tokio::time::sleep(pause).await;
-                    db.pg_ctl(old, &["-m", "immediate", "stop"]).await;
-                    db.pg_ctl(new, &["start"]).await;
-                    db.pg_ctl(new, &["promote"]).await;
-                    db.primary = new;
-                    db.promoted = true;
-                }
-                other => unreachable!("{other}"),
-            }
-        }
+        other => unreachable!("{other}"),
     }
+    servers.lock().unwrap()[which] = s;
+}
+
+/// Injects one fault of `kind` into PostgreSQL or the network to it,
+/// lasting what the seed says, and undoes it. How many sessions it
+/// terminated (`listen_killed`).
+async fn database_fault(kind: &'static str, rng: &mut StdRng, db: &mut Database) -> u64 {
+    let pause = Duration::from_millis(rng.random_range(300..2500));
+    let tear = &db.tears[db.primary];
+    match kind {
+        "pg_restart" => {
+            db.pg_ctl(db.primary, &["-m", "immediate", "stop"]).await;
+            tokio::time::sleep(pause).await;
+            db.pg_ctl(db.primary, &["start"]).await;
+        }
+        "listen_killed" => return db.terminate_listeners().await,
+        "net_cut" => tear.cut(Cut::Now),
+        "net_blackhole" => {
+            tear.stall();
+            tokio::time::sleep(pause).await;
+            tear.flow();
+        }
+        "net_outage" => {
+            tear.offline();
+            tokio::time::sleep(pause).await;
+            tear.online();
+        }
+        "net_slow" => {
+            tear.throttle(20_000);
+            tokio::time::sleep(pause * 2).await;
+            tear.unthrottle();
+        }
+        // The standby falls behind (stopped while publishes go on), the
+        // primary dies, and the standby is promoted: the newest events are
+        // lost, and whoever saw them is told.
+        "promotion" => {
+            let (old, new) = (db.primary, 1 - db.primary);
+            db.pg_ctl(new, &["-m", "fast", "stop"]).await;
+            tokio::time::sleep(pause).await;
+            db.pg_ctl(old, &["-m", "immediate", "stop"]).await;
+            db.pg_ctl(new, &["start"]).await;
+            db.pg_ctl(new, &["promote"]).await;
+            db.primary = new;
+            db.promoted = true;
+        }
+        other => unreachable!("{other}"),
+    }
+    0
+}
+
+/// The faults of a run on two schedules of their own, so that they
+/// overlap: tidings processes on one, PostgreSQL and its network (with
+/// the promotion, once, between half and three quarters of the run) on
+/// the other. Each schedule draws from its own generator seeded from the
+/// run's. How many faults of each kind, and the sessions terminated.
+async fn faults(seed: u64, seconds: u64, servers: &Mutex<Vec<Server>>, db: Option<&mut Database>) -> (BTreeMap<&'static str, u64>, u64) {
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let processes = async {
+        let (mut rng, mut counts) = (StdRng::seed_from_u64(seed), BTreeMap::new());
+        while Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
+            let kind = PROCESS_FAULTS[rng.random_range(0..PROCESS_FAULTS.len())];
+            *counts.entry(kind).or_insert(0) += 1;
+            process_fault(kind, &mut rng, servers).await;
+        }
+        counts
+    };
+    let database = async {
+        let (mut counts, mut terminated) = (BTreeMap::new(), 0);
+        let Some(db) = db else { return (counts, terminated) };
+        let mut rng = StdRng::seed_from_u64(seed.rotate_left(32) ^ 0xdb);
+        let promote_at = Instant::now() + Duration::from_millis(seconds * 1000 * rng.random_range(50..75) / 100);
+        while Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
+            let kind = if !db.promoted && Instant::now() >= promote_at {
+                "promotion"
+            } else {
+                DATABASE_FAULTS[rng.random_range(0..DATABASE_FAULTS.len())]
+            };
+            *counts.entry(kind).or_insert(0) += 1;
+            terminated += database_fault(kind, &mut rng, db).await;
+        }
+        (counts, terminated)
+    };
+    let (mut counts, (database, terminated)) = tokio::join!(processes, database);
+    counts.extend(database);
+    (counts, terminated)
 }
 
 /// One campaign on the given store; its figures, or the checker's finding.
 async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
-    let mut rng = StdRng::seed_from_u64(seed);
     let mut figures = Figures { store, seed, seconds, ..Figures::default() };
     let data = tempfile::tempdir().unwrap();
     let mut db = None;
@@ -483,24 +390,24 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     let followers: Vec<Follower> = bases.iter().map(|b| Follower::start_at(http.clone(), format!("{b}/v1/stream?since=0"))).collect();
     let until = Arc::new(AtomicI64::new(0));
-    let pollers: Vec<_> = bases.iter().map(|b| poller(b.clone(), until.clone())).collect();
-    let devices: Vec<_> = bases.iter().enumerate().map(|(i, b)| device(b.clone(), format!("chaos-{i}"), until.clone())).collect();
+    // Per process: a poller, a durable consumer, an MCP agent and a
+    // device, each named for the process it reads.
+    let readers: Vec<(String, tokio::task::JoinHandle<Vec<Seen>>)> = bases
+        .iter()
+        .enumerate()
+        .flat_map(|(i, b)| {
+            [
+                (format!("poll@{i}"), readers::poller(b.clone(), until.clone())),
+                (format!("consumer@{i}"), readers::consumer(b.clone(), format!("chaos-{i}"), until.clone())),
+                (format!("mcp@{i}"), readers::agent(b.clone(), format!("chaos-mcp-{i}"), until.clone())),
+                (format!("ws@{i}"), readers::device(b.clone(), format!("chaos-{i}"), until.clone())),
+            ]
+        })
+        .collect();
 
-    // Faults until the end of the run; on PostgreSQL one promotion between
-    // half and three quarters of it.
-    let kinds: Vec<&'static str> =
-        if store == "postgres" { PROCESS_FAULTS.iter().chain(DATABASE_FAULTS).copied().collect() } else { PROCESS_FAULTS.to_vec() };
-    let end = Instant::now() + Duration::from_secs(seconds);
-    let promote_at = Instant::now() + Duration::from_millis(seconds * 1000 * rng.random_range(50..75) / 100);
-    while Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
-        let kind = match &db {
-            Some(d) if !d.promoted && Instant::now() >= promote_at => "promotion",
-            _ => kinds[rng.random_range(0..kinds.len())],
-        };
-        *figures.faults.entry(kind).or_default() += 1;
-        inject(kind, &mut rng, &servers, db.as_mut()).await;
-    }
+    let (counts, terminated) = faults(seed, seconds, &servers, db.as_mut()).await;
+    figures.faults = counts;
+    figures.listen_sessions_terminated = terminated;
 
     // The end: publishers finish, one last event, every client reads to it.
     stop.store(true, Ordering::Relaxed);
@@ -542,13 +449,10 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
     for (i, f) in followers.into_iter().enumerate() {
         clients.push((format!("sse@{i}"), f.stop().await));
     }
-    for (i, p) in pollers.into_iter().enumerate() {
-        let seen = tokio::time::timeout(Duration::from_secs(60), p).await.expect("the polling clients read to the last event").unwrap();
-        clients.push((format!("poll@{i}"), seen));
-    }
-    for (i, d) in devices.into_iter().enumerate() {
-        let seen = tokio::time::timeout(Duration::from_secs(60), d).await.expect("the devices read to the last event").unwrap();
-        clients.push((format!("ws@{i}"), seen));
+    for (name, reader) in readers {
+        let seen = tokio::time::timeout(Duration::from_secs(60), reader).await;
+        clients
+            .push((name.clone(), seen.unwrap_or_else(|_| panic!("seed {seed} ({store}): {name} did not read to the last event")).unwrap()));
     }
     let log = checker::final_log_at(&http, &bases[0]).await;
     // The epoch the promotion began: what it may have lost lies between
@@ -561,7 +465,15 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
         }
     }
 
-    let verdict = checker::check(&log, &clients).unwrap_or_else(|e| panic!("seed {seed} ({store}): {e}"));
+    let verdict = checker::check(&log, &clients).unwrap_or_else(|e| {
+        // What every client saw, the final log and the epoch, for whoever
+        // replays the seed.
+        let path = format!("{}/target/chaos-failure-{seed}-{store}.json", env!("CARGO_MANIFEST_DIR"));
+        let seen: BTreeMap<&str, String> = clients.iter().map(|(name, seen)| (name.as_str(), format!("{seen:?}"))).collect();
+        let dump = json!({"error": e, "epoch": deep["epoch"], "log": format!("{log:?}"), "clients": seen});
+        let _ = std::fs::write(&path, dump.to_string());
+        panic!("seed {seed} ({store}): {e} (what each client saw: {path})")
+    });
     checker::stored_once(&log).unwrap_or_else(|e| panic!("seed {seed} ({store}): {e}"));
     let promoted = db.as_ref().is_some_and(|d| d.promoted);
     let kept: Vec<&(i64, Value)> = acknowledged.iter().filter(|(id, body)| log.iter().any(|(i, b)| i == id && b == body)).collect();

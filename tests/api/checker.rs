@@ -33,6 +33,11 @@ pub(crate) enum Seen {
     Event(i64, Value),
     /// History was lost: events after `fork` it may have seen are gone.
     Lost { fork: i64 },
+    /// The same, told by a cursor the server keeps for the client (a
+    /// durable consumer's, read without `since`): a cursor at the fork
+    /// when the epoch changed may have been shown events past it, which
+    /// the server cannot tell, so it is told at the fork too.
+    LostAtCursor { fork: i64 },
 }
 
 /// What the checker found, when it found nothing wrong.
@@ -98,13 +103,15 @@ pub(crate) fn check(log: &[(i64, Value)], clients: &[(String, Vec<Seen>)]) -> Re
                     last = Some(*id);
                     expected = next_after(*id).unwrap_or(i64::MAX);
                 }
-                Seen::Lost { fork } => {
+                Seen::Lost { fork } | Seen::LostAtCursor { fork } => {
                     verdict.announced += 1;
                     // Told only where it resumes from a lost event, and
                     // the fork is below it and not below anything it saw
-                    // that survived.
+                    // that survived; by a kept cursor, at the fork too.
+                    let at_cursor = matches!(item, Seen::LostAtCursor { .. });
                     match last {
                         Some(l) if !final_log.contains_key(&l) && l > *fork => {}
+                        Some(l) if at_cursor && l == *fork => {}
                         _ => return Err(format!("{name} was told of a loss (fork {fork}) after {last:?}, which is no lost event past it")),
                     }
                     if let Some(bad) = unannounced.iter().find(|&&id| id <= *fork) {
@@ -283,6 +290,14 @@ mod tests {
         assert!(judge(vec![ev(2), ev(3)]).unwrap_err().contains("goes on with 1"));
         // A loss announced where nothing was lost.
         assert!(judge(vec![ev(1), ev(2), Seen::Lost { fork: 0 }, ev(1)]).unwrap_err().contains("no lost event"));
+        // A kept cursor at the fork may be told there; anywhere else not,
+        // and a stream's resume point never at the fork.
+        assert_eq!(
+            judge(vec![ev(1), ev(2), ev(3), Seen::LostAtCursor { fork: 3 }, ev(100)]),
+            Ok(Verdict { events: 4, announced: 1, lost: 0 })
+        );
+        assert!(judge(vec![ev(1), ev(2), Seen::LostAtCursor { fork: 1 }, ev(2)]).unwrap_err().contains("no lost event"));
+        assert!(judge(vec![ev(1), ev(2), ev(3), Seen::Lost { fork: 3 }, ev(100)]).unwrap_err().contains("no lost event"));
         // A fork below what it saw survive (it would be shown 2 and 3 again).
         assert!(judge(vec![ev(1), ev(2), ev(3), ev(4), Seen::Lost { fork: 1 }, ev(2)]).unwrap_err().contains("below 3"));
         // A lost event that skipped the log's events before it, or repeated.

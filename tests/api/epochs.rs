@@ -244,7 +244,7 @@ async fn ends(stream: &mut Stream) {
 /// below what the process saw committed (the LISTEN session reconnects to
 /// a database that lost a suffix) begins one too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_timeline_or_a_head_below_what_was_seen_begins_an_epoch() {
+async fn a_new_timeline_or_cluster_or_a_head_below_what_was_seen_begins_an_epoch() {
     let app = spawn_app(Backend::Postgres).await;
     for i in 1..=5 {
         app.publish("comment.posted", json!({"i": i})).await;
@@ -303,6 +303,29 @@ async fn a_new_timeline_or_a_head_below_what_was_seen_begins_an_epoch() {
     let (gap, ids) = resume(&app, id, 1).await;
     assert_eq!(gap.expect("told")["fork"].as_i64(), Some(3));
     assert_eq!(ids, vec![next]);
+
+    // A restore into another cluster (a dump loaded into a new one): the
+    // system identifier is not the epoch's, and what came after the dump
+    // is gone.
+    let (mut watching, _) = live(&app, next - 1, 1).await;
+    db.batch_execute(&format!(
+        "DELETE FROM events WHERE id = {next};
+         UPDATE tidings_head SET last_id = {}, system_id = 'a cluster restored elsewhere'",
+        next - 1
+    ))
+    .await
+    .unwrap();
+    let (status, body) = app.post_events(&json!({"event_type": "comment.posted", "payload": {"i": "in flight"}})).await;
+    assert_eq!(status, 503, "a publish in flight at the restore is not acknowledged: {body}");
+    let restored = app.publish("comment.posted", json!({"i": "restored"})).await;
+    let epochs = app.store.epochs(i32::MAX).await.unwrap();
+    let epoch = epochs.current().clone();
+    assert_eq!((epoch.number, epoch.fork, epoch.reason.as_str()), (3, 3, "system"));
+    assert_eq!(restored, epoch.base + 1);
+    ends(&mut watching).await;
+    let (gap, ids) = resume(&app, next, 1).await;
+    assert_eq!(gap.expect("told")["fork"].as_i64(), Some(3));
+    assert_eq!(ids, vec![restored]);
     // Nothing lost, nothing told: a deployment that never fails over keeps
     // its ids (the first epoch begins at 0).
     let fresh = spawn_app(Backend::Postgres).await;
@@ -339,6 +362,42 @@ async fn a_new_timeline_or_a_head_below_what_was_seen_begins_an_epoch() {
     .await;
     assert_eq!(fresh.publish("comment.posted", json!({})).await, 2);
     assert_eq!(fresh.store.epochs(i32::MAX).await.unwrap().all().len(), 1, "no epoch for a forged notification");
+}
+
+/// A durable consumer at the head, its poll waiting, when the store turns
+/// out to have failed over (a new timeline): the poll was opened in the
+/// epoch before, so the page that brings the new epoch's first event is
+/// its first read in it, and tells it (its cursor is the fork, so it may
+/// have been shown events past it that are gone). Its next read, having
+/// confirmed an event of the new epoch, is told nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_waiting_when_an_epoch_begins_is_told_with_that_page() {
+    let app = spawn_app(Backend::Postgres).await;
+    for i in 1..=3 {
+        app.publish("comment.posted", json!({"i": i})).await;
+    }
+    assert_eq!(consume(&app, "waiting", Some(0), Some(3)).await.0, vec![1, 2, 3]);
+    let db = app.db().await;
+    let opened = "SELECT last_activity_ms FROM consumer_subscriptions WHERE consumer_id LIKE '%waiting'";
+    let before: i64 = db.query_one(opened, &[]).await.unwrap().get(0);
+    let poll = app.http.get(app.url("/v1/poll?consumer_id=waiting&wait_ms=20000")).send();
+    let waiting = tokio::spawn(async move { poll.await.unwrap().json::<Value>().await.unwrap() });
+    wait_until("the poll to open its consumer", Duration::from_secs(10), Duration::from_millis(10), || async {
+        db.query_one(opened, &[]).await.unwrap().get::<_, i64>(0) != before
+    })
+    .await;
+    db.batch_execute("UPDATE tidings_head SET timeline = timeline + 1").await.unwrap();
+    let (status, _) = app.post_events(&json!({"event_type": "comment.posted", "payload": {"i": "in flight"}})).await;
+    assert_eq!(status, 503);
+    let id = app.publish("comment.posted", json!({"i": "after"})).await;
+    let page = tokio::time::timeout(Duration::from_secs(20), waiting).await.expect("the waiting poll answered").unwrap();
+    assert_eq!(page["events"][0]["event_id"].as_i64(), Some(id), "{page}");
+    assert_eq!((page["gap"]["reason"].as_str(), page["gap"]["fork"].as_i64()), (Some("history_lost"), Some(3)), "{page}");
+    let next = app.publish("comment.posted", json!({"i": "next"})).await;
+    let (ids, gap) = consume(&app, "waiting", Some(id), Some(next)).await;
+    assert_eq!((ids, gap), (vec![next], Value::Null));
+    let (ids, gap) = consume(&app, "waiting", None, None).await;
+    assert_eq!((ids, gap), (vec![], Value::Null), "confirmed in the new epoch: told nothing again");
 }
 
 /// Runs a `pg_ctl` command line from the test environment (`PG_CTL` of

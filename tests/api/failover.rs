@@ -12,10 +12,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tidings_server::config::Delivery;
 
-use crate::chaos;
 use crate::checker::{self, Follower, Seen, Verdict};
 use crate::epochs::{host_of, pg_ctl, publish_within_5s};
 use crate::helpers::{Backend, TestApp, spawn_app_with, wait_until};
+use crate::readers;
 
 /// What `/health/deep` says of the synchronous standby.
 async fn standby_state(app: &TestApp) -> String {
@@ -86,15 +86,18 @@ async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_sy
     assert_eq!(committed.deep().await.1["delivery"], Value::Null, "committed delivery is the default");
     let shown = Follower::start(&replicated, 0);
     let other = Follower::start(&committed, 0);
-    // On each server too: a client polling with `since` and a WebSocket
-    // device (the campaign's, tests/api/chaos.rs), until they read `until`.
+    // On each server too: a client polling with `since`, a durable
+    // consumer, an MCP agent and a WebSocket device (the campaign's,
+    // tests/api/readers.rs), until they read `until`.
     let until = Arc::new(AtomicI64::new(0));
     let others: Vec<(String, tokio::task::JoinHandle<Vec<Seen>>)> = [("replicated", &replicated), ("committed", &committed)]
         .into_iter()
         .flat_map(|(name, app)| {
             [
-                (format!("{name} poll"), chaos::poller(app.url(""), until.clone())),
-                (format!("{name} ws"), chaos::device(app.url(""), format!("sync-{name}"), until.clone())),
+                (format!("{name} poll"), readers::poller(app.url(""), until.clone())),
+                (format!("{name} consumer"), readers::consumer(app.url(""), format!("sync-{name}"), until.clone())),
+                (format!("{name} mcp"), readers::agent(app.url(""), format!("sync-mcp-{name}"), until.clone())),
+                (format!("{name} ws"), readers::device(app.url(""), format!("sync-{name}"), until.clone())),
             ]
         })
         .collect();

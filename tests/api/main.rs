@@ -33,6 +33,7 @@ mod poll;
 mod postgres;
 mod publish;
 mod python_client;
+mod readers;
 mod relays;
 mod replicas;
 mod rolling;

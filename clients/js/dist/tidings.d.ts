@@ -246,6 +246,8 @@ export interface PollPage {
     /** Where the next poll starts (and what to acknowledge once these are handled). */
     next_since: number;
     has_more: boolean;
+    /** The resume point could not be served whole (the events go on after it). */
+    gap?: ReplayGap;
 }
 /** One poll of `POST /v1/poll`. */
 export declare function poll(request: PollRequest, options?: ClientOptions): Promise<PollPage>;
@@ -258,6 +260,12 @@ export interface RunOptions {
     /** Stops the loop (after the page in hand is handled and acknowledged). */
     signal?: AbortSignal;
     backoff?: Backoff;
+    /**
+     * A page says its resume point could not be served whole: history
+     * pruned, or lost by the server's store in a failover (`history_lost`:
+     * events handled after `fork` are gone). Called before the page's events.
+     */
+    onGap?: (gap: ReplayGap) => void | Promise<void>;
 }
 /**
  * A durable consumer: the server keeps its filter and a cursor that moves
@@ -282,6 +290,12 @@ export declare class Consumer {
      * every event of it is handled; a handler that throws stops the loop with
      * that page unacknowledged (so it comes again). Transient errors are
      * retried with backoff; a refusal rejects.
+     *
+     * It keeps the last id it handled: a page that starts at or below it
+     * means the server's cursor went back (an acknowledgement lost with a
+     * process, or rolled back with the database in a failover), and the
+     * consumer asks again from that id (`since`), so a point the store lost
+     * is told to `onGap` rather than handed the survivors twice.
      */
     run(handler: (event: Envelope) => void | Promise<void>, options?: RunOptions): Promise<void>;
 }

@@ -589,13 +589,24 @@ export class Consumer {
      * every event of it is handled; a handler that throws stops the loop with
      * that page unacknowledged (so it comes again). Transient errors are
      * retried with backoff; a refusal rejects.
+     *
+     * It keeps the last id it handled: a page that starts at or below it
+     * means the server's cursor went back (an acknowledgement lost with a
+     * process, or rolled back with the database in a failover), and the
+     * consumer asks again from that id (`since`), so a point the store lost
+     * is told to `onGap` rather than handed the survivors twice.
      */
     async run(handler, options = {}) {
         const d = delay(options.backoff);
+        const limit = options.limit ? { limit: options.limit } : {};
+        let handled = null;
         while (!options.signal?.aborted) {
             let page;
             try {
-                page = await this.next({ wait_ms: options.wait_ms ?? 25_000, ...(options.limit ? { limit: options.limit } : {}) });
+                page = await this.next({ wait_ms: options.wait_ms ?? 25_000, ...limit });
+                const first = page.events[0];
+                if (handled !== null && first !== undefined && first.event_id <= handled)
+                    page = await this.next({ since: handled, ...limit });
             }
             catch (error) {
                 if (error instanceof TidingsError && isFinal(error.status))
@@ -604,8 +615,12 @@ export class Consumer {
                 continue;
             }
             d.reset();
-            for (const event of page.events)
+            if (page.gap)
+                await options.onGap?.(page.gap);
+            for (const event of page.events) {
                 await handler(event);
+                handled = event.event_id;
+            }
             while (this.cursor === null || page.next_since > this.cursor) {
                 try {
                     await this.ack(page.next_since);

@@ -720,6 +720,8 @@ export interface PollPage {
   /** Where the next poll starts (and what to acknowledge once these are handled). */
   next_since: number;
   has_more: boolean;
+  /** The resume point could not be served whole (the events go on after it). */
+  gap?: ReplayGap;
 }
 
 /** One poll of `POST /v1/poll`. */
@@ -736,6 +738,12 @@ export interface RunOptions {
   /** Stops the loop (after the page in hand is handled and acknowledged). */
   signal?: AbortSignal;
   backoff?: Backoff;
+  /**
+   * A page says its resume point could not be served whole: history
+   * pruned, or lost by the server's store in a failover (`history_lost`:
+   * events handled after `fork` are gone). Called before the page's events.
+   */
+  onGap?: (gap: ReplayGap) => void | Promise<void>;
 }
 
 /**
@@ -777,20 +785,34 @@ export class Consumer {
    * every event of it is handled; a handler that throws stops the loop with
    * that page unacknowledged (so it comes again). Transient errors are
    * retried with backoff; a refusal rejects.
+   *
+   * It keeps the last id it handled: a page that starts at or below it
+   * means the server's cursor went back (an acknowledgement lost with a
+   * process, or rolled back with the database in a failover), and the
+   * consumer asks again from that id (`since`), so a point the store lost
+   * is told to `onGap` rather than handed the survivors twice.
    */
   async run(handler: (event: Envelope) => void | Promise<void>, options: RunOptions = {}): Promise<void> {
     const d = delay(options.backoff);
+    const limit = options.limit ? { limit: options.limit } : {};
+    let handled: number | null = null;
     while (!options.signal?.aborted) {
       let page: PollPage;
       try {
-        page = await this.next({ wait_ms: options.wait_ms ?? 25_000, ...(options.limit ? { limit: options.limit } : {}) });
+        page = await this.next({ wait_ms: options.wait_ms ?? 25_000, ...limit });
+        const first = page.events[0];
+        if (handled !== null && first !== undefined && first.event_id <= handled) page = await this.next({ since: handled, ...limit });
       } catch (error) {
         if (error instanceof TidingsError && isFinal(error.status)) throw error;
         await sleep(d.take(), options.signal ?? new AbortController().signal);
         continue;
       }
       d.reset();
-      for (const event of page.events) await handler(event);
+      if (page.gap) await options.onGap?.(page.gap);
+      for (const event of page.events) {
+        await handler(event);
+        handled = event.event_id;
+      }
       while (this.cursor === null || page.next_since > this.cursor) {
         try {
           await this.ack(page.next_since);

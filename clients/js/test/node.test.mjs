@@ -68,3 +68,52 @@ test("the stream parser bounds a line that never ends, in linear time", () => {
   const frames = ok.push(new TextEncoder().encode("id: 7\r\ndata: a\r\ndata: b\r\n\r\n"));
   if (frames.length !== 1 || frames[0].data !== "a\nb" || frames[0].id !== "7") throw new Error(JSON.stringify(frames));
 });
+
+// A server whose store failed over while the consumer handled 1-5: it kept
+// ids up to 3, and its cursor of the consumer went back to 2 (the acks were
+// lost with the primary). The consumer sees the survivors handed again,
+// asks from the last id it handled, and is told that 4 and 5 are gone
+// before the new epoch's first event; nothing is handled twice.
+test("a durable consumer whose cursor went back says where it is and is told of the loss", async () => {
+  const { createServer } = await import("node:http");
+  const fork = 3, base = 1000;
+  const envelope = (i) => ({ envelope_version: 1, event_id: i, event_type: "a.b", occurred_at: "2026-12-04T00:00:00Z", payload: {} });
+  const asked = [];
+  let polls = 0;
+  const server = createServer(async (req, res) => {
+    let body = "";
+    for await (const chunk of req) body += chunk;
+    const answer = (json) => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(json));
+    if (req.url.endsWith("/ack")) return answer({ consumer_id: "worker", cursor: JSON.parse(body).cursor });
+    const since = JSON.parse(body).since;
+    asked.push(since ?? null);
+    polls += 1;
+    if (polls === 1) return answer({ events: [1, 2, 3, 4, 5].map(envelope), next_since: 5, has_more: false });
+    // The failover: the cursor went back to 2.
+    if (since === undefined) return answer({ events: [3, base + 1].map(envelope), next_since: base + 1, has_more: false });
+    if (since === 5) {
+      const gap = { requested: 5, available_from: base + 1, head: base + 1, reason: "history_lost", fork };
+      return answer({ events: [envelope(base + 1)], next_since: base + 1, has_more: false, gap });
+    }
+    res.writeHead(500).end();
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const url = `http://127.0.0.1:${server.address().port}`;
+  const stop = new AbortController();
+  const handled = [];
+  const told = [];
+  try {
+    await new lib.Consumer("worker", {}, { url }).run(
+      (event) => {
+        handled.push(event.event_id);
+        if (event.event_id === base + 1) stop.abort();
+      },
+      { signal: stop.signal, wait_ms: 0, onGap: (gap) => told.push([gap.reason, gap.fork, handled.length]) },
+    );
+  } finally {
+    server.close();
+  }
+  if (JSON.stringify(handled) !== JSON.stringify([1, 2, 3, 4, 5, base + 1])) throw new Error(`handled ${handled}`);
+  if (JSON.stringify(told) !== JSON.stringify([["history_lost", fork, 5]])) throw new Error(`told ${JSON.stringify(told)}`);
+  if (JSON.stringify(asked) !== JSON.stringify([null, null, 5])) throw new Error(`asked ${asked}`);
+});

@@ -6,11 +6,13 @@ tokens refreshed through the `token` function."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socketserver
 import threading
 import time
 
+import httpx
 import pytest
 
 import tidings
@@ -155,6 +157,50 @@ def test_history_lost_goes_on_after_the_fork() -> None:
     assert state.params()["since"] == "3"
     envelope = '{"envelope_version": 1, "event_id": 1001, "event_type": "a.b", "occurred_at": "2026-12-04T00:00:00Z", "payload": {}}'
     assert state.frame("", envelope, "1001") is not None
+
+
+def test_a_consumer_carries_its_place_and_raises_a_loss_before_the_page() -> None:
+    # A server whose store failed over while the consumer handled 1-5: it
+    # kept ids up to 3 and its cursor of the consumer went back to 2. The
+    # consumer resumes from where it is (`since=5`), not from the server's
+    # cursor, so it is told that 4 and 5 are gone; the page's events come
+    # when it iterates again, and are not asked for twice.
+    asked: list[str | None] = []
+    fork, base = 3, 1000
+
+    def envelope(i: int) -> dict[str, object]:
+        return {"envelope_version": 1, "event_id": i, "event_type": "a.b", "occurred_at": "2026-12-04T00:00:00Z", "payload": {}}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        since = body.get("since")
+        asked.append(None if since is None else str(since))
+        if since is None:
+            return httpx.Response(200, json={"events": [envelope(i) for i in range(1, 6)], "next_since": 5, "has_more": False})
+        if since == 5:
+            gap = {"requested": 5, "available_from": base + 1, "head": base + 1, "reason": "history_lost", "fork": fork}
+            return httpx.Response(200, json={"events": [envelope(base + 1)], "next_since": base + 1, "has_more": False, "gap": gap})
+        raise AssertionError(f"asked after {since}: past the page it was to be told about")
+
+    client = tidings.Client("http://tidings.invalid", http=httpx.Client(transport=httpx.MockTransport(answer)))
+    consumer = client.consumer("worker")
+    seen: list[int] = []
+    with pytest.raises(tidings.ReplayGap) as lost:
+        for event in consumer:
+            seen.append(event.event_id)
+    assert seen == [1, 2, 3, 4, 5]
+    assert (lost.value.reason, lost.value.fork, lost.value.requested) == ("history_lost", fork, 5)
+    for event in consumer:
+        seen.append(event.event_id)
+        break
+    assert seen[5:] == [base + 1]
+    assert asked == [None, "5"]
+    # Skipped: the page's events come at once.
+    asked.clear()
+    skipping = client.consumer("worker", on_gap="skip")
+    skipping._since = 5
+    assert next(iter(skipping)).event_id == base + 1
+    assert asked == ["5"]
 
 
 def test_a_consumer_acknowledges_a_page_only_once_the_body_finished_it(main: Server) -> None:

@@ -40,7 +40,7 @@ from ._core import (
     SseReader,
     ws_connect_args,
 )
-from ._model import Envelope, Event, Filter, Gap, Page, Refused, Unavailable
+from ._model import Envelope, Event, Filter, Gap, Page, Refused, ReplayGap, Unavailable
 
 #: A bearer token, or a function (plain or async) returning one, called
 #: before every request and (re)connect.
@@ -145,9 +145,11 @@ class AsyncClient:
         """As :meth:`tidings.Client.stream`: an async iterator that resumes by itself."""
         return AsyncStream(self, StreamState(filter, since, on_gap))
 
-    def consumer(self, consumer_id: str, filter: Filter | Mapping[str, Any] | None = None) -> AsyncConsumer:
+    def consumer(
+        self, consumer_id: str, filter: Filter | Mapping[str, Any] | None = None, *, on_gap: OnGap = "raise"
+    ) -> AsyncConsumer:
         """As :meth:`tidings.Client.consumer`."""
-        return AsyncConsumer(self, consumer_id, filter)
+        return AsyncConsumer(self, consumer_id, filter, on_gap)
 
     def device(
         self, device_id: str, key: DeviceKey, filter: Filter | Mapping[str, Any] | None = None, *, cursor: int | None = None
@@ -234,13 +236,18 @@ class AsyncStream:
 class AsyncConsumer:
     """As :class:`tidings.Consumer`, for `async for`."""
 
-    def __init__(self, client: AsyncClient, consumer_id: str, filter: Filter | Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, client: AsyncClient, consumer_id: str, filter: Filter | Mapping[str, Any] | None, on_gap: OnGap = "raise"
+    ) -> None:
         self._client = client
         self.id = consumer_id
         self.filter = filter
+        self.on_gap: OnGap = on_gap
         self.cursor: int | None = None
         self.wait = 25.0
         self.limit: int | None = None
+        self._since: int | None = None
+        self._pending: Page | None = None
 
     async def poll(self, wait: float | None = None, limit: int | None = None, *, since: int | None = None) -> Page:
         page = await self._client.poll(self.filter, since, consumer_id=self.id, wait=wait, limit=limit)
@@ -258,22 +265,26 @@ class AsyncConsumer:
 
     async def __aiter__(self) -> AsyncIterator[Envelope]:
         backoff: Backoff = Backoff()
-        since: int | None = None
         while True:
-            try:
-                page = await self.poll(self.wait, self.limit, since=since)
-            except Refused as refused:
-                if is_final(refused.status):
-                    raise
-                await asyncio.sleep(backoff.take())
-                continue
-            except httpx.TransportError:
-                await asyncio.sleep(backoff.take())
-                continue
-            backoff.reset()
+            page, self._pending = self._pending, None
+            if page is None:
+                try:
+                    page = await self.poll(self.wait, self.limit, since=self._since)
+                except Refused as refused:
+                    if is_final(refused.status):
+                        raise
+                    await asyncio.sleep(backoff.take())
+                    continue
+                except httpx.TransportError:
+                    await asyncio.sleep(backoff.take())
+                    continue
+                backoff.reset()
+                if page.gap is not None and self.on_gap == "raise":
+                    self._pending = page
+                    raise ReplayGap(page.gap)
             for event in page.events:
                 yield event
-            since = page.next_since
+            self._since = page.next_since
 
 
 

@@ -38,7 +38,7 @@ from ._core import (
     SseReader,
     ws_connect_args,
 )
-from ._model import Envelope, Event, Filter, Gap, Page, Refused, Unavailable
+from ._model import Envelope, Event, Filter, Gap, Page, Refused, ReplayGap, Unavailable
 
 #: A bearer token, or a function returning one, called before every request
 #: and (re)connect so that a stream whose token expired goes on under a fresh one.
@@ -151,10 +151,12 @@ class Client:
         nothing missed, nothing twice."""
         return Stream(self, StreamState(filter, since, on_gap))
 
-    def consumer(self, consumer_id: str, filter: Filter | Mapping[str, Any] | None = None) -> Consumer:
+    def consumer(
+        self, consumer_id: str, filter: Filter | Mapping[str, Any] | None = None, *, on_gap: OnGap = "raise"
+    ) -> Consumer:
         """A durable consumer: the server keeps its filter and a cursor that
         moves only when a page is acknowledged."""
-        return Consumer(self, consumer_id, filter)
+        return Consumer(self, consumer_id, filter, on_gap)
 
     def device(
         self, device_id: str, key: DeviceKey, filter: Filter | Mapping[str, Any] | None = None, *, cursor: int | None = None
@@ -248,16 +250,27 @@ class Consumer:
     its last acknowledgement left it. Iterating it long-polls and hands out
     every event; a page is acknowledged only once the loop body has finished
     with its last event (the next poll confirms it), so an exception or a
-    crash in the body leaves the page to come again."""
+    crash in the body leaves the page to come again.
 
-    def __init__(self, client: Client, consumer_id: str, filter: Filter | Mapping[str, Any] | None) -> None:
+    The object carries its place from page to page (as `since`), so after a
+    failover that rolled the server's cursor back it resumes where it is,
+    and is told if that point was lost. A page that says a resume point
+    could not be served whole raises :class:`ReplayGap` before its events
+    (unless `on_gap="skip"`); iterating again goes on with them."""
+
+    def __init__(
+        self, client: Client, consumer_id: str, filter: Filter | Mapping[str, Any] | None, on_gap: OnGap = "raise"
+    ) -> None:
         self._client = client
         self.id = consumer_id
         self.filter = filter
+        self.on_gap: OnGap = on_gap
         self.cursor: int | None = None
         """Acknowledged up to here, as far as this object knows."""
         self.wait = 25.0
         self.limit: int | None = None
+        self._since: int | None = None
+        self._pending: Page | None = None
 
     def poll(self, wait: float | None = None, limit: int | None = None, *, since: int | None = None) -> Page:
         """The next page after the stored cursor (or after `since`, which also confirms it)."""
@@ -277,22 +290,28 @@ class Consumer:
         self._client._request("DELETE", f"/v1/consumers/{_quote(self.id)}")
 
     def __iter__(self) -> Generator[Envelope, None, None]:
-        backoff, since = Backoff(), None
+        backoff = Backoff()
         while True:
-            try:
-                page = self.poll(self.wait, self.limit, since=since)
-            except Refused as refused:
-                if is_final(refused.status):
-                    raise
-                time.sleep(backoff.take())
-                continue
-            except httpx.TransportError:
-                time.sleep(backoff.take())
-                continue
-            backoff.reset()
+            page, self._pending = self._pending, None
+            if page is None:
+                try:
+                    page = self.poll(self.wait, self.limit, since=self._since)
+                except Refused as refused:
+                    if is_final(refused.status):
+                        raise
+                    time.sleep(backoff.take())
+                    continue
+                except httpx.TransportError:
+                    time.sleep(backoff.take())
+                    continue
+                backoff.reset()
+                if page.gap is not None and self.on_gap == "raise":
+                    # Its events come when the caller iterates again.
+                    self._pending = page
+                    raise ReplayGap(page.gap)
             yield from page.events
             # The body finished with the page: the next poll confirms it.
-            since = page.next_since
+            self._since = page.next_since
 
 
 def _quote(segment: str) -> str:

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use super::error::{Kind, Refusal};
-use super::gap::{Gap, GapReason};
+use super::gap::Gap;
 use super::poll::{PollError, PollPage, PollRequest};
 use crate::auth::Identity;
 use crate::event::EventId;
@@ -125,10 +125,7 @@ pub async fn resume_point(
             return Ok((given, None));
         }
         if read_epoch < epoch {
-            told = Gap::at_epoch_change(&epochs, stored, read_epoch, head);
-            if told.is_some() {
-                crate::metrics::replay_gap(GapReason::HistoryLost.as_str());
-            }
+            told = super::gap::told_at_epoch_change(core, &epochs, stored, read_epoch, head);
         }
     }
     Ok((read.map(|r| r.cursor).or(given).unwrap_or(head).clamp(0, head), told))

@@ -69,18 +69,40 @@ impl Gap {
 
 impl Gap {
     /// What a server-side cursor's first read in a newer epoch announces: a
-    /// cursor at or past the fork of an epoch begun since its last read
+    /// cursor at the fork of an epoch begun since its last read
     /// (`read_epoch`) may have been shown events after the fork that the
     /// store lost (they were shown, not yet confirmed, when the store
-    /// rolled back with its cursor). `None` when no such epoch began, or
-    /// when the cursor lies in a lost stretch (the resume check says so).
+    /// rolled back with its cursor). `None` when no such epoch began, when
+    /// the cursor lies in a lost stretch (the resume check says so), and
+    /// when it lies past the epoch's base: it was confirmed in that epoch,
+    /// whose first read told it already.
     pub fn at_epoch_change(epochs: &crate::store::Epochs, cursor: EventId, read_epoch: i32, head: EventId) -> Option<Gap> {
         if epochs.lost(cursor).is_some() {
             return None;
         }
-        let fork = epochs.all().iter().filter(|e| e.number > read_epoch).find(|e| cursor >= e.fork)?.fork;
+        let fork = epochs.all().iter().filter(|e| e.number > read_epoch).find(|e| cursor >= e.fork && cursor <= e.base)?.fork;
         Some(Gap { requested: cursor, available_from: epochs.next_after(cursor), head, reason: GapReason::HistoryLost, fork: Some(fork) })
     }
+}
+
+/// What a server-side cursor is told at its first read in a newer epoch
+/// ([`Gap::at_epoch_change`]), counted. Nothing under
+/// `TIDINGS_DELIVERY=replicated`: that mode shows a client only what the
+/// synchronous standby holds, so a failover to it lost nothing a cursor at
+/// the fork was shown (README "What each configuration can lose").
+pub fn told_at_epoch_change(
+    core: &super::Core,
+    epochs: &crate::store::Epochs,
+    cursor: EventId,
+    read_epoch: i32,
+    head: EventId,
+) -> Option<Gap> {
+    if core.settings().delivery == crate::config::Delivery::Replicated {
+        return None;
+    }
+    let told = Gap::at_epoch_change(epochs, cursor, read_epoch, head)?;
+    crate::metrics::replay_gap(GapReason::HistoryLost.as_str());
+    Some(told)
 }
 
 #[cfg(test)]
@@ -97,5 +119,6 @@ mod tests {
         assert_eq!(Gap::at_epoch_change(&epochs, 9, 0, 1002), None, "behind the fork: everything it was shown survived");
         assert_eq!(Gap::at_epoch_change(&epochs, 10, 1, 1002), None, "read in the new epoch already");
         assert_eq!(Gap::at_epoch_change(&epochs, 12, 0, 1002), None, "in the lost stretch: the resume check tells it");
+        assert_eq!(Gap::at_epoch_change(&epochs, 1001, 0, 1002), None, "confirmed in the new epoch: told at that read");
     }
 }

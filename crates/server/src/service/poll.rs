@@ -25,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use super::error::{InvalidField, Kind, Refusal};
-use super::session::{End, Gap, GapReason, Item, Session, Start};
+use super::gap::told_at_epoch_change;
+use super::session::{End, Gap, Item, Session, Start};
 use crate::auth::Identity;
 use crate::broker::Frame;
 use crate::event::EventId;
@@ -202,8 +203,10 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
     // stores nothing).
     let permit = if wait.is_zero() && !request.own_place { None } else { Some(core.limits().acquire_stream(caller)?) };
     // A durable consumer's first read in a newer epoch may be told that
-    // history it was shown is gone.
-    let mut told = None;
+    // history it was shown is gone, at its opening or, for an epoch begun
+    // while the poll waits, with the page (`waited_in`: its cursor and the
+    // epoch it was opened in).
+    let (mut told, mut waited_in) = (None, None);
     let (filter_json, after) = match &request.consumer_id {
         None => (
             request.filter_json.clone(),
@@ -236,10 +239,10 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
                         // The store may have lost what this consumer was
                         // shown past its cursor since its last read.
                         let epochs = core.store().epochs(consumer.epoch).await?;
-                        told = Gap::at_epoch_change(&epochs, consumer.cursor, consumer.read_epoch, core.store().head().await?);
-                        if told.is_some() {
-                            m::replay_gap(GapReason::HistoryLost.as_str());
-                        }
+                        told = told_at_epoch_change(core, &epochs, consumer.cursor, consumer.read_epoch, core.store().head().await?);
+                    }
+                    if since.is_none() && told.is_none() {
+                        waited_in = Some((consumer.cursor, consumer.epoch));
                     }
                     (consumer.filter_json, since.unwrap_or(consumer.cursor))
                 }
@@ -321,9 +324,29 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
             Item::Dropped(_) | Item::Expired { .. } | Item::End(End::Over | End::Shutdown | End::Failed) => break,
         }
     }
+    if let (Some((cursor, epoch)), None, Some(last)) = (waited_in, gap, events.last()) {
+        gap = begun_while_waiting(core, cursor, epoch, last.id).await?;
+    }
     m::delivered("poll", events.len() as u64);
     let next_since = events.last().map_or_else(|| session.cursor(), |e| e.id);
     Ok(PollPage { events, next_since, has_more, gap })
+}
+
+/// What a consumer opened at `cursor` in `epoch` is told when its page
+/// reaches `last`, an event of an epoch begun while the poll waited: the
+/// opening saw no new epoch, so this page is its first read in one, and it
+/// is told here what the opening would have told it (see
+/// [`Gap::at_epoch_change`]).
+async fn begun_while_waiting(core: &Core, cursor: EventId, epoch: i32, last: EventId) -> Result<Option<Gap>, PollError> {
+    let bounds = core.store().bounds().await?;
+    if bounds.epoch <= epoch {
+        return Ok(None);
+    }
+    let epochs = core.store().epochs(bounds.epoch).await?;
+    if !epochs.all().iter().any(|e| e.number > epoch && last > e.base) {
+        return Ok(None);
+    }
+    Ok(told_at_epoch_change(core, &epochs, cursor, epoch, bounds.head))
 }
 
 /// Confirms everything up to `cursor` on consumer `id`; answers the cursor
