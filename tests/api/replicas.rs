@@ -300,16 +300,30 @@ async fn one_by_one(publisher: &TestApp, stream: &mut crate::helpers::Stream, n:
 
 /// Two processes on one primary, each with the same hot standby, readers
 /// replaying from 0 on each while publishers run on both: each process
-/// serves most of its history reads from the standby (issue 48 reported
-/// one process reading all of them at the primary; not reproduced here, in
-/// process or with two `tidings` binaries: this holds it).
+/// serves most of its history reads from the standby. They read there as a
+/// role with a connection limit (10) below what their two pools may open
+/// (8 each), as issue 48 found: a process refused a new connection marked
+/// the standby down, its probe marked it usable again a second later, and
+/// it read nearly everything at the primary while `/health/deep` showed
+/// the standby usable. Now the pool keeps the connections it has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_process_reads_history_at_the_standby() {
-    let a = Arc::new(with_standby("TIDINGS_TEST_STANDBY_URL", Duration::from_secs(5)).await);
+    let role = format!("reader_{}", rand::random::<u32>());
+    let (admin, conn) = tokio_postgres::connect(&crate::helpers::admin_url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    admin.batch_execute(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 10")).await.unwrap();
+    let as_reader = |url: String| url.replacen("://postgres@", &format!("://{role}@"), 1);
+    let a = Arc::new(
+        spawn_app_with(Backend::Postgres, |s| {
+            s.replica_urls = vec![as_reader(standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap()))];
+        })
+        .await,
+    );
     let url = a.db_url.clone().unwrap();
+    a.db().await.batch_execute(&format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")).await.unwrap();
     let b = Arc::new(
         spawn_app_with(Backend::Postgres, |s| {
-            s.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", &url)];
+            s.replica_urls = vec![as_reader(standby_url("TIDINGS_TEST_STANDBY_URL", &url))];
             s.database_url = Some(url.clone());
         })
         .await,

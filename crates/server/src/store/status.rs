@@ -34,6 +34,10 @@ pub struct ReplicaStatus {
     /// Why it is not usable, when it is not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The connections this process reads through since the standby
+    /// refused another (a connection limit), when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections_capped_at: Option<usize>,
 }
 
 /// Delivery that waits for the synchronous standby

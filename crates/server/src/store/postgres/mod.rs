@@ -276,7 +276,9 @@ fn pg_error(e: tokio_postgres::Error) -> StoreError {
             code.starts_with("08") || code.starts_with("57P") || code == "53300"
         })
         || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
-    if unavailable { StoreError::Unavailable(e.to_string()) } else { StoreError::Other(e.into()) }
+    // The database's own words ("too many connections for role ..."), not
+    // only tokio-postgres' "db error".
+    if unavailable { StoreError::Unavailable(crate::report::chain(&e).to_string()) } else { StoreError::Other(e.into()) }
 }
 
 /// Claims idempotency keys (sorted, one row each): inserts the new ones and

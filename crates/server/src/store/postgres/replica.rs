@@ -30,6 +30,9 @@ use crate::store::{Record, ReplicaStatus, StoreError};
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Most pooled connections to one standby.
 const POOL_SIZE: usize = 8;
+/// How long a pool kept at the connections a standby allowed waits before
+/// it tries for [`POOL_SIZE`] again.
+const REGROW_AFTER: Duration = Duration::from_secs(60);
 /// Longest one read at a standby may take before the primary answers it.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest the broker waits for a standby to replay a notified commit
@@ -67,6 +70,9 @@ struct Replica {
     lag_ms: AtomicI64,
     reads: AtomicU64,
     last_error: std::sync::Mutex<Option<String>>,
+    /// The connections the pool was kept at when the standby refused
+    /// another, and when.
+    capped: std::sync::Mutex<Option<(usize, tokio::time::Instant)>>,
 }
 
 impl Replicas {
@@ -90,6 +96,7 @@ impl Replicas {
                 lag_ms: AtomicI64::new(0),
                 reads: AtomicU64::new(0),
                 last_error: std::sync::Mutex::new(Some("not probed yet".to_owned())),
+                capped: std::sync::Mutex::new(None),
             });
         }
         let replicas = Arc::new(Self {
@@ -208,6 +215,7 @@ impl Replicas {
                 lag_ms: r.lag_ms.load(Ordering::Relaxed),
                 reads: r.reads.load(Ordering::Relaxed),
                 last_error: r.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+                connections_capped_at: r.capped.lock().unwrap_or_else(|p| p.into_inner()).map(|(held, _)| held),
             })
             .collect();
         (list, self.primary_reads.load(Ordering::Relaxed), self.primary_tail_reads.load(Ordering::Relaxed))
@@ -219,13 +227,28 @@ impl Replica {
     /// it is then skipped until a probe finds it usable again), or takes
     /// longer than [`READ_TIMEOUT`], or has no connection free in time (a
     /// busy standby is not a broken one: it stays usable).
+    ///
+    /// A standby that refuses one more connection while this process holds
+    /// some (a role's or the database's connection limit, `max_connections`
+    /// taken by others, a pooler in front) is not down either: the pool
+    /// keeps the connections it has and reads wait for one of them, until
+    /// [`REGROW_AFTER`] has passed and it tries for more again.
     async fn read(&self, after: i64, limit: usize) -> Vec<Record> {
         let client = match self.pool.get().await {
             Ok(c) => c,
             Err(deadpool_postgres::PoolError::Timeout(_)) => return Vec::new(),
             Err(e) => {
-                self.down(pool_error(e).to_string());
-                return Vec::new();
+                let held = self.pool.status().size;
+                let why = pool_error(e).to_string();
+                if held == 0 {
+                    self.down(why);
+                    return Vec::new();
+                }
+                self.cap(held, &why);
+                match self.pool.get().await {
+                    Ok(c) => c,
+                    Err(_) => return Vec::new(),
+                }
             }
         };
         let Ok(result) = tokio::time::timeout(READ_TIMEOUT, super::log::read_after_on(&client, after, limit)).await else {
@@ -241,6 +264,31 @@ impl Replica {
                 self.down(e.to_string());
                 Vec::new()
             }
+        }
+    }
+
+    /// Keeps the pool at the `held` connections it has: the standby
+    /// refused another (`why`). Said once per cap.
+    fn cap(&self, held: usize, why: &str) {
+        let mut capped = self.capped.lock().unwrap_or_else(|p| p.into_inner());
+        if capped.is_none() {
+            tracing::warn!(
+                replica = self.name,
+                connections = held,
+                error = why,
+                "a standby refused another connection; this process reads history through the connections it has"
+            );
+        }
+        *capped = Some((held, tokio::time::Instant::now()));
+        self.pool.resize(held);
+    }
+
+    /// After [`REGROW_AFTER`], lets the pool try for its full size again.
+    fn regrow(&self) {
+        let mut capped = self.capped.lock().unwrap_or_else(|p| p.into_inner());
+        if capped.is_some_and(|(_, at)| at.elapsed() >= REGROW_AFTER) {
+            *capped = None;
+            self.pool.resize(POOL_SIZE);
         }
     }
 
@@ -278,6 +326,7 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
             continue;
         };
         for replica in &replicas.list {
+            replica.regrow();
             let found = tokio::time::timeout(PROBE_EVERY, identify(&replica.pool)).await;
             let (answered, verdict) = match found {
                 Err(_) => (false, Err(Unusable::Silent)),
