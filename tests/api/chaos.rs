@@ -1,4 +1,4 @@
-//! The fault campaign (README "Guarantees and how they are tested"): a
+//! The fault campaign (docs/guarantees.md): a
 //! seeded, randomized run of real tidings processes under faults, judged
 //! by the independent checker (`checker`).
 //!
@@ -108,7 +108,7 @@ impl Server {
     }
 }
 
-/// What a campaign did and found (the README's figures).
+/// What a campaign did and found (docs/guarantees.md's figures).
 #[derive(Debug, Default)]
 struct Figures {
     store: &'static str,

@@ -1,5 +1,4 @@
-//! An independent checker of histories through a failover (README
-//! "History that survives failover"). It knows nothing of the server's
+//! An independent checker of histories through a failover (docs/failover.md). It knows nothing of the server's
 //! code: only what each client was shown, in order (events by id and body,
 //! and the losses it was told of), what publishers were answered, and the
 //! final log. It holds the server to the contract:

@@ -1,5 +1,4 @@
-//! Failover to a synchronous standby (README "History that survives
-//! failover"): with `TIDINGS_DELIVERY=replicated` nothing a client was
+//! Failover to a synchronous standby (docs/failover.md): with `TIDINGS_DELIVERY=replicated` nothing a client was
 //! shown, and no publish answered `201`, is lost by a promotion; without
 //! it, a commit whose wait for the standby was cancelled is shown at once
 //! and then lost (and the clients that saw it are told). The independent

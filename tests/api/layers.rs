@@ -340,7 +340,7 @@ fn no_source_file_is_over_700_lines() {
 
 /// Metrics are recorded through `metrics`' functions, one per thing that
 /// happened, never with a name and labels at the call site: the catalog
-/// (and the README's, which `metrics.rs` tests hold to it) cannot drift.
+/// (and docs/metrics.md's, which `metrics.rs` tests hold to it) cannot drift.
 #[test]
 fn metrics_are_recorded_only_through_the_catalog() {
     let recorded = regex::Regex::new(r"\b(counter|gauge|histogram)!").unwrap();

@@ -11,6 +11,7 @@ mod checker;
 mod cli;
 mod delivery;
 mod deploy;
+mod docs;
 mod durability;
 mod epochs;
 mod exhaustion;

@@ -6,22 +6,22 @@
 //! whose grants cannot use them and refused when called anyway (nothing
 //! stored), and bad calls refused with stable codes while the server keeps
 //! serving. The tests live in `clients/python/tests/test_mcp.py`. The
-//! README's MCP example runs here as it is written.
+//! book's MCP example (docs/mcp.md) runs here as it is written.
 
 use crate::both_stores;
 use crate::helpers::Backend;
 use crate::python_client::run_pytest;
 
-both_stores!(the_mcp_sdk_uses_every_tool_within_the_grants, the_readme_mcp_example_runs_as_written);
+both_stores!(the_mcp_sdk_uses_every_tool_within_the_grants, the_books_mcp_example_runs_as_written);
 
 async fn the_mcp_sdk_uses_every_tool_within_the_grants(backend: Backend) {
     run_pytest(backend, &["tests/test_mcp.py"]).await;
 }
 
-/// The README's MCP example (the Python block after "From Python, with the
+/// The book's MCP example (the Python block after "From Python, with the
 /// official SDK"), run as written with the SDK the suite pins, against a
 /// server with authentication on: it prints the event it published.
-async fn the_readme_mcp_example_runs_as_written(backend: Backend) {
-    let stdout = crate::python_client::run_readme_example(backend, "From Python, with the official SDK", &["task.*"]).await;
+async fn the_books_mcp_example_runs_as_written(backend: Backend) {
+    let stdout = crate::python_client::run_doc_example(backend, "mcp.md", "From Python, with the official SDK", &["task.*"]).await;
     assert_eq!(stdout.trim(), "[{'id': 7}]");
 }

@@ -1,5 +1,5 @@
 //! The Prometheus catalog: every family exported from start-up, on both
-//! stores, with the type the README gives it and a panel on the dashboard;
+//! stores, with the type the book's metrics table (docs/metrics.md) gives it and a panel on the dashboard;
 //! the process's own families and `tidings_build_info`; and the
 //! exposition valid for `promtool check metrics`.
 
@@ -129,9 +129,10 @@ fn defined_families() -> Vec<String> {
     names
 }
 
-/// The README's metrics table: each family and its documented type.
+/// The book's metrics table (docs/metrics.md): each family and its
+/// documented type.
 fn documented_types() -> std::collections::BTreeMap<String, String> {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/metrics.md");
     readme
         .lines()
         .filter_map(|l| {
@@ -147,7 +148,7 @@ fn documented_types() -> std::collections::BTreeMap<String, String> {
 /// family the server defines from start-up, except those with a series per
 /// peer, mirror or setting; plus `tidings_build_info` and the process's own
 /// (CPU, resident memory, open and maximum file descriptors). Each has the
-/// type the README's table gives it, and a panel on the dashboard.
+/// type docs/metrics.md's table gives it, and a panel on the dashboard.
 async fn a_fresh_process_exports_every_family_as_documented(backend: Backend) {
     let (envs, _dir) = crate::helpers::process_store(backend).await;
     let server = crate::helpers::spawn_process(&envs).await;
@@ -174,7 +175,7 @@ async fn a_fresh_process_exports_every_family_as_documented(backend: Backend) {
         match documented.get(family) {
             Some(doc) if doc == kind => {}
             Some(doc) => wrong.push(format!("{family} is a {kind}, documented as a {doc}")),
-            None => wrong.push(format!("{family} ({kind}) is not in the README's table")),
+            None => wrong.push(format!("{family} ({kind}) is not in docs/metrics.md's table")),
         }
         if !dashboard.contains(family) {
             wrong.push(format!("{family} has no panel on the dashboard"));

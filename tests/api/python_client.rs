@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::both_stores;
 use crate::helpers::{Backend, process_store};
 
-both_stores!(client_scenarios_pass, the_readme_example_runs_as_written);
+both_stores!(client_scenarios_pass, the_books_example_runs_as_written);
 
 /// The MCP server's tests (`clients/python/tests/test_mcp.py`, through the
 /// official MCP Python SDK) run from `tests/api/mcp.rs`; the client's tests
@@ -93,13 +93,14 @@ fn the_client_is_typed() {
     assert!(out.status.success(), "mypy --strict: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 
-/// Runs the first Python block of the README after `marker`, as written,
+/// Runs the first Python block of the book's chapter `doc` (a path under
+/// `docs/`) after `marker`, as written,
 /// with the Python client's pinned environment, against a server with
 /// authentication on (`TIDINGS_URL`, `TIDINGS_TOKEN` for `sub` `agent-7`
 /// with `globs` to publish and subscribe); answers what it printed.
-pub(crate) async fn run_readme_example(backend: Backend, marker: &str, globs: &[&str]) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let after = readme.split_once(marker).unwrap_or_else(|| panic!("the README has {marker:?}")).1;
+pub(crate) async fn run_doc_example(backend: Backend, doc: &str, marker: &str, globs: &[&str]) -> String {
+    let text = std::fs::read_to_string(format!("{}/docs/{doc}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let after = text.split_once(marker).unwrap_or_else(|| panic!("docs/{doc} has {marker:?}")).1;
     let code = after.split_once("```python\n").unwrap().1.split_once("```").unwrap().0;
     let (mut envs, dir) = crate::helpers::process_store(backend).await;
     envs.push(("TIDINGS_JWT_HS256_SECRET", crate::security::SECRET.to_owned()));
@@ -115,13 +116,13 @@ pub(crate) async fn run_readme_example(backend: Backend, marker: &str, globs: &[
         .output();
     let out = tokio::time::timeout(std::time::Duration::from_secs(60), run).await.expect("the example ends").unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the README's example after {marker:?} failed:\n{stdout}\n{stderr}");
+    assert!(out.status.success(), "the example in docs/{doc} after {marker:?} failed:\n{stdout}\n{stderr}");
     stdout.into_owned()
 }
 
-/// The README's Python client example, run as written: it prints the
+/// The book's Python client example, run as written: it prints the
 /// event its new consumer was created in time to see.
-async fn the_readme_example_runs_as_written(backend: Backend) {
-    let stdout = run_readme_example(backend, "### Python client", &["task.*"]).await;
+async fn the_books_example_runs_as_written(backend: Backend) {
+    let stdout = run_doc_example(backend, "clients.md", "## Python client", &["task.*"]).await;
     assert_eq!(stdout.trim(), "{'id': 7}");
 }

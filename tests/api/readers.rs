@@ -179,8 +179,8 @@ pub(crate) fn device(base: String, name: String, until: Arc<AtomicI64>) -> tokio
 /// ack lost with a process, or rolled back with the database by a
 /// failover), and the consumer reads again from that id with `since`: the
 /// hint that lets the server tell it of events it was shown and the
-/// failover lost, which its rolled-back cursor no longer records (README
-/// "What each configuration can lose").
+/// failover lost, which its rolled-back cursor no longer records (docs/failover.md, "What each
+/// configuration can lose").
 pub(crate) fn consumer(base: String, name: String, until: Arc<AtomicI64>) -> tokio::task::JoinHandle<Vec<Seen>> {
     tokio::spawn(async move {
         let http = http();

@@ -105,7 +105,7 @@ async fn bad_tokens_are_401(backend: Backend) {
     }
     assert_eq!(app.head().await, 0, "nothing was stored");
     // Health, metrics, the live page's HTML, the contract and the server's
-    // public identity need no token (the README lists exactly these).
+    // public identity need no token (docs/security.md lists exactly these).
     for path in ["/health", "/health/ready", "/health/deep", "/metrics", "/", "/openapi.json", "/v1/identity"] {
         assert_eq!(app.http.get(app.url(path)).send().await.unwrap().status(), 200, "{path}");
     }

@@ -363,7 +363,7 @@ async fn streams_over_http2_keep_heartbeats_eviction_and_the_shutdown_retry(back
     assert!(server.child.wait().await.unwrap().success());
 }
 
-/// A WebSocket upgrades over HTTP/1.1 on the TLS port: the README's
+/// A WebSocket upgrades over HTTP/1.1 on the TLS port: the book's
 /// example device, over `wss://` with the test certificate trusted, catches
 /// up and takes a realtime event.
 async fn a_websocket_upgrades_over_http1_on_the_tls_port(backend: Backend) {

@@ -25,7 +25,7 @@ both_stores!(
     stream_limits_close_with_1013,
     the_per_identity_stream_limit_closes_with_1013,
     a_slow_consumer_is_closed_with_1013_and_resumes,
-    the_readme_example_device_catches_up_goes_live_and_acks,
+    the_books_example_device_catches_up_goes_live_and_acks,
     a_peer_that_answers_no_ping_is_closed
 );
 
@@ -512,10 +512,10 @@ async fn a_slow_consumer_is_closed_with_1013_and_resumes(backend: Backend) {
     assert_eq!(seen, rest);
 }
 
-/// `examples/ws_device.py`, the README's example, run as a user would with
+/// `examples/ws_device.py`, the book's example (docs/websocket.md), run as a user would with
 /// the packages it names: it catches up from `--since`, takes a realtime
 /// event, and its last ack is the device's cursor.
-async fn the_readme_example_device_catches_up_goes_live_and_acks(backend: Backend) {
+async fn the_books_example_device_catches_up_goes_live_and_acks(backend: Backend) {
     use tokio::io::AsyncBufReadExt as _;
     let python = std::env::var("TIDINGS_TEST_PYTHON").expect("run scripts/test, which installs the example's packages");
     let app = spawn_app(backend).await;

@@ -270,8 +270,7 @@ pub struct Settings {
     pub broker_reads: BrokerReads,
 
     /// `replicated`: publishes are answered and events shown only once
-    /// PostgreSQL's synchronous standby has them (README "History that
-    /// survives failover"); publishes are refused with `503` while it does
+    /// PostgreSQL's synchronous standby has them (docs/failover.md); publishes are refused with `503` while it does
     /// not confirm within `TIDINGS_DB_TIMEOUT`.
     #[arg(long, env = "TIDINGS_DELIVERY", value_enum, default_value = "committed")]
     pub delivery: Delivery,

@@ -95,7 +95,7 @@ pub(crate) async fn health_deep(
         "head_event_id": head,
         "history_from": floor.map(|f| f + 1),
         // The log's current epoch: a new one began where the store may have
-        // lost history (README "History that survives failover").
+        // lost history (docs/failover.md).
         "epoch": epoch,
         "broker_position": app.broker().position(),
         "listener": { "state": listener, "reconnects": reconnects },

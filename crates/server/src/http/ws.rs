@@ -12,8 +12,7 @@
 //! buffer, a delivery's frames leave in one vectored write, and each
 //! event's `stream.event` text is built once and shared by every
 //! connection it goes to ([`crate::broker::Frame::rendered`]). An idle
-//! connection costs about what an idle SSE stream does (README,
-//! benchmarks).
+//! connection costs about what an idle SSE stream does (docs/benchmarks.md).
 //!
 //! Order (the seed's, none of it reversed): hello before reading anything;
 //! at auth the live subscription is registered before the head is read;

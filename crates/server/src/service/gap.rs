@@ -89,7 +89,7 @@ impl Gap {
 /// ([`Gap::at_epoch_change`]), counted. Nothing under
 /// `TIDINGS_DELIVERY=replicated`: that mode shows a client only what the
 /// synchronous standby holds, so a failover to it lost nothing a cursor at
-/// the fork was shown (README "What each configuration can lose").
+/// the fork was shown (docs/failover.md, "What each configuration can lose").
 pub fn told_at_epoch_change(
     core: &super::Core,
     epochs: &crate::store::Epochs,

@@ -10,7 +10,7 @@
 //! between the fork and the base, `(fork, base]`, name no event in the log
 //! any more: a resume point there was shown history that is gone, and is
 //! answered with a gap whose reason is `history_lost` (see
-//! `docs/guarantees.md` in the book and the README's "Guarantees").
+//! `docs/guarantees.md` and `docs/failover.md` in the book).
 //!
 //! How far the base jumps ([`next_base`]): to a clock floor that grows by
 //! [`IDS_PER_SECOND`] since 2024, plus [`MARGIN`] for a new primary whose

@@ -1,5 +1,5 @@
 //! Delivery that waits for the synchronous standby
-//! (`TIDINGS_DELIVERY=replicated`; README "History that survives failover").
+//! (`TIDINGS_DELIVERY=replicated`; docs/failover.md).
 //!
 //! With synchronous replication PostgreSQL answers a commit only once the
 //! synchronous standby has flushed it, and shows it to other sessions only
