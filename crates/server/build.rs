@@ -1,7 +1,8 @@
 //! Embeds the shipped event-type registry (`registry/*.json` at the
 //! workspace root) into the server,
-//! so `tidings` runs with every SPEC-065 type known even when started outside
-//! the repository. A `TIDINGS_REGISTRY` directory, when present, wins.
+//! so `tidings` runs with every registered type (docs/events.md) known even
+//! when started outside the repository. A `TIDINGS_REGISTRY` directory, when
+//! present, wins.
 
 use std::{env, fs, path::Path};
 

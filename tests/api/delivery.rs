@@ -76,10 +76,10 @@ fn app_shutdown_deadline() -> Duration {
     Duration::from_secs(3)
 }
 
-/// SPEC-065 §4.7: a client that stops reading is dropped with
-/// `system.client_dropped_slow` carrying its last id; reconnecting with that
-/// id yields the rest exactly once; a fast client at the same time receives
-/// everything.
+/// The slow-client drop (docs/streams.md): a client that stops reading is
+/// dropped with `system.client_dropped_slow` carrying its last id;
+/// reconnecting with that id yields the rest exactly once; a fast client at
+/// the same time receives everything.
 async fn slow_client_is_dropped_and_resumes(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
         s.client_queue = 8;

@@ -133,3 +133,90 @@ fn the_book_builds_without_a_warning() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "mdbook build warned:\n{stderr}");
     assert!(out_dir.path().join("index.html").exists() && out_dir.path().join("failover.html").exists());
 }
+
+/// The `sh` blocks of the README between `from` and `to` (headings), in
+/// order, as a reader copies them.
+fn shell_blocks(from: &str, to: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let section = readme.split_once(from).unwrap_or_else(|| panic!("the README has {from:?}")).1;
+    let section = section.split_once(to).map_or(section, |(s, _)| s);
+    section.split("```sh\n").skip(1).map(|b| b.split_once("```").unwrap().0.to_owned()).collect()
+}
+
+/// The README's five-minute tour, run as written: its commands in one
+/// shell, in order, with `tidings` on the `PATH` and in a directory of its
+/// own. Only the address changes (`localhost:8080` to a free port, which
+/// `TIDINGS_LISTEN` gives the server); `curl` tries again while the
+/// server the tour just started is not listening yet, and gives up on the
+/// endless stream after a few seconds, as a reader would with Ctrl-C. Each answer the tour shows
+/// (`# {...}` under a command) is in what the shell printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_tour_runs_as_written() {
+    let blocks = shell_blocks("## A five-minute tour", "## Which transport");
+    assert!(blocks.len() >= 4, "the tour has its commands: {blocks:?}");
+    let port = crate::helpers::free_port();
+    let script = blocks.join("\n").replace("localhost:8080", &format!("127.0.0.1:{port}"));
+    let expected: Vec<String> = script
+        .lines()
+        .filter_map(|l| l.strip_prefix("# "))
+        .map(|answer| answer.split("...").next().unwrap_or(answer).trim_end_matches(',').to_owned())
+        .collect();
+    assert!(!expected.is_empty(), "the tour shows its answers");
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_tidings")).parent().unwrap().display().to_string();
+    // curl: again while nothing listens yet (exit 7: the server the tour
+    // started is still starting), at most 100 times; 5 s at most each.
+    let prelude =
+        "curl() { for _ in $(seq 100); do command curl --max-time 5 \"$@\"; rc=$?; [ $rc -ne 7 ] && return $rc; sleep 0.1; done; }\n";
+    let mut shell = tokio::process::Command::new("bash");
+    shell
+        .arg("-c")
+        .arg(format!("{prelude}{script}\nkill %1\nwait"))
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", format!("{bin}:{}", std::env::var("PATH").unwrap_or_default()))
+        .env("HOME", dir.path())
+        .env("TIDINGS_LISTEN", format!("127.0.0.1:{port}"))
+        .env("TIDINGS_DRAIN_DELAY", "0s")
+        .env("TIDINGS_DRAIN", "0s")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(std::time::Duration::from_secs(90), shell.output()).await.expect("the tour ends").unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    for answer in &expected {
+        assert!(stdout.contains(answer.as_str()), "the tour's answer {answer:?} is not in what it printed:\n{stdout}\n{stderr}");
+    }
+    // The stream showed the event published, and the consumer was acked.
+    assert!(stdout.contains("id: 1\n") && stdout.contains(r#"{"consumer_id":"digest","cursor":1}"#), "{stdout}\n{stderr}");
+}
+
+/// Nothing in the repository's code, docs, tests or deploy files cites a
+/// document a user does not have: the specifications tidings was built
+/// from are described in the book (`docs/ref-*.md`), and cited there.
+#[test]
+fn nothing_cites_a_document_outside_the_repository() {
+    // Built from pieces, so that this file does not match itself.
+    let outside =
+        regex::Regex::new(&format!(r"(?i)\b{}\s*0\d\d\b|\b{}-0\d+|/work/{}|\b{}/\d{{3}}_", "seed", "spec", "shared", "seeds")).unwrap();
+    let mut found = Vec::new();
+    let mut stack: Vec<PathBuf> = ["crates", "src", "tests/api", "clients", "docs", "deploy", "scripts", "registry", "examples", ".ci"]
+        .iter()
+        .map(|d| Path::new(ROOT).join(d))
+        .chain(["README.md", "Cargo.toml"].iter().map(|f| Path::new(ROOT).join(f)))
+        .collect();
+    while let Some(path) = stack.pop() {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if path.is_dir() {
+            if !matches!(name, "node_modules" | "target" | ".mypy_cache" | "__pycache__") && !name.ends_with(".egg-info") {
+                stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            }
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        for (n, line) in text.lines().enumerate() {
+            if outside.is_match(line) {
+                found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "citations of documents outside the repository:\n{}", found.join("\n"));
+}

@@ -1,6 +1,6 @@
-//! The SPEC-065 filter DSL end to end: §4.3, §4.4 and §4.5 word for word,
-//! over live delivery and over replay, and bad filters refused before a
-//! stream opens.
+//! The filter DSL (docs/streams.md) end to end: types with agents, targets,
+//! and a payload rule, over live delivery and over replay, and bad filters
+//! refused before a stream opens.
 
 use serde_json::{Value, json};
 
@@ -8,9 +8,9 @@ use crate::both_stores;
 use crate::helpers::{Backend, TestApp, spawn_app};
 
 both_stores!(
-    spec_4_3_types_and_agents,
-    spec_4_4_targets,
-    spec_4_5_payload_rule,
+    type_globs_and_agents_select_events,
+    targets_select_events_by_ref_or_link,
+    a_payload_rule_selects_events,
     clients_told_apart_by_a_field_get_their_own_events,
     bad_filters_open_no_stream
 );
@@ -44,7 +44,7 @@ async fn live_and_replay(app: &TestApp, filter: Value, expected: impl AsyncFnOnc
     assert_eq!(replay.ids(expected.len()).await, expected, "replay of {filter}");
 }
 
-async fn spec_4_3_types_and_agents(backend: Backend) {
+async fn type_globs_and_agents_select_events(backend: Backend) {
     let app = spawn_app(backend).await;
     let filter = json!({"types": ["hypothesis.*"], "agents": ["persona:mendel"]});
     live_and_replay(&app, filter, async |app: &TestApp| {
@@ -58,7 +58,7 @@ async fn spec_4_3_types_and_agents(backend: Backend) {
     .await;
 }
 
-async fn spec_4_4_targets(backend: Backend) {
+async fn targets_select_events_by_ref_or_link(backend: Backend) {
     let app = spawn_app(backend).await;
     let filter = json!({"targets": ["paper:p-123"]});
     live_and_replay(&app, filter, async |app: &TestApp| {
@@ -71,7 +71,7 @@ async fn spec_4_4_targets(backend: Backend) {
     .await;
 }
 
-async fn spec_4_5_payload_rule(backend: Backend) {
+async fn a_payload_rule_selects_events(backend: Backend) {
     let app = spawn_app(backend).await;
     let filter = json!({"types": ["signal.upvote.recorded"], "payload": {">=": [{"var": "weight"}, 5]}});
     live_and_replay(&app, filter, async |app: &TestApp| {

@@ -1,10 +1,11 @@
-//! Convergent mirrors between real `tidings` processes (seed 000 §6.3): for
-//! N = 200 external writes at one peer of a chain A→B→C, a pair A⇄B and a
+//! Convergent mirrors between real `tidings` processes
+//! (docs/ref-federation.md, "Applying a notification" to "Reconciliation"):
+//! for N = 200 external writes at one peer of a chain A→B→C, a pair A⇄B and a
 //! ring A→B→C→A, every peer settles at most 1.5 × N writes on the mirrored
 //! path and ends holding the source's latest entity byte-identical, with
 //! lossless delivery and through a proxy that acknowledges a third of the
-//! deliveries without forwarding them. A stale lap replayed to a mirror
-//! that moved on changes nothing.
+//! deliveries without forwarding them. A stale lap replayed to a mirror that
+//! moved on changes nothing.
 
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};

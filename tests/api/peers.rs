@@ -1,7 +1,7 @@
 //! Server-to-server delivery between real `tidings` processes, each with its
 //! own data directory (and, on PostgreSQL, its own database): third-party
-//! delivery (seed 000 §6.1), what a receiving server refuses, exactly-once
-//! delivery across SIGKILLs of either side.
+//! delivery (docs/ref-subscriptions.md, "Deliver tokens"), what a receiving
+//! server refuses, exactly-once delivery across SIGKILLs of either side.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -180,7 +180,8 @@ impl Server {
 
 /// A subscriber (not a server) subscribes on `b` to `pattern`, delivering
 /// to `c`'s `inbox`: C's admin mints the subscriber a token rooted at C, and
-/// the subscriber delegates it to B (the third-party arrangement of §6.2).
+/// the subscriber delegates it to B (third-party delivery:
+/// docs/ref-subscriptions.md, "Deliver tokens").
 async fn subscribe_third_party(a: &Peer, b: &Server, c: &Server, pattern: &str, inbox: &str) -> (u16, Value) {
     let mut included = Map::new();
     let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;

@@ -1,5 +1,6 @@
-//! `GET|POST /v1/poll` and durable consumers: paging, long-poll, SPEC-065
-//! §4.8, cursor rules, expiry, operator endpoints and bad input.
+//! `GET|POST /v1/poll` and durable consumers (docs/polling.md): paging,
+//! long-poll, durable replay, cursor rules, expiry, operator endpoints and
+//! bad input.
 
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
 both_stores!(
     paging_walks_the_stream,
     long_poll_returns_on_the_first_match,
-    spec_4_8_durable_replay,
+    a_durable_consumer_replays_what_it_has_not_confirmed,
     cursor_rules,
     expiry_answers_410,
     operators_and_bad_input,
@@ -94,9 +95,10 @@ async fn long_poll_returns_on_the_first_match(backend: Backend) {
     assert!(after < Duration::from_secs(1), "it returned on the match, {after:?} after it was published");
 }
 
-/// SPEC-065 §4.8: register a consumer, disconnect, emit 100 events, resume:
-/// the 100 missed events arrive in order from the cursor.
-async fn spec_4_8_durable_replay(backend: Backend) {
+/// Durable replay (docs/polling.md): register a consumer, disconnect, emit
+/// 100 events, resume: the 100 missed events arrive in order from the
+/// cursor.
+async fn a_durable_consumer_replays_what_it_has_not_confirmed(backend: Backend) {
     let app = spawn_app(backend).await;
     app.publish("comment.posted", json!({})).await; // history before registration
     let (status, first) = get(&app, "consumer_id=ticker-prism-prod-1&types=comment.*").await;

@@ -110,8 +110,9 @@ async fn seam_under_concurrent_publishers(backend: Backend) {
 
 async fn envelope_negotiation(backend: Backend) {
     let app = spawn_app(backend).await;
-    // SPEC-065 §4.9: a subscriber that only accepts a version we do not write
-    // gets a typed error, not a crash and not a silent downgrade.
+    // Envelope versions (docs/events.md): a subscriber that only accepts a
+    // version we do not write gets a typed error, not a crash and not a
+    // silent downgrade.
     let r = app.http.get(app.url("/v1/stream?accept_envelope=2")).send().await.unwrap();
     assert_eq!(r.status(), 406);
     let body: Value = r.json().await.unwrap();

@@ -1,6 +1,6 @@
-//! SPEC-065 §4.1 and §4.2: emit sites use registry constants, and the
-//! registry mode decides what happens to unregistered names and payloads
-//! that break their schema.
+//! The event-type registry (docs/events.md): emit sites use registry
+//! constants, and the registry mode decides what happens to unregistered
+//! names and payloads that break their schema.
 
 use serde_json::{Value, json};
 
@@ -9,8 +9,9 @@ use crate::helpers::{Backend, spawn_app, spawn_app_with};
 
 both_stores!(strict_mode_refuses_what_the_registry_does_not_know, warn_mode_accepts_logs_and_counts, registry_is_listed);
 
-/// §4.1: no string-literal event names at emit sites. tidings emits events in
-/// two ways: SSE system notices (`sse_frame(.., Some(name), ..)`) and records
+/// No string-literal event names at emit sites (docs/events.md). tidings
+/// emits events in two ways: SSE system notices
+/// (`sse_frame(.., Some(name), ..)`) and records
 /// (`NewRecord { event_type: .. }`, `EventBody { event_type: .. }`). Each must
 /// take its name from `event::names` (or from a publisher's request), never
 /// from a literal.

@@ -1,10 +1,11 @@
-//! Dissemination trees between real `tidings` processes (seed 000 §8): a
-//! source that takes two subscribers per prefix and six servers mirroring
-//! it form a tree of relays by capacity redirects, and 100 writes reach
-//! every one byte-identical within 1.5 × N settles; a relay killed with
-//! SIGKILL while writes go on is replaced by its downstream servers (a
-//! cached alternative, else the source's redirect anew), which re-read
-//! what they missed and end at the source's latest bytes.
+//! Dissemination trees between real `tidings` processes
+//! (docs/ref-federation.md, "Relays" and "Repair"): a source that takes two
+//! subscribers per prefix and six servers mirroring it form a tree of relays
+//! by capacity redirects, and 100 writes reach every one byte-identical
+//! within 1.5 × N settles; a relay killed with SIGKILL while writes go on is
+//! replaced by its downstream servers (a cached alternative, else the
+//! source's redirect anew), which re-read what they missed and end at the
+//! source's latest bytes.
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
-//! `GET /v1/ws` (seed 003) with a real WebSocket client (tokio-tungstenite):
-//! hello first, signed auth, the head at auth, catch-up then realtime with
-//! no gap and no duplicate at the seam, the ack-only device cursor, and the
-//! close codes.
+//! `GET /v1/ws` (docs/ref-websocket.md) with a real WebSocket client
+//! (tokio-tungstenite): hello first, signed auth, the head at auth, catch-up
+//! then realtime with no gap and no duplicate at the seam, the ack-only
+//! device cursor, and the close codes.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -286,7 +286,7 @@ async fn the_device_cursor_moves_only_by_acks(backend: Backend) {
     assert_eq!(check.auth(&key, json!({"device_id": "d2"})).await["result"]["cursor"], 20);
 }
 
-/// Each close code of the seed, provoked.
+/// Each close code (docs/ref-websocket.md, "Close codes"), provoked.
 async fn every_close_code(backend: Backend) {
     let app = spawn_app(backend).await;
     let key = Key::new();

@@ -377,11 +377,11 @@ export interface Connection {
     close(): void;
 }
 /**
- * Connects a device over `GET /v1/ws` (seed 003): authenticates with an
- * Ed25519 proof over the server's nonce, catches up from the stored cursor
- * with `sync.delta`, then follows realtime `stream.event`s; acknowledges
- * what `onEvent` handled; reconnects with backoff carrying its cursor after a
- * lost connection, a slow-consumer close or a shutdown, and never after a
- * rejection.
+ * Connects a device over `GET /v1/ws` (docs/ref-websocket.md):
+ * authenticates with an Ed25519 proof over the server's nonce, catches up
+ * from the stored cursor with `sync.delta`, then follows realtime
+ * `stream.event`s; acknowledges what `onEvent` handled; reconnects with
+ * backoff carrying its cursor after a lost connection, a slow-consumer
+ * close or a shutdown, and never after a rejection.
  */
 export declare function connect(options: ConnectOptions): Connection;

@@ -695,12 +695,12 @@ const REFUSING_CLOSES = new Set([1002, 1003, 1007, 1008, 1009]);
  */
 const FINAL_RPC_ERRORS = new Set([-32600, -32601, -32602, -32001, -32003]);
 /**
- * Connects a device over `GET /v1/ws` (seed 003): authenticates with an
- * Ed25519 proof over the server's nonce, catches up from the stored cursor
- * with `sync.delta`, then follows realtime `stream.event`s; acknowledges
- * what `onEvent` handled; reconnects with backoff carrying its cursor after a
- * lost connection, a slow-consumer close or a shutdown, and never after a
- * rejection.
+ * Connects a device over `GET /v1/ws` (docs/ref-websocket.md):
+ * authenticates with an Ed25519 proof over the server's nonce, catches up
+ * from the stored cursor with `sync.delta`, then follows realtime
+ * `stream.event`s; acknowledges what `onEvent` handled; reconnects with
+ * backoff carrying its cursor after a lost connection, a slow-consumer
+ * close or a shutdown, and never after a rejection.
  */
 export function connect(options) {
     const WS = options.WebSocket ?? globalThis.WebSocket;

@@ -1,6 +1,7 @@
 """The asyncio client against real servers: the same guarantees as the
-blocking one, and SPEC-065 §2.5: an `async for` that is not awaited is
-closed by the server as slow, and the next `await` resumes it losslessly."""
+blocking one, and the slow-client drop (docs/streams.md): an `async for`
+that is not awaited is closed by the server as slow, and the next `await`
+resumes it losslessly."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 //! EXECUTE on `POST /v1/execute`) itself, as a success, without forwarding
 //! it. The sender believes it delivered; the receiver never hears of it:
 //! the loss a mirror must survive through gap detection and re-reads
-//! (seed 000 §6.3). Loopback only; it stops with the returned guard.
+//! (docs/ref-federation.md, "Gap re-reads"). Loopback only; it stops with
+//! the returned guard.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

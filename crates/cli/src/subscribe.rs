@@ -1,13 +1,14 @@
-//! `tidings subscribe`: a path subscription (seed 000) from the terminal.
-//! It signs with a key file (created on first use), subscribes at the
-//! source for notifications delivered to an inbox of its own at whichever
-//! server accepts, following capacity redirects to relays as a mirror does
-//! ([`tidings_protocol::peer::follow_redirects`], seed 000 §8.3), then prints each
-//! notification as it arrives there over SSE. It renews the subscription
-//! where it is held at half the deliver token's lifetime, and when that
-//! server stops answering it starts again at the source, which redirects
-//! it anew. Notifications are best-effort across such a move (seed 000
-//! §5.5): re-read the paths to reconcile.
+//! `tidings subscribe`: a path subscription (docs/ref-subscriptions.md)
+//! from the terminal. It signs with a key file (created on first use),
+//! subscribes at the source for notifications delivered to an inbox of its
+//! own at whichever server accepts, following capacity redirects to relays
+//! as a mirror does ([`tidings_protocol::peer::follow_redirects`],
+//! docs/ref-federation.md, "Relays"), then prints each notification as it
+//! arrives there over SSE. It renews the subscription where it is held at
+//! half the deliver token's lifetime, and when that server stops answering
+//! it starts again at the source, which redirects it anew. Notifications
+//! are best-effort across such a move (docs/ref-federation.md, "Repair"):
+//! re-read the paths to reconcile.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,8 +1,9 @@
-//! The device side of the WebSocket transport (`GET /v1/ws`, seed 003): one
-//! JSON-RPC connection that reads `stream.hello`, signs `stream.auth` and
-//! `stream.ack` with the device's Ed25519 key over the connection's nonce,
-//! pages `sync.delta`, and hands out what the server pushes. Used by
-//! `tidings listen` and the bench's WebSocket mode.
+//! The device side of the WebSocket transport (`GET /v1/ws`,
+//! docs/ref-websocket.md): one JSON-RPC connection that reads
+//! `stream.hello`, signs `stream.auth` and `stream.ack` with the device's
+//! Ed25519 key over the connection's nonce, pages `sync.delta`, and hands
+//! out what the server pushes. Used by `tidings listen` and the bench's
+//! WebSocket mode.
 
 use std::collections::VecDeque;
 

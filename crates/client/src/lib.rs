@@ -2,9 +2,9 @@
 //! public protocol like any other client. It owns:
 //! - [`sse`]: the Server-Sent Events frame parser and a reader over an HTTP
 //!   response, for streams that resume by `Last-Event-ID`;
-//! - [`device`]: the device side of the WebSocket transport (seed 003):
-//!   `stream.hello`, signed `stream.auth` and `stream.ack`, `sync.delta`
-//!   pages and pushed events.
+//! - [`device`]: the device side of the WebSocket transport
+//!   (docs/ref-websocket.md): `stream.hello`, signed `stream.auth` and
+//!   `stream.ack`, `sync.delta` pages and pushed events.
 //!
 //! It is built on `tidings-protocol` alone (identities, and what a device's
 //! origin proof signs), so a program using it compiles no server.

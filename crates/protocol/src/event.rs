@@ -60,7 +60,7 @@ pub mod names {
 /// Longest accepted event name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
-/// Whether `name` follows SPEC-065's grammar: two or more lowercase
+/// Whether `name` follows the event-name grammar (docs/events.md): two or more lowercase
 /// snake_case segments (`[a-z][a-z0-9_]*`) joined by `.`.
 pub fn is_valid_event_name(name: &str) -> bool {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
@@ -85,7 +85,7 @@ pub fn is_valid_segment(segment: &str) -> bool {
     }
 }
 
-/// Who may see an event (SPEC-065's levels, ordered).
+/// Who may see an event (the visibility levels of docs/events.md, ordered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Visibility {

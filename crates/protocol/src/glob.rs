@@ -3,11 +3,12 @@
 //! `hypothesis.**`).
 //!
 //! Why not `globset`: its `**` matches *zero* or more path components and only
-//! knows `/` as a separator, while SPEC-065 wants one-or-more over `.`; and the
-//! broker's index needs the literal prefix of a pattern, which a compiled
-//! regex does not expose. Matching is a small dynamic programme over segments
-//! (O(pattern × name) at worst, allocation-free), checked against an
-//! independent regex translation by property tests.
+//! knows `/` as a separator, while event types want one-or-more over `.`
+//! (docs/streams.md); and the broker's index needs the literal prefix of a
+//! pattern, which a compiled regex does not expose. Matching is a small
+//! dynamic programme over segments (O(pattern × name) at worst,
+//! allocation-free), checked against an independent regex translation by
+//! property tests.
 
 use std::fmt;
 

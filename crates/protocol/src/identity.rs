@@ -3,8 +3,9 @@
 //! (`server.key`, PKCS#8 PEM, mode 0600), and the `system/identity` entity
 //! named by its hash. The server signs with it the capabilities it mints.
 //! `tidings listen` keeps a device's key the same way ([`ServerIdentity::open`]).
-//! Also [`proof_target`], what a device's origin proof signs (seed 003):
-//! `tidings-client` signs it, the server's `service::device` checks it.
+//! Also [`proof_target`], what a device's origin proof signs
+//! (docs/ref-websocket.md, "Origin proofs"): `tidings-client` signs it, the
+//! server's `service::device` checks it.
 
 use std::path::Path;
 
@@ -117,9 +118,9 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     file.write_all(bytes)
 }
 
-/// What a device's origin proof signs (seed 003): the hash
-/// (`sha256:<hex>`) of the RFC 8785 canonical JSON of `{"method", "body",
-/// "nonce"}`, the nonce being its connection's.
+/// What a device's origin proof signs (docs/ref-websocket.md,
+/// "Origin proofs"): the hash (`sha256:<hex>`) of the RFC 8785 canonical
+/// JSON of `{"method", "body", "nonce"}`, the nonce being its connection's.
 pub fn proof_target(method: &str, body: &Value, nonce: &str) -> String {
     let value = json!({ "method": method, "body": body, "nonce": nonce });
     let canonical = serde_json_canonicalizer::to_string(&value).expect("a JSON value always canonicalises");

@@ -1,4 +1,4 @@
-//! The event-type registry (SPEC-065 §2.1): every known type, its payload
+//! The event-type registry (docs/events.md): every known type, its payload
 //! JSON Schema and its `renamed_from` aliases, loaded from `registry/`
 //! (one `<type>.json` file per type) or, when that directory is absent, from
 //! the copy embedded in the binary at build time. Pure after loading.

@@ -161,7 +161,7 @@ class AsyncClient:
 
 class AsyncStream:
     """An async iterator of :class:`Envelope` that resumes by itself. An
-    `async for` whose body does not come back for 30 s (SPEC-065 §2.5) is
+    `async for` whose body does not come back for 30 s (docs/streams.md) is
     closed by the server as slow; the next `await` resumes it from the last
     event handed out, with nothing lost."""
 

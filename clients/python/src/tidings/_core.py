@@ -172,7 +172,7 @@ class StreamState:
 
 
 # ---------------------------------------------------------------------------
-# The WebSocket device (seed 003)
+# The WebSocket device (docs/ref-websocket.md)
 
 
 class DeviceKey:

@@ -161,8 +161,9 @@ class Client:
     def device(
         self, device_id: str, key: DeviceKey, filter: Filter | Mapping[str, Any] | None = None, *, cursor: int | None = None
     ) -> Device:
-        """A WebSocket device (seed 003) whose cursor the server keeps for
-        (`key`, `device_id`); `cursor` is where a new device starts."""
+        """A WebSocket device (docs/ref-websocket.md) whose cursor the server
+        keeps for (`key`, `device_id`); `cursor` is where a new device
+        starts."""
         return Device(self, DeviceState(device_id, key, filter, high_water=cursor or 0, cursor_given=cursor is not None))
 
 

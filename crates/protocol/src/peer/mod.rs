@@ -5,9 +5,10 @@
 //! must be (checked on every tree write under `system/peer/`) and the
 //! setting's syntax. The endpoint is only a URL: the hash is who the peer
 //! is, proven by `GET /v1/identity` there before it is trusted. It also
-//! owns how a subscriber follows capacity redirects to relays (seed 000
-//! §8.3), for mirrors and the `tidings subscribe` command alike, and
-//! ([`protocol`]) what servers say to each other.
+//! owns how a subscriber follows capacity redirects to relays
+//! (docs/ref-federation.md, "Relays"), for mirrors and the `tidings
+//! subscribe` command alike, and ([`protocol`]) what servers say to each
+//! other.
 
 use serde_json::json;
 
@@ -126,7 +127,8 @@ pub async fn proves(http: &reqwest::Client, peer: &str, endpoint: &str, within: 
     }
 }
 
-/// Most capacity redirects followed on the way to a relay (seed 000 §8.3).
+/// Most capacity redirects followed on the way to a relay
+/// (docs/ref-federation.md, "Relays").
 pub const MAX_HOPS: u32 = 10;
 
 /// Most alternatives a capacity redirect offers, and reads.
@@ -156,7 +158,7 @@ pub struct Attached {
     /// Redirects followed to reach it.
     pub hops: u32,
     /// The alternatives of the last redirect followed (none: no redirect),
-    /// where to go first when the relay dies (seed 000 §8.4).
+    /// where to go first when the relay dies (docs/ref-federation.md, "Repair").
     pub alternatives: Vec<Relay>,
 }
 
@@ -191,12 +193,13 @@ pub trait Subscriber {
     fn prove(&self, peer: &str, endpoint: &str) -> impl Future<Output = bool> + Send;
 }
 
-/// Subscribes at `from`, following capacity redirects (seed 000 §8.3): a
-/// random alternative each time, proven before it is used, another one of
-/// the same list when it refuses or does not prove, never a server already
-/// tried nor `own` (the subscriber itself) nor one of `avoid` (a relay
-/// known dead), at most [`MAX_HOPS`] redirects. A redirect loop thus ends
-/// with an error; the caller backs off before trying again.
+/// Subscribes at `from`, following capacity redirects
+/// (docs/ref-federation.md, "Relays"): a random alternative each time, proven
+/// before it is used, another one of the same list when it refuses or does
+/// not prove, never a server already tried nor `own` (the subscriber itself)
+/// nor one of `avoid` (a relay known dead), at most [`MAX_HOPS`] redirects. A
+/// redirect loop thus ends with an error; the caller backs off before trying
+/// again.
 pub async fn follow_redirects(from: &str, own: &str, avoid: &[&str], subscriber: &(impl Subscriber + Sync)) -> Result<Attached, PeerError> {
     use rand::seq::SliceRandom as _;
     let (mut at, mut hops) = (from.to_owned(), 0u32);

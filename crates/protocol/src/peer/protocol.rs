@@ -1,4 +1,5 @@
-//! What tidings servers say to each other (seed 000 §6, §8), in one place
+//! What tidings servers say to each other (docs/ref-subscriptions.md,
+//! docs/ref-federation.md), in one place
 //! for every caller: the courier's deliveries, the mirrors' subscriptions
 //! and `tidings subscribe`.
 //! - [`Execute`]: the signed `system/protocol/execute` envelope a peer's

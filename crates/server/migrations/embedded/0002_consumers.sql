@@ -1,4 +1,4 @@
--- Durable consumers (SPEC-065 §2.6): a stored filter and a cursor that only
+-- Durable consumers (docs/polling.md): a stored filter and a cursor that only
 -- confirmations move. Times are Unix milliseconds.
 CREATE TABLE IF NOT EXISTS consumer_subscriptions (
     consumer_id      TEXT    PRIMARY KEY,

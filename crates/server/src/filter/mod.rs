@@ -1,4 +1,4 @@
-//! The subscription filter (SPEC-065 §2.3): parsed and validated once when a
+//! The subscription filter (docs/streams.md): parsed and validated once when a
 //! client subscribes, then evaluated by [`Filter::matches`], the one matcher
 //! every delivery path uses (live SSE, replay, and later poll, WebSocket and
 //! subscriptions). Pure: no I/O.

@@ -58,8 +58,9 @@ pub(crate) async fn execute(
         chain_id: chain_id.clone(),
         now_ms: chrono::Utc::now().timestamp_millis().max(0) as u64,
     };
-    // The seed's answer body carries the status too: `{status, result}` or
-    // `{status, error: {code, message}}`.
+    // The answer body carries the status too: `{status, result}` or
+    // `{status, error: {code, message}}` (docs/ref-subscriptions.md,
+    // "The EXECUTE envelope").
     let (status, body) = match crate::subscription::execute::execute(app.core().subscriptions(), &bytes, call).await {
         Ok(Executed::Done(result)) => (StatusCode::OK, json!({ "status": 200, "result": result })),
         Ok(Executed::Redirect(result)) => (StatusCode::SEE_OTHER, json!({ "status": 303, "result": result })),

@@ -1,7 +1,8 @@
-//! `GET /v1/ws`: the WebSocket JSON-RPC transport (seed 003) for devices
-//! and CLIs behind NAT. This file frames and drives one connection: the
-//! `stream.hello` it speaks first, `stream.auth`, `sync.delta` and
-//! `stream.ack` requests, `stream.event` notifications and the close codes.
+//! `GET /v1/ws`: the WebSocket JSON-RPC transport for devices and CLIs
+//! behind NAT (docs/ref-websocket.md). This file frames and drives one
+//! connection: the `stream.hello` it speaks first, `stream.auth`,
+//! `sync.delta` and `stream.ack` requests, `stream.event` notifications and
+//! the close codes.
 //! What they decide (proofs, the device cursor, catch-up pages) is
 //! [`crate::service::device`]; delivery is a
 //! [`Session`](crate::service::session::Session), as for SSE.
@@ -14,14 +15,14 @@
 //! connection it goes to ([`crate::broker::Frame::rendered`]). An idle
 //! connection costs about what an idle SSE stream does (docs/benchmarks.md).
 //!
-//! Order (the seed's, none of it reversed): hello before reading anything;
-//! at auth the live subscription is registered before the head is read;
-//! realtime frames start only once catch-up was answered up to at least
-//! that head (at once when the device's cursor is the head). While a device
-//! catches up no live subscription is held, so nothing can overflow or be
-//! dropped: when its last `sync.delta` page reaches the head, delivery goes
-//! live after exactly that page's end (history first, then live, as a
-//! resumed SSE stream does).
+//! Order (docs/ref-websocket.md, "Ordering"; none of it reversed): hello
+//! before reading anything; at auth the live subscription is registered
+//! before the head is read; realtime frames start only once catch-up was
+//! answered up to at least that head (at once when the device's cursor is the
+//! head). While a device catches up no live subscription is held, so nothing
+//! can overflow or be dropped: when its last `sync.delta` page reaches the
+//! head, delivery goes live after exactly that page's end (history first,
+//! then live, as a resumed SSE stream does).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -52,7 +53,7 @@ use crate::service::session::{End, Item, Session, Start, record_delivery};
 /// The profiles `stream.hello` announces.
 const PROFILES: [&str; 2] = ["x_tidings.stream.v1", "x_tidings.inbox.v1"];
 
-/// Close codes (RFC 6455, as seed 003 uses them).
+/// Close codes (RFC 6455, as docs/ref-websocket.md, "Close codes", uses them).
 mod close {
     pub(super) const NORMAL: u16 = 1000;
     pub(super) const GOING_AWAY: u16 = 1001;

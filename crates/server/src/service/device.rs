@@ -1,5 +1,5 @@
-//! WebSocket devices (seed 003), without the socket: proofs of origin over
-//! a connection's nonce, the per-(owner, device) cursor that only
+//! WebSocket devices (docs/ref-websocket.md), without the socket: proofs
+//! of origin over a connection's nonce, the per-(owner, device) cursor that only
 //! acknowledgements move, and catch-up pages. The WebSocket transport frames these as
 //! JSON-RPC and drives the connection; delivery itself is a
 //! [`Session`](super::session::Session) as for every transport.

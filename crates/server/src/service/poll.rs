@@ -1,4 +1,4 @@
-//! Long-poll and the durable consumers behind it (SPEC-065 §2.6), for
+//! Long-poll and the durable consumers behind it (docs/polling.md), for
 //! agents that cannot hold a stream open (cron jobs, serverless functions,
 //! scripts).
 //!

@@ -7,8 +7,8 @@
 //! type (`tree.*`), reading needs the `subscribe` grant: the tree is as
 //! visible as the events that describe it. `system/…` holds what tidings
 //! itself keeps (subscriptions, their configuration, chain-error markers):
-//! only admins read or write it directly (seed 000 §1.1, §7.1); subscribers
-//! go through `execute`.
+//! only admins read or write it directly; subscribers go through `execute`
+//! (docs/tree.md; docs/ref-subscriptions.md, "The subscription entity").
 
 use std::collections::BTreeMap;
 

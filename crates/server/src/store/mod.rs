@@ -6,8 +6,9 @@
 //! committed), [`ConsumerStore`], [`TreeStore`] and [`EngineStore`]. Each
 //! backend keeps one file per concern; `tests/api/store.rs` is the
 //! conformance suite every backend passes. Records are opaque
-//! to the store (a type name for indexing, and a JSON body): no SPEC-065
-//! vocabulary lives here, so tree changes and notifications share the log.
+//! to the store (a type name for indexing, and a JSON body): no event
+//! vocabulary (docs/events.md) lives here, so tree changes and
+//! notifications share the log.
 //!
 //! Implementations: [`postgres`] (production, several processes, one LISTEN
 //! connection per process) and [`embedded`] (a single-node SQLite file, for a

@@ -15,9 +15,10 @@
 //! (sender, subscription) in the appending transaction, so a retry is
 //! answered as success and stores nothing new.
 //!
-//! Decision where the seed leaves room: the chain must be rooted at this
-//! server itself; an inbox owned by another identity (delegated by an
-//! admin) is not modelled yet, as local inboxes have no owners.
+//! A decision of tidings' own (docs/ref-subscriptions.md,
+//! "Delivery to another server"): the chain must be rooted at this server
+//! itself; an inbox owned by another identity (delegated by an admin) is
+//! not modelled yet, as local inboxes have no owners.
 
 use serde::Deserialize;
 use serde_json::json;

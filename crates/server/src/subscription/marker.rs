@@ -1,6 +1,7 @@
-//! Chain-error markers (§4.7): the entity a server binds when a
-//! notification was not delivered (suppressed by a limit, or given up by
-//! the courier), at a path that makes binding the same one twice a no-op.
+//! Chain-error markers (docs/ref-subscriptions.md, "Chain-error markers"):
+//! the entity a server binds when a notification was not delivered
+//! (suppressed by a limit, or given up by the courier), at a path that
+//! makes binding the same one twice a no-op.
 //! A leaf the engine and the courier both use.
 
 use serde_json::json;
@@ -10,7 +11,8 @@ use crate::event::EventId;
 use crate::store::{Condition, TreeWrite};
 use crate::tree::{Entity, change_event};
 
-/// A chain-error marker (§4.7) of a notification that was not delivered.
+/// A chain-error marker of a notification that was not delivered
+/// (docs/ref-subscriptions.md, "Chain-error markers").
 #[derive(Debug)]
 pub(super) struct Marker<'a> {
     /// Who binds it (this server).

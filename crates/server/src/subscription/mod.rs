@@ -1,7 +1,8 @@
-//! Path subscriptions (seed 000): the `system/subscription` handler's
-//! subscribe and unsubscribe, the subscription entity at
-//! `system/subscription/{id}` that is their only source of truth, renewal,
-//! capacity (`303` redirects) and `system/config/subscription`.
+//! Path subscriptions (docs/ref-subscriptions.md): the
+//! `system/subscription` handler's subscribe and unsubscribe, the
+//! subscription entity at `system/subscription/{id}` that is their only
+//! source of truth, renewal, capacity (`303` redirects) and
+//! `system/config/subscription`.
 //!
 //! [`execute`] checks the signed EXECUTE envelope and the caller capability
 //! before a handler runs. While this process leads, the [`supervisor`] runs
@@ -12,7 +13,7 @@
 //! Nothing here keeps subscriptions in memory: the engine's index is a cache
 //! it rebuilds from the entities (and the log) whenever it starts.
 //!
-//! Decisions where the seed leaves room:
+//! Decisions of tidings' own (each described in docs/ref-subscriptions.md):
 //! - tidings applies no default limits and never tightens requested ones;
 //!   `notification_budget` is stored but has nothing to bound (a local
 //!   delivery is one append).
@@ -26,11 +27,9 @@
 //!   this server `receive` on an inbox path may deliver there; who may *read*
 //!   an inbox is decided by the `subscribe` grant for
 //!   `subscription.notification`, like any other event type.
-//! - `rate_limit` allows at most that many deliveries in any minute
-//!   (counting the candidate), one fewer than a literal reading of §4.6's
-//!   `recent_delivery_rate > rate_limit` would. The minute is 60 whole
-//!   seconds of commit time, so the window is at most 60 counts, committed
-//!   with the engine's cursor.
+//! - `rate_limit` allows at most that many deliveries in any minute, the
+//!   candidate counted. The minute is 60 whole seconds of commit time, so
+//!   the window is at most 60 counts, committed with the engine's cursor.
 //! - Delivery is to an inbox path on this server (a `subscription.notification`
 //!   event whose `ref` is the inbox) or to another server's inbox
 //!   (`entity://<peer hash>/<inbox path>`): the engine appends the
@@ -135,7 +134,7 @@ pub struct Subscription {
     pub deliver_chain: Vec<String>,
     /// Where the subscriber serves what it receives onwards: offered to
     /// later subscribers as an alternative when the prefix is at capacity
-    /// (seed 000 §8).
+    /// (docs/ref-subscriptions.md, "Capacity and redirects").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay_endpoint: Option<String>,
     /// Whom it counts against in `TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY`
@@ -185,9 +184,10 @@ pub enum Executed {
     Redirect(Value),
 }
 
-/// Why an EXECUTE was refused: one variant per seed error code, with its
-/// message. The seed's `{status, error: {code, message}}` body is written
-/// by the transport from [`Refusal::code`] and [`Refusal::kind`].
+/// Why an EXECUTE was refused: one variant per error code
+/// (docs/ref-subscriptions.md, "Error codes"), with its message. The
+/// `{status, error: {code, message}}` body is written by the transport
+/// from [`Refusal::code`] and [`Refusal::kind`].
 #[derive(Debug, thiserror::Error)]
 pub enum ExecuteError {
     /// `missing_deliver_token`.
@@ -527,7 +527,7 @@ impl Subscriptions {
         *listed = Some(Listed { version: (count, sum), entries: Arc::new(entries) });
     }
 
-    /// `unsubscribe` (§3.2).
+    /// `unsubscribe` (docs/ref-subscriptions.md, "Unsubscribe").
     pub async fn unsubscribe(&self, caller: &Caller<'_>, subscription_id: &str) -> Result<Executed, ExecuteError> {
         let not_found = || ExecuteError::SubscriptionNotFound(format!("no subscription {subscription_id:?}"));
         if subscription_id.contains('/') || validate_path(subscription_id).is_err() {
@@ -650,8 +650,9 @@ fn learned_peer(peer: &str, endpoint: &str, agent: Agent, chain_id: String) -> T
     }
 }
 
-/// §3b: bundling changed entities needs `get` on `system/tree` for the
-/// pattern (when a caller capability is in play).
+/// Bundling changed entities needs `get` on `system/tree` for the pattern
+/// (when a caller capability is in play; docs/ref-subscriptions.md,
+/// "Subscribe", check 6).
 fn payload_check(caller: &Caller<'_>, include_payload: bool, pattern: &Glob) -> Option<ExecuteError> {
     let chain = caller.capability?;
     (include_payload && !capability::chain_covers(chain, "system/tree", "get", pattern))

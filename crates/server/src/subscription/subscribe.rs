@@ -1,5 +1,6 @@
-//! `subscribe` (§3.1, with renewal per §5.3): the checks a subscribe
-//! passes in order (the deliver token, the caller's capability, the
+//! `subscribe` and renewal (docs/ref-subscriptions.md, "Subscribe" and
+//! "Renewal"; the numbered comments below are its checks): the checks a
+//! subscribe passes in order (the deliver token, the caller's capability, the
 //! pattern and payload grants, where the notifications go and whether that
 //! peer is known or learnable), the capacity of a prefix (a `303` to relays
 //! when it is full), and the write of the subscription entity.
@@ -7,7 +8,8 @@
 use super::*;
 
 impl Subscriptions {
-    /// `subscribe` (§3.1, with renewal per §5.3).
+    /// `subscribe`, with renewal (docs/ref-subscriptions.md, "Subscribe" and
+    /// "Renewal").
     pub async fn subscribe(&self, caller: &Caller<'_>, request: SubscribeRequest) -> Result<Executed, ExecuteError> {
         // 1. The deliver token must travel with the request.
         let Some(token_hash) = request.deliver_token.as_deref().filter(|h| caller.included.contains_key(*h)) else {
@@ -24,8 +26,8 @@ impl Subscriptions {
                 request.deliver_operation, request.deliver_uri
             )));
         }
-        // 2a. Its chain must resolve and verify, and the subscriber must be a
-        // granter somewhere in it (in-chain, not chain-root: third-party
+        // 3 and 5. Its chain must resolve and verify, and the subscriber must
+        // be a granter somewhere in it (in-chain, not chain-root: third-party
         // delivery roots the chain at the inbox's owner).
         let chain = match capability::resolve_chain(caller.included, token_hash, caller.now_ms) {
             Ok(chain) => chain,
@@ -37,7 +39,7 @@ impl Subscriptions {
         if !capability::chain_grants(&chain, "system/inbox", &request.deliver_operation, &request.deliver_path) {
             return Err(ExecuteError::DeliverTokenInsufficient("a token in the deliver token's chain does not grant the delivery".into()));
         }
-        // A remote inbox's server verifies the chain at every delivery: it
+        // 4. A remote inbox's server verifies the chain at every delivery: it
         // must be rooted there, and this server must know where that is.
         let mut learn = None;
         if let Some(peer) = &request.deliver_peer {
@@ -53,11 +55,11 @@ impl Subscriptions {
         if !capability::in_chain(&chain, caller.author) {
             return Err(ExecuteError::EmbeddedCapUnauthorized("subscriber identity not in deliver_token authority chain".into()));
         }
-        // 3b. Bundling content needs read access, not only subscribe.
+        // 6. Bundling content needs read access, not only subscribe.
         if let Some(refused) = payload_check(caller, request.include_payload, &request.pattern) {
             return Err(refused);
         }
-        // 2b. Keep the chain (tokens, their signatures, their granters) so
+        // Keep the chain (tokens, their signatures, their granters) so
         // the engine can resolve the token by hash later; stored once the
         // subscription is, so a refused request stores nothing.
         let content = chain_content(&chain, caller.included);
@@ -115,7 +117,7 @@ impl Subscriptions {
         if let Some(answer) = self.no_room(&existing, caller.author, &accountable, pattern).await? {
             return answer;
         }
-        // 4–5. Store the entity: the engine registers it when it reaches the
+        // Store the entity: the engine registers it when it reaches the
         // change in the log.
         let subscription = Subscription {
             subscription_id: generate_id(),
@@ -155,7 +157,8 @@ impl Subscriptions {
     /// `accountable` (see [`Subscription::counted_against`]), for `pattern`
     /// has no room:
     /// `too_many_subscriptions` at the server's cap, a capacity redirect
-    /// (seed 000 §8.3) at the prefix's; `None` when it fits.
+    /// (docs/ref-subscriptions.md, "Capacity and redirects") at the
+    /// prefix's; `None` when it fits.
     async fn no_room(
         &self,
         existing: &[Held],
@@ -176,7 +179,7 @@ impl Subscriptions {
                 self.max_per_identity
             )))));
         }
-        // 3a. Capacity for this prefix.
+        // 7. Capacity for this prefix.
         let subscribers: Vec<&Subscription> = existing.iter().map(|h| &h.1).filter(|s| s.pattern == pattern).collect();
         if self.max_per_prefix == 0 || (subscribers.len() as u64) < self.max_per_prefix {
             return Ok(None);

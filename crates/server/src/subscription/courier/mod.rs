@@ -19,8 +19,9 @@
 //! with exponential backoff and jitter up to the attempt budget
 //! (`TIDINGS_PEER_DELIVERY_ATTEMPTS`); any other answer than 200 is a
 //! refusal, and final.
-//! Either way the notification binds a chain-error marker (§4.7, reason the
-//! peer's error code or `delivery_failed`) and the lane goes on with the
+//! Either way the notification binds a chain-error marker
+//! (docs/ref-subscriptions.md, "Chain-error markers"; reason the peer's
+//! error code or `delivery_failed`) and the lane goes on with the
 //! next. The receiver recognises a retry by the delivery's `sequence` (the
 //! notification's id in this log), so a crash between a delivery and the
 //! cursor moving repeats nothing at the peer.
@@ -78,10 +79,9 @@ pub struct CourierSettings {
     /// Time allowed for one attempt (`TIDINGS_PEER_TIMEOUT`).
     pub timeout: Duration,
     /// How long a lane's attempts may all fail before its subscription is
-    /// ended (`TIDINGS_PEER_EVICT_AFTER`; zero: never). Seed 000 §5.4 lets
-    /// a server end a subscription after delivery failures: a dead relay
-    /// would otherwise hold its slot of the prefix's capacity until its
-    /// token expires.
+    /// ended (`TIDINGS_PEER_EVICT_AFTER`; zero: never; docs/ref-federation.md,
+    /// "The courier"): a dead relay would otherwise hold its slot of the
+    /// prefix's capacity until its token expires.
     pub evict_after: Duration,
     /// Where this server may call (`TIDINGS_PEER_ALLOW`).
     pub allow: std::sync::Arc<crate::peer::PeerAllow>,
@@ -419,7 +419,8 @@ impl Courier {
         self.store.device_ack(CURSOR_OWNER, &lane.subscription_id, from, now_ms()).await
     }
 
-    /// Ends `lane`'s subscription (seed 000 §5.4, delivery failure): its
+    /// Ends `lane`'s subscription, whose deliveries kept failing
+    /// (docs/ref-federation.md, "The courier"): its
     /// entity is deleted only while it still holds the lane's deliver token
     /// (a renewal rotates the token: the peer is alive, and the renewed
     /// subscription stays). Whether it is gone.

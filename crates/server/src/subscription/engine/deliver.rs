@@ -167,7 +167,8 @@ pub(super) enum Verdict {
     Terminate(&'static str),
 }
 
-/// §7.3 and §4.6, before each delivery, at the change's commit time `at`.
+/// The deliver token's expiry and the limits (docs/ref-subscriptions.md,
+/// "Limits"), before each delivery, at the change's commit time `at`.
 pub(super) fn check(active: &mut Active, at: i64) -> Verdict {
     let at_ms = at.max(0) as u64;
     if active.token_expires_at.is_some_and(|t| t <= at_ms) {

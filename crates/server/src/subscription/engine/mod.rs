@@ -1,8 +1,10 @@
 //! The subscription engine: follows the log's tree changes in order, matches
-//! each against the subscriptions, enforces limits (§4.6) and deliver-token
-//! expiry (§7.3), and appends one `subscription.notification` per delivery,
-//! addressed (`ref`) to the subscription's inbox. Suppressed notifications
-//! bind chain-error markers (§4.7); terminations delete the entity.
+//! each against the subscriptions, enforces limits and deliver-token expiry
+//! (docs/ref-subscriptions.md, "Limits"), and appends one
+//! `subscription.notification` per delivery, addressed (`ref`) to the
+//! subscription's inbox ("Notifications"). Suppressed notifications bind
+//! chain-error markers ("Chain-error markers"); terminations delete the
+//! entity.
 //!
 //! Exactly once: everything a step produces is committed in one transaction
 //! with the engine's cursor (compare-and-set), so a crash neither loses nor

@@ -26,8 +26,8 @@ pub(super) struct Link {
     pub(super) renew_at: Instant,
     retry: Backoff,
     /// Where the subscription is held, as seen from the peer: the redirects
-    /// followed, and the alternatives the last redirect offered (seed 000
-    /// §8.4a: where to go first when the relay dies).
+    /// followed, and the alternatives the last redirect offered (where to go
+    /// first when the relay dies: docs/ref-federation.md, "Repair").
     hops: u32,
     alternatives: Vec<Relay>,
     /// Since when the upstream has not answered a probe; and, once that
@@ -36,7 +36,7 @@ pub(super) struct Link {
     repairing: bool,
     /// Subscriptions left at relays that stopped answering: cancelled there
     /// if they answer again, forgotten when their token expires (the relay
-    /// then ends them itself, seed 000 §7.3).
+    /// then ends them itself: docs/ref-subscriptions.md, "Limits").
     pub(super) abandoned: Vec<Abandoned>,
     /// The upstream the metrics show as current, and every one shown.
     shown_now: Option<String>,

@@ -1,4 +1,4 @@
-//! Mirrors (seed 000 §2.2, §5.5, §6.3): an admin writes
+//! Mirrors (docs/ref-federation.md, "Mirrors"): an admin writes
 //! `system/mirror/<name>` (`{peer, pattern, capability?}`) and this server
 //! reproduces the peer's entities under `pattern` in its own tree,
 //! byte-identical (same hashes).
@@ -12,7 +12,7 @@
 //! probes it and, when it stops answering for
 //! `TIDINGS_MIRROR_REPAIR_TIMEOUT`, attaches elsewhere (a cached
 //! alternative of its redirect, else the peer anew) and re-reads every path
-//! it knows (seed 000 §8.4). Notifications arrive in that
+//! it knows (docs/ref-federation.md, "Repair"). Notifications arrive in that
 //! inbox through the peer's courier (so exactly once, in change order) and
 //! an applier consumes them from a durable cursor. A notification's
 //! bundled bytes are taken only when the peer signed exactly that
