@@ -149,32 +149,31 @@ fn byte_size(s: &str) -> Result<usize, String> {
 /// Settings of `tidings serve`.
 #[derive(Debug, Clone, Args)]
 pub struct Settings {
-    /// HTTP listen address.
+    /// HTTP listen address (any address needs authentication on).
     #[arg(long, env = "TIDINGS_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
-    /// PEM certificate chain: with `TIDINGS_TLS_KEY_FILE`, the listener
-    /// speaks HTTPS (HTTP/2 and HTTP/1.1, by ALPN) instead of plain HTTP.
+    /// PEM certificate chain; with `TIDINGS_TLS_KEY_FILE`, serve HTTPS (HTTP/2 and HTTP/1.1 by ALPN).
     #[arg(long, env = "TIDINGS_TLS_CERT_FILE", requires = "tls_key_file")]
     pub tls_cert_file: Option<std::path::PathBuf>,
 
-    /// PEM private key of `TIDINGS_TLS_CERT_FILE` (PKCS#8, PKCS#1 or SEC1).
+    /// PEM private key of the certificate (PKCS#8, PKCS#1 or SEC1).
     #[arg(long, env = "TIDINGS_TLS_KEY_FILE", requires = "tls_cert_file")]
     pub tls_key_file: Option<std::path::PathBuf>,
 
-    /// PostgreSQL URL; unset means the embedded store in the data directory.
+    /// PostgreSQL URL; unset means the embedded store.
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: Option<String>,
 
-    /// Directory of the embedded store (and the server key).
+    /// Embedded store (one process owns it) and the server key.
     #[arg(long, env = "TIDINGS_DATA_DIR", default_value = "./tidings-data")]
     pub data_dir: PathBuf,
 
-    /// Event-type registry directory (the built-in registry is used when it does not exist).
+    /// Event-type registry directory (built-in copy when absent).
     #[arg(long, env = "TIDINGS_REGISTRY", default_value = "./registry")]
     pub registry: PathBuf,
 
-    /// `strict` refuses unregistered types and schema violations; `warn` accepts, logs and counts them.
+    /// `strict` refuses unregistered types and schema violations; `warn` accepts, logs, counts.
     #[arg(long, env = "TIDINGS_REGISTRY_MODE", value_enum, default_value = "warn")]
     pub registry_mode: RegistryMode,
 
@@ -182,15 +181,15 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_CLIENT_QUEUE", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub client_queue: u32,
 
-    /// A client with waiting events that takes none for this long is dropped.
+    /// A client with events waiting that takes none for this long is dropped.
     #[arg(long, env = "TIDINGS_SLOW_CLIENT_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub slow_client_timeout: Duration,
 
-    /// Time an evicted client's connection gets to flush before it is closed by force.
+    /// An evicted client's connection is closed by force if still open after this.
     #[arg(long, env = "TIDINGS_EVICTION_GRACE", default_value = "5s", value_parser = duration)]
     pub eviction_grace: Duration,
 
-    /// Interval of the SSE comment heartbeat.
+    /// SSE comment heartbeat; WebSocket ping interval.
     #[arg(long, env = "TIDINGS_HEARTBEAT", default_value = "15s", value_parser = duration)]
     pub heartbeat: Duration,
 
@@ -198,35 +197,38 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_WS_MAX_MESSAGE", default_value = "64KiB", value_parser = byte_size)]
     pub ws_max_message: usize,
 
-    /// Longest a WebSocket may stay open without a successful `stream.auth` (then one error frame and close 1008).
+    /// A WebSocket without a successful `stream.auth` this long gets an `auth_timeout` error frame and
+    /// close 1008.
     #[arg(long, env = "TIDINGS_WS_AUTH_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub ws_auth_timeout: Duration,
 
-    /// After a WebSocket's token expires, how long it has to send `stream.reauth` with a fresh one (then close 1000).
+    /// After a WebSocket's token expires (`stream.token_expired`), how long it has to send `stream.reauth
+    /// {token}` before an error frame and close 1000.
     #[arg(long, env = "TIDINGS_REAUTH_GRACE", default_value = "30s", value_parser = duration)]
     pub reauth_grace: Duration,
 
-    /// Reconnect delay advertised to SSE clients (`retry:`).
+    /// Reconnect delay sent as `retry:` (shutdown sends 1x to 5x of it, jittered).
     #[arg(long, env = "TIDINGS_SSE_RETRY", default_value = "2s", value_parser = duration)]
     pub sse_retry: Duration,
 
-    /// Largest accepted request body.
+    /// Largest request body.
     #[arg(long, env = "TIDINGS_MAX_BODY", default_value = "1MiB", value_parser = byte_size)]
     pub max_body: usize,
 
-    /// Largest accepted event payload (serialised).
+    /// Largest event payload (serialised).
     #[arg(long, env = "TIDINGS_MAX_PAYLOAD", default_value = "64KiB", value_parser = byte_size)]
     pub max_payload: usize,
 
-    /// Most events in one publish batch.
+    /// Most events in one publish.
     #[arg(long, env = "TIDINGS_MAX_BATCH", default_value_t = 10_000)]
     pub max_batch: usize,
 
-    /// Most events committed together by one group commit of concurrent publishes (or tree writes).
+    /// Most events one group commit of concurrent publishes (or tree writes) writes together.
     #[arg(long, env = "TIDINGS_PUBLISH_GROUP_EVENTS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub publish_group_events: u32,
 
-    /// How long a group commit waits for more publishes (or tree writes) once it has one (0: only those queued meanwhile).
+    /// How long a group commit waits for more publishes (or tree writes) once it has one (0: it takes only
+    /// what queued while the last commit was in flight).
     #[arg(long, env = "TIDINGS_PUBLISH_GROUP_DELAY", default_value = "0ms", value_parser = duration)]
     pub publish_group_delay: Duration,
 
@@ -246,11 +248,16 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_MAX_RULE_NODES", default_value_t = 1024)]
     pub max_rule_nodes: usize,
 
-    /// Most bytes one evaluation of a payload rule may build (beyond: the event does not match, counted).
+    /// Most bytes one evaluation of a payload rule may build (strings, arrays), and most loop steps it may
+    /// take (one per two bytes of the event, per node of the loop bodies, estimated before it runs);
+    /// beyond, the event does not match that client, it is counted (`tidings_filter_budget_exceeded_total`,
+    /// logged once per rule), and the client is told once (`system.filter_budget_exceeded {budget}` on SSE,
+    /// `stream.filter_budget_exceeded` on WebSocket). Loops (`map`, `filter`, `reduce`, `all`, `some`,
+    /// `none`) may not nest.
     #[arg(long, env = "TIDINGS_RULE_BUDGET", default_value = "1MiB", value_parser = byte_size)]
     pub rule_budget: usize,
 
-    /// Rows read per store round trip by the broker and by replay.
+    /// Rows per store read (broker and replay).
     #[arg(long, env = "TIDINGS_READ_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub read_batch: u32,
 
@@ -258,32 +265,33 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_DB_POOL", default_value_t = 16)]
     pub db_pool: usize,
 
-    /// Hot standbys of the PostgreSQL primary (comma list of URLs): history
-    /// (catch-up, polls, `sync.delta`) is read there as far as a standby
-    /// holds it, the rest on the primary.
+    /// Comma list of hot standbys of the PostgreSQL primary: history (stream and WebSocket catch-up,
+    /// `sync.delta`, polls, consumers) is read there as far as a standby holds it, the rest on the primary
+    /// (docs/scaling.md).
     #[arg(long, env = "TIDINGS_REPLICA_URLS", value_delimiter = ',', num_args = 0..)]
     pub replica_urls: Vec<String>,
 
-    /// `replica`: the broker's tail reads go to the standbys too (waiting
-    /// up to 100 ms for one to replay a notified commit), not only history.
+    /// `replica`: the broker's tail reads go to the standbys too, up to the notified head, waiting up to
+    /// 100 ms for one to replay a notified commit (docs/scaling.md).
     #[arg(long, env = "TIDINGS_BROKER_READS", value_enum, default_value = "primary")]
     pub broker_reads: BrokerReads,
 
-    /// `replicated`: publishes are answered and events shown only once
-    /// PostgreSQL's synchronous standby has them (docs/failover.md); publishes are refused with `503` while it does
-    /// not confirm within `TIDINGS_DB_TIMEOUT`.
+    /// `replicated` (PostgreSQL with synchronous replication): nothing is shown or answered `201` before
+    /// the synchronous standby has it; `503 replication_unavailable` while it does not confirm within
+    /// `TIDINGS_DB_TIMEOUT` (docs/failover.md).
     #[arg(long, env = "TIDINGS_DELIVERY", value_enum, default_value = "committed")]
     pub delivery: Delivery,
 
-    /// A standby further behind the primary than this is skipped.
+    /// A standby behind the primary for longer than this (time since it replayed a commit, while it lacks
+    /// the primary's head) is skipped until it catches up.
     #[arg(long, env = "TIDINGS_REPLICA_MAX_LAG", default_value = "5s", value_parser = duration)]
     pub replica_max_lag: Duration,
 
-    /// Longest wait for a database connection before answering 503.
+    /// Longest wait for a database connection before `503`.
     #[arg(long, env = "TIDINGS_DB_TIMEOUT", default_value = "2s", value_parser = duration)]
     pub db_timeout: Duration,
 
-    /// A durable consumer silent this long is collected (resuming it without `since` answers 410).
+    /// Durable consumers silent this long are collected (resuming one without `since` then answers `410`).
     #[arg(long, env = "TIDINGS_CONSUMER_TTL", default_value = "7d", value_parser = duration)]
     pub consumer_ttl: Duration,
 
@@ -291,8 +299,8 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_POLL_MAX_LIMIT", default_value_t = 1000)]
     pub poll_max_limit: usize,
 
-    /// Most bytes of events one poll answers (at least one event; `has_more`
-    /// past it): a page's memory is bounded whatever the events' sizes.
+    /// Most bytes of events one poll (or `sync.delta` page) returns, at least one event (`has_more` past
+    /// it).
     #[arg(long, env = "TIDINGS_POLL_MAX_BYTES", default_value = "4MiB", value_parser = byte_size)]
     pub poll_max_bytes: usize,
 
@@ -304,48 +312,50 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_POLL_MAX_SCAN", default_value_t = 100_000)]
     pub poll_max_scan: usize,
 
-    /// History retention: `off`, an age (`30d`), a count of events (`1000000`), or both (`30d,1000000`).
+    /// Prune history: `off`, an age (`30d`), a count of events (`1000000`), or both (`30d,1000000`).
     #[arg(long, env = "TIDINGS_RETENTION", default_value = "off", value_parser = retention)]
     pub retention: Retention,
 
-    /// How long a publish's Idempotency-Key is remembered: a retry within it
-    /// with the same key stores nothing and is answered the original ids.
+    /// How long a publish's `Idempotency-Key` is remembered: a retry within it with the same key stores
+    /// nothing and is answered the original ids (docs/events.md).
     #[arg(long, env = "TIDINGS_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = duration)]
     pub idempotency_window: Duration,
 
-    /// How long rows of the SQL outbox set aside (never delivered) are kept
-    /// for an operator to read (`tidings.outbox`, `error_code`).
+    /// How long rows of the SQL outbox set aside (never delivered) are kept for an operator to read
+    /// (`tidings.outbox`, `error_code`; PostgreSQL).
     #[arg(long, env = "TIDINGS_OUTBOX_SET_ASIDE_RETENTION", default_value = "7d", value_parser = duration)]
     pub outbox_set_aside_retention: Duration,
 
-    /// How often retention prunes history (and expired idempotency keys,
-    /// and set-aside outbox rows).
+    /// How often retention runs (and expired idempotency keys and set-aside outbox rows are pruned).
     #[arg(long, env = "TIDINGS_RETENTION_INTERVAL", default_value = "1m", value_parser = duration)]
     pub retention_interval: Duration,
 
-    /// Longest a client may take to send its request headers (slowloris guard).
+    /// Longest a client may take to send a request head (a deadline from the connection, not per byte: a
+    /// slowloris guard); also the TLS handshake's deadline, and how long an HTTP/2 connection may stay with
+    /// no stream open (from the connection or its last stream's end) before it is shut down.
     #[arg(long, env = "TIDINGS_HEADER_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub header_timeout: Duration,
 
-    /// Longest a client may take to send a request body (beyond: 408 body_timeout, connection closed).
+    /// Longest a client may take to send a request body (`408 body_timeout`, connection closed).
     #[arg(long, env = "TIDINGS_BODY_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub body_timeout: Duration,
 
-    /// After SIGTERM, how long connections are still served as usual while
-    /// `/health/ready` answers 503 (for load balancers to notice).
+    /// After SIGTERM, how long the process serves as usual while `/health/ready` answers `503` (for load
+    /// balancers to notice).
     #[arg(long, env = "TIDINGS_DRAIN_DELAY", default_value = "5s", value_parser = duration)]
     pub drain_delay: Duration,
 
-    /// Then, the window over which open streams are ended, spread (each
-    /// with a jittered retry), before the graceful shutdown.
+    /// Then, the window over which its open streams are ended, spread evenly, each with a jittered retry,
+    /// before the graceful shutdown (`TIDINGS_SHUTDOWN_TIMEOUT`); it ends as soon as no stream is left, so
+    /// an idle process exits right after the delay.
     #[arg(long, env = "TIDINGS_DRAIN", default_value = "10s", value_parser = duration)]
     pub drain: Duration,
 
-    /// Deadline for a graceful shutdown; connections still open then are closed.
+    /// Graceful shutdown deadline; connections still open are closed.
     #[arg(long, env = "TIDINGS_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub shutdown_timeout: Duration,
 
-    /// `jwt` or `off`; unset means `jwt` when a key is configured, else `off` (loopback only).
+    /// `jwt` or `off`; unset: `jwt` with a key, else `off` (loopback only).
     #[arg(long, env = "TIDINGS_AUTH", value_enum)]
     pub auth: Option<AuthSetting>,
 
@@ -353,69 +363,77 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_JWT_HS256_SECRET", hide_env_values = true, value_parser = secret)]
     pub jwt_hs256_secret: Option<Secret>,
 
-    /// PEM public key (Ed25519 or RSA) for EdDSA / RS256 tokens.
+    /// PEM Ed25519 (EdDSA) or RSA (RS256) public key.
     #[arg(long, env = "TIDINGS_JWT_PUBLIC_KEY_FILE")]
     pub jwt_public_key_file: Option<PathBuf>,
 
-    /// Required `aud` claim, if set.
+    /// Required `aud` claim of a token, if set.
     #[arg(long, env = "TIDINGS_JWT_AUDIENCE")]
     pub jwt_audience: Option<String>,
 
-    /// Required `iss` claim, if set.
+    /// Required `iss` claim of a token, if set.
     #[arg(long, env = "TIDINGS_JWT_ISSUER")]
     pub jwt_issuer: Option<String>,
 
-    /// The server's Ed25519 identity key (PKCS#8 PEM); default: generated into the data directory.
+    /// The server's Ed25519 identity key (PKCS#8 PEM); unset: `server.key` in the data directory, generated
+    /// at the first start.
     #[arg(long, env = "TIDINGS_SERVER_KEY_FILE")]
     pub server_key_file: Option<PathBuf>,
 
-    /// Tree subscriptions per pattern before a subscribe is redirected (`303`); `0` means no limit.
+    /// Tree subscriptions per pattern before a subscribe is redirected (`303`); `0`: no limit.
     #[arg(long, env = "TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", default_value_t = 0)]
     pub max_subscribers_per_prefix: u64,
 
-    /// Most tree subscriptions this server keeps (beyond: `too_many_subscriptions`); at most 100000
-    /// (`subscription::MAX_SUBSCRIPTIONS`, which also caps it).
+    /// Tree subscriptions this server keeps, at most 100000; beyond, a new one is refused
+    /// (`too_many_subscriptions`; renewals still pass).
     #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS", default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub max_subscriptions: usize,
 
-    /// Most durable consumers one identity keeps (beyond: 429 `too_many_consumers`).
+    /// Durable consumers one identity keeps; a new one beyond is `429 too_many_consumers` (its existing
+    /// ones poll on).
     #[arg(long, env = "TIDINGS_MAX_CONSUMERS_PER_IDENTITY", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_consumers_per_identity: u32,
 
-    /// Most tree subscriptions one subscriber identity keeps here (beyond: 429 `too_many_subscriptions_for_identity`).
+    /// Tree subscriptions one subscriber identity keeps; beyond, `429 too_many_subscriptions_for_identity`
+    /// (renewals still pass).
     #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY", default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub max_subscriptions_per_identity: usize,
 
-    /// Most concurrent streams in total (beyond: 503 with Retry-After).
+    /// Concurrent streams in total (waiting long-polls and not yet authenticated WebSockets count); beyond,
+    /// `503` with `Retry-After`.
     #[arg(long, env = "TIDINGS_MAX_STREAMS", default_value_t = 50_000)]
     pub max_streams: usize,
 
-    /// Most concurrent streams per identity when auth is on (beyond: 429).
+    /// Concurrent streams per identity when authentication is on; beyond, `429`.
     #[arg(long, env = "TIDINGS_MAX_STREAMS_PER_IDENTITY", default_value_t = 1_000)]
     pub max_streams_per_identity: usize,
 
-    /// Most events one resume may replay; an older resume point gets system.replay_gap.
+    /// Most events one resume may replay; an older resume point gets `system.replay_gap`.
     #[arg(long, env = "TIDINGS_MAX_REPLAY", default_value_t = 1_000_000)]
     pub max_replay: u64,
 
-    /// Events per second one identity may publish (`0` = no limit).
+    /// Events per second one identity may publish (`0`: no limit).
     #[arg(long, env = "TIDINGS_PUBLISH_RATE", default_value_t = 0)]
     pub publish_rate: u32,
 
-    /// The URL peers reach this server at, advertised by `GET /v1/identity` (empty: `http://` + the bound address).
+    /// The URL peers reach this server at, advertised as `endpoint` by `GET /v1/identity` (unset: `http://`
+    /// and the bound address).
     #[arg(long, env = "TIDINGS_PUBLIC_URL", default_value = "")]
     pub public_url: String,
 
-    /// Peers written into the tree at start-up: `hash=url,...` (identity hash, base URL).
+    /// Peers written into the tree at start-up: `sha256:<hash>=http://host:port,...` (identity hash, base
+    /// URL).
     #[arg(long, env = "TIDINGS_PEERS", default_value = "", value_parser = peers)]
     pub peers: Peers,
 
-    /// Origins allowed by CORS: a comma list, or `*` (never with credentials); empty = no CORS.
+    /// Comma list of allowed origins, or `*` (without credentials); any other `Origin` is refused (`403
+    /// origin_refused`); unset: no CORS.
     #[arg(long, env = "TIDINGS_CORS_ORIGINS", default_value = "")]
     pub cors_origins: String,
 
-    /// Hosts this server may call (peers, relays, mirrors' upstreams): address ranges, host names, `*.domain`,
-    /// `loopback`, `*` (link-local and metadata addresses only when a range inside them is listed).
+    /// Hosts this server may call (peers, relays, mirrors' upstreams): address ranges (`10.0.0.0/8`), host
+    /// names, `*.domain`, `loopback`, `*`; link-local and metadata addresses only when a range inside them
+    /// is listed.
     #[arg(long, env = "TIDINGS_PEER_ALLOW", default_value = "loopback", value_parser = peer_allow)]
     pub peer_allow: crate::peer::PeerAllow,
 
@@ -423,35 +441,39 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_ENGINE_BATCH", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub engine_batch: u32,
 
-    /// The subscription engine commits its cursor at least this often while it only scans.
+    /// The engine commits its cursor at least this often while it only scans.
     #[arg(long, env = "TIDINGS_ENGINE_IDLE_COMMIT", default_value = "1s", value_parser = duration)]
     pub engine_idle_commit: Duration,
 
-    /// How often a process that does not run the subscription engine tries to take it over.
+    /// How often a process that does not run the engine tries to take it over (bounds a takeover).
     #[arg(long, env = "TIDINGS_ENGINE_LEAD_RETRY", default_value = "1s", value_parser = duration)]
     pub engine_lead_retry: Duration,
 
-    /// Attempts to deliver one notification to a peer before it is given up (a chain-error marker).
+    /// Attempts to deliver one notification to a peer (backoff 250 ms doubling to 30 s, jittered) before it
+    /// is given up with a chain-error marker.
     #[arg(long, env = "TIDINGS_PEER_DELIVERY_ATTEMPTS", default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub peer_delivery_attempts: u32,
 
-    /// How long a remote subscription's deliveries may keep failing before the subscription is ended (0: never).
+    /// A remote subscription whose delivery attempts have all failed this long is ended at its next failed
+    /// attempt, freeing its capacity slot (`0s`: never).
     #[arg(long, env = "TIDINGS_PEER_EVICT_AFTER", default_value = "1h", value_parser = duration)]
     pub peer_evict_after: Duration,
 
-    /// Time allowed for one delivery attempt to a peer.
+    /// Time allowed for one request to a peer (a delivery attempt, a mirror's subscribe or re-read).
     #[arg(long, env = "TIDINGS_PEER_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub peer_timeout: Duration,
 
-    /// Lifetime of the deliver token a mirror subscribes with at its peer; renewed at half of it.
+    /// Lifetime of the deliver token a mirror subscribes with; the subscription is renewed at half of it.
     #[arg(long, env = "TIDINGS_MIRROR_TOKEN_TTL", default_value = "1d", value_parser = duration)]
     pub mirror_token_ttl: Duration,
 
-    /// How often a mirror re-reads the paths it knows at its peer (catches a lost last notification).
+    /// How often a mirror re-reads the paths it knows that were not notified meanwhile (it catches a lost
+    /// last notification).
     #[arg(long, env = "TIDINGS_MIRROR_RECONCILE", default_value = "1m", value_parser = duration)]
     pub mirror_reconcile: Duration,
 
-    /// How long a relay a mirror is attached through may stay unreachable before the mirror attaches elsewhere.
+    /// How long a relay a mirror is attached through may stay unreachable before the mirror attaches
+    /// elsewhere (probed every quarter of it, at most every 10 s).
     #[arg(long, env = "TIDINGS_MIRROR_REPAIR_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub mirror_repair_timeout: Duration,
 
@@ -459,7 +481,8 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_HEALTH_PROBE_INTERVAL", default_value = "5s", value_parser = duration)]
     pub health_probe_interval: Duration,
 
-    /// Log format.
+    /// `human` or `json` on stderr (`human` in colour only on a terminal, and not with `NO_COLOR`);
+    /// `TIDINGS_LOG` sets the level filter (`info`; `debug` logs every request with its id).
     #[arg(long, env = "TIDINGS_LOG_FORMAT", value_enum, default_value = "human")]
     pub log_format: LogFormat,
 }
@@ -485,6 +508,31 @@ impl Settings {
         let matches = command.get_matches_from(["tidings"]);
         Wrapper::from_arg_matches(&matches).expect("the defaults parse").settings
     }
+}
+
+/// The table of every setting in `docs/settings.md`, made from the
+/// definitions above (variable, default, and the doc comment as its
+/// meaning), in their order: what the book shows cannot drift from what
+/// the server reads (`tests/api/docs.rs` compares them).
+pub fn settings_table() -> String {
+    use clap::CommandFactory as _;
+    let mut table = String::from("| setting | default | meaning |\n|---|---|---|\n");
+    for arg in Wrapper::command().get_arguments() {
+        let Some(env) = arg.get_env() else { continue };
+        let defaults: Vec<String> = arg
+            .get_default_values()
+            .iter()
+            .map(|v| if v.is_empty() { "empty".to_owned() } else { format!("`{}`", v.to_string_lossy()) })
+            .collect();
+        let default = if defaults.is_empty() { "unset".to_owned() } else { defaults.join(", ") };
+        let help = arg.get_long_help().or(arg.get_help()).map(ToString::to_string).unwrap_or_default();
+        let mut meaning = help.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "\\|");
+        if !meaning.ends_with('.') {
+            meaning.push('.');
+        }
+        table.push_str(&format!("| `{}` | {default} | {meaning} |\n", env.to_string_lossy()));
+    }
+    table
 }
 
 #[cfg(test)]
