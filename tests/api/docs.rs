@@ -248,3 +248,15 @@ fn the_settings_table_is_generated_from_the_code() {
         &tidings_server::config::settings_table(),
     );
 }
+
+/// The metrics table of docs/metrics.md is the one the catalog makes
+/// (`metrics::metrics_table`), and the catalog is what `/metrics` describes.
+#[test]
+fn the_metrics_table_is_generated_from_the_catalog() {
+    generated_in(
+        "metrics.md",
+        "<!-- generated from crates/server/src/metrics.rs",
+        "<!-- end of the generated metrics -->",
+        &tidings_server::metrics::metrics_table(),
+    );
+}

@@ -12,7 +12,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Always 1, labelled with the version that runs.
@@ -124,6 +124,9 @@ pub const TRANSPORTS: &[&str] = &["sse", "poll", "ws"];
 /// closed this way too).
 pub const DROP_REASONS: &[&str] = &["queue_full", "no_progress", "write_stalled"];
 
+mod catalog;
+pub use catalog::{CATALOG, Family, Kind, metrics_table};
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// The process's own families (`process_cpu_seconds_total`,
@@ -175,79 +178,17 @@ pub fn install() -> PrometheusHandle {
 }
 
 fn describe() {
-    describe_gauge!(BUILD_INFO, Unit::Count, "Always 1; the labels say which tidings runs (version).");
+    for family in CATALOG {
+        let (name, unit, help) = (family.name, family.unit, family.help);
+        match family.kind {
+            Kind::Counter => describe_counter!(name, unit, help),
+            Kind::Gauge => describe_gauge!(name, unit, help),
+            Kind::Histogram => describe_histogram!(name, unit, help),
+        }
+    }
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     PROCESS.describe();
     PROCESS.collect();
-    describe_counter!(EVENTS_PUBLISHED, Unit::Count, "Events appended to the log, by registered type.");
-    describe_counter!(OUTBOX_MOVED, Unit::Count, "Rows of the SQL outbox (tidings.publish) moved into the log, or answered by their key.");
-    describe_counter!(OUTBOX_SET_ASIDE, Unit::Count, "Rows of the SQL outbox set aside (never delivered), by error code.");
-    describe_histogram!(
-        OUTBOX_DELAY,
-        Unit::Seconds,
-        "From a tidings.publish call to its move into the log (its transaction's duration included)."
-    );
-    describe_counter!(
-        PUBLISH_IDEMPOTENT_REPLAYS,
-        Unit::Count,
-        "Publishes whose Idempotency-Key was already recorded with the same body: answered the original ids, nothing stored."
-    );
-    describe_counter!(
-        FILTER_BUDGET_EXCEEDED,
-        Unit::Count,
-        "Payload-rule evaluations stopped by TIDINGS_RULE_BUDGET (the event did not match)."
-    );
-    describe_counter!(EVENTS_DELIVERED, Unit::Count, "Event frames handed to clients, by transport.");
-    describe_gauge!(CLIENTS_CONNECTED, Unit::Count, "Connected streaming clients, by transport.");
-    describe_counter!(CLIENTS_DROPPED, Unit::Count, "Clients ended by the server, by reason.");
-    describe_histogram!(QUEUE_DEPTH, Unit::Count, "Depth of non-empty client queues, sampled about once a second.");
-    describe_histogram!(BROKER_LAG, Unit::Seconds, "Time from an append to the broker fanning it out.");
-    describe_histogram!(DELIVERY_LATENCY, Unit::Seconds, "Time from an append to its frame being written to a client.");
-    describe_counter!(LISTENER_RECONNECTS, Unit::Count, "Reconnects of the LISTEN connection.");
-    describe_counter!(REPLAYED_EVENTS, Unit::Count, "Events sent from history on resume.");
-    describe_counter!(REGISTRY_VIOLATIONS, Unit::Count, "Unregistered types or schema violations accepted in warn mode.");
-    describe_counter!(HTTP_REQUESTS, Unit::Count, "HTTP requests, by route template and status.");
-    describe_counter!(REPLAY_GAPS, Unit::Count, "Resumes that could not be served gap-free, by reason.");
-    describe_counter!(EPOCHS_BEGUN, Unit::Count, "Epochs the event log began (a store that may have lost history), by reason.");
-    describe_counter!(POLL_REQUESTS, Unit::Count, "Poll requests.");
-    describe_gauge!(DATABASE_UP, Unit::Count, "1 while the store answers, 0 while it does not.");
-    describe_gauge!(LISTENER_UP, Unit::Count, "1 while the LISTEN connection (or the embedded wake-up) is up.");
-    describe_counter!(HISTORY_READS, Unit::Count, "History reads (catch-up, polls), by the server that answered: primary or replica.");
-    describe_counter!(
-        BROKER_READS,
-        Unit::Count,
-        "The broker's reads of the log's tail with TIDINGS_REPLICA_URLS, by the server that answered: primary or replica."
-    );
-    describe_gauge!(
-        REPLICATION_STALLED,
-        Unit::Count,
-        "1 while the synchronous standby does not confirm (TIDINGS_DELIVERY=replicated): publishes are refused and nothing new is shown."
-    );
-    describe_gauge!(REPLICA_UP, Unit::Count, "1 while a hot standby serves history (TIDINGS_REPLICA_URLS), by standby.");
-    describe_gauge!(
-        REPLICA_LAG,
-        Unit::Seconds,
-        "Time since a hot standby that is behind the primary replayed a commit; 0 when it holds the head."
-    );
-    describe_histogram!(CONSUMER_LAG, Unit::Count, "Durable consumers' events behind the head, sampled by each expiry sweep.");
-    describe_counter!(SUBSCRIPTION_NOTIFICATIONS, Unit::Count, "Tree changes matched by a path subscription, by outcome.");
-    describe_gauge!(SUBSCRIPTIONS, Unit::Count, "Path subscriptions in the leading engine's index (0 on other processes).");
-    describe_counter!(PEER_DELIVERIES, Unit::Count, "Notifications carried to peers' inboxes, by outcome.");
-    describe_counter!(PEER_RETRIES, Unit::Count, "Delivery attempts to peers that failed and were retried.");
-    describe_gauge!(PEER_BACKLOG, Unit::Count, "Per peer, events the slowest delivery lane to it is behind the head.");
-    describe_counter!(MIRROR_APPLIES, Unit::Count, "Notifications (and reconciliation re-reads) a mirror handled, by outcome.");
-    describe_counter!(TLS_RELOADS, Unit::Count, "TLS certificate reloads (SIGHUP), by outcome.");
-    describe_histogram!(
-        PUBLISH_GROUP_EVENTS,
-        Unit::Count,
-        "Events per group commit, by kind: publish or tree (groups of two requests or more)."
-    );
-    describe_counter!(PEER_EVICTIONS, Unit::Count, "Remote subscriptions ended because their deliveries kept failing.");
-    describe_counter!(MIRROR_REPAIRS, Unit::Count, "Per mirror, re-attachments after its relay stopped answering.");
-    describe_counter!(MIRROR_RELAYS_LEFT, Unit::Count, "Per mirror, relays left because they forged or withheld a change.");
-    describe_gauge!(MIRROR_HOPS, Unit::Count, "Per mirror, redirects between the mirrored peer and the server holding its subscription.");
-    describe_gauge!(MIRROR_UPSTREAM, Unit::Count, "Per mirror, 1 for the server holding its subscription, 0 for earlier ones.");
-    describe_counter!(PEER_RECEIVED, Unit::Count, "Deliveries received from peers, by outcome (appended or duplicate).");
 
     for transport in TRANSPORTS {
         counter!(EVENTS_DELIVERED, "transport" => *transport).increment(0);
