@@ -187,7 +187,7 @@ fn publishers(bases: Arc<Vec<String>>, stop: Arc<AtomicBool>, refused: Arc<Atomi
                                 // Past the end of the run, an attempt left
                                 // unanswered is left so: at most once in
                                 // the log, and not acknowledged.
-                                if stop.load(Ordering::Relaxed) && attempt > 200 {
+                                if stop.load(Ordering::Relaxed) && attempt > 40 {
                                     break 'publishing;
                                 }
                                 tokio::time::sleep(Duration::from_millis(25)).await;
@@ -454,7 +454,23 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
         clients
             .push((name.clone(), seen.unwrap_or_else(|_| panic!("seed {seed} ({store}): {name} did not read to the last event")).unwrap()));
     }
+    // The final log, as each process serves it, and (on PostgreSQL) as
+    // the table holds it: they must be one.
     let log = checker::final_log_at(&http, &bases[0]).await;
+    for base in &bases[1..] {
+        assert!(checker::final_log_at(&http, base).await == log, "seed {seed} ({store}): {base} serves another final log");
+    }
+    if let Some(db) = &db {
+        let url = format!("{}/{}", db.hosts[db.primary].0.rsplit_once('/').unwrap().0, db.name);
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        let rows = client.query("SELECT id, body FROM events ORDER BY id", &[]).await.unwrap();
+        let table: Vec<(i64, Value)> = rows
+            .iter()
+            .map(|r| (r.get::<_, i64>(0), serde_json::from_str::<Value>(r.get::<_, &str>(1)).unwrap()["payload"].clone()))
+            .collect();
+        assert!(table == log, "seed {seed} ({store}): the events table is not the log the processes serve");
+    }
     // The epoch the promotion began: what it may have lost lies between
     // its fork and its base.
     let deep: Value = http.get(format!("{}/health/deep", bases[0])).send().await.unwrap().json().await.unwrap();
