@@ -179,8 +179,16 @@ async fn the_readme_tour_runs_as_written() {
         .env("TIDINGS_LISTEN", format!("127.0.0.1:{port}"))
         .env("TIDINGS_DRAIN_DELAY", "0s")
         .env("TIDINGS_DRAIN", "0s")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        // Its own process group: whatever the tour started ends with it.
+        .process_group(0)
         .kill_on_drop(true);
-    let out = tokio::time::timeout(std::time::Duration::from_secs(90), shell.output()).await.expect("the tour ends").unwrap();
+    let child = shell.spawn().expect("bash");
+    let group = child.id().expect("a running shell");
+    let out = tokio::time::timeout(std::time::Duration::from_secs(90), child.wait_with_output()).await;
+    let _ = std::process::Command::new("kill").args(["-KILL", &format!("-{group}")]).stderr(std::process::Stdio::null()).status();
+    let out = out.expect("the tour ends").unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     for answer in &expected {
         assert!(stdout.contains(answer.as_str()), "the tour's answer {answer:?} is not in what it printed:\n{stdout}\n{stderr}");

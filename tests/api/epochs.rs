@@ -380,10 +380,19 @@ async fn a_consumer_waiting_when_an_epoch_begins_is_told_with_that_page() {
     let db = app.db().await;
     let opened = "SELECT last_activity_ms FROM consumer_subscriptions WHERE consumer_id LIKE '%waiting'";
     let before: i64 = db.query_one(opened, &[]).await.unwrap().get(0);
+    // And one whose filter the new epoch's events do not match: its page
+    // ends empty, past the new epoch's base, and is told all the same.
+    let created = app.http.get(app.url("/v1/poll?consumer_id=filtered&since=3&types=other.*")).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let filtered = "SELECT last_activity_ms FROM consumer_subscriptions WHERE consumer_id LIKE '%filtered'";
+    let before_filtered: i64 = db.query_one(filtered, &[]).await.unwrap().get(0);
     let poll = app.http.get(app.url("/v1/poll?consumer_id=waiting&wait_ms=20000")).send();
     let waiting = tokio::spawn(async move { poll.await.unwrap().json::<Value>().await.unwrap() });
-    wait_until("the poll to open its consumer", Duration::from_secs(10), Duration::from_millis(10), || async {
+    let poll = app.http.get(app.url("/v1/poll?consumer_id=filtered&wait_ms=3000")).send();
+    let waiting_filtered = tokio::spawn(async move { poll.await.unwrap().json::<Value>().await.unwrap() });
+    wait_until("the polls to open their consumers", Duration::from_secs(10), Duration::from_millis(10), || async {
         db.query_one(opened, &[]).await.unwrap().get::<_, i64>(0) != before
+            && db.query_one(filtered, &[]).await.unwrap().get::<_, i64>(0) != before_filtered
     })
     .await;
     db.batch_execute("UPDATE tidings_head SET timeline = timeline + 1").await.unwrap();
@@ -392,6 +401,10 @@ async fn a_consumer_waiting_when_an_epoch_begins_is_told_with_that_page() {
     let id = app.publish("comment.posted", json!({"i": "after"})).await;
     let page = tokio::time::timeout(Duration::from_secs(20), waiting).await.expect("the waiting poll answered").unwrap();
     assert_eq!(page["events"][0]["event_id"].as_i64(), Some(id), "{page}");
+    assert_eq!((page["gap"]["reason"].as_str(), page["gap"]["fork"].as_i64()), (Some("history_lost"), Some(3)), "{page}");
+    let page = tokio::time::timeout(Duration::from_secs(20), waiting_filtered).await.expect("the filtered poll answered").unwrap();
+    assert_eq!(page["events"], json!([]), "{page}");
+    assert!(page["next_since"].as_i64() >= Some(id), "its page ends past the new epoch's base: {page}");
     assert_eq!((page["gap"]["reason"].as_str(), page["gap"]["fork"].as_i64()), (Some("history_lost"), Some(3)), "{page}");
     let next = app.publish("comment.posted", json!({"i": "next"})).await;
     let (ids, gap) = consume(&app, "waiting", Some(id), Some(next)).await;

@@ -602,11 +602,15 @@ export class Consumer {
         let handled = null;
         while (!options.signal?.aborted) {
             let page;
+            // A gap the server told with a page handed again (it tells once).
+            let told;
             try {
                 page = await this.next({ wait_ms: options.wait_ms ?? 25_000, ...limit });
                 const first = page.events[0];
-                if (handled !== null && first !== undefined && first.event_id <= handled)
+                if (handled !== null && first !== undefined && first.event_id <= handled) {
+                    told = page.gap;
                     page = await this.next({ since: handled, ...limit });
+                }
             }
             catch (error) {
                 if (error instanceof TidingsError && isFinal(error.status))
@@ -615,15 +619,20 @@ export class Consumer {
                 continue;
             }
             d.reset();
+            if (told)
+                await options.onGap?.(told);
             if (page.gap)
                 await options.onGap?.(page.gap);
             for (const event of page.events) {
                 await handler(event);
                 handled = event.event_id;
             }
+            // Acknowledged once; again only after an error (a server that
+            // answers a cursor short of it, at its head, is not asked again).
             while (this.cursor === null || page.next_since > this.cursor) {
                 try {
                     await this.ack(page.next_since);
+                    break;
                 }
                 catch (error) {
                     if (error instanceof TidingsError && isFinal(error.status))

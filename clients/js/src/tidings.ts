@@ -798,24 +798,33 @@ export class Consumer {
     let handled: number | null = null;
     while (!options.signal?.aborted) {
       let page: PollPage;
+      // A gap the server told with a page handed again (it tells once).
+      let told: ReplayGap | undefined;
       try {
         page = await this.next({ wait_ms: options.wait_ms ?? 25_000, ...limit });
         const first = page.events[0];
-        if (handled !== null && first !== undefined && first.event_id <= handled) page = await this.next({ since: handled, ...limit });
+        if (handled !== null && first !== undefined && first.event_id <= handled) {
+          told = page.gap;
+          page = await this.next({ since: handled, ...limit });
+        }
       } catch (error) {
         if (error instanceof TidingsError && isFinal(error.status)) throw error;
         await sleep(d.take(), options.signal ?? new AbortController().signal);
         continue;
       }
       d.reset();
+      if (told) await options.onGap?.(told);
       if (page.gap) await options.onGap?.(page.gap);
       for (const event of page.events) {
         await handler(event);
         handled = event.event_id;
       }
+      // Acknowledged once; again only after an error (a server that
+      // answers a cursor short of it, at its head, is not asked again).
       while (this.cursor === null || page.next_since > this.cursor) {
         try {
           await this.ack(page.next_since);
+          break;
         } catch (error) {
           if (error instanceof TidingsError && isFinal(error.status)) throw error;
           // Stopped: the page stays unacknowledged and comes again.

@@ -89,8 +89,12 @@ test("a durable consumer whose cursor went back says where it is and is told of 
     asked.push(since ?? null);
     polls += 1;
     if (polls === 1) return answer({ events: [1, 2, 3, 4, 5].map(envelope), next_since: 5, has_more: false });
-    // The failover: the cursor went back to 2.
-    if (since === undefined) return answer({ events: [3, base + 1].map(envelope), next_since: base + 1, has_more: false });
+    // The failover: the cursor went back to 2, at the fork; the server
+    // tells it once, with this page (handed again: the consumer asks anew).
+    if (since === undefined) {
+      const gap = { requested: 3, available_from: base + 1, head: base + 1, reason: "history_lost", fork };
+      return answer({ events: [3, base + 1].map(envelope), next_since: base + 1, has_more: false, gap });
+    }
     if (since === 5) {
       const gap = { requested: 5, available_from: base + 1, head: base + 1, reason: "history_lost", fork };
       return answer({ events: [envelope(base + 1)], next_since: base + 1, has_more: false, gap });
@@ -114,6 +118,8 @@ test("a durable consumer whose cursor went back says where it is and is told of 
     server.close();
   }
   if (JSON.stringify(handled) !== JSON.stringify([1, 2, 3, 4, 5, base + 1])) throw new Error(`handled ${handled}`);
-  if (JSON.stringify(told) !== JSON.stringify([["history_lost", fork, 5]])) throw new Error(`told ${JSON.stringify(told)}`);
+  // Told twice: with the page handed again (the server's one notice of the
+  // new epoch), and with the page from where it is.
+  if (JSON.stringify(told) !== JSON.stringify([["history_lost", fork, 5], ["history_lost", fork, 5]])) throw new Error(`told ${JSON.stringify(told)}`);
   if (JSON.stringify(asked) !== JSON.stringify([null, null, 5])) throw new Error(`asked ${asked}`);
 });

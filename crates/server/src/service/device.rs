@@ -125,7 +125,7 @@ pub async fn resume_point(
             return Ok((given, None));
         }
         if read_epoch < epoch {
-            told = super::gap::told_at_epoch_change(core, &epochs, stored, read_epoch, head);
+            told = super::gap::told_at_epoch_change(&epochs, stored, read_epoch, head);
         }
     }
     Ok((read.map(|r| r.cursor).or(given).unwrap_or(head).clamp(0, head), told))

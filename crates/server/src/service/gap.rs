@@ -86,20 +86,11 @@ impl Gap {
 }
 
 /// What a server-side cursor is told at its first read in a newer epoch
-/// ([`Gap::at_epoch_change`]), counted. Nothing under
-/// `TIDINGS_DELIVERY=replicated`: that mode shows a client only what the
-/// synchronous standby holds, so a failover to it lost nothing a cursor at
-/// the fork was shown (docs/failover.md, "What each configuration can lose").
-pub fn told_at_epoch_change(
-    core: &super::Core,
-    epochs: &crate::store::Epochs,
-    cursor: EventId,
-    read_epoch: i32,
-    head: EventId,
-) -> Option<Gap> {
-    if core.settings().delivery == crate::config::Delivery::Replicated {
-        return None;
-    }
+/// ([`Gap::at_epoch_change`]), counted. Under `TIDINGS_DELIVERY=replicated`
+/// too: a failover to a standby that was not the synchronous one, or while
+/// none was named, may have lost what the cursor was shown, and a notice
+/// it did not need costs the client nothing (docs/failover.md).
+pub fn told_at_epoch_change(epochs: &crate::store::Epochs, cursor: EventId, read_epoch: i32, head: EventId) -> Option<Gap> {
     let told = Gap::at_epoch_change(epochs, cursor, read_epoch, head)?;
     crate::metrics::replay_gap(GapReason::HistoryLost.as_str());
     Some(told)

@@ -239,7 +239,7 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
                         // The store may have lost what this consumer was
                         // shown past its cursor since its last read.
                         let epochs = core.store().epochs(consumer.epoch).await?;
-                        told = told_at_epoch_change(core, &epochs, consumer.cursor, consumer.read_epoch, core.store().head().await?);
+                        told = told_at_epoch_change(&epochs, consumer.cursor, consumer.read_epoch, core.store().head().await?);
                     }
                     if since.is_none() && told.is_none() {
                         waited_in = Some((consumer.cursor, consumer.epoch));
@@ -324,29 +324,34 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
             Item::Dropped(_) | Item::Expired { .. } | Item::End(End::Over | End::Shutdown | End::Failed) => break,
         }
     }
-    if let (Some((cursor, epoch)), None, Some(last)) = (waited_in, gap, events.last()) {
-        gap = begun_while_waiting(core, cursor, epoch, last.id).await?;
-    }
     m::delivered("poll", events.len() as u64);
     let next_since = events.last().map_or_else(|| session.cursor(), |e| e.id);
+    // The page's end (matching events or not: what the consumer confirms
+    // next) may lie in an epoch begun while it waited.
+    if let (Some((cursor, epoch)), None) = (waited_in, gap)
+        && next_since > cursor
+    {
+        gap = begun_while_waiting(core, cursor, epoch, next_since).await;
+    }
     Ok(PollPage { events, next_since, has_more, gap })
 }
 
 /// What a consumer opened at `cursor` in `epoch` is told when its page
-/// reaches `last`, an event of an epoch begun while the poll waited: the
-/// opening saw no new epoch, so this page is its first read in one, and it
-/// is told here what the opening would have told it (see
-/// [`Gap::at_epoch_change`]).
-async fn begun_while_waiting(core: &Core, cursor: EventId, epoch: i32, last: EventId) -> Result<Option<Gap>, PollError> {
-    let bounds = core.store().bounds().await?;
+/// ends at `end`, past the base of an epoch begun while the poll waited:
+/// the opening saw no new epoch, so this page is its first read in one,
+/// and it is told here what the opening would have told it (see
+/// [`Gap::at_epoch_change`]). A store that cannot say keeps the page as
+/// it is: the consumer's next opening tells it then.
+async fn begun_while_waiting(core: &Core, cursor: EventId, epoch: i32, end: EventId) -> Option<Gap> {
+    let bounds = core.store().bounds().await.ok()?;
     if bounds.epoch <= epoch {
-        return Ok(None);
+        return None;
     }
-    let epochs = core.store().epochs(bounds.epoch).await?;
-    if !epochs.all().iter().any(|e| e.number > epoch && last > e.base) {
-        return Ok(None);
+    let epochs = core.store().epochs(bounds.epoch).await.ok()?;
+    if !epochs.all().iter().any(|e| e.number > epoch && end > e.base) {
+        return None;
     }
-    Ok(told_at_epoch_change(core, &epochs, cursor, epoch, bounds.head))
+    told_at_epoch_change(&epochs, cursor, epoch, bounds.head)
 }
 
 /// Confirms everything up to `cursor` on consumer `id`; answers the cursor

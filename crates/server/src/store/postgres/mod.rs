@@ -278,7 +278,9 @@ fn pg_error(e: tokio_postgres::Error) -> StoreError {
         || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
     // The database's own words ("too many connections for role ..."), not
     // only tokio-postgres' "db error".
-    if unavailable { StoreError::Unavailable(crate::report::chain(&e).to_string()) } else { StoreError::Other(e.into()) }
+    // On one line: PostgreSQL's DETAIL and HINT come on lines of their own.
+    let text = || crate::report::chain(&e).to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+    if unavailable { StoreError::Unavailable(text()) } else { StoreError::Other(e.into()) }
 }
 
 /// Claims idempotency keys (sorted, one row each): inserts the new ones and

@@ -16,7 +16,7 @@
 //! until a probe finds it usable again; a read that fails on a standby
 //! marks it down at once and is served by the primary.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -70,9 +70,19 @@ struct Replica {
     lag_ms: AtomicI64,
     reads: AtomicU64,
     last_error: std::sync::Mutex<Option<String>>,
-    /// The connections the pool was kept at when the standby refused
-    /// another, and when.
+    /// The connections this process kept reading through when the standby
+    /// refused another, and when.
     capped: std::sync::Mutex<Option<(usize, tokio::time::Instant)>>,
+    /// At most this many reads at the standby at once: [`POOL_SIZE`], or
+    /// the connections the standby allowed while it refuses more.
+    gate: tokio::sync::Semaphore,
+    /// The gate's size now (changed under `capped`'s lock).
+    gate_size: AtomicUsize,
+    /// Permits still to be taken out of the gate: reads held them when it
+    /// shrank, and each gives its own up as it ends.
+    owed: AtomicUsize,
+    /// How long a read waits at the gate before the primary answers it.
+    wait: Duration,
 }
 
 impl Replicas {
@@ -97,6 +107,10 @@ impl Replicas {
                 reads: AtomicU64::new(0),
                 last_error: std::sync::Mutex::new(Some("not probed yet".to_owned())),
                 capped: std::sync::Mutex::new(None),
+                gate: tokio::sync::Semaphore::new(POOL_SIZE),
+                gate_size: AtomicUsize::new(POOL_SIZE),
+                owed: AtomicUsize::new(0),
+                wait: options.acquire_timeout,
             });
         }
         let replicas = Arc::new(Self {
@@ -228,27 +242,39 @@ impl Replica {
     /// longer than [`READ_TIMEOUT`], or has no connection free in time (a
     /// busy standby is not a broken one: it stays usable).
     ///
-    /// A standby that refuses one more connection while this process holds
-    /// some (a role's or the database's connection limit, `max_connections`
-    /// taken by others, a pooler in front) is not down either: the pool
-    /// keeps the connections it has and reads wait for one of them, until
+    /// A standby that refuses one more connection for its connection
+    /// limits (SQLSTATE 53300: a role's or the database's `CONNECTION
+    /// LIMIT`, `max_connections` taken by others) while this process holds
+    /// some is not down either: the gate in front of the pool shrinks to
+    /// the connections it holds, and reads wait there for one of them (at
+    /// most `TIDINGS_DB_TIMEOUT`, then the primary answers), until
     /// [`REGROW_AFTER`] has passed and it tries for more again.
     async fn read(&self, after: i64, limit: usize) -> Vec<Record> {
+        let Ok(Ok(permit)) = tokio::time::timeout(self.wait, self.gate.acquire()).await else {
+            return Vec::new();
+        };
+        let rows = self.read_gated(after, limit).await;
+        // The gate shrank while this read held its permit: it gives it up.
+        if self.owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
+            permit.forget();
+        }
+        rows
+    }
+
+    async fn read_gated(&self, after: i64, limit: usize) -> Vec<Record> {
         let client = match self.pool.get().await {
             Ok(c) => c,
             Err(deadpool_postgres::PoolError::Timeout(_)) => return Vec::new(),
             Err(e) => {
                 let held = self.pool.status().size;
+                let full = refused_for_capacity(&e);
                 let why = pool_error(e).to_string();
-                if held == 0 {
+                if full && held > 0 {
+                    self.cap(held, &why);
+                } else {
                     self.down(why);
-                    return Vec::new();
                 }
-                self.cap(held, &why);
-                match self.pool.get().await {
-                    Ok(c) => c,
-                    Err(_) => return Vec::new(),
-                }
+                return Vec::new();
             }
         };
         let Ok(result) = tokio::time::timeout(READ_TIMEOUT, super::log::read_after_on(&client, after, limit)).await else {
@@ -267,8 +293,8 @@ impl Replica {
         }
     }
 
-    /// Keeps the pool at the `held` connections it has: the standby
-    /// refused another (`why`). Said once per cap.
+    /// Shrinks the gate to the `held` connections the pool has: the
+    /// standby refused another (`why`). Said once per cap.
     fn cap(&self, held: usize, why: &str) {
         let mut capped = self.capped.lock().unwrap_or_else(|p| p.into_inner());
         if capped.is_none() {
@@ -280,16 +306,30 @@ impl Replica {
             );
         }
         *capped = Some((held, tokio::time::Instant::now()));
-        self.pool.resize(held);
+        let size = self.gate_size.load(Ordering::Acquire);
+        if held < size {
+            self.gate_size.store(held, Ordering::Release);
+            let excess = size - held;
+            let forgotten = self.gate.forget_permits(excess);
+            self.owed.fetch_add(excess - forgotten, Ordering::AcqRel);
+        }
     }
 
-    /// After [`REGROW_AFTER`], lets the pool try for its full size again.
+    /// After [`REGROW_AFTER`], opens the gate to [`POOL_SIZE`] again.
     fn regrow(&self) {
         let mut capped = self.capped.lock().unwrap_or_else(|p| p.into_inner());
         if capped.is_some_and(|(_, at)| at.elapsed() >= REGROW_AFTER) {
             *capped = None;
-            self.pool.resize(POOL_SIZE);
+            let missing = POOL_SIZE - self.gate_size.swap(POOL_SIZE, Ordering::AcqRel);
+            // Permits still owed are with reads that now keep them.
+            let owed = self.owed.swap(0, Ordering::AcqRel);
+            self.gate.add_permits(missing - owed.min(missing));
         }
+    }
+
+    /// Whether the standby refused this process more connections lately.
+    fn is_capped(&self) -> bool {
+        self.capped.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
     fn down(&self, why: String) {
@@ -330,6 +370,9 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
             let found = tokio::time::timeout(PROBE_EVERY, identify(&replica.pool)).await;
             let (answered, verdict) = match found {
                 Err(_) => (false, Err(Unusable::Silent)),
+                // Refused for its connection limits while reads hold every
+                // connection this process may have: busy, not down.
+                Ok(Err(Probe::Capacity(_))) if replica.is_capped() => continue,
                 Ok(Err(e)) => (false, Err(Unusable::Unreachable(e.to_string()))),
                 Ok(Ok(standby)) => (true, judge(&standby, &primary, replicas.max_lag, replica)),
             };
@@ -418,8 +461,28 @@ struct Server {
 }
 
 /// Head, identity and recovery state of the server behind `pool`.
-async fn identify(pool: &Pool) -> Result<Server, StoreError> {
-    let client = pool.get().await.map_err(pool_error)?;
+/// Why a probe found nothing: the standby refused a connection for its
+/// connection limits, or anything else.
+#[derive(Debug, thiserror::Error)]
+enum Probe {
+    #[error("{0}")]
+    Capacity(StoreError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+/// Whether a connection was refused for the server's connection limits
+/// (SQLSTATE 53300, `too_many_connections`).
+fn refused_for_capacity(e: &deadpool_postgres::PoolError) -> bool {
+    matches!(e, deadpool_postgres::PoolError::Backend(e) if e.code() == Some(&tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS))
+}
+
+async fn identify(pool: &Pool) -> Result<Server, Probe> {
+    let client = match pool.get().await {
+        Ok(c) => c,
+        Err(e) if refused_for_capacity(&e) => return Err(Probe::Capacity(pool_error(e))),
+        Err(e) => return Err(Probe::Store(pool_error(e))),
+    };
     let row = client
         .query_one(
             "SELECT (SELECT last_id FROM tidings_head), (SELECT id FROM tidings_instance), pg_is_in_recovery(),
