@@ -195,6 +195,13 @@ def test_a_consumer_carries_its_place_and_raises_a_loss_before_the_page() -> Non
         break
     assert seen[5:] == [base + 1]
     assert asked == [None, "5"]
+    # Confirmed by hand between loops: the next loop goes on from there.
+    asked.clear()
+    ack = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200, json={"consumer_id": "worker", "cursor": base + 7})))
+    polls, consumer._client._http = consumer._client._http, ack
+    assert consumer.ack(base + 7) == base + 7
+    assert consumer._since == base + 7
+    consumer._client._http = polls
     # Skipped: the page's events come at once.
     asked.clear()
     skipping = client.consumer("worker", on_gap="skip")

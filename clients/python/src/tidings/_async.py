@@ -258,6 +258,11 @@ class AsyncConsumer:
     async def ack(self, cursor: int) -> int:
         answer = await self._client._request("POST", f"/v1/consumers/{quote(self.id, safe='')}/ack", {"cursor": cursor})
         self.cursor = int(answer["cursor"])
+        # As :meth:`tidings.Consumer.ack`: iterating goes on from there.
+        if self._since is not None and self.cursor > self._since:
+            self._since = self.cursor
+            if self._pending is not None and self._pending.next_since <= self.cursor:
+                self._pending = None
         return self.cursor
 
     async def delete(self) -> None:

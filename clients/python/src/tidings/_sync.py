@@ -284,7 +284,16 @@ class Consumer:
         """Confirms everything up to `cursor`; the server never moves it backwards or past the head."""
         path = f"/v1/consumers/{_quote(self.id)}/ack"
         self.cursor = int(self._client._request("POST", path, {"cursor": cursor})["cursor"])
+        self._confirmed(self.cursor)
         return self.cursor
+
+    def _confirmed(self, cursor: int) -> None:
+        # A place confirmed by hand is where iterating goes on (a page held
+        # back for it that ends there is done with).
+        if self._since is not None and cursor > self._since:
+            self._since = cursor
+            if self._pending is not None and self._pending.next_since <= cursor:
+                self._pending = None
 
     def delete(self) -> None:
         """Removes the consumer and its cursor from the server."""
