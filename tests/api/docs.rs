@@ -134,13 +134,51 @@ fn the_book_builds_without_a_warning() {
     assert!(out_dir.path().join("index.html").exists() && out_dir.path().join("failover.html").exists());
 }
 
-/// The `sh` blocks of the README between `from` and `to` (headings), in
+/// The `sh` blocks of `page` between `from` and `to` (headings), in
 /// order, as a reader copies them.
-fn shell_blocks(from: &str, to: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
-    let section = readme.split_once(from).unwrap_or_else(|| panic!("the README has {from:?}")).1;
+fn shell_blocks(page: &str, from: &str, to: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(ROOT).join(page)).unwrap();
+    let section = text.split_once(from).unwrap_or_else(|| panic!("{page} has {from:?}")).1;
     let section = section.split_once(to).map_or(section, |(s, _)| s);
     section.split("```sh\n").skip(1).map(|b| b.split_once("```").unwrap().0.to_owned()).collect()
+}
+
+/// The answers a script shows (`# {...}` under a command), each up to an
+/// ellipsis.
+fn answers(script: &str) -> Vec<String> {
+    script
+        .lines()
+        .filter_map(|l| l.strip_prefix("# "))
+        .map(|answer| answer.split("...").next().unwrap_or(answer).trim_end_matches(',').to_owned())
+        .collect()
+}
+
+/// Runs `script` in `bash` in `dir` with `tidings` on the `PATH` and the
+/// environment `envs`; its standard output and error. A shell still running
+/// after `within` gets SIGTERM (by its PID), so that its `EXIT` trap stops
+/// what it started.
+async fn run_shell(script: &str, dir: &Path, envs: &[(&str, String)], within: std::time::Duration) -> (String, String) {
+    let bin = Path::new(env!("CARGO_BIN_EXE_tidings")).parent().unwrap().display().to_string();
+    let mut shell = tokio::process::Command::new("bash");
+    shell
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", format!("{bin}:{}", std::env::var("PATH").unwrap_or_default()))
+        .env("HOME", dir)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = shell.spawn().expect("bash");
+    let pid = child.id().expect("a running shell").to_string();
+    let out = tokio::time::timeout(within, child.wait_with_output()).await;
+    if out.is_err() {
+        let _ = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+    }
+    let out = out.expect("the script ends").unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// The README's five-minute tour, run as written: its commands in one
@@ -152,52 +190,68 @@ fn shell_blocks(from: &str, to: &str) -> Vec<String> {
 /// (`# {...}` under a command) is in what the shell printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_tour_runs_as_written() {
-    let blocks = shell_blocks("## A five-minute tour", "## Which transport");
+    let blocks = shell_blocks("README.md", "## A five-minute tour", "## Which transport");
     assert!(blocks.len() >= 4, "the tour has its commands: {blocks:?}");
     let port = crate::helpers::free_port();
     let script = blocks.join("\n").replace("localhost:8080", &format!("127.0.0.1:{port}"));
-    let expected: Vec<String> = script
-        .lines()
-        .filter_map(|l| l.strip_prefix("# "))
-        .map(|answer| answer.split("...").next().unwrap_or(answer).trim_end_matches(',').to_owned())
-        .collect();
+    let expected = answers(&script);
     assert!(!expected.is_empty(), "the tour shows its answers");
     let dir = tempfile::tempdir().unwrap();
-    let bin = Path::new(env!("CARGO_BIN_EXE_tidings")).parent().unwrap().display().to_string();
     // curl: again while nothing listens yet (exit 7: the server the tour
     // started is still starting), at most 100 times; 5 s at most each.
     // The server the tour starts (its first background job) ends with the
     // shell, however the shell ends but SIGKILL.
     let prelude = "trap 'kill %1 2>/dev/null' EXIT\n\
         curl() { for _ in $(seq 100); do command curl --max-time 5 \"$@\"; rc=$?; [ $rc -ne 7 ] && return $rc; sleep 0.1; done; }\n";
-    let mut shell = tokio::process::Command::new("bash");
-    shell
-        .arg("-c")
-        .arg(format!("{prelude}{script}\n"))
-        .current_dir(dir.path())
-        .env_clear()
-        .env("PATH", format!("{bin}:{}", std::env::var("PATH").unwrap_or_default()))
-        .env("HOME", dir.path())
-        .env("TIDINGS_LISTEN", format!("127.0.0.1:{port}"))
-        .env("TIDINGS_DRAIN_DELAY", "0s")
-        .env("TIDINGS_DRAIN", "0s")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let child = shell.spawn().expect("bash");
-    let pid = child.id().expect("a running shell").to_string();
-    let out = tokio::time::timeout(std::time::Duration::from_secs(90), child.wait_with_output()).await;
-    if out.is_err() {
-        // Too long: SIGTERM lets its trap stop the server it started.
-        let _ = std::process::Command::new("kill").args(["-TERM", &pid]).status();
-    }
-    let out = out.expect("the tour ends").unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let envs =
+        [("TIDINGS_LISTEN", format!("127.0.0.1:{port}")), ("TIDINGS_DRAIN_DELAY", "0s".to_owned()), ("TIDINGS_DRAIN", "0s".to_owned())];
+    let (stdout, stderr) = run_shell(&format!("{prelude}{script}\n"), dir.path(), &envs, std::time::Duration::from_secs(90)).await;
     for answer in &expected {
         assert!(stdout.contains(answer.as_str()), "the tour's answer {answer:?} is not in what it printed:\n{stdout}\n{stderr}");
     }
     // The stream showed the event published, and the consumer was acked.
     assert!(stdout.contains("id: 1\n") && stdout.contains(r#"{"consumer_id":"digest","cursor":1}"#), "{stdout}\n{stderr}");
+}
+
+/// The book's tour (`docs/tour.md`), run as written against a server with
+/// its defaults (embedded store, no authentication, on loopback): its
+/// commands in one shell, in order, in a directory with the repository's
+/// `registry/`. Only addresses change (`localhost:8080` and the source
+/// `http://source:8080` to the server's port, which `TIDINGS_URL` gives
+/// the CLI). A command that follows forever is stopped after 3 s, as a
+/// reader would with Ctrl-C (`curl` by its `--max-time`, `tidings` by
+/// SIGTERM to its PID: a background job of a script ignores SIGINT); any other failure is printed and fails the test.
+/// Each answer the tour shows is in what the shell printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_book_tour_runs_as_written() {
+    let blocks = shell_blocks("docs/tour.md", "# A tour", "`/openapi.json`");
+    assert!(blocks.len() >= 3, "the tour has its commands: {blocks:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let server = crate::helpers::spawn_process(&[("TIDINGS_DATA_DIR", dir.path().join("data").display().to_string())]).await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+    let script = blocks.join("\n").replace("localhost:8080", &address).replace("http://source:8080", &server.base);
+    let expected = answers(&script);
+    assert!(expected.len() >= 2, "the tour shows its answers: {expected:?}");
+    let registry = Path::new(ROOT).join("registry");
+    let copied = std::process::Command::new("cp").arg("-r").arg(&registry).arg(dir.path()).status().unwrap();
+    assert!(copied.success(), "copying the registry");
+    let prelude = "failed() { echo \"tour-failed: $*\" >&2; }\n\
+        curl() { command curl --max-time 3 \"$@\"; rc=$?; [ $rc -eq 0 ] || [ $rc -eq 28 ] || failed \"curl $* ($rc)\"; }\n\
+        tidings() { command tidings \"$@\" & local pid=$!; ( sleep 3; kill $pid ) >/dev/null 2>&1 & local timer=$!; \
+            wait $pid; local rc=$?; kill $timer 2>/dev/null; [ $rc -eq 0 ] || [ $rc -eq 143 ] || failed \"tidings $* ($rc)\"; }\n";
+    let envs = [("TIDINGS_URL", server.base.clone())];
+    let (stdout, stderr) = run_shell(&format!("{prelude}{script}\n"), dir.path(), &envs, std::time::Duration::from_secs(120)).await;
+    assert!(!stderr.contains("tour-failed"), "a command of the tour failed:\n{stdout}\n{stderr}");
+    for answer in &expected {
+        assert!(stdout.contains(answer.as_str()), "the tour's answer {answer:?} is not in what it printed:\n{stdout}\n{stderr}");
+    }
+    // The streams showed the events, from the beginning and after id 2;
+    // the CLI published the fourth and its JSON tail printed it.
+    assert!(stdout.contains("id: 1\n") && stdout.contains("id: 3\n"), "{stdout}\n{stderr}");
+    assert!(stdout.contains(r#""event_id":4,"event_type":"hypothesis.created""#), "{stdout}\n{stderr}");
+    // The registry checked, and the path subscription was taken.
+    assert!(stdout.contains("./registry: ") && stdout.contains("all valid"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("subscribed at sha256:"), "{stdout}\n{stderr}");
 }
 
 /// Nothing in the repository's code, docs, tests or deploy files cites a
