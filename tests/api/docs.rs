@@ -325,3 +325,96 @@ fn the_metrics_table_is_generated_from_the_catalog() {
         &tidings_server::metrics::metrics_table(),
     );
 }
+
+/// The error-code table of docs/ref-errors.md is the one `/openapi.json`
+/// makes: the codes each operation's annotation lists with its status,
+/// and those any request may get (the document's description).
+/// `tests/api/openapi.rs` holds the document to every code the source can
+/// answer, and schemathesis holds the server to the statuses it lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_error_code_table_is_generated_from_the_api_document() {
+    let app = crate::helpers::spawn_app(crate::helpers::Backend::Embedded).await;
+    let doc: serde_json::Value = app.http.get(app.url("/openapi.json")).send().await.unwrap().json().await.unwrap();
+    generated_in("ref-errors.md", "<!-- generated from /openapi.json", "<!-- end of the generated error codes -->", &error_table(&doc));
+}
+
+/// One row per code: its statuses, where it is answered, and what the
+/// document says of it (what a parenthesis right after the code holds, or
+/// the text a colon after it opens). The codes any request may get come
+/// first, so that their general meaning is the one shown.
+fn error_table(doc: &serde_json::Value) -> String {
+    use std::collections::{BTreeMap, BTreeSet};
+    #[derive(Default)]
+    struct Row {
+        statuses: BTreeSet<String>,
+        at: BTreeSet<String>,
+        meaning: Option<String>,
+    }
+    let code = regex::Regex::new(r"`([a-z][a-z0-9_]*)`").unwrap();
+    let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+    let mut take = |description: &str, status: &str, at: &str| {
+        // The codes a description lists: the backticked names outside any
+        // parenthesis and outside what a colon opens (a name there is a
+        // field or a setting the text speaks of).
+        let (mut depth, mut said, mut scanned) = (0, false, 0);
+        let mut listed = Vec::new();
+        for m in code.captures_iter(description).map(|c| c.get(0).unwrap()) {
+            let before = &description[scanned..m.start()];
+            scanned = m.end();
+            for c in before.chars() {
+                depth += i32::from(c == '(') - i32::from(c == ')');
+                said |= depth == 0 && c == ':';
+            }
+            // A colon opens what a code means; "; `code`" lists again.
+            said &= !(depth == 0 && before.trim_end().ends_with(';'));
+            if depth == 0 && !said {
+                listed.push((m.start(), m.end()));
+            }
+        }
+        for (i, (start, end)) in listed.iter().enumerate() {
+            let name = &description[start + 1..end - 1];
+            let until = listed.get(i + 1).map_or(description.len(), |(next, _)| *next);
+            let after = description[*end..until].trim().trim_end_matches([',', ';']).trim();
+            let row = rows.entry(name.to_owned()).or_default();
+            row.statuses.insert(status.to_owned());
+            row.at.insert(at.to_owned());
+            if row.meaning.is_some() {
+                continue;
+            }
+            if let Some(said) = after.strip_prefix(':') {
+                row.meaning = Some(said.trim().to_owned());
+            } else if after.starts_with('(') {
+                let mut depth = 0;
+                let close = after.char_indices().find_map(|(i, c)| {
+                    depth += i32::from(c == '(') - i32::from(c == ')');
+                    (depth == 0).then_some(i)
+                });
+                row.meaning = close.map(|i| after[1..i].to_owned());
+            }
+        }
+    };
+    // The codes any request may get, from the document's description:
+    // "... answers 404 `not_found`, ... 405 `method_not_allowed`, ...".
+    let any = regex::Regex::new(r"(\d{3}) (`[a-z_]+`(?: \([^)]*\))?)").unwrap();
+    for c in any.captures_iter(doc["info"]["description"].as_str().unwrap()) {
+        take(&c[2], &c[1], "any request");
+    }
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            for (status, response) in operation["responses"].as_object().into_iter().flatten() {
+                if status.starts_with('4') || status.starts_with('5') {
+                    take(response["description"].as_str().unwrap_or(""), status, &format!("`{} {path}`", method.to_uppercase()));
+                }
+            }
+        }
+    }
+    let mut table = String::from("| Code | Status | Answered by | Notes |\n|---|---|---|---|\n");
+    for (name, row) in rows {
+        let statuses: Vec<_> = row.statuses.into_iter().collect();
+        let at: Vec<_> = row.at.into_iter().collect();
+        let at = if at.len() > 6 { format!("{} operations", at.len()) } else { at.join(", ") };
+        let meaning = row.meaning.unwrap_or_default().replace('|', "\\|");
+        table.push_str(&format!("| `{name}` | {} | {at} | {meaning} |\n", statuses.join(", ")));
+    }
+    table
+}

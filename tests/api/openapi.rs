@@ -39,22 +39,7 @@ async fn every_route_and_error_code_is_documented() {
     // those HTTP builds itself, and every code of the service layer's typed
     // refusals (the arms of their `code()`, and the field refusals).
     let text = doc.to_string();
-    let code = regex::Regex::new(
-        r#"(?:bad_request|unprocessable|too_large|forbidden|InvalidField::new|parse_cursor\([^,]+,)\(?\s*"([a-z_]+)"|StatusCode::[A-Z_]+,\s*"([a-z_]+)"|=> "([a-z_]+)",?\n"#,
-    )
-    .unwrap();
-    let mut codes = Vec::new();
-    let dirs =
-        [concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/src/http"), concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/src/service")];
-    for entry in dirs.iter().flat_map(|d| std::fs::read_dir(d).unwrap()) {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "rs") {
-            let source = std::fs::read_to_string(&path).unwrap();
-            for c in code.captures_iter(&source) {
-                codes.push(c.get(1).or(c.get(2)).or(c.get(3)).unwrap().as_str().to_owned());
-            }
-        }
-    }
+    let codes = source_codes();
     assert!(codes.len() > 25, "the scan found the error codes: {codes:?}");
     for c in codes {
         assert!(text.contains(&format!("`{c}`")), "error code {c} is documented");
@@ -131,4 +116,27 @@ async fn delivered_frames_match_the_document(backend: Backend) {
     assert_eq!(notice.event.as_deref(), Some("system.replay_gap"));
     let data: Value = serde_json::from_str(&notice.data).unwrap();
     assert!(gap.is_valid(&data), "{data} matches system.replay_gap");
+}
+
+/// Every error code the HTTP layer can answer, from the source: those HTTP
+/// builds itself, and every code of the service layer's typed refusals
+/// (the arms of their `code()`, and the field refusals).
+pub(crate) fn source_codes() -> std::collections::BTreeSet<String> {
+    let code = regex::Regex::new(
+        r#"(?:bad_request|unprocessable|too_large|forbidden|InvalidField::new|parse_cursor\([^,]+,)\(?\s*"([a-z_]+)"|StatusCode::[A-Z_]+,\s*"([a-z_]+)"|=> "([a-z_]+)",?\n"#,
+    )
+    .unwrap();
+    let mut codes = std::collections::BTreeSet::new();
+    let dirs =
+        [concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/src/http"), concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/src/service")];
+    for entry in dirs.iter().flat_map(|d| std::fs::read_dir(d).unwrap()) {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            let source = std::fs::read_to_string(&path).unwrap();
+            for c in code.captures_iter(&source) {
+                codes.insert(c.get(1).or(c.get(2)).or(c.get(3)).unwrap().as_str().to_owned());
+            }
+        }
+    }
+    codes
 }

@@ -82,7 +82,7 @@ struct GrantRequest {
         (status = 200, description = "`{hash, included: {hash: entity}}`: the token, its signature and the server identity", body = Object),
         (status = 400, description = "`invalid_capability`, `malformed_body`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
-        (status = 403, description = "`admin_only`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`admin_only` (the token has no `admin` claim)", body = crate::http::openapi::ErrorBody),
         (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
     ),

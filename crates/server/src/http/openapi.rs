@@ -50,7 +50,8 @@ pub(crate) struct FilterParams {
                        listed per operation: an unknown path answers 404 `not_found`, a wrong method 405 `method_not_allowed`, \
                        a request target over 48 KiB 414 `uri_too_long`, a head with more than 100 headers or over 64 KiB \
                        431 `headers_too_large`, a head that does not parse 400 `malformed_request` (each closes the connection), \
-                       and an unexpected failure 500 `internal` (details are logged, never sent)."
+                       a token that is missing where one is needed, expired, malformed or wrongly signed 401 `unauthorized` (with \
+                       `WWW-Authenticate: Bearer`), and an unexpected failure 500 `internal` (details are logged, never sent)."
     ),
     components(schemas(ErrorBody)),
     modifiers(&Security),

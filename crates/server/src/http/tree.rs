@@ -78,7 +78,7 @@ pub(crate) fn chain_id(headers: &HeaderMap) -> Result<String, ApiError> {
         (status = 200, description = "The entity `{type, data}` with its hash as ETag and the log id of the change that wrote it as Tidings-Change-Id, or `{path, children: [{name, path, entity, has_children}]}`", body = Object),
         (status = 400, description = "`invalid_path`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
-        (status = 403, description = "`forbidden_tree_access`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`forbidden_tree_access` (outside the token's tree grants)", body = crate::http::openapi::ErrorBody),
         (status = 404, description = "`entity_not_found`, with Tidings-Change-Id: the log id as of which the path is absent", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
@@ -122,7 +122,7 @@ pub(crate) async fn get(State(app): State<AppState>, Caller(caller): Caller, Pat
     responses(
         (status = 200, description = "`{path, children: [{name, path, entity, has_children}]}`", body = Object),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
-        (status = 403, description = "`forbidden_tree_access`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`forbidden_tree_access` (outside the token's tree grants)", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
@@ -168,10 +168,10 @@ fn written(written: Written) -> Response {
     responses(
         (status = 200, description = "Replaced: `{uri, hash, previous_hash, event_id}`", body = Object),
         (status = 201, description = "Created: `{uri, hash, previous_hash: null, event_id}`", body = Object),
-        (status = 400, description = "`invalid_path`, `invalid_entity`, `invalid_condition`, `malformed_body`", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "`invalid_path` (not a tree path), `invalid_entity` (not an entity of the tree), `invalid_condition` (`If-Match` is not `*` or an entity hash, `If-None-Match` is not `*`, or both are given), `malformed_body`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
-        (status = 403, description = "`forbidden_tree_access`", body = crate::http::openapi::ErrorBody),
-        (status = 409, description = "`hash_mismatch` with `current_hash`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`forbidden_tree_access` (outside the token's tree grants)", body = crate::http::openapi::ErrorBody),
+        (status = 409, description = "`hash_mismatch` (the condition failed; the answer has `current_hash`)", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "`body_too_large`", body = crate::http::openapi::ErrorBody),
         (status = 408, description = "`body_timeout`: the body did not arrive within `TIDINGS_BODY_TIMEOUT` (the connection closes)", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "`store_unavailable`", body = crate::http::openapi::ErrorBody),
@@ -201,9 +201,9 @@ pub(crate) async fn put(
         (status = 200, description = "Deleted: `{uri, hash: null, previous_hash, event_id}`", body = Object),
         (status = 400, description = "`invalid_path`, `invalid_condition`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
-        (status = 403, description = "`forbidden_tree_access`", body = crate::http::openapi::ErrorBody),
-        (status = 404, description = "`entity_not_found`", body = crate::http::openapi::ErrorBody),
-        (status = 409, description = "`hash_mismatch` with `current_hash`", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "`forbidden_tree_access` (outside the token's tree grants)", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "`entity_not_found` (nothing at that path)", body = crate::http::openapi::ErrorBody),
+        (status = 409, description = "`hash_mismatch` (the condition failed; the answer has `current_hash`)", body = crate::http::openapi::ErrorBody),
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
