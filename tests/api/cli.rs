@@ -176,7 +176,7 @@ async fn listen_stops_on_a_rejection(backend: Backend) {
 async fn registry_check_validates_a_directory() {
     let ok = tidings().args(["registry", "check", "--registry", concat!(env!("CARGO_MANIFEST_DIR"), "/registry")]).output().await.unwrap();
     assert!(ok.status.success());
-    assert!(String::from_utf8_lossy(&ok.stdout).contains("32 event types, all valid"));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("33 event types, all valid"));
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.b.json"), r#"{"name":"a.b","description":"x","payload_schema":{"type":"nonsense"}}"#).unwrap();
     let bad = tidings().args(["registry", "check", "--registry", dir.path().to_str().unwrap()]).output().await.unwrap();

@@ -23,7 +23,7 @@ const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
 
 /// Runs `tidings epoch <verb>` on a store as an operator would, with the
 /// server stopped; its JSON output.
-async fn epoch_command(verb: &str, data_dir: &std::path::Path, database_url: Option<&str>) -> Value {
+pub(crate) async fn epoch_command(verb: &str, data_dir: &std::path::Path, database_url: Option<&str>) -> Value {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tidings"));
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -41,7 +41,12 @@ async fn epoch_command(verb: &str, data_dir: &std::path::Path, database_url: Opt
 /// A copy of a stopped server's store, as a backup holds it: the data
 /// directory's files into `into`, or a new database made from the
 /// server's (whose URL is answered).
-async fn backup(backend: Backend, data_dir: &std::path::Path, database_url: Option<&str>, into: &std::path::Path) -> Option<String> {
+pub(crate) async fn backup(
+    backend: Backend,
+    data_dir: &std::path::Path,
+    database_url: Option<&str>,
+    into: &std::path::Path,
+) -> Option<String> {
     std::fs::create_dir_all(into).unwrap();
     match backend {
         Backend::Embedded => {

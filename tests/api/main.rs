@@ -29,6 +29,7 @@ mod nginx;
 mod openapi;
 mod ordering;
 mod outbox;
+mod peer_epochs;
 mod peers;
 mod poll;
 mod postgres;

@@ -69,6 +69,25 @@ impl Server {
         self.process = spawn_process_at(&self.envs, self.port).await;
     }
 
+    /// Its data directory.
+    pub(crate) fn data_dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
+    /// Its PostgreSQL database, if it runs on one.
+    pub(crate) fn database_url(&self) -> Option<&str> {
+        self.envs.iter().find(|(k, _)| *k == "DATABASE_URL").map(|(_, v)| v.as_str())
+    }
+
+    /// Runs on the database `url` from the next restart (a restored one).
+    pub(crate) fn use_database(&mut self, url: &str) {
+        for (k, v) in &mut self.envs {
+            if *k == "DATABASE_URL" {
+                *v = url.to_owned();
+            }
+        }
+    }
+
     /// Tells this server where `other` is.
     pub(crate) async fn knows(&self, other: &Server) {
         self.knows_at(&other.hash, other.base()).await;
@@ -182,7 +201,7 @@ impl Server {
 /// to `c`'s `inbox`: C's admin mints the subscriber a token rooted at C, and
 /// the subscriber delegates it to B (third-party delivery:
 /// docs/ref-subscriptions.md, "Deliver tokens").
-async fn subscribe_third_party(a: &Peer, b: &Server, c: &Server, pattern: &str, inbox: &str) -> (u16, Value) {
+pub(crate) async fn subscribe_third_party(a: &Peer, b: &Server, c: &Server, pattern: &str, inbox: &str) -> (u16, Value) {
     let mut included = Map::new();
     let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;
     let root = c.mint(&a.hash, inbox_grant(inbox), expires, &mut included).await;
@@ -275,13 +294,21 @@ pub(crate) fn delivery(
     json!({"execute": execute, "included": included})
 }
 
-async fn a_receiver_refuses_bad_deliveries_and_stores_nothing(backend: Backend) {
-    let c = Server::start(backend).await;
+/// A sending server's key and the deliver token `c` minted it for `inbox`
+/// (valid for an hour), with the token's chain to include.
+pub(crate) async fn granted_sender(c: &Server, inbox: &str) -> (Peer, String, Map<String, Value>) {
     let sender = Peer::new();
-    let inbox = "system/inbox/feed";
     let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;
     let mut granted = Map::new();
     let token = c.mint(&sender.hash, inbox_grant(inbox), expires, &mut granted).await;
+    (sender, token, granted)
+}
+
+async fn a_receiver_refuses_bad_deliveries_and_stores_nothing(backend: Backend) {
+    let c = Server::start(backend).await;
+    let inbox = "system/inbox/feed";
+    let (sender, token, granted) = granted_sender(&c, inbox).await;
+    let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;
     let data = |n: i64| json!({"subscription_id": "s1", "event": "updated", "uri": "feeds/x", "hash": format!("sha256:{n:064x}"), "previous_hash": format!("sha256:{:064x}", n - 1)});
     let head = c.head().await;
 

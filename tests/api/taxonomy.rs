@@ -76,7 +76,7 @@ async fn registry_is_listed(backend: Backend) {
     let app = spawn_app(backend).await;
     let r: Value = app.http.get(app.url("/v1/registry")).send().await.unwrap().json().await.unwrap();
     let types = r["types"].as_array().unwrap();
-    assert_eq!(types.len(), 32);
+    assert_eq!(types.len(), 33);
     let names: Vec<&str> = types.iter().map(|t| t["name"].as_str().unwrap()).collect();
     for spec in [
         "hypothesis.created",
@@ -102,6 +102,7 @@ async fn registry_is_listed(backend: Backend) {
         "system.embed_backfill_completed",
         "system.client_dropped_slow",
         "system.replay_gap",
+        "subscription.history_lost",
         "link.supports.removed",
         "link.cites.removed",
         "link.contradicts.added",
@@ -110,7 +111,7 @@ async fn registry_is_listed(backend: Backend) {
     }
     assert!(types.iter().all(|t| t["payload_schema"].is_object()));
     let deep: Value = app.http.get(app.url("/health/deep")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(deep["events"]["registered_types"], 32);
+    assert_eq!(deep["events"]["registered_types"], 33);
     assert_eq!(deep["database"], "up");
     assert_eq!(
         deep["store"],

@@ -41,6 +41,10 @@ pub mod names {
     pub const TREE_DELETED: &str = "tree.deleted";
     /// A path subscription's notification, addressed (`ref`) to its inbox.
     pub const SUBSCRIPTION_NOTIFICATION: &str = "subscription.notification";
+    /// The server delivering to an inbox lost history it had notified
+    /// there (a new epoch of its log forked below it), addressed (`ref`)
+    /// to the inbox.
+    pub const SUBSCRIPTION_HISTORY_LOST: &str = "subscription.history_lost";
 
     /// Types only tidings itself writes: a publish of one is refused, so a
     /// tree change or a notification in the log is always real (the
@@ -50,6 +54,7 @@ pub mod names {
         TREE_UPDATED,
         TREE_DELETED,
         SUBSCRIPTION_NOTIFICATION,
+        SUBSCRIPTION_HISTORY_LOST,
         SYSTEM_CLIENT_DROPPED_SLOW,
         SYSTEM_REPLAY_GAP,
         SYSTEM_TOKEN_EXPIRED,

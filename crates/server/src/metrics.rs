@@ -113,7 +113,8 @@ const MIRROR_HOPS: &str = "tidings_mirror_hops";
 /// 0 for the ones it was held at before.
 const MIRROR_UPSTREAM: &str = "tidings_mirror_upstream";
 /// Outcomes of a mirror's notification: the label values of `outcome`.
-pub const MIRROR_OUTCOMES: &[&str] = &["applied", "unchanged", "stale_rejected", "gap_reread", "reread_failed", "foreign_ignored"];
+pub const MIRROR_OUTCOMES: &[&str] =
+    &["applied", "unchanged", "stale_rejected", "gap_reread", "reread_failed", "foreign_ignored", "history_lost"];
 
 /// Transports that deliver events.
 pub const TRANSPORTS: &[&str] = &["sse", "poll", "ws"];
@@ -244,7 +245,7 @@ fn describe() {
     for outcome in MIRROR_OUTCOMES {
         counter!(MIRROR_APPLIES, "outcome" => *outcome).increment(0);
     }
-    for outcome in ["appended", "duplicate"] {
+    for outcome in ["appended", "duplicate", "history_lost"] {
         counter!(PEER_RECEIVED, "outcome" => outcome).increment(0);
     }
     counter!(EVENTS_PUBLISHED, "type" => "unregistered").increment(0);

@@ -22,6 +22,9 @@ pub const EXECUTE: &str = "system/protocol/execute";
 /// Most characters of a peer's refusal message kept ([`PeerError::refused`]).
 pub const MAX_MESSAGE: usize = 200;
 
+/// Most epochs of its log a sender lists in a delivery (the newest).
+pub const MAX_EPOCHS: usize = 64;
+
 /// A `system/protocol/execute` being built: what it asks (`uri`,
 /// `operation`, its targets and params), who asks (`author`), under which
 /// capability; [`Execute::signed`] makes the envelope.
@@ -72,6 +75,21 @@ impl Execute {
     /// The sender's log id of a delivery (`receive`).
     pub fn sequence(mut self, sequence: i64) -> Self {
         self.data.insert("sequence".into(), json!(sequence));
+        self
+    }
+
+    /// The epochs of the sender's log after its first, oldest first, as
+    /// `(number, fork, base)`: each lost the ids in `(fork, base]`, so a
+    /// receiver whose mark lies there was notified of history that is gone
+    /// (docs/ref-subscriptions.md, "When the sender loses history"). Only
+    /// the newest [`MAX_EPOCHS`] travel; none, nothing is added.
+    pub fn epochs(mut self, epochs: &[(i32, i64, i64)]) -> Self {
+        let newest = &epochs[epochs.len().saturating_sub(MAX_EPOCHS)..];
+        if !newest.is_empty() {
+            let list: Vec<Value> =
+                newest.iter().map(|(number, fork, base)| json!({"number": number, "fork": fork, "base": base})).collect();
+            self.data.insert("epochs".into(), Value::Array(list));
+        }
         self
     }
 

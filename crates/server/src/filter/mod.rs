@@ -279,7 +279,8 @@ impl Filter {
             return false;
         }
         if let Some(identity) = &self.notifications_for
-            && event.event_type == crate::event::names::SUBSCRIPTION_NOTIFICATION
+            && (event.event_type == crate::event::names::SUBSCRIPTION_NOTIFICATION
+                || event.event_type == crate::event::names::SUBSCRIPTION_HISTORY_LOST)
             && event.payload.get("subscriber").and_then(|s| s.as_str()) != Some(identity.as_str())
         {
             return false;
@@ -335,7 +336,7 @@ fn string_list(field: &str, value: Value) -> Result<Vec<String>, FilterError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Agent, Link, Visibility};
+    use crate::event::{Agent, Link, Visibility, names};
 
     fn ev(t: &str, agent: Option<&str>, r: Option<&str>, links: &[&str]) -> EventBody {
         EventBody {
@@ -360,6 +361,22 @@ mod tests {
         assert!(t.matches(&ev("link.cites.added", None, None, &["paper:p-123"])));
         assert!(t.matches(&ev("paper.archived", None, Some("paper:p-123"), &[])));
         assert!(!t.matches(&ev("link.cites.added", None, None, &["paper:p-9"])));
+    }
+
+    #[test]
+    fn a_caller_not_an_admin_sees_only_its_own_notifications_and_no_peer_notice() {
+        let everything = || Filter::from_json(r#"{"types":["**"]}"#, FilterLimits::default()).unwrap();
+        let mine = everything().restrict(None, Visibility::Public, Some("alice".into()));
+        let admin = everything().restrict(None, Visibility::Public, None);
+        let mut own = ev(names::SUBSCRIPTION_NOTIFICATION, None, Some("system/inbox/a"), &[]);
+        own.payload = serde_json::json!({"subscriber": "alice"});
+        let mut other = own.clone();
+        other.payload = serde_json::json!({"subscriber": "bob"});
+        // Delivered by a peer: no subscriber, for admins alone.
+        let notice = ev(names::SUBSCRIPTION_HISTORY_LOST, Some("sha256:peer"), Some("system/inbox/a"), &[]);
+        let peer = ev(names::SUBSCRIPTION_NOTIFICATION, Some("sha256:peer"), Some("system/inbox/a"), &[]);
+        assert!(mine.matches(&own) && !mine.matches(&other) && !mine.matches(&notice) && !mine.matches(&peer));
+        assert!([own, other, notice, peer].iter().all(|e| admin.matches(e)));
     }
 
     #[test]

@@ -241,14 +241,14 @@ pub const CATALOG: &[Family] = &[
         name: PEER_RECEIVED,
         kind: Kind::Counter,
         unit: Unit::Count,
-        labels: "`outcome` (`appended`, `duplicate`)",
+        labels: "`outcome` (`appended`, `duplicate`, `history_lost`: appended after a notice that the sender lost history it had delivered)",
         help: "Deliveries received from peers.",
     },
     Family {
         name: MIRROR_APPLIES,
         kind: Kind::Counter,
         unit: Unit::Count,
-        labels: "`outcome` (`applied`, `unchanged`, `stale_rejected`, `gap_reread`, `reread_failed`, `foreign_ignored`: delivered to the mirror's inbox by another server than its current upstream; `forged_refused`, `rollback_refused`, `unsigned_reread`: see \"Signed changes\")",
+        labels: "`outcome` (`applied`, `unchanged`, `stale_rejected`, `gap_reread`, `reread_failed`, `foreign_ignored`: delivered to the mirror's inbox by another server than its current upstream; `history_lost`: the upstream lost history it had notified, and every known path is read again; `forged_refused`, `rollback_refused`, `unsigned_reread`: see \"Signed changes\")",
         help: "Notifications (and reconciliation re-reads) a mirror handled.",
     },
     Family {

@@ -203,14 +203,16 @@ impl Epochs {
 
 /// The epochs a process read last, shared by its tasks: a resume checks
 /// its point against them without a round trip unless the head row names
-/// a newer epoch.
+/// a newer epoch. Empty until the first read: a process that never read
+/// them cannot answer for them.
 #[derive(Debug, Default)]
-pub struct EpochCache(std::sync::Mutex<std::sync::Arc<Epochs>>);
+pub struct EpochCache(std::sync::Mutex<Option<std::sync::Arc<Epochs>>>);
 
 impl EpochCache {
-    /// What was read last, if it is as new as epoch `at_least`.
+    /// What was read last, if anything was and it is as new as epoch
+    /// `at_least`.
     pub fn get(&self, at_least: i32) -> Option<std::sync::Arc<Epochs>> {
-        let cached = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let cached = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
         (cached.current().number >= at_least).then_some(cached)
     }
 
@@ -220,7 +222,7 @@ impl EpochCache {
     /// racing a newer one only makes the next resume read again).
     pub fn set(&self, epochs: Epochs) -> std::sync::Arc<Epochs> {
         let epochs = std::sync::Arc::new(epochs);
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = epochs.clone();
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(epochs.clone());
         epochs
     }
 }

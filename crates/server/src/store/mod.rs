@@ -378,12 +378,15 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// once a reader has seen id N, no id below N appears later.
     async fn append(&self, batch: Vec<NewRecord>) -> Result<Vec<EventId>, StoreError>;
 
-    /// Appends `record` as [`Self::append`] does, unless stream `stream` of
-    /// `source` has already delivered a sequence number `>= seq` here: then
-    /// nothing is stored and `None` is returned. The stream's high mark moves
-    /// in the appending transaction, so a delivery retried after a crash or
-    /// a lost answer is appended exactly once.
-    async fn append_once(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError>;
+    /// Appends `records` (one delivery) as [`Self::append`] does, unless
+    /// stream `stream` of `source` has already delivered a sequence number
+    /// `>= seq` here: then nothing is stored and `None` is returned; else
+    /// the id of the last. The stream's high mark moves in the appending
+    /// transaction, so a retried delivery is appended exactly once.
+    async fn append_once(&self, source: &str, stream: &str, seq: EventId, records: Vec<NewRecord>) -> Result<Option<EventId>, StoreError>;
+
+    /// The high mark of stream `stream` of `source` ([`Self::append_once`]).
+    async fn received_mark(&self, source: &str, stream: &str) -> Result<Option<EventId>, StoreError>;
 
     /// Up to `limit` records with `id > after`, ascending.
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError>;

@@ -59,6 +59,9 @@ struct ExecuteData {
     /// A delivery's sequence (the sender's log id of the notification).
     #[serde(default)]
     sequence: Option<i64>,
+    /// A delivery's list of the sender's epochs after its first.
+    #[serde(default)]
+    epochs: Vec<super::inbox::SenderEpoch>,
 }
 
 #[derive(Deserialize)]
@@ -141,6 +144,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
             author: &data.author,
             capability: data.capability.as_deref(),
             sequence: data.sequence,
+            epochs: &data.epochs,
         };
         return super::inbox::receive(handler, delivery, &included, &call.chain_id, call.now_ms).await;
     }

@@ -15,6 +15,14 @@
 //! (sender, subscription) in the appending transaction, so a retry is
 //! answered as success and stores nothing new.
 //!
+//! A sender whose log lost history it had notified here (a new epoch of
+//! its log forked below the stream's mark: a failover, a restore) lists
+//! its epochs in its deliveries; the first delivery after the loss is
+//! appended after a `subscription.history_lost` notice to the same inbox,
+//! with the mark it had reached (`requested`) and the fork, in the same
+//! transaction, so readers of the inbox are told once
+//! (docs/ref-subscriptions.md, "When the sender loses history").
+//!
 //! A decision of tidings' own (docs/ref-subscriptions.md,
 //! "Delivery to another server"): the chain must be rooted at this server
 //! itself; an inbox owned by another identity (delegated by an admin) is
@@ -28,6 +36,7 @@ use crate::event::{Agent, EventBody, Visibility, names};
 use crate::store::NewRecord;
 use crate::tree::capability::{self, CapabilityError, Included};
 use crate::tree::{Entity, is_hash, validate_path};
+use tidings_protocol::peer::protocol::MAX_EPOCHS;
 
 /// The handler a delivery EXECUTE targets, and the only operation it has.
 pub const HANDLER: &str = "system/inbox";
@@ -37,6 +46,8 @@ pub const RECEIVE: &str = "receive";
 const PREFIX: &str = "system/inbox/";
 /// The type of the params a delivery carries.
 pub const NOTIFICATION: &str = "system/subscription/notification";
+/// The payload type of the notice that the sender lost history.
+pub const HISTORY_LOST: &str = "system/subscription/history_lost";
 /// Longest subscription id accepted from a peer.
 const MAX_ID: usize = 128;
 
@@ -51,6 +62,31 @@ pub(super) struct Delivery<'a> {
     pub(super) author: &'a str,
     pub(super) capability: Option<&'a str>,
     pub(super) sequence: Option<i64>,
+    /// The sender's epochs after its first, oldest first.
+    pub(super) epochs: &'a [SenderEpoch],
+}
+
+/// One epoch of the sender's log, as a delivery lists it: it began when
+/// the ids in `(fork, base]` were lost.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SenderEpoch {
+    number: i32,
+    fork: i64,
+    base: i64,
+}
+
+/// The epoch in `epochs` whose lost stretch holds `mark`, when the list is
+/// well-formed (at most [`MAX_EPOCHS`], numbers and bases rising, each
+/// `0 <= fork <= base`); `Err` when it is not.
+fn lost_at(epochs: &[SenderEpoch], mark: Option<i64>) -> Result<Option<&SenderEpoch>, ExecuteError> {
+    let rising = epochs.windows(2).all(|w| w[0].number < w[1].number && w[0].base < w[1].base);
+    if epochs.len() > MAX_EPOCHS || !rising || epochs.iter().any(|e| e.number < 1 || e.fork < 0 || e.fork > e.base) {
+        return Err(ExecuteError::InvalidExecute(format!(
+            "a delivery's epochs are at most {MAX_EPOCHS} of {{number >= 1, fork, base}}, 0 <= fork <= base, rising"
+        )));
+    }
+    Ok(mark.and_then(|m| epochs.iter().find(|e| e.fork < m && m <= e.base)))
 }
 
 /// The inbox path on this server that `uri` names (`system/inbox/...`, bare
@@ -168,11 +204,42 @@ pub(super) async fn receive(
         links: vec![],
         visibility: Visibility::Public,
     };
-    let appended = handler.store.append_once(delivery.author, &n.subscription_id, seq, NewRecord::event(&body)).await?;
-    let outcome = if appended.is_some() { "appended" } else { "duplicate" };
+    let mut records = Vec::with_capacity(2);
+    let mark = handler.store.received_mark(delivery.author, &n.subscription_id).await?;
+    let lost = lost_at(delivery.epochs, mark)?.filter(|_| mark.is_some_and(|m| m < seq));
+    if let (Some(epoch), Some(requested)) = (lost, mark) {
+        let told = EventBody {
+            event_type: names::SUBSCRIPTION_HISTORY_LOST.to_owned(),
+            payload: json!({
+                "type": HISTORY_LOST,
+                "data": {
+                    "subscription_id": n.subscription_id,
+                    "reason": "history_lost",
+                    "requested": requested,
+                    "fork": epoch.fork,
+                    "base": epoch.base,
+                    "epoch": epoch.number,
+                },
+                "chain_id": chain_id,
+            }),
+            ..body.clone()
+        };
+        records.push(NewRecord::event(&told));
+    }
+    records.push(NewRecord::event(&body));
+    let appended = handler.store.append_once(delivery.author, &n.subscription_id, seq, records).await?;
+    let outcome = match (appended, lost) {
+        (None, _) => "duplicate",
+        (Some(_), Some(_)) => "history_lost",
+        (Some(_), None) => "appended",
+    };
     crate::metrics::peer_received(outcome);
     if appended.is_some() {
         crate::metrics::events_published(names::SUBSCRIPTION_NOTIFICATION, 1);
+        if lost.is_some() {
+            crate::metrics::events_published(names::SUBSCRIPTION_HISTORY_LOST, 1);
+            crate::metrics::replay_gap("history_lost");
+        }
     }
     Ok(Executed::Done(json!({ "event_id": appended, "duplicate": appended.is_none() })))
 }

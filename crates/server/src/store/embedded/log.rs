@@ -33,7 +33,7 @@ impl EventLog for EmbeddedStore {
         Ok(ids)
     }
 
-    async fn append_once(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError> {
+    async fn append_once(&self, source: &str, stream: &str, seq: EventId, records: Vec<NewRecord>) -> Result<Option<EventId>, StoreError> {
         let (source, stream) = (source.to_owned(), stream.to_owned());
         let id = self
             .write(move |conn| {
@@ -44,14 +44,14 @@ impl EventLog for EmbeddedStore {
                 if seen.is_some_and(|s| s >= seq) {
                     return Ok(None);
                 }
-                let ids = append_in(&tx, std::slice::from_ref(&record))?;
+                let ids = append_in(&tx, &records)?;
                 tx.execute(
                     "INSERT INTO tidings_received (source, stream, seq) VALUES (?1, ?2, ?3)
                      ON CONFLICT (source, stream) DO UPDATE SET seq = excluded.seq",
                     params![source, stream, seq],
                 )?;
                 tx.commit()?;
-                Ok(ids.first().copied())
+                Ok(ids.last().copied())
             })
             .await?;
         if id.is_some()
@@ -60,6 +60,16 @@ impl EventLog for EmbeddedStore {
             wake.notify_one();
         }
         Ok(id)
+    }
+
+    async fn received_mark(&self, source: &str, stream: &str) -> Result<Option<EventId>, StoreError> {
+        let (source, stream) = (source.to_owned(), stream.to_owned());
+        self.read(move |conn| {
+            conn.prepare_cached("SELECT seq FROM tidings_received WHERE source = ?1 AND stream = ?2")?
+                .query_row(params![source, stream], |r| r.get(0))
+                .optional()
+        })
+        .await
     }
 
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {

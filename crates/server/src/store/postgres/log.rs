@@ -37,9 +37,9 @@ impl EventLog for PostgresStore {
         Ok(ids)
     }
 
-    async fn append_once(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError> {
+    async fn append_once(&self, source: &str, stream: &str, seq: EventId, records: Vec<NewRecord>) -> Result<Option<EventId>, StoreError> {
         self.admit()?;
-        let appended = self.after_append_failed(self.append_once_in(source, stream, seq, record).await).await?;
+        let appended = self.after_append_failed(self.append_once_in(source, stream, seq, records).await).await?;
         match (appended, &self.sync) {
             (Some(id), _) => self.shown(id).await?,
             // Received before, perhaps by a commit whose wait for the
@@ -48,6 +48,15 @@ impl EventLog for PostgresStore {
             (None, None) => {}
         }
         Ok(appended)
+    }
+
+    async fn received_mark(&self, source: &str, stream: &str) -> Result<Option<EventId>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt("SELECT seq FROM tidings_received WHERE source = $1 AND stream = $2", &[&source, &stream])
+            .await
+            .map_err(pg_error)?;
+        Ok(row.map(|r| r.get(0)))
     }
 
     async fn read_after(&self, after: EventId, limit: usize) -> Result<Vec<Record>, StoreError> {
@@ -392,7 +401,13 @@ pub(super) async fn publish_in(
 
 impl PostgresStore {
     /// [`EventLog::append_once`], once.
-    async fn append_once_in(&self, source: &str, stream: &str, seq: EventId, record: NewRecord) -> Result<Option<EventId>, StoreError> {
+    async fn append_once_in(
+        &self,
+        source: &str,
+        stream: &str,
+        seq: EventId,
+        records: Vec<NewRecord>,
+    ) -> Result<Option<EventId>, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
         // The row lock taken here serialises concurrent retries of one stream.
@@ -409,12 +424,13 @@ impl PostgresStore {
             return Ok(None);
         }
         let statement = tx.prepare_cached(APPEND_SQL).await.map_err(pg_error)?;
-        let (types, bodies) = (vec![record.event_type], vec![record.body]);
+        let n = i64::try_from(records.len()).unwrap_or(i64::MAX);
+        let (types, bodies): (Vec<String>, Vec<String>) = records.into_iter().map(|r| (r.event_type, r.body)).unzip();
         let row = tx.query_one(&statement, &[&types, &bodies, &self.seen()]).await.map_err(pg_error)?;
         tx.commit().await.map_err(pg_error)?;
         let base: i64 = row.get(0);
-        self.saw(base + 1);
-        Ok(Some(base + 1))
+        self.saw(base + n);
+        Ok(Some(base + n))
     }
 
     /// One append of `types` and `bodies` on a pooled connection: the id

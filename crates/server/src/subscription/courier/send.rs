@@ -143,15 +143,20 @@ impl<'a> Sender<'a> {
 
     /// The signed `receive` EXECUTE for the notification at `seq`, with the
     /// deliver token chain, the signature, this server's identity and (for
-    /// `include_payload`) the changed entity in `included`.
+    /// `include_payload`) the changed entity in `included`. It lists the
+    /// epochs of this server's log after the first: a receiver that holds
+    /// notifications of a lost stretch tells its readers.
     async fn envelope(&mut self, seq: EventId, stored: &Stored) -> Result<Value, StoreError> {
         let (courier, lane) = (self.courier, self.lane);
+        let epochs = courier.store.epochs(0).await?;
+        let epochs: Vec<(i32, i64, i64)> = epochs.all().iter().skip(1).map(|e| (e.number, e.fork, e.base)).collect();
         let execute = Execute::new(&lane.deliver_uri, &lane.operation, courier.server.hash())
             .request_id(format!("{}-{seq}", lane.subscription_id))
             .targets(json!([lane.deliver_uri]))
             .params(NOTIFICATION, stored.payload.data.clone())
             .capability(&lane.deliver_token)
-            .sequence(seq);
+            .sequence(seq)
+            .epochs(&epochs);
         if self.chain.is_none() {
             let mut chain = Map::new();
             for hash in &lane.deliver_chain {

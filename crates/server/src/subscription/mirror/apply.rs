@@ -47,6 +47,31 @@ pub(super) struct Applier<'a> {
     /// Set when the relay held at forged a change (`"forged"`) or withheld
     /// one (`"withheld"`): the mirror leaves it.
     pub(super) distrusted: Option<(String, &'static str)>,
+    /// Set by a notice that the upstream lost history: every known path
+    /// is read again at the peer before the next notification.
+    pub(super) resync: bool,
+}
+
+/// A notice in the inbox that its sender lost history.
+#[derive(Deserialize)]
+struct Told {
+    event_type: String,
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    #[serde(default)]
+    agent: Option<Agent>,
+    payload: ToldPayload,
+}
+
+#[derive(Deserialize)]
+struct ToldPayload {
+    data: ToldData,
+}
+
+#[derive(Deserialize)]
+struct ToldData {
+    fork: i64,
+    base: i64,
 }
 
 /// The key of a mirror's mark of its peer's log: the mirror and the peer
@@ -108,9 +133,14 @@ impl Applier<'_> {
     /// Applies the inbox's notifications after `cursor`; the new cursor.
     pub(super) async fn step(&mut self, mut cursor: EventId) -> Result<EventId, StoreError> {
         loop {
-            let (records, reached) = self.mirror.store.engine_changes(cursor, &[names::SUBSCRIPTION_NOTIFICATION], BATCH).await?;
+            let (records, reached) = self.mirror.store.engine_changes(cursor, INBOX_TYPES, BATCH).await?;
             for record in &records {
-                let Ok(stored) = serde_json::from_str::<Stored>(&record.body) else { continue };
+                let Ok(stored) = serde_json::from_str::<Stored>(&record.body) else {
+                    if let Ok(told) = serde_json::from_str::<Told>(&record.body) {
+                        self.told(told);
+                    }
+                    continue;
+                };
                 if stored.reference.as_deref() != Some(self.inbox.as_str()) {
                     continue;
                 }
@@ -129,6 +159,27 @@ impl Applier<'_> {
                 return Ok(cursor);
             }
         }
+    }
+
+    /// A notice in the inbox that its sender lost history: from the
+    /// upstream, every known path is read again at the peer (what the
+    /// mirror took from the lost history is set back to what the peer
+    /// holds, a path only the lost history created is deleted).
+    fn told(&mut self, told: Told) {
+        let from_upstream = told.agent.as_ref().is_some_and(|a| a.id == self.upstream);
+        if told.event_type != names::SUBSCRIPTION_HISTORY_LOST || told.reference.as_deref() != Some(self.inbox.as_str()) || !from_upstream {
+            return;
+        }
+        let ToldData { fork, base } = told.payload.data;
+        tracing::warn!(
+            mirror = self.spec.name,
+            upstream = self.upstream,
+            fork,
+            base,
+            "the upstream lost history it had notified; reading every path again"
+        );
+        self.resync = true;
+        self.count("history_lost");
     }
 
     pub(super) async fn apply(&mut self, n: StoredPayload) -> Result<(), StoreError> {
@@ -477,6 +528,9 @@ impl Applier<'_> {
         self.mirror.set_state(&self.spec.name, |s| *s.applies.entry(outcome).or_default() += 1);
     }
 }
+
+/// What a mirror reads in its inbox.
+pub(super) const INBOX_TYPES: &[&str] = &[names::SUBSCRIPTION_NOTIFICATION, names::SUBSCRIPTION_HISTORY_LOST];
 
 /// The segments of `pattern` before its first wildcard.
 fn literal_prefix(pattern: &str) -> String {

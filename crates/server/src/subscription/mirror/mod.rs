@@ -324,7 +324,7 @@ impl Mirrors {
                 },
             };
             if position.is_some()
-                && let Ok((records, reached)) = self.store.engine_changes(at, &[names::SUBSCRIPTION_NOTIFICATION], 1024).await
+                && let Ok((records, reached)) = self.store.engine_changes(at, apply::INBOX_TYPES, 1024).await
             {
                 let wakes = self.wakes.read().map(|w| w.clone()).unwrap_or_default();
                 for record in &records {
@@ -379,6 +379,7 @@ impl Mirrors {
             marked: 0,
             suspects: Default::default(),
             distrusted: None,
+            resync: false,
         };
         // Registered before the first read, so no notification falls between.
         let wake = Arc::new(tokio::sync::Notify::new());
@@ -401,6 +402,9 @@ impl Mirrors {
         match applier.step(cursor).await {
             Ok(c) => cursor = c,
             Err(e) => tracing::warn!(error = %crate::report::chain(&e), mirror = spec.name, "mirror apply step failed; retrying"),
+        }
+        if std::mem::take(&mut applier.resync) {
+            applier.reread_all(&stop).await;
         }
         let mut link = Link::new();
         let mut reconcile = tokio::time::interval(self.settings.reconcile.max(Duration::from_millis(100)));
@@ -435,6 +439,9 @@ impl Mirrors {
                     match applier.step(cursor).await {
                         Ok(c) => cursor = c,
                         Err(e) => tracing::warn!(error = %crate::report::chain(&e), mirror = spec.name, "mirror apply step failed; retrying"),
+                    }
+                    if std::mem::take(&mut applier.resync) {
+                        applier.reread_all(&stop).await;
                     }
                 }
                 _ = reconcile.tick() => {
