@@ -418,3 +418,17 @@ fn error_table(doc: &serde_json::Value) -> String {
     }
     table
 }
+
+/// Every alert `deploy/prometheus/alerts.yml` ships is described in the
+/// book (docs/metrics.md, "Alerts"), and the book describes no other.
+#[test]
+fn every_shipped_alert_is_in_the_book() {
+    let rules = std::fs::read_to_string(Path::new(ROOT).join("deploy/prometheus/alerts.yml")).unwrap();
+    let shipped: Vec<&str> = rules.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")).collect();
+    assert!(shipped.len() >= 5, "{shipped:?}");
+    let chapter = std::fs::read_to_string(Path::new(ROOT).join("docs/metrics.md")).unwrap();
+    let (_, section) = chapter.split_once("## Alerts").expect("docs/metrics.md has \"## Alerts\"");
+    let described: Vec<&str> =
+        section.lines().filter_map(|l| l.strip_prefix("| `")).filter_map(|l| l.split_once('`')).map(|(name, _)| name).collect();
+    assert_eq!(described, shipped, "the Alerts table lists the shipped alerts, in their order");
+}
