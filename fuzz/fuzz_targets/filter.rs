@@ -19,6 +19,8 @@ fuzz_target!(|data: &[u8]| {
             payload: serde_json::json!({"weight": 5, "tags": ["a", "b"], "nested": {"x": [1, 2, 3]}, "s": "text"}),
             links: vec![],
             visibility: Visibility::Public,
+            traceparent: None,
+            tracestate: None,
         };
         let _ = filter.matches(&event);
     }

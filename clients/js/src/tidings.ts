@@ -49,6 +49,9 @@ export interface Envelope<Payload = Record<string, unknown>> {
   payload: Payload;
   links: Link[];
   visibility: Visibility;
+  /** The W3C trace context the event was published in, if any: continue the trace from it. */
+  traceparent?: string;
+  tracestate?: string;
 }
 
 /** What a client asks for; fields are AND-combined, values within one OR-combined. */

@@ -40,6 +40,23 @@ def test_publish_retried_after_a_lost_answer_stores_once(main: Server) -> None:
     assert [e.payload["i"] for e in page.events] == [0, 1]
 
 
+def test_an_envelope_carries_the_trace_context_it_was_published_in(main: Server) -> None:
+    run = tag()
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    answer = httpx.post(
+        f"{main.url}/v1/events",
+        json={"events": [event(run, i=0)]},
+        headers={"traceparent": parent, "tracestate": "congo=t61rcWkgMzE"},
+    )
+    assert answer.status_code == 201, answer.text
+    with tidings.Client(main.url) as client:
+        client.publish([event(run, i=1)])
+        page = client.poll(only(run), since=0)
+    traced, plain = page.events
+    assert (traced.traceparent, traced.tracestate) == (parent, "congo=t61rcWkgMzE")
+    assert (plain.traceparent, plain.tracestate) == (None, None)
+
+
 def test_the_same_key_answers_with_the_first_ids(main: Server) -> None:
     run = tag()
     with tidings.Client(main.url) as client:

@@ -84,6 +84,27 @@ def test_a_publish_is_seen_by_a_poll_and_by_http(main: Server) -> None:
     asyncio.run(run())
 
 
+def test_a_publish_carries_the_trace_context_of_its_meta(main: Server) -> None:
+    async def run() -> None:
+        run_tag = tag()
+        parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        traced: Any = {"traceparent": parent, "tracestate": "congo=t61rcWkgMzE"}
+        malformed: Any = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736"}
+        async with client(main) as mcp:
+            published = ok(await mcp.call_tool("publish", {"events": [event(run_tag, i=0)]}, meta=traced))["event_ids"]
+            bad = await mcp.call_tool("publish", {"events": [event(run_tag, i=1)]}, meta=malformed)
+            assert refused(bad) == "invalid_traceparent"
+            note = {"path": f"notes/{run_tag}", "entity": {"type": "note", "data": {}}}
+            written = ok(await mcp.call_tool("tree_put", note, meta=traced))
+        http = httpx.post(main.url + "/v1/poll", json={"filter": only(run_tag), "since": 0}, timeout=10).json()
+        assert [e["event_id"] for e in http["events"]] == published, "the refused publish stored nothing"
+        assert (http["events"][0]["traceparent"], http["events"][0]["tracestate"]) == (parent, "congo=t61rcWkgMzE")
+        change = httpx.get(f"{main.url}/v1/poll?types=tree.created&since={written['event_id'] - 1}&limit=1", timeout=10).json()
+        assert change["events"][0]["ref"] == f"tree:notes/{run_tag}" and change["events"][0]["traceparent"] == parent
+
+    asyncio.run(run())
+
+
 def test_a_durable_consumer_is_acknowledged_across_two_sessions(main: Server) -> None:
     async def run() -> None:
         run_tag, name = tag(), f"mcp-{tag()}"

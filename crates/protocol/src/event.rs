@@ -184,6 +184,22 @@ pub struct EventBody {
     pub links: Vec<Link>,
     /// Who may see it.
     pub visibility: Visibility,
+    /// The W3C `traceparent` it was published in, if any
+    /// ([`crate::trace`]): a subscriber continues the trace from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// The `tracestate` that came with it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
+}
+
+impl EventBody {
+    /// Carries `trace` (the publish's context, if any).
+    pub fn traced(mut self, trace: Option<&crate::trace::TraceContext>) -> Self {
+        self.traceparent = trace.map(|t| t.traceparent.clone());
+        self.tracestate = trace.and_then(|t| t.tracestate.clone());
+        self
+    }
 }
 
 /// Why a publish request is not an event.
@@ -251,6 +267,8 @@ impl PublishRequest {
             payload,
             links: self.links,
             visibility: self.visibility,
+            traceparent: None,
+            tracestate: None,
         })
     }
 }
@@ -359,6 +377,8 @@ pub(crate) mod tests {
             payload: serde_json::json!({"x": 1}),
             links: vec![],
             visibility: Visibility::Public,
+            traceparent: None,
+            tracestate: None,
         }
     }
 

@@ -15,7 +15,8 @@
 //!   peers are called with (its allow list), following capacity redirects,
 //!   and in [`peer::protocol`] what servers say to each other: the one
 //!   builder of signed EXECUTEs and `PeerError`;
-//! - [`retry`]: how every retrying loop paces itself (`Backoff`).
+//! - [`retry`]: how every retrying loop paces itself (`Backoff`);
+//! - [`trace`]: the W3C trace context an event is published in.
 //!
 //! The server library (`tidings-server`) re-exports each module under the
 //! same name, so `tidings_server::event` and `tidings_protocol::event` are
@@ -26,4 +27,5 @@ pub mod glob;
 pub mod identity;
 pub mod peer;
 pub mod retry;
+pub mod trace;
 pub mod tree;

@@ -56,6 +56,8 @@ fn main() -> anyhow::Result<()> {
             payload: json!({"w": k}),
             links: vec![],
             visibility: Visibility::Public,
+            traceparent: None,
+            tracestate: None,
         })
         .collect();
     let rounds = args.events.max(100);

@@ -135,7 +135,7 @@ async fn seed_peers(core: &Core) -> anyhow::Result<()> {
             continue;
         }
         let chain = crate::tree::generate_id();
-        crate::service::tree::put(core, &server, &path, crate::store::Condition::Always, canonical.as_bytes(), chain)
+        crate::service::tree::put(core, &server, &path, crate::store::Condition::Always, canonical.as_bytes(), chain, None)
             .await
             .with_context(|| format!("writing peer {} from TIDINGS_PEERS", peer.hash))?;
         tracing::info!(peer = peer.hash, endpoint = peer.endpoint, "peer seeded");

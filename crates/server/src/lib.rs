@@ -51,7 +51,7 @@
 
 // What servers, clients and tools agree on lives in `tidings-protocol`; the
 // server reads it under the same names.
-pub use tidings_protocol::{event, glob, identity, peer, retry, tree};
+pub use tidings_protocol::{event, glob, identity, peer, retry, trace, tree};
 
 pub mod app;
 pub mod auth;

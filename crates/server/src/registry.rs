@@ -258,7 +258,7 @@ mod tests {
     #[test]
     fn builtin_registry_loads_and_knows_the_spec_types() {
         let r = Registry::load(Path::new("/nonexistent"), RegistryMode::Strict).unwrap();
-        assert_eq!(r.len(), 32);
+        assert_eq!(r.len(), 33);
         for t in ["hypothesis.created", "signal.upvote.recorded", "link.contradicts.added", "system.replay_gap"] {
             assert!(r.contains(t), "{t}");
         }

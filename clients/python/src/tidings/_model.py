@@ -42,6 +42,9 @@ class Envelope:
     session_id: str | None = None
     links: list[Link] = field(default_factory=list)
     envelope_version: int = 1
+    traceparent: str | None = None
+    """The W3C trace context the event was published in, if any: continue the trace from it."""
+    tracestate: str | None = None
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Envelope:
@@ -58,7 +61,14 @@ class Envelope:
             session_id=value.get("session_id"),
             links=[Link(rel=str(link["rel"]), ref=str(link["ref"])) for link in value.get("links") or []],
             envelope_version=int(value.get("envelope_version", 1)),
+            traceparent=_optional_str(value.get("traceparent")),
+            tracestate=_optional_str(value.get("tracestate")),
         )
+
+
+def _optional_str(value: Any) -> str | None:
+    """A string field the server may leave out."""
+    return value if isinstance(value, str) else None
 
 
 class Filter(TypedDict, total=False):

@@ -203,6 +203,8 @@ pub fn change_event_with(
             payload,
             links: vec![],
             visibility: change_visibility(&path),
+            traceparent: None,
+            tracestate: None,
         }
     })
 }

@@ -216,6 +216,8 @@ mod tests {
             payload,
             links: vec![],
             visibility: Visibility::Public,
+            traceparent: None,
+            tracestate: None,
         }
     }
 

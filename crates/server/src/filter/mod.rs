@@ -348,6 +348,8 @@ mod tests {
             payload: Value::Null,
             links: links.iter().map(|l| Link { rel: "target".into(), reference: (*l).into() }).collect(),
             visibility: Visibility::Public,
+            traceparent: None,
+            tracestate: None,
         }
     }
 

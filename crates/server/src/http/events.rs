@@ -57,11 +57,13 @@ pub(crate) async fn read_body(settings: &Settings, headers: &HeaderMap, body: Bo
         description = "One event `{event_type, ref?, agent?: {id, kind?}, session_id?, occurred_at?, payload?, links?: [{rel, ref}], visibility?}` or a batch `{\"events\": [...]}` (all or nothing)"
     ),
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters, new for each new publish and the same on its retries: within `TIDINGS_IDEMPOTENCY_WINDOW` (24 h) a retry with the same body stores nothing and is answered the original ids (with `Idempotent-Replayed: true`). Scoped by the publisher's identity.")
+        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters, new for each new publish and the same on its retries: within `TIDINGS_IDEMPOTENCY_WINDOW` (24 h) a retry with the same body stores nothing and is answered the original ids (with `Idempotent-Replayed: true`). Scoped by the publisher's identity."),
+        ("traceparent" = Option<String>, Header, description = "The W3C trace context the publish belongs to (version 00): stored with every event of the request and delivered in its envelope, so that a subscriber continues the trace."),
+        ("tracestate" = Option<String>, Header, description = "The W3C `tracestate` that goes with `traceparent` (ignored without one): stored and delivered with it.")
     ),
     responses(
         (status = 201, description = "Stored: `{\"event_ids\": [...]}`; with `Idempotent-Replayed: true`, stored before under this Idempotency-Key", body = Object),
-        (status = 400, description = "`malformed_json` (the body is not JSON), `invalid_event` (a field is missing, of the wrong type, unknown, or too long), `malformed_body` (not a JSON object), `invalid_idempotency_key` (not 1–255 visible ASCII characters)", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "`malformed_json` (the body is not JSON), `invalid_event` (a field is missing, of the wrong type, unknown, or too long), `malformed_body` (not a JSON object), `invalid_idempotency_key` (not 1–255 visible ASCII characters), `invalid_traceparent` (not a W3C `traceparent` of version 00 with ids that are not all zeros, or sent twice), `invalid_tracestate` (not 1 to 32 `key=value` members of the W3C grammar in at most 512 bytes, or sent twice)", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`forbidden_event_type` (outside the token's `publish` grants), `agent_spoofing` (an `agent.id` that is not the token's subject), `reserved_event_type` (a type only tidings writes: `tree.*`, `subscription.notification`, stream notices)", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "`body_too_large` (over `TIDINGS_MAX_BODY`), `payload_too_large` (a payload over `TIDINGS_MAX_PAYLOAD`), `batch_too_large` (more events than `TIDINGS_MAX_BATCH`)", body = crate::http::openapi::ErrorBody),
@@ -82,11 +84,30 @@ pub(crate) async fn publish(
         None => None,
         Some(value) => Some(value.to_str().map_err(|_| ApiError::from(PublishError::InvalidIdempotencyKey))?),
     };
+    let trace = trace_context(&headers)?;
     let bytes = read_body(app.settings(), &headers, body).await?;
-    let accepted = crate::service::publish::publish(app.core(), &caller, &bytes, key).await?;
+    let accepted = crate::service::publish::publish(app.core(), &caller, &bytes, key, trace.as_ref()).await?;
     let mut answer = HeaderMap::new();
     if accepted.replayed {
         answer.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok((StatusCode::CREATED, answer, Json(json!({ "event_ids": accepted.event_ids }))))
+}
+
+/// The W3C trace context of a request (`traceparent`, `tracestate`): at
+/// most one of each header, checked ([`crate::trace`]). An empty header
+/// counts as none, as the W3C recommendation has it for `tracestate`.
+pub(crate) fn trace_context(headers: &HeaderMap) -> Result<Option<crate::trace::TraceContext>, PublishError> {
+    use crate::trace::{TraceContext, TraceError};
+    let one = |name: &str, bad: TraceError| -> Result<Option<&str>, PublishError> {
+        let mut values = headers.get_all(name).iter();
+        match (values.next(), values.next()) {
+            (None, _) => Ok(None),
+            (Some(v), None) => v.to_str().map(|v| Some(v).filter(|v| !v.is_empty())).map_err(|_| bad.into()),
+            (Some(_), Some(_)) => Err(bad.into()),
+        }
+    };
+    let traceparent = one("traceparent", TraceError::Traceparent)?;
+    let tracestate = one("tracestate", TraceError::Tracestate)?;
+    Ok(TraceContext::parse(traceparent, tracestate)?)
 }

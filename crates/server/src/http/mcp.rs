@@ -37,7 +37,9 @@ use super::error::ApiError;
 use super::{AppState, ClientGone};
 use crate::auth::Identity;
 use crate::event::names;
+use crate::service::publish::PublishError;
 use crate::service::tree as tree_service;
+use crate::trace::{TraceContext, TraceError};
 
 /// Answers one MCP request (`initialize`, `tools/list`, `tools/call`, ...).
 #[utoipa::path(
@@ -296,6 +298,19 @@ fn arguments<T: for<'de> Deserialize<'de>>(arguments: Option<JsonObject>) -> Res
         .map_err(|e| ApiError::bad_request("invalid_arguments", format!("the tool's arguments are not valid: {e}")))
 }
 
+/// The W3C trace context a request's `_meta` carries (`traceparent`,
+/// `tracestate`: strings, checked as the HTTP door checks its headers).
+fn trace_of(meta: &JsonObject) -> Result<Option<TraceContext>, PublishError> {
+    let field = |name: &str, bad: TraceError| match meta.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str()).filter(|s| !s.is_empty())),
+        Some(_) => Err(PublishError::from(bad)),
+    };
+    let traceparent = field("traceparent", TraceError::Traceparent)?;
+    let tracestate = field("tracestate", TraceError::Tracestate)?;
+    Ok(TraceContext::parse(traceparent, tracestate)?)
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PublishArgs {
@@ -331,13 +346,23 @@ struct PutArgs {
 }
 
 impl Tools {
-    async fn call(&self, caller: &Identity, name: &str, args: Option<JsonObject>) -> Result<Value, ApiError> {
+    /// Runs tool `name`; `trace` is the W3C trace context of the request's
+    /// `_meta` (`traceparent`, `tracestate`), which a publish carries.
+    async fn call(
+        &self,
+        caller: &Identity,
+        name: &str,
+        args: Option<JsonObject>,
+        trace: Result<Option<TraceContext>, PublishError>,
+    ) -> Result<Value, ApiError> {
         let core = self.app.core();
         match name {
             "publish" => {
                 let args: PublishArgs = arguments(args)?;
+                let trace = trace?;
                 let body = serde_json::to_vec(&json!({ "events": args.events })).unwrap_or_default();
-                let accepted = crate::service::publish::publish(core, caller, &body, args.idempotency_key.as_deref()).await?;
+                let accepted =
+                    crate::service::publish::publish(core, caller, &body, args.idempotency_key.as_deref(), trace.as_ref()).await?;
                 Ok(json!({ "event_ids": accepted.event_ids, "replayed": accepted.replayed }))
             }
             "poll" => {
@@ -374,7 +399,7 @@ impl Tools {
                 tree_service::check_write(caller, &args.path, false)?;
                 let condition = super::tree::if_match(args.if_match.as_deref())?;
                 let body = serde_json::to_vec(&args.entity).unwrap_or_default();
-                let written = tree_service::put(core, caller, &args.path, condition, &body, crate::tree::generate_id()).await?;
+                let written = tree_service::put(core, caller, &args.path, condition, &body, crate::tree::generate_id(), trace?).await?;
                 Ok(json!({ "hash": written.hash, "previous_hash": written.previous_hash, "event_id": written.event_id }))
             }
             // Only catalogued tools get here.
@@ -415,8 +440,9 @@ impl ServerHandler for Tools {
         }
         // On a task of its own: a tool that panicked answers `internal`
         // rather than leaving the request waiting for an answer forever.
+        let trace = trace_of(&context.meta);
         let (tools, name) = (self.clone(), request.name.clone());
-        let call = tokio::spawn(async move { tools.call(&caller, &name, request.arguments).await });
+        let call = tokio::spawn(async move { tools.call(&caller, &name, request.arguments, trace).await });
         Ok(match call.await {
             // A page is answered once, as structured content; the text says
             // what it holds (rmcp's `structured` would carry it twice).

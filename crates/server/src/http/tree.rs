@@ -163,12 +163,14 @@ fn written(written: Written) -> Response {
         ("path" = String, Path, description = "A tree path"),
         ("If-Match" = Option<String>, Header, description = "Write only if the current hash is this"),
         ("If-None-Match" = Option<String>, Header, description = "`*`: create only"),
+        ("traceparent" = Option<String>, Header, description = "The writer's W3C trace context: its change event carries it (see `POST /v1/events`)."),
+        ("tracestate" = Option<String>, Header, description = "The `tracestate` that goes with `traceparent`."),
     ),
     request_body(content = Object, content_type = "application/json", description = "`{type, data}`"),
     responses(
         (status = 200, description = "Replaced: `{uri, hash, previous_hash, event_id}`", body = Object),
         (status = 201, description = "Created: `{uri, hash, previous_hash: null, event_id}`", body = Object),
-        (status = 400, description = "`invalid_path` (not a tree path), `invalid_entity` (not an entity of the tree), `invalid_condition` (`If-Match` is not `*` or an entity hash, `If-None-Match` is not `*`, or both are given), `malformed_body`", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "`invalid_path` (not a tree path), `invalid_entity` (not an entity of the tree), `invalid_condition` (`If-Match` is not `*` or an entity hash, `If-None-Match` is not `*`, or both are given), `malformed_body`, `invalid_traceparent`, `invalid_tracestate`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`forbidden_tree_access` (outside the token's tree grants)", body = crate::http::openapi::ErrorBody),
         (status = 409, description = "`hash_mismatch` (the condition failed; the answer has `current_hash`)", body = crate::http::openapi::ErrorBody),
@@ -187,8 +189,9 @@ pub(crate) async fn put(
 ) -> Result<Response, ApiError> {
     service::check_write(&caller, &path, false)?;
     let condition = condition(&headers)?;
+    let trace = super::events::trace_context(&headers)?;
     let bytes = super::events::read_body(app.settings(), &headers, body).await?;
-    Ok(written(service::put(app.core(), &caller, &path, condition, &bytes, chain_id(&headers)?).await?))
+    Ok(written(service::put(app.core(), &caller, &path, condition, &bytes, chain_id(&headers)?, trace).await?))
 }
 
 /// Deletes the entity at a path.
@@ -196,10 +199,15 @@ pub(crate) async fn put(
     delete,
     path = "/v1/tree/{*path}",
     tag = "tree",
-    params(("path" = String, Path, description = "A tree path"), ("If-Match" = Option<String>, Header, description = "Delete only if the current hash is this")),
+    params(
+        ("path" = String, Path, description = "A tree path"),
+        ("If-Match" = Option<String>, Header, description = "Delete only if the current hash is this"),
+        ("traceparent" = Option<String>, Header, description = "The writer's W3C trace context: the deletion's change event carries it."),
+        ("tracestate" = Option<String>, Header, description = "The `tracestate` that goes with `traceparent`."),
+    ),
     responses(
         (status = 200, description = "Deleted: `{uri, hash: null, previous_hash, event_id}`", body = Object),
-        (status = 400, description = "`invalid_path`, `invalid_condition`", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "`invalid_path`, `invalid_condition`, `invalid_traceparent`, `invalid_tracestate`", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`forbidden_tree_access` (outside the token's tree grants)", body = crate::http::openapi::ErrorBody),
         (status = 404, description = "`entity_not_found` (nothing at that path)", body = crate::http::openapi::ErrorBody),
@@ -215,5 +223,6 @@ pub(crate) async fn delete(
 ) -> Result<Response, ApiError> {
     service::check_write(&caller, &path, true)?;
     let condition = condition(&headers)?;
-    Ok(written(service::delete(app.core(), &caller, &path, condition, chain_id(&headers)?).await?))
+    let trace = super::events::trace_context(&headers)?;
+    Ok(written(service::delete(app.core(), &caller, &path, condition, chain_id(&headers)?, trace).await?))
 }

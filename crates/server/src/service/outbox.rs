@@ -86,11 +86,16 @@ fn prepare(core: &Core, row: &OutboxRow) -> Result<Publish, PublishError> {
     let value: serde_json::Value = serde_json::from_str(&row.event).map_err(|e| PublishError::MalformedJson(e.to_string()))?;
     let request: PublishRequest = crate::json::from_object(value).map_err(|e| PublishError::InvalidEvent(e.to_string()))?;
     let now = chrono::DateTime::from_timestamp_millis(row.created_ms).unwrap_or_else(chrono::Utc::now);
-    let body = request.into_body(core.settings().max_payload, now).map_err(|e| match e {
-        EventError::InvalidName(_) => PublishError::InvalidEventName(e.to_string()),
-        EventError::InvalidField(_) => PublishError::InvalidEvent(e.to_string()),
-        EventError::PayloadTooLarge { .. } => PublishError::PayloadTooLarge(e.to_string()),
-    })?;
+    // Checked when the call was made; again here, as for any row.
+    let trace = crate::trace::TraceContext::parse(row.traceparent.as_deref(), row.tracestate.as_deref())?;
+    let body = request
+        .into_body(core.settings().max_payload, now)
+        .map_err(|e| match e {
+            EventError::InvalidName(_) => PublishError::InvalidEventName(e.to_string()),
+            EventError::InvalidField(_) => PublishError::InvalidEvent(e.to_string()),
+            EventError::PayloadTooLarge { .. } => PublishError::PayloadTooLarge(e.to_string()),
+        })?
+        .traced(trace.as_ref());
     if crate::event::names::RESERVED.contains(&body.event_type.as_str()) {
         return Err(PublishError::ReservedEventType(format!("{:?} is written by tidings itself", body.event_type)));
     }

@@ -62,6 +62,10 @@ pub enum PublishError {
     /// `idempotency_key_reused`: the key was used with another body.
     #[error("this Idempotency-Key was used for a publish with another body; use a new key for a new publish")]
     IdempotencyKeyReused,
+    /// `invalid_traceparent` / `invalid_tracestate`: the W3C trace context
+    /// is malformed.
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
     /// `rate_limited`: the identity's publish budget is spent.
     #[error(transparent)]
     Limited(#[from] LimitError),
@@ -85,6 +89,8 @@ impl Refusal for PublishError {
             Self::PayloadSchemaViolation(_) => "payload_schema_violation",
             Self::InvalidIdempotencyKey => "invalid_idempotency_key",
             Self::IdempotencyKeyReused => "idempotency_key_reused",
+            Self::Trace(crate::trace::TraceError::Traceparent) => "invalid_traceparent",
+            Self::Trace(crate::trace::TraceError::Tracestate) => "invalid_tracestate",
             Self::Limited(e) => e.code(),
             Self::Store(e) => e.code(),
         }
@@ -92,7 +98,7 @@ impl Refusal for PublishError {
 
     fn kind(&self) -> Kind {
         match self {
-            Self::MalformedJson(_) | Self::InvalidEvent(_) | Self::InvalidIdempotencyKey => Kind::Invalid,
+            Self::MalformedJson(_) | Self::InvalidEvent(_) | Self::InvalidIdempotencyKey | Self::Trace(_) => Kind::Invalid,
             Self::BatchTooLarge { .. } | Self::PayloadTooLarge(_) => Kind::TooLarge,
             Self::InvalidEventName(_) | Self::UnregisteredEventType(_) | Self::PayloadSchemaViolation(_) | Self::IdempotencyKeyReused => {
                 Kind::Unprocessable
@@ -180,8 +186,15 @@ pub fn valid_idempotency_key(key: &str) -> bool {
 /// Publishes the JSON `body` (one event, or `{"events": [...]}`) as
 /// `caller`, once per `idempotency_key` if one is given (see
 /// [`crate::store::idempotency`]: the key is scoped by the caller's
-/// identity and compared by the SHA-256 of `body`).
-pub async fn publish(core: &Core, caller: &Identity, body: &[u8], idempotency_key: Option<&str>) -> Result<Accepted, PublishError> {
+/// identity and compared by the SHA-256 of `body`). Every event carries
+/// `trace`, the publish's W3C trace context, if any.
+pub async fn publish(
+    core: &Core,
+    caller: &Identity,
+    body: &[u8],
+    idempotency_key: Option<&str>,
+    trace: Option<&crate::trace::TraceContext>,
+) -> Result<Accepted, PublishError> {
     if idempotency_key.is_some_and(|k| !valid_idempotency_key(k)) {
         return Err(PublishError::InvalidIdempotencyKey);
     }
@@ -229,11 +242,14 @@ pub async fn publish(core: &Core, caller: &Identity, body: &[u8], idempotency_ke
             None if caller.authenticated => request.agent = Some(crate::event::Agent { id: caller.sub.clone(), kind: None }),
             _ => {}
         }
-        let body = request.into_body(core.settings().max_payload, now).map_err(|e| match e {
-            EventError::InvalidName(_) => PublishError::InvalidEventName(at(e.to_string())),
-            EventError::InvalidField(_) => PublishError::InvalidEvent(at(e.to_string())),
-            EventError::PayloadTooLarge { .. } => PublishError::PayloadTooLarge(at(e.to_string())),
-        })?;
+        let body = request
+            .into_body(core.settings().max_payload, now)
+            .map_err(|e| match e {
+                EventError::InvalidName(_) => PublishError::InvalidEventName(at(e.to_string())),
+                EventError::InvalidField(_) => PublishError::InvalidEvent(at(e.to_string())),
+                EventError::PayloadTooLarge { .. } => PublishError::PayloadTooLarge(at(e.to_string())),
+            })?
+            .traced(trace);
         if crate::event::names::RESERVED.contains(&body.event_type.as_str()) {
             return Err(PublishError::ReservedEventType(at(format!(
                 "{:?} is written by tidings itself (tree writes, subscriptions, stream notices)",

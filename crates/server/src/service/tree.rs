@@ -17,7 +17,8 @@ use super::error::{Kind, Refusal};
 use crate::auth::Identity;
 use crate::event::{Agent, EventId, names};
 use crate::store::{ChangeKind, Condition, StoreError, TreeEntry, TreeOutcome, TreeWrite};
-use crate::tree::{Entity, PathError, change_event, change_type, validate_path};
+use crate::trace::TraceContext;
+use crate::tree::{ChangeEvent, Entity, PathError, change_event, change_type, validate_path};
 
 /// Most entries one listing scans: a bound on one request's work, not a
 /// tuning knob (a listing that hits it says `truncated`).
@@ -182,7 +183,8 @@ pub async fn list(core: &Core, caller: &Identity, dir: &str) -> Result<Listing, 
 }
 
 /// Writes the entity in `body` (`{type, data}`) at `path` if `condition`
-/// holds, as `caller`, in causal chain `chain_id`.
+/// holds, as `caller`, in causal chain `chain_id`; its change event
+/// carries `trace`, the writer's W3C trace context, if any.
 pub async fn put(
     core: &Core,
     caller: &Identity,
@@ -190,6 +192,7 @@ pub async fn put(
     condition: Condition,
     body: &[u8],
     chain_id: String,
+    trace: Option<TraceContext>,
 ) -> Result<Written, TreeError> {
     check_write(caller, path, false)?;
     let entity: Entity = crate::json::from_object_slice(body)
@@ -202,7 +205,7 @@ pub async fn put(
         path: path.to_owned(),
         entity: Some((canonical, hash.clone())),
         condition,
-        event: change_event(path, agent(caller), Some(hash.clone()), chain_id),
+        event: traced(change_event(path, agent(caller), Some(hash.clone()), chain_id), trace),
     };
     let outcome = core.tree_writer().submit(write).await?;
     written(core, path, outcome, Some(hash))
@@ -221,12 +224,29 @@ pub fn check_write(caller: &Identity, path: &str, delete: bool) -> Result<(), Tr
     require_system(caller, path)
 }
 
-/// Deletes the entity at `path` if `condition` holds.
-pub async fn delete(core: &Core, caller: &Identity, path: &str, condition: Condition, chain_id: String) -> Result<Written, TreeError> {
+/// Deletes the entity at `path` if `condition` holds (its change event
+/// carries `trace`, as [`put`]'s does).
+pub async fn delete(
+    core: &Core,
+    caller: &Identity,
+    path: &str,
+    condition: Condition,
+    chain_id: String,
+    trace: Option<TraceContext>,
+) -> Result<Written, TreeError> {
     check_write(caller, path, true)?;
-    let write = TreeWrite { path: path.to_owned(), entity: None, condition, event: change_event(path, agent(caller), None, chain_id) };
+    let event = traced(change_event(path, agent(caller), None, chain_id), trace);
+    let write = TreeWrite { path: path.to_owned(), entity: None, condition, event };
     let outcome = core.tree_writer().submit(write).await?;
     written(core, path, outcome, None)
+}
+
+/// `event`, carrying `trace` when there is one.
+fn traced(event: ChangeEvent, trace: Option<TraceContext>) -> ChangeEvent {
+    match trace {
+        None => event,
+        Some(trace) => std::sync::Arc::new(move |kind, previous| event(kind, previous).traced(Some(&trace))),
+    }
 }
 
 fn written(core: &Core, path: &str, outcome: TreeOutcome, hash: Option<String>) -> Result<Written, TreeError> {

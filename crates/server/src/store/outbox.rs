@@ -20,6 +20,10 @@ pub struct OutboxRow {
     pub publisher: String,
     /// When the call was made, Unix ms.
     pub created_ms: i64,
+    /// The W3C trace context of the call, if it had one (docs/tracing.md).
+    pub traceparent: Option<String>,
+    /// Its `tracestate`, if any.
+    pub tracestate: Option<String>,
 }
 
 /// How a move decides each row (a type of its own, so the row's lifetime

@@ -203,10 +203,14 @@ pub(super) async fn receive(
         payload,
         links: vec![],
         visibility: Visibility::Public,
+        traceparent: None,
+        tracestate: None,
     };
     let mut records = Vec::with_capacity(2);
     let mark = handler.store.received_mark(delivery.author, &n.subscription_id).await?;
-    let lost = lost_at(delivery.epochs, mark)?.filter(|_| mark.is_some_and(|m| m < seq));
+    // Told with a delivery of the epoch that followed the loss (an honest
+    // sender hands out no id of a lost stretch again).
+    let lost = lost_at(delivery.epochs, mark)?.filter(|e| e.base < seq);
     if let (Some(epoch), Some(requested)) = (lost, mark) {
         let told = EventBody {
             event_type: names::SUBSCRIPTION_HISTORY_LOST.to_owned(),

@@ -223,11 +223,21 @@ fn parameter_schema(location: &str, name: &str, method: &str, settings: &Setting
         ("header", "If-None-Match") => json!({"type": "string", "enum": ["*"]}),
         ("header", "If-Match") => json!({"type": "string", "pattern": "^(?:\\*|\"?sha256:[0-9a-f]{64}\"?)$"}),
         ("header", "Idempotency-Key") => json!({"type": "string", "pattern": "^[!-~]{1,255}$"}),
+        // An empty header is none (docs/tracing.md).
+        ("header", "traceparent") => json!({"type": "string", "pattern": or_empty(&crate::trace::traceparent_pattern())}),
+        ("header", "tracestate") => {
+            json!({"type": "string", "pattern": or_empty(crate::trace::TRACESTATE_PATTERN), "maxLength": crate::trace::MAX_TRACESTATE})
+        }
         ("header", "X-Chain-Id") => {
             json!({"type": "string", "pattern": format!("^{PATH_SEGMENT}$"), "maxLength": crate::tree::MAX_CHAIN_ID_LEN})
         }
         _ => return None,
     })
+}
+
+/// `pattern` (anchored at both ends), or the empty string.
+fn or_empty(pattern: &str) -> String {
+    format!("^(?:{})?$", pattern.trim_start_matches('^').trim_end_matches('$'))
 }
 
 /// The envelope every event is delivered in (the `data:` of an unnamed
@@ -239,6 +249,9 @@ fn envelope_schema() -> Value {
     schema["properties"]["envelope_version"] = json!({"type": "integer", "enum": crate::event::SUPPORTED_ENVELOPE_VERSIONS});
     schema["properties"]["event_id"] = id();
     schema["properties"]["payload"] = json!({"type": "object"});
+    schema["properties"]["traceparent"] = json!({"type": "string", "pattern": crate::trace::traceparent_pattern()});
+    schema["properties"]["tracestate"] =
+        json!({"type": "string", "pattern": crate::trace::TRACESTATE_PATTERN, "maxLength": crate::trace::MAX_TRACESTATE});
     schema
 }
 

@@ -25,6 +25,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (16, "consumer_epoch", include_str!("../../../migrations/postgres/0016_consumer_epoch.sql")),
     (17, "device_epoch", include_str!("../../../migrations/postgres/0017_device_epoch.sql")),
     (18, "outbox_payload_limit", include_str!("../../../migrations/postgres/0018_outbox_payload_limit.sql")),
+    (19, "publish_trace", include_str!("../../../migrations/postgres/0019_publish_trace.sql")),
 ];
 
 impl PostgresStore {

@@ -38,7 +38,7 @@ impl PostgresStore {
         let statement = tx
             .prepare_cached(
                 "SELECT seq, CASE WHEN octet_length(event::text) <= $2::bigint THEN event::text END, idempotency_key, publisher,
-                        (extract(epoch FROM created_at) * 1000)::bigint
+                        (extract(epoch FROM created_at) * 1000)::bigint, left(traceparent, 64), left(tracestate, 1024)
                  FROM tidings.outbox WHERE error_code IS NULL ORDER BY seq LIMIT $1",
             )
             .await
@@ -58,7 +58,15 @@ impl PostgresStore {
                 aside.push((r.get::<_, i64>(0), "payload_too_large", "the event is over TIDINGS_MAX_PAYLOAD".to_owned()));
                 continue;
             };
-            let row = OutboxRow { seq: r.get(0), event, idempotency_key: r.get(2), publisher: r.get(3), created_ms: r.get(4) };
+            let row = OutboxRow {
+                seq: r.get(0),
+                event,
+                idempotency_key: r.get(2),
+                publisher: r.get(3),
+                created_ms: r.get(4),
+                traceparent: r.get(5),
+                tracestate: r.get(6),
+            };
             match decide(&row) {
                 OutboxDecision::Publish(publish) => {
                     publishes.push(publish);

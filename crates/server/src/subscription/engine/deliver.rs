@@ -132,6 +132,8 @@ impl Engine {
             payload,
             links: vec![],
             visibility: Visibility::Public,
+            traceparent: None,
+            tracestate: None,
         };
         Ok(NewRecord::event(&body))
     }
