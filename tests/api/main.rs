@@ -5,6 +5,7 @@
 mod helpers;
 
 mod attacks;
+mod audit;
 mod browser;
 mod chaos;
 mod checker;

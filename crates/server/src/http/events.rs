@@ -111,3 +111,35 @@ pub(crate) fn trace_context(headers: &HeaderMap) -> Result<Option<crate::trace::
     let tracestate = one("tracestate", TraceError::Tracestate)?;
     Ok(TraceContext::parse(traceparent, tracestate)?)
 }
+
+/// One event and, for it, every durable consumer and device cursor that
+/// has acknowledged past it or not (docs/polling.md, "Which consumers have
+/// an event").
+#[utoipa::path(
+    get,
+    path = "/v1/events/{event_id}",
+    tag = "events",
+    params(("event_id" = String, Path, description = "The event's id")),
+    responses(
+        (status = 200, description = "`{event, consumers: [{consumer_id, owner, cursor, state: acknowledged|pending|not_matched}], devices: [{owner, device_id, cursor, updated_ms, acknowledged}], devices_truncated}`: consumers the caller may see (an admin: all), device cursors for admins only", body = Object),
+        (status = 400, description = "`invalid_event_id` (not 1 to 16 digits without a leading zero)", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "`event_not_found` (no such event, pruned, lost, or not the caller's to see)", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "`store_unavailable` (with Retry-After)", body = crate::http::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
+)]
+pub(crate) async fn event(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    axum::extract::Path(event_id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let audit = crate::service::audit::audit(app.core(), &caller, &event_id).await?;
+    let event: Value = serde_json::from_slice(&audit.envelope).unwrap_or(Value::Null);
+    Ok(Json(json!({
+        "event": event,
+        "consumers": audit.consumers,
+        "devices": audit.devices,
+        "devices_truncated": audit.devices_truncated,
+    })))
+}

@@ -157,6 +157,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(ops::live_page))
         .routes(routes!(ops::client_module))
         .routes(routes!(events::publish))
+        .routes(routes!(events::event))
         .routes(routes!(sse::stream))
         .routes(routes!(ws::upgrade))
         .routes(routes!(poll::poll_get, poll::poll_post))

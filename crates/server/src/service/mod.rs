@@ -18,6 +18,7 @@
 //! Nothing here names a type of the HTTP stack; nothing below this layer
 //! (broker, store, filter, tree vocabulary) imports it.
 
+pub mod audit;
 pub mod device;
 pub mod error;
 pub mod gap;

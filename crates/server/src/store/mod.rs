@@ -36,7 +36,7 @@ pub use crate::tree::{ChangeEvent, ChangeKind};
 pub use epoch::{Epoch, EpochReason, Epochs};
 pub use idempotency::{IdempotencyKey, Publish, Published};
 pub use outbox::{Decide, OutboxDecision, OutboxMoved, OutboxRow, OutboxStatus};
-pub use status::{DeliveryStatus, ListenerState, ReplicaStatus};
+pub use status::{DeliveryStatus, DeviceCursor, ListenerState, ReplicaStatus};
 
 /// One record to append.
 #[derive(Debug, Clone)]
@@ -538,16 +538,14 @@ pub trait ConsumerStore: Send + Sync + std::fmt::Debug + 'static {
     /// Deletes a consumer (not remembered as expired).
     async fn consumer_delete(&self, id: &str, actor: Actor<'_>) -> Result<Acked, StoreError>;
 
-    /// Collects consumers silent since before `before_ms`, remembering their
-    /// ids; returns how many.
+    /// Collects consumers silent since before `before_ms` (their ids kept); how many.
     async fn consumer_expire(&self, before_ms: i64) -> Result<u64, StoreError>;
 
     /// The acknowledged cursor of a WebSocket device, if it ever acked.
     async fn device_cursor(&self, owner: &str, device_id: &str) -> Result<Option<EventId>, StoreError>;
 
     /// The stored cursor of `owner`'s device `device_id`, marked as read in
-    /// the log's current epoch, with the epoch of its hello or ack before
-    /// and the current one (`None` without a stored cursor).
+    /// the current epoch, with its epoch before and the current one.
     async fn device_read(&self, owner: &str, device_id: &str) -> Result<Option<DeviceRead>, StoreError>;
 
     /// Acknowledges `seq` for a device: the cursor becomes
@@ -556,6 +554,9 @@ pub trait ConsumerStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Forgets a device cursor (a courier lane whose subscription is gone).
     async fn device_forget(&self, owner: &str, device_id: &str) -> Result<(), StoreError>;
+
+    /// Up to `limit` stored device cursors, by owner and device id.
+    async fn device_cursors(&self, limit: usize) -> Result<Vec<DeviceCursor>, StoreError>;
 
     /// A mark kept for `(owner, name)`: a number of another server's log
     /// (what a mirror took from its peer), if one was ever raised.

@@ -54,3 +54,18 @@ pub struct DeliveryStatus {
     /// Ids up to this one are known to be on the synchronous standby.
     pub confirmed_through: i64,
 }
+
+/// A stored device cursor as an operator sees it (`GET /v1/events/{id}`):
+/// a WebSocket device's, or a lane of tidings' own (`tidings:courier`, a
+/// peer delivery; `tidings:mirror`, a mirror's inbox).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceCursor {
+    /// The device's identity (its key's hash), or the lane's owner.
+    pub owner: String,
+    /// The device (or lane) id.
+    pub device_id: String,
+    /// Everything up to here is acknowledged.
+    pub cursor: i64,
+    /// Last moved, Unix ms.
+    pub updated_ms: i64,
+}

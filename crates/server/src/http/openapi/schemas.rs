@@ -207,6 +207,8 @@ fn parameter_schema(location: &str, name: &str, method: &str, settings: &Setting
         // A GET of a path ending in `/` lists its children.
         ("path", "path") => json!({"type": "string", "pattern": path_pattern(method == "get"), "maxLength": crate::tree::MAX_PATH_LEN}),
         ("path", "id") => consumer_id(),
+        // Any positive id: one past the largest is not found.
+        ("path", "event_id") => json!({"type": "string", "pattern": "^[1-9][0-9]{0,15}$"}),
         ("query", "consumer_id") => consumer_id(),
         ("query", "since") => id(),
         ("query", "limit") => uint(1),

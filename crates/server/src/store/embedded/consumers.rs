@@ -243,6 +243,19 @@ impl ConsumerStore for EmbeddedStore {
         Ok(())
     }
 
+    async fn device_cursors(&self, limit: usize) -> Result<Vec<DeviceCursor>, StoreError> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT owner, device_id, cursor, updated_ms FROM tidings_device_cursors ORDER BY owner, device_id LIMIT ?1",
+            )?;
+            let rows = stmt.query_map(params![limit as i64], |r| {
+                Ok(DeviceCursor { owner: r.get(0)?, device_id: r.get(1)?, cursor: r.get(2)?, updated_ms: r.get(3)? })
+            })?;
+            rows.collect()
+        })
+        .await
+    }
+
     async fn peer_mark(&self, owner: &str, name: &str) -> Result<Option<i64>, StoreError> {
         let (owner, name) = (owner.to_owned(), name.to_owned());
         self.read(move |conn| {

@@ -232,6 +232,18 @@ impl ConsumerStore for PostgresStore {
         Ok(())
     }
 
+    async fn device_cursors(&self, limit: usize) -> Result<Vec<DeviceCursor>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT owner, device_id, cursor, updated_ms FROM tidings_device_cursors ORDER BY owner, device_id LIMIT $1",
+                &[&(limit as i64)],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(rows.iter().map(|r| DeviceCursor { owner: r.get(0), device_id: r.get(1), cursor: r.get(2), updated_ms: r.get(3) }).collect())
+    }
+
     async fn peer_mark(&self, owner: &str, name: &str) -> Result<Option<i64>, StoreError> {
         let client = self.client().await?;
         let row = client

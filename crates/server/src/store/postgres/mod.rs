@@ -44,9 +44,9 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, DeviceRead, EngineCommit, EngineEffect, EngineStore, Epoch,
-    EpochReason, Epochs, EventLog, HandOff, ListenerState, NewRecord, Opened, Publish, Published, Record, StoreError, StoreKind, Tally,
-    TreeEntry, TreeOutcome, TreeStore, TreeWrite, idempotency,
+    Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, DeviceCursor, DeviceRead, EngineCommit, EngineEffect,
+    EngineStore, Epoch, EpochReason, Epochs, EventLog, HandOff, ListenerState, NewRecord, Opened, Publish, Published, Record, StoreError,
+    StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite, idempotency,
 };
 use crate::event::EventId;
 
