@@ -510,3 +510,16 @@ pub(crate) async fn answer_dropping_proxy(upstream: std::net::SocketAddr, drop: 
     });
     addr
 }
+
+/// Ends every LISTEN session of tidings on database `name` (seen from
+/// `client`, a connection to the same cluster); how many there were.
+pub(crate) async fn terminate_listeners(client: &tokio_postgres::Client, name: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'tidings-listener'",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}

@@ -18,6 +18,7 @@ mod epochs;
 mod exhaustion;
 mod failover;
 mod filters;
+mod freshness;
 mod idempotency;
 mod identity;
 mod js_client;

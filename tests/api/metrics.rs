@@ -39,6 +39,9 @@ const CATALOG: &[&str] = &[
     "tidings_peer_received_total",
     "tidings_mirror_applies_total",
     "tidings_publish_group_events",
+    "tidings_broker_behind_seconds",
+    "tidings_listener_silence_seconds",
+    "tidings_outbox_oldest_age_seconds",
 ];
 
 /// Families with a series per peer, per mirror or per standby, so exported
@@ -183,4 +186,18 @@ async fn a_fresh_process_exports_every_family_as_documented(backend: Backend) {
     }
     assert!(text.contains(&format!("tidings_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))), "{text}");
     assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// The shipped alert rules pass their unit tests
+/// (`deploy/prometheus/alerts.test.yml`): each freshness alert fires for
+/// the instance that stopped moving, after its `for:`, and for no other.
+#[test]
+fn the_shipped_alerts_pass_their_unit_tests() {
+    let promtool = which("promtool").expect("promtool is needed (scripts/test installs Debian's prometheus package)");
+    let out = std::process::Command::new(promtool)
+        .args(["test", "rules", "alerts.test.yml"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }

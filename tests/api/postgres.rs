@@ -68,15 +68,7 @@ async fn two_servers_one_database_survive_listen_loss() {
         if i == 40 {
             // Kill every LISTEN session mid-run; server B must reconnect and
             // read everything after its high-water mark.
-            let killed: i64 = db
-                .query_one(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'tidings-listener'",
-                    &[&name],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            assert_eq!(killed, 2, "one LISTEN session per server");
+            assert_eq!(crate::helpers::terminate_listeners(&db, &name).await, 2, "one LISTEN session per server");
         }
     }
     for c in &mut clients {

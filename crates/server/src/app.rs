@@ -349,6 +349,7 @@ impl Application {
             self.background.engine.clone(),
         );
         let engine_task = tokio::spawn(engine.run(background.clone()));
+        let freshness_task = tokio::spawn(crate::service::freshness::run(self.core.clone(), background.clone()));
         // The mover takes the application's own handle: once serving ends,
         // nothing here holds the core longer than its tasks (the group
         // committers release the store when the last handle goes, and an
@@ -357,7 +358,7 @@ impl Application {
         tracing::info!(addr = %self.addr, "tidings is serving");
         serve(self.listener, self.router, self.options, self.shutdown).await;
         background.cancel();
-        let _ = tokio::join!(listener_task, broker_task, retention_task, expiry_task, probe_task, engine_task, outbox_task);
+        let _ = tokio::join!(listener_task, broker_task, retention_task, expiry_task, probe_task, engine_task, outbox_task, freshness_task);
         tracing::info!("tidings stopped");
         Ok(())
     }

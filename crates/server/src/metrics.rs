@@ -55,6 +55,9 @@ const CONSUMER_LAG: &str = "tidings_consumer_lag_events";
 const DATABASE_UP: &str = "tidings_database_up";
 /// 1 while the wake-up listener (LISTEN) is connected.
 const LISTENER_UP: &str = "tidings_listener_up";
+const BROKER_BEHIND: &str = "tidings_broker_behind_seconds";
+const LISTENER_SILENCE: &str = "tidings_listener_silence_seconds";
+const OUTBOX_OLDEST: &str = "tidings_outbox_oldest_age_seconds";
 /// History reads (catch-up, polls), by the server that answered them
 /// (`primary`, `replica`).
 const HISTORY_READS: &str = "tidings_history_reads_total";
@@ -213,6 +216,7 @@ fn describe() {
     counter!(POLL_REQUESTS).increment(0);
     gauge!(DATABASE_UP).set(1.0);
     gauge!(LISTENER_UP).set(0.0);
+    freshness(0.0, 0.0, 0.0);
     for target in ["primary", "replica"] {
         counter!(HISTORY_READS, "target" => target).increment(0);
         counter!(BROKER_READS, "target" => target).increment(0);
@@ -397,6 +401,16 @@ pub fn listener_reconnected() {
 pub fn store_health(up: bool, listening: bool) {
     gauge!(DATABASE_UP).set(if up { 1.0 } else { 0.0 });
     gauge!(LISTENER_UP).set(if listening { 1.0 } else { 0.0 });
+}
+
+/// How far delivery is behind commits (docs/metrics.md, "Freshness"): the
+/// age of the oldest committed event the broker has not fanned out, how
+/// long the LISTEN session has heard nothing, and the age of the outbox's
+/// oldest row, in seconds.
+pub fn freshness(broker_behind: f64, listener_silence: f64, outbox_oldest: f64) {
+    gauge!(BROKER_BEHIND).set(broker_behind);
+    gauge!(LISTENER_SILENCE).set(listener_silence);
+    gauge!(OUTBOX_OLDEST).set(outbox_oldest);
 }
 
 /// Who answered a read of the log: the primary or a hot standby.

@@ -58,7 +58,7 @@ pub(crate) async fn health() -> Json<Value> {
     path = "/health/deep",
     tag = "operations",
     responses(
-        (status = 200, description = "`{status, store, database, head_event_id, history_from, epoch: {number, fork, base, reason, started_ms}, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads, primary_broker_reads} (null without TIDINGS_REPLICA_URLS; for an admin token, else null), outbox: {depth, oldest_age_ms, set_aside} (PostgreSQL; else null), delivery: {mode: replicated, synchronous_standby: confirming|stalled|none_named|unknown, confirmed_through} (TIDINGS_DELIVERY=replicated; else null), uptime_seconds, peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
+        (status = 200, description = "`{status, store, database, head_event_id, history_from, epoch: {number, fork, base, reason, started_ms}, broker_position, listener, replicas: {standbys: [{replica, usable, up, lag_events, lag_ms, reads, last_error?}], primary_history_reads, primary_broker_reads} (null without TIDINGS_REPLICA_URLS; for an admin token, else null), outbox: {depth, oldest_age_ms, set_aside} (PostgreSQL; else null), delivery: {mode: replicated, synchronous_standby: confirming|stalled|none_named|unknown, confirmed_through} (TIDINGS_DELIVERY=replicated; else null), uptime_seconds, freshness: {broker_behind_events, broker_behind_ms, listener_silence_ms, outbox_oldest_ms} (null while the database is down), peers: [{peer, endpoint, state: idle|delivering|failing, delivery: {lanes, backlog, delivered, failed_attempts, lost, last_error?, last_delivered_ms?}}], mirrors: [{name, peer, pattern, state, subscription_id?, applies: {outcome: n}, last_error?}] (peers and mirrors: for an admin token, else null), events: {registered_types, in_flight_subscriptions, broker_lag_ms}}`", body = Object),
         (status = 503, description = "The same document while the database is down", body = Object),
     )
 )]
@@ -86,7 +86,7 @@ pub(crate) async fn health_deep(
     } else {
         None
     };
-    let (listener, reconnects) = store.listener();
+    let (listener, reconnects, _) = store.listener();
     let peers = if up && admin { app.core().subscriptions().peers().await.ok() } else { None };
     let body = json!({
         "status": if up { "ok" } else { "degraded" },
@@ -114,6 +114,12 @@ pub(crate) async fn health_deep(
         "uptime_seconds": app.inner.started.elapsed().as_secs(),
         "peers": peers,
         "mirrors": if admin { app.core().subscriptions().mirrors() } else { Value::Null },
+        // How far delivery is behind commits (docs/metrics.md, "Freshness").
+        "freshness": if up {
+            tokio::time::timeout(Duration::from_secs(1), crate::service::freshness::measure(app.core())).await.ok().and_then(|f| f.ok())
+        } else {
+            None
+        },
         "events": {
             "registered_types": app.registry().len(),
             "in_flight_subscriptions": app.broker().client_count(),

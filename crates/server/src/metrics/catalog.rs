@@ -5,12 +5,12 @@
 use metrics::Unit;
 
 use super::{
-    BROKER_LAG, BROKER_READS, BUILD_INFO, CLIENTS_CONNECTED, CLIENTS_DROPPED, CONSUMER_LAG, DATABASE_UP, DELIVERY_LATENCY, EPOCHS_BEGUN,
-    EVENTS_DELIVERED, EVENTS_PUBLISHED, FILTER_BUDGET_EXCEEDED, HISTORY_READS, HTTP_REQUESTS, LISTENER_RECONNECTS, LISTENER_UP,
-    MIRROR_APPLIES, MIRROR_HOPS, MIRROR_RELAYS_LEFT, MIRROR_REPAIRS, MIRROR_UPSTREAM, OUTBOX_DELAY, OUTBOX_MOVED, OUTBOX_SET_ASIDE,
-    PEER_BACKLOG, PEER_DELIVERIES, PEER_EVICTIONS, PEER_RECEIVED, PEER_RETRIES, POLL_REQUESTS, PUBLISH_GROUP_EVENTS,
-    PUBLISH_IDEMPOTENT_REPLAYS, QUEUE_DEPTH, REGISTRY_VIOLATIONS, REPLAY_GAPS, REPLAYED_EVENTS, REPLICA_LAG, REPLICA_UP,
-    REPLICATION_STALLED, SUBSCRIPTION_NOTIFICATIONS, SUBSCRIPTIONS, TLS_RELOADS,
+    BROKER_BEHIND, BROKER_LAG, BROKER_READS, BUILD_INFO, CLIENTS_CONNECTED, CLIENTS_DROPPED, CONSUMER_LAG, DATABASE_UP, DELIVERY_LATENCY,
+    EPOCHS_BEGUN, EVENTS_DELIVERED, EVENTS_PUBLISHED, FILTER_BUDGET_EXCEEDED, HISTORY_READS, HTTP_REQUESTS, LISTENER_RECONNECTS,
+    LISTENER_SILENCE, LISTENER_UP, MIRROR_APPLIES, MIRROR_HOPS, MIRROR_RELAYS_LEFT, MIRROR_REPAIRS, MIRROR_UPSTREAM, OUTBOX_DELAY,
+    OUTBOX_MOVED, OUTBOX_OLDEST, OUTBOX_SET_ASIDE, PEER_BACKLOG, PEER_DELIVERIES, PEER_EVICTIONS, PEER_RECEIVED, PEER_RETRIES,
+    POLL_REQUESTS, PUBLISH_GROUP_EVENTS, PUBLISH_IDEMPOTENT_REPLAYS, QUEUE_DEPTH, REGISTRY_VIOLATIONS, REPLAY_GAPS, REPLAYED_EVENTS,
+    REPLICA_LAG, REPLICA_UP, REPLICATION_STALLED, SUBSCRIPTION_NOTIFICATIONS, SUBSCRIPTIONS, TLS_RELOADS,
 };
 
 /// A family's type, as Prometheus has it.
@@ -283,6 +283,27 @@ pub const CATALOG: &[Family] = &[
     Family { name: HTTP_REQUESTS, kind: Kind::Counter, unit: Unit::Count, labels: "`route`, `status`", help: "Requests." },
     Family { name: DATABASE_UP, kind: Kind::Gauge, unit: Unit::Count, labels: "", help: "1 while the store answers (probed every 5 s)." },
     Family { name: LISTENER_UP, kind: Kind::Gauge, unit: Unit::Count, labels: "", help: "1 while the LISTEN connection is up." },
+    Family {
+        name: BROKER_BEHIND,
+        kind: Kind::Gauge,
+        unit: Unit::Seconds,
+        labels: "",
+        help: "Age of the oldest committed event the broker has not fanned out (0 when it holds the head); measured every 5 s.",
+    },
+    Family {
+        name: LISTENER_SILENCE,
+        kind: Kind::Gauge,
+        unit: Unit::Seconds,
+        labels: "",
+        help: "Time since the LISTEN session last heard a notification or connected (PostgreSQL; 0 on the embedded store).",
+    },
+    Family {
+        name: OUTBOX_OLDEST,
+        kind: Kind::Gauge,
+        unit: Unit::Seconds,
+        labels: "",
+        help: "Age of the oldest row waiting in the SQL outbox (PostgreSQL; 0 when it is empty).",
+    },
 ];
 
 /// The process's own families the book's table lists (`metrics-process`

@@ -21,6 +21,7 @@
 pub mod audit;
 pub mod device;
 pub mod error;
+pub mod freshness;
 pub mod gap;
 pub mod limits;
 pub mod outbox;

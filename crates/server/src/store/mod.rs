@@ -505,8 +505,8 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// `to` before waking anyone ([`HandOff`]).
     fn hand_off_to(&self, to: HandOff);
 
-    /// Listener state and reconnect count.
-    fn listener(&self) -> (ListenerState, u64);
+    /// Listener state, reconnect count, and how long the LISTEN session has been silent, in ms (PostgreSQL).
+    fn listener(&self) -> (ListenerState, u64, Option<u64>);
 }
 
 /// Durable consumers: a stored filter and a cursor that only confirmations

@@ -259,8 +259,8 @@ impl EventLog for EmbeddedStore {
         *lock(&self.inner.hand_off) = Some(to);
     }
 
-    fn listener(&self) -> (ListenerState, u64) {
-        (ListenerState::Listening, 0)
+    fn listener(&self) -> (ListenerState, u64, Option<u64>) {
+        (ListenerState::Listening, 0, None)
     }
 }
 

@@ -94,6 +94,7 @@ async fn listen_once(
     // tail read asks the primary, whatever the heads notified say.
     status.unsure.store(true, Ordering::Release);
     status.state.store(1, Ordering::Relaxed);
+    status.heard_ms.store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
     backoff.reset();
     tracing::info!("LISTEN connection established");
     // Anything committed while we were not listening is read now (and
@@ -105,14 +106,17 @@ async fn listen_once(
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
-            n = rx.recv() => match n {
-                Some(Some(head)) => {
-                    status.notified.fetch_max(head, Ordering::AcqRel);
-                    wake.notify_one();
+            n = rx.recv() => {
+                let Some(n) = n else { break };
+                status.heard_ms.store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
+                match n {
+                    Some(head) => {
+                        status.notified.fetch_max(head, Ordering::AcqRel);
+                        wake.notify_one();
+                    }
+                    None => status.outbox.notify_one(),
                 }
-                Some(None) => status.outbox.notify_one(),
-                None => break,
-            },
+            }
             _ = probe.tick() => {
                 // The probe re-issues LISTEN (a no-op on a channel already
                 // listened to), so pg_stat_activity keeps showing what this

@@ -296,13 +296,15 @@ impl EventLog for PostgresStore {
         *lock_hand_off(&self.hand_off) = Some(to);
     }
 
-    fn listener(&self) -> (ListenerState, u64) {
+    fn listener(&self) -> (ListenerState, u64, Option<u64>) {
         let state = match self.listener.state.load(Ordering::Relaxed) {
             1 => ListenerState::Listening,
             2 => ListenerState::Reconnecting,
             _ => ListenerState::Starting,
         };
-        (state, self.listener.reconnects.load(Ordering::Relaxed))
+        let heard = self.listener.heard_ms.load(Ordering::Relaxed);
+        let silence = u64::try_from(chrono::Utc::now().timestamp_millis() - heard).unwrap_or(0);
+        (state, self.listener.reconnects.load(Ordering::Relaxed), (heard > 0).then_some(silence))
     }
 }
 

@@ -118,6 +118,10 @@ fn lock_hand_off(m: &std::sync::Mutex<Option<HandOff>>) -> std::sync::MutexGuard
 struct ListenerStatus {
     state: AtomicU8,
     reconnects: AtomicU64,
+    /// When the LISTEN session last heard a notification, or connected,
+    /// Unix ms (0 before it first connected): its silence while commits go
+    /// on is what the freshness alert watches.
+    heard_ms: AtomicI64,
     /// The highest head a NOTIFY carried.
     notified: AtomicI64,
     /// The highest id this process appended or read from the primary: a
