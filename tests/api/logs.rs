@@ -90,6 +90,13 @@ async fn a_lost_listen_session_is_logged_with_its_cause() {
     let (envs, _dir) = process_store(Backend::Postgres).await;
     let url = envs.iter().find(|(k, _)| *k == "DATABASE_URL").unwrap().1.clone();
     let server = spawn_process(&envs).await;
+    // An established session (one still settling the log's epoch when it
+    // is ended reports the query it was in).
+    crate::helpers::eventually("the LISTEN session is established", || async {
+        let deep: serde_json::Value = reqwest::get(format!("{}/health/deep", server.base)).await.unwrap().json().await.unwrap();
+        deep["listener"]["state"] == "listening"
+    })
+    .await;
     let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(connection);
     db.batch_execute(
