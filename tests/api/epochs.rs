@@ -73,7 +73,7 @@ pub(crate) async fn backup(
 
 /// The gap a resumed stream announces first, or `None` if its first frame
 /// is an event; and the ids of the next `n` events.
-async fn resume(app: &TestApp, last_event_id: i64, n: usize) -> (Option<Value>, Vec<i64>) {
+pub(crate) async fn resume(app: &TestApp, last_event_id: i64, n: usize) -> (Option<Value>, Vec<i64>) {
     let mut stream: Stream = app.stream("", Some(last_event_id)).await;
     let first = stream.next().await;
     let (gap, mut ids) = match first.event.as_deref() {
@@ -223,7 +223,7 @@ async fn device_confirms(app: &TestApp, key: &Key, given: Option<i64>, ack: i64)
 }
 
 /// Opens a live stream after `since` and reads `n` event ids.
-async fn live(app: &TestApp, since: i64, n: usize) -> (Stream, Vec<i64>) {
+pub(crate) async fn live(app: &TestApp, since: i64, n: usize) -> (Stream, Vec<i64>) {
     let mut stream = app.stream(&format!("?since={since}"), None).await;
     let ids = stream.ids(n).await;
     (stream, ids)
@@ -232,7 +232,7 @@ async fn live(app: &TestApp, since: i64, n: usize) -> (Stream, Vec<i64>) {
 /// The next id a stream delivers after ending and resuming as a browser
 /// would: the stream ends (the broker found it may have shown lost
 /// events), and the resume announces the loss.
-async fn ends(stream: &mut Stream) {
+pub(crate) async fn ends(stream: &mut Stream) {
     tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(e) = stream.next_or_end().await {
             assert!(e.event.is_some(), "no event is delivered across a lost suffix: {e:?}");

@@ -14,6 +14,7 @@ mod delivery;
 mod deploy;
 mod docs;
 mod durability;
+mod epoch_lag;
 mod epochs;
 mod exhaustion;
 mod failover;

@@ -54,7 +54,7 @@ type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStre
 /// A JSON-RPC client over one connection.
 pub(crate) struct Client {
     ws: Socket,
-    hello: Value,
+    pub(crate) hello: Value,
     nonce: String,
     next_id: u64,
     /// Notifications received while waiting for an answer.
@@ -129,6 +129,24 @@ impl Client {
             Some(n) => n,
             None => read_json(&mut self.ws).await,
         }
+    }
+
+    /// Reads until the server closes the connection (within 30 s): the
+    /// text frames it sent before.
+    pub(crate) async fn frames_until_closed(&mut self) -> Vec<Value> {
+        let mut frames: Vec<Value> = self.pending.drain(..).collect();
+        let closed = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match self.ws.next().await {
+                    Some(Ok(Message::Text(text))) => frames.push(serde_json::from_str(text.as_str()).unwrap()),
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                    Some(Ok(_)) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the server closes within 30 s; it sent {frames:?}");
+        frames
     }
 
     /// Reads until the server's close frame; its code and reason.

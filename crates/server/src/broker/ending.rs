@@ -60,36 +60,67 @@ impl Broker {
     /// began. When `after` lies in the suffix the store lost, every client
     /// may have been shown events that are gone: each is ended as at a
     /// drain, and resumes from its last id, where the lost history is
-    /// announced (the sessions' resume check); a client whose last id is
-    /// at or below the fork goes on silently.
+    /// announced (the sessions' resume check). Otherwise only the clients
+    /// whose transports showed them history past `after` that is lost (a
+    /// device that paged `sync.delta` ahead of a lagging broker, a stream
+    /// resumed from an id another process had shown it) are ended; a client
+    /// whose last id is at or below the fork goes on silently.
     pub(super) async fn crossed(&self, after: EventId) {
         let store = &self.shared.store;
-        let lost = match store.bounds().await {
-            Ok(bounds) => store.epochs(bounds.epoch).await.map(|epochs| epochs.lost(after).cloned()),
+        let epochs = match store.bounds().await {
+            Ok(bounds) => store.epochs(bounds.epoch).await,
             Err(e) => Err(e),
         };
-        let fork = match lost {
-            Ok(Some(epoch)) => epoch.fork,
-            Ok(None) => return,
+        let epochs = match epochs {
+            Ok(epochs) => Some(epochs),
             Err(e) => {
                 // Ending every client costs a reconnect each; keeping a
                 // client that saw lost events would hide them from it.
                 tracing::warn!(error = %crate::report::chain(&e), "cannot read the log's epochs; ending every client to be safe");
-                EventId::MAX
+                None
             }
         };
+        let fork_of = |id: EventId| match &epochs {
+            Some(epochs) => epochs.lost(id).map(|epoch| epoch.fork),
+            None => Some(EventId::MAX),
+        };
         let mut clients = self.lock();
-        let ended = clients.map.len();
-        for (_, slot) in clients.map.drain() {
-            slot.state.detached.store(Detached::Closed as u8 + 1, Ordering::Release);
+        if let Some(fork) = fork_of(after) {
+            let ended = clients.map.len();
+            for (_, slot) in clients.map.drain() {
+                slot.state.detached.store(Detached::Closed as u8 + 1, Ordering::Release);
+            }
+            clients.index = index::FilterIndex::default();
+            tracing::warn!(
+                position = after,
+                fork,
+                ended,
+                "the broker's position lay in history the store lost; its clients resume from their last ids"
+            );
+            return;
         }
-        clients.index = index::FilterIndex::default();
-        tracing::warn!(
-            position = after,
-            fork,
-            ended,
-            "the broker's position lay in history the store lost; its clients resume from their last ids"
-        );
+        let shown_lost: Vec<u64> = clients
+            .map
+            .iter()
+            .filter(|(_, slot)| {
+                let shown = slot.state.shown.load(Ordering::Acquire);
+                shown > after && fork_of(shown).is_some()
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &shown_lost {
+            if let Some(slot) = clients.remove(*id) {
+                slot.state.detached.store(Detached::Closed as u8 + 1, Ordering::Release);
+            }
+        }
+        let ended = shown_lost.len();
+        if ended > 0 {
+            tracing::warn!(
+                position = after,
+                ended,
+                "clients had been shown history past the broker's position that the store lost; they resume from their last ids"
+            );
+        }
     }
 
     /// Detaches every client (their streams end) and refuses new ones.

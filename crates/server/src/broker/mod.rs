@@ -80,6 +80,11 @@ struct ClientState {
     /// clear of the no-progress eviction: its last take of frames, history
     /// or a heartbeat, or the push that found its queue empty.
     last_progress_ms: AtomicU64,
+    /// The highest id the client was shown past the broker's position at
+    /// registration (history its transport read from the store before the
+    /// broker had fanned it out), else 0: if a new epoch of the log loses
+    /// it, the client is ended though the broker's own position survived.
+    shown: AtomicI64,
     finished: AtomicBool,
     kill: Option<CancellationToken>,
     /// The frames pushed and not yet taken.
@@ -228,6 +233,7 @@ impl Broker {
             round_pushed: AtomicU64::new(0),
             detached: AtomicU8::new(0),
             last_progress_ms: AtomicU64::new(self.now_ms()),
+            shown: AtomicI64::new(0),
             finished: AtomicBool::new(false),
             kill: options.kill,
             queue: queue::Queue::default(),

@@ -77,6 +77,17 @@ impl Subscription {
         self.state.last_progress_ms.store(self.broker.now_ms(), Ordering::Relaxed);
     }
 
+    /// Records that the client was shown history up to `id` beyond
+    /// [`Self::position`] (read from the store before the broker fanned it
+    /// out): should a new epoch of the log lose that history while the
+    /// broker's own position survives, the client is ended all the same and
+    /// told when it resumes (see `Broker::crossed`).
+    pub fn shown(&self, id: EventId) {
+        if id > self.position {
+            self.state.shown.fetch_max(id, Ordering::Release);
+        }
+    }
+
     /// Marks the end of replay: from now on a full queue means a slow client.
     pub fn set_live(&self) {
         self.state.catching_up.store(false, Ordering::Release);

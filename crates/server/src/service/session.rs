@@ -258,6 +258,13 @@ impl Session {
             Some(s) => s.position(),
             None => store.head().await?,
         };
+        // A resume point past the broker's position was shown by history
+        // the broker has not fanned out yet; recorded before the epochs are
+        // read, so a new epoch that loses it ends this client whichever of
+        // the two comes first.
+        if let (Some(s), Start::Resume(id) | Start::After(id)) = (&subscription, start) {
+            s.shown(id);
+        }
         let mut gap = None;
         let cursor = match start {
             Start::Now => position,
