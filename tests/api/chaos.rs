@@ -7,9 +7,10 @@
 //! (`lacodda-tear`: cut, black-hole, outage, throttle). On the embedded
 //! store: one process and its data directory. Publishers retry with
 //! idempotency keys until answered `201`; every process has an SSE client
-//! that resumes with `Last-Event-ID`, a polling client with `since`, and a
-//! WebSocket device that says hello with its last seq and pages
-//! `sync.delta` before it goes live.
+//! that resumes with `Last-Event-ID`, a polling client with `since`, a
+//! durable consumer, an MCP agent, and two WebSocket devices that say hello
+//! with their last seq and page `sync.delta` before they go live (one of
+//! them acknowledges, so the server keeps its cursor).
 //! Faults, drawn from the seed: `kill -9`, SIGTERM, SIGSTOP/SIGCONT of a
 //! process; PostgreSQL stopped at once (`-m immediate`) and restarted; the
 //! LISTEN sessions terminated; the network to the primary cut, black-holed,
@@ -390,8 +391,9 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     let followers: Vec<Follower> = bases.iter().map(|b| Follower::start_at(http.clone(), format!("{b}/v1/stream?since=0"))).collect();
     let until = Arc::new(AtomicI64::new(0));
-    // Per process: a poller, a durable consumer, an MCP agent and a
-    // device, each named for the process it reads.
+    // Per process: a poller, a durable consumer, an MCP agent, a device
+    // that keeps its own place and one whose place the server keeps (it
+    // acknowledges), each named for the process it reads.
     let readers: Vec<(String, tokio::task::JoinHandle<Vec<Seen>>)> = bases
         .iter()
         .enumerate()
@@ -400,7 +402,8 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
                 (format!("poll@{i}"), readers::poller(b.clone(), until.clone())),
                 (format!("consumer@{i}"), readers::consumer(b.clone(), format!("chaos-{i}"), until.clone())),
                 (format!("mcp@{i}"), readers::agent(b.clone(), format!("chaos-mcp-{i}"), until.clone())),
-                (format!("ws@{i}"), readers::device(b.clone(), format!("chaos-{i}"), until.clone())),
+                (format!("ws@{i}"), readers::device(b.clone(), format!("chaos-{i}"), until.clone(), false)),
+                (format!("ws-ack@{i}"), readers::device(b.clone(), format!("chaos-ack-{i}"), until.clone(), true)),
             ]
         })
         .collect();

@@ -96,7 +96,7 @@ async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_sy
                 (format!("{name} poll"), readers::poller(app.url(""), until.clone())),
                 (format!("{name} consumer"), readers::consumer(app.url(""), format!("sync-{name}"), until.clone())),
                 (format!("{name} mcp"), readers::agent(app.url(""), format!("sync-mcp-{name}"), until.clone())),
-                (format!("{name} ws"), readers::device(app.url(""), format!("sync-{name}"), until.clone())),
+                (format!("{name} ws"), readers::device(app.url(""), format!("sync-{name}"), until.clone(), true)),
             ]
         })
         .collect();

@@ -85,12 +85,15 @@ async fn next_message(ws: &mut Ws) -> Option<Option<Value>> {
 }
 
 /// A WebSocket device on `base` (device `name`): says hello with the last
-/// seq it saw (its cursor is its own: it never acks), pages `sync.delta`
-/// to the head, then takes `stream.event` frames, and on any close does it
-/// all again; records what it is shown (and the losses it is told of, by
-/// `stream.gap` or in a `sync.delta` page) until it has read the id
-/// `until` holds.
-pub(crate) fn device(base: String, name: String, until: Arc<AtomicI64>) -> tokio::task::JoinHandle<Vec<Seen>> {
+/// seq it saw, pages `sync.delta` to the head, then takes `stream.event`
+/// frames, and on any close does it all again; records what it is shown
+/// (and the losses it is told of, by `stream.gap` or in a `sync.delta`
+/// page) until it has read the id `until` holds. With `acks`, it
+/// acknowledges each page and each event once recorded (a failed ack is
+/// not retried, as when a device dies before it), so the server keeps its
+/// cursor, and a `stream.gap` right after auth (a stored cursor at or past
+/// the fork of an epoch begun since) is a loss told by that cursor.
+pub(crate) fn device(base: String, name: String, until: Arc<AtomicI64>, acks: bool) -> tokio::task::JoinHandle<Vec<Seen>> {
     tokio::spawn(async move {
         let key = Key::new();
         let mut seen: Vec<Seen> = Vec::new();
@@ -121,6 +124,17 @@ pub(crate) fn device(base: String, name: String, until: Arc<AtomicI64>) -> tokio
                 continue;
             }
             let (mut since, mut id, mut head, mut caught_up) = (cursor, 1, i64::MAX, false);
+            // Acks are requests of their own, whose answers are not waited for.
+            let (mut ack_id, mut paged) = (1u64 << 40, false);
+            let mut ack = |seq: i64| {
+                ack_id += 1;
+                let body = json!({"seq": seq});
+                let proof = key.proof("stream.ack", &body, &nonce);
+                Message::text(
+                    json!({"jsonrpc": "2.0", "id": ack_id, "method": "stream.ack", "params": {"body": body, "origin_proof": proof}})
+                        .to_string(),
+                )
+            };
             loop {
                 if done(&seen) {
                     return seen;
@@ -132,7 +146,9 @@ pub(crate) fn device(base: String, name: String, until: Arc<AtomicI64>) -> tokio
                 };
                 if message["method"] == "stream.gap" {
                     if message["params"]["reason"] == "history_lost" {
-                        seen.push(Seen::Lost { fork: message["params"]["fork"].as_i64().expect("a fork") });
+                        let fork = message["params"]["fork"].as_i64().expect("a fork");
+                        // Before any page: told at auth, by the stored cursor.
+                        seen.push(if acks && !paged { Seen::LostAtCursor { fork } } else { Seen::Lost { fork } });
                     }
                 } else if message["id"] == id {
                     let result = &message["result"];
@@ -152,6 +168,10 @@ pub(crate) fn device(base: String, name: String, until: Arc<AtomicI64>) -> tokio
                         }
                         since = result["next_since"].as_i64().unwrap_or(since);
                         caught_up = !result["has_more"].as_bool().unwrap_or(true) && since >= head;
+                        paged = true;
+                        if acks && ws.send(ack(since)).await.is_err() {
+                            continue 'connect;
+                        }
                     }
                     if !caught_up {
                         id += 1;
@@ -162,7 +182,11 @@ pub(crate) fn device(base: String, name: String, until: Arc<AtomicI64>) -> tokio
                     }
                 } else if message["method"] == "stream.event" && caught_up {
                     let params = &message["params"];
-                    seen.push(Seen::Event(params["seq"].as_i64().unwrap(), params["event"]["payload"].clone()));
+                    let seq = params["seq"].as_i64().unwrap();
+                    seen.push(Seen::Event(seq, params["event"]["payload"].clone()));
+                    if acks && ws.send(ack(seq)).await.is_err() {
+                        continue 'connect;
+                    }
                 }
             }
         }
