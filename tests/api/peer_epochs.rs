@@ -111,6 +111,12 @@ async fn an_inbox_is_told_once_when_its_sender_loses_history(backend: Backend) {
     assert_eq!((data["fork"].as_i64(), data["base"].as_i64(), data["epoch"].as_i64()), (Some(fork), Some(base), Some(1)), "{told}");
     let requested = data["requested"].as_i64().unwrap();
     assert!(fork < requested && requested <= base, "the mark C had reached lies in the lost stretch: {told}");
+    // Each notification says which of B's ids it was: the last one C had
+    // is the mark, and the two above the fork are those B lost.
+    let sequences: Vec<i64> = before.iter().map(|e| e["payload"]["data"]["sequence"].as_i64().unwrap()).collect();
+    assert_eq!(sequences.last(), Some(&requested), "{before:?}");
+    assert_eq!(sequences.iter().filter(|s| **s > fork).count(), 2, "{sequences:?} (fork {fork})");
+    assert!(next["payload"]["data"]["sequence"].as_i64().unwrap() > base, "{next}");
     assert_eq!(next["event_type"], "subscription.notification", "{after:?}");
     assert_eq!(next["event_id"].as_i64().unwrap(), told["event_id"].as_i64().unwrap() + 1, "told right before it");
 

@@ -169,8 +169,10 @@ pub(super) async fn receive(
                 .into(),
         ));
     }
-    // Store only what was checked, in the shape of a local notification.
-    let mut data = json!({ "subscription_id": n.subscription_id, "event": n.event, "uri": n.uri });
+    // Store only what was checked, in the shape of a local notification,
+    // with the sender's log id of it: a reader told that the sender lost
+    // history after `fork` knows which notifications it holds are gone.
+    let mut data = json!({ "subscription_id": n.subscription_id, "event": n.event, "uri": n.uri, "sequence": seq });
     if let Some(h) = &n.hash {
         data["hash"] = json!(h);
     }
