@@ -37,6 +37,7 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::{Value, json};
 
+use crate::chaos_peers;
 use crate::checker::{self, Follower, Seen};
 use crate::epochs::host_of;
 use crate::helpers::{free_port, process_command};
@@ -123,6 +124,9 @@ struct Figures {
     events_checked: usize,
     losses_announced: usize,
     events_seen_then_lost: usize,
+    tree_writes: u64,
+    inbox_notifications_checked: usize,
+    inbox_losses_announced: usize,
     acknowledged_lost_in_promotion: usize,
 }
 
@@ -141,6 +145,9 @@ impl Figures {
             "losses_announced": self.losses_announced,
             "events_seen_then_lost": self.events_seen_then_lost,
             "acknowledged_lost_in_promotion": self.acknowledged_lost_in_promotion,
+            "tree_writes": self.tree_writes,
+            "inbox_notifications_checked": self.inbox_notifications_checked,
+            "inbox_losses_announced": self.inbox_losses_announced,
         })
     }
 }
@@ -373,7 +380,9 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
         ];
         let url = format!("postgres://postgres@{},{}/{name}?target_session_attrs=read-write", tears[0].addr(), tears[1].addr());
         db = Some(Database { hosts: [primary, standby], tears, primary: 0, promoted: false, name });
-        vec![("DATABASE_URL", url), ("TIDINGS_DB_TIMEOUT", "2s".into())]
+        // The processes share the data directory for its key, as a
+        // deployment's processes share one identity.
+        vec![("DATABASE_URL", url), ("TIDINGS_DB_TIMEOUT", "2s".into()), ("TIDINGS_DATA_DIR", data.path().display().to_string())]
     } else {
         vec![("TIDINGS_DATA_DIR", data.path().display().to_string())]
     };
@@ -387,8 +396,12 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
     let bases: Arc<Vec<String>> = Arc::new(started.iter().map(Server::base).collect());
     let servers = Mutex::new(started);
     let (stop, refused) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-    let publishing = publishers(bases.clone(), stop.clone(), refused.clone());
     let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    // A server that the processes notify of the tree's changes, and a
+    // writer of the tree.
+    let receiver = chaos_peers::Receiver::start(&http, &bases[0]).await;
+    let writing = chaos_peers::writer(bases.clone(), stop.clone());
+    let publishing = publishers(bases.clone(), stop.clone(), refused.clone());
     let followers: Vec<Follower> = bases.iter().map(|b| Follower::start_at(http.clone(), format!("{b}/v1/stream?since=0"))).collect();
     let until = Arc::new(AtomicI64::new(0));
     // Per process: a poller, a durable consumer, an MCP agent, a device
@@ -418,6 +431,8 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
     for p in publishing {
         acknowledged.extend(p.await.unwrap());
     }
+    figures.tree_writes = writing.await.unwrap();
+    let last_write = chaos_peers::last_write(&http, &bases, seed).await;
     let last = json!({"last": seed});
     let last_id = crate::helpers::gather(
         Duration::from_secs(60),
@@ -484,6 +499,7 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
         }
     }
 
+    let inbox = receiver.read_to(last_write).await;
     let verdict = checker::check(&log, &clients).unwrap_or_else(|e| {
         // What every client saw, the final log and the epoch, for whoever
         // replays the seed.
@@ -494,6 +510,7 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
         panic!("seed {seed} ({store}): {e} (what each client saw: {path})")
     });
     checker::stored_once(&log).unwrap_or_else(|e| panic!("seed {seed} ({store}): {e}"));
+    let delivered = inbox.check(&log).unwrap_or_else(|e| panic!("seed {seed} ({store}): the peer's inbox: {e}"));
     let promoted = db.as_ref().is_some_and(|d| d.promoted);
     let kept: Vec<&(i64, Value)> = acknowledged.iter().filter(|(id, body)| log.iter().any(|(i, b)| i == id && b == body)).collect();
     let lost = acknowledged.len() - kept.len();
@@ -503,7 +520,10 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
     checker::acknowledged_kept(&log, &owed).unwrap_or_else(|e| panic!("seed {seed} ({store}): {e}"));
     if !promoted {
         assert_eq!(verdict.announced, 0, "seed {seed} ({store}): a loss announced without a promotion");
+        assert_eq!(delivered.announced, 0, "seed {seed} ({store}): a loss announced to the inbox without a promotion");
     }
+    figures.inbox_notifications_checked = delivered.events;
+    figures.inbox_losses_announced = delivered.announced;
     figures.publishes_acknowledged = acknowledged.len() as u64;
     figures.publish_attempts_refused = refused.load(Ordering::Relaxed);
     figures.events_in_final_log = log.len();

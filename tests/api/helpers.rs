@@ -389,7 +389,9 @@ pub(crate) async fn process_store(backend: Backend) -> (Vec<(&'static str, Strin
 
 /// The `tidings` binary with a clean environment plus `envs`, on `port`.
 pub(crate) fn process_command(envs: &[(&str, String)], port: u16) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tidings"));
+    // scripts/chaos runs a copy, so a rebuild meanwhile changes nothing.
+    let binary = std::env::var_os("TIDINGS_TEST_BINARY").unwrap_or_else(|| env!("CARGO_BIN_EXE_tidings").into());
+    let mut cmd = tokio::process::Command::new(binary);
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("TIDINGS_LISTEN", format!("127.0.0.1:{port}"))

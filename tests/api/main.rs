@@ -8,6 +8,7 @@ mod attacks;
 mod audit;
 mod browser;
 mod chaos;
+mod chaos_peers;
 mod checker;
 mod cli;
 mod delivery;

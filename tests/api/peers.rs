@@ -202,12 +202,24 @@ impl Server {
 /// the subscriber delegates it to B (third-party delivery:
 /// docs/ref-subscriptions.md, "Deliver tokens").
 pub(crate) async fn subscribe_third_party(a: &Peer, b: &Server, c: &Server, pattern: &str, inbox: &str) -> (u16, Value) {
+    subscribe_third_party_at(a, (&b.http, b.base(), &b.hash), c, pattern, inbox).await
+}
+
+/// [`subscribe_third_party`] on a server `b` given as its client, base
+/// URL and identity hash (processes that are not a [`Server`]).
+pub(crate) async fn subscribe_third_party_at(
+    a: &Peer,
+    (http, base, hash): (&reqwest::Client, &str, &str),
+    c: &Server,
+    pattern: &str,
+    inbox: &str,
+) -> (u16, Value) {
     let mut included = Map::new();
     let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;
     let root = c.mint(&a.hash, inbox_grant(inbox), expires, &mut included).await;
-    let leaf = a.grant(&b.hash, inbox_grant(inbox), Some(&root), &mut included);
+    let leaf = a.grant(hash, inbox_grant(inbox), Some(&root), &mut included);
     let params = json!({"deliver_to": {"uri": format!("entity://{}/{inbox}", c.hash)}, "deliver_token": leaf});
-    execute_at(&b.http, b.base(), &Subscribe { author: a, pattern, params, capability: None, included }.envelope("subscribe")).await
+    execute_at(http, base, &Subscribe { author: a, pattern, params, capability: None, included }.envelope("subscribe")).await
 }
 
 /// Notification payloads' `data`, checked to be an unbroken `previous_hash`

@@ -265,3 +265,48 @@ pub(crate) fn agent(base: String, name: String, until: Arc<AtomicI64>) -> tokio:
         seen
     })
 }
+
+/// A reader of a path-subscription inbox on another server (`receiver`),
+/// as a service watching the tree does: polls what is addressed to `inbox`
+/// with `since` and records each notification under the sender's log id of
+/// it (`data.sequence`) with the changed entity's hash as its body, and each
+/// `subscription.history_lost` as a loss told at the fork, until it holds
+/// the notification of the hash `until` holds (`None` until the last write
+/// is known).
+pub(crate) fn inbox(receiver: String, inbox: String, until: Arc<std::sync::Mutex<Option<String>>>) -> tokio::task::JoinHandle<Vec<Seen>> {
+    tokio::spawn(async move {
+        let http = http();
+        let (mut seen, mut since) = (Vec::new(), 0i64);
+        let done = |seen: &[Seen]| {
+            let last = until.lock().unwrap().clone();
+            last.is_some_and(|hash| seen.iter().any(|s| matches!(s, Seen::Event(_, h) if *h == hash)))
+        };
+        while !done(&seen) {
+            let Some(page) = page_at(&http, format!("{receiver}/v1/poll?targets={inbox}&since={since}&limit=200&wait_ms=300")).await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            for e in page["events"].as_array().into_iter().flatten() {
+                let data = &e["payload"]["data"];
+                match e["event_type"].as_str() {
+                    Some("subscription.history_lost") => seen.push(Seen::Lost { fork: data["fork"].as_i64().expect("a fork") }),
+                    Some("subscription.notification") => {
+                        seen.push(Seen::Event(data["sequence"].as_i64().expect("a sequence"), data["hash"].clone()));
+                    }
+                    other => panic!("{other:?} in the inbox"),
+                }
+            }
+            since = page["next_since"].as_i64().unwrap_or(since);
+        }
+        seen
+    })
+}
+
+/// The notifications of subscription `id` in the sender's final `log`, as
+/// [`inbox`] records them: the sender's id and the changed entity's hash.
+pub(crate) fn notifications_of(log: &[(i64, Value)], id: &str) -> Vec<(i64, Value)> {
+    log.iter()
+        .filter(|(_, p)| p["type"] == "system/subscription/notification" && p["data"]["subscription_id"] == id)
+        .map(|(seq, p)| (*seq, p["data"]["hash"].clone()))
+        .collect()
+}
