@@ -91,6 +91,12 @@ async fn main() -> anyhow::Result<()> {
     match cli.command.unwrap_or_else(|| Command::Serve(Settings::from_env())) {
         Command::Serve(settings) => {
             init_logs(settings.log_format);
+            // Spans go out over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT
+            // says where (docs/tracing.md).
+            let telemetry = tidings_server::telemetry::init()?;
+            if telemetry.is_some() {
+                tracing::info!("exporting spans over OTLP");
+            }
             let app = Application::build(settings).await?;
             let (shutdown, drainer) = (app.shutdown_token(), app.drainer());
             // SIGTERM (what an orchestrator sends) drains, for a rolling
@@ -115,7 +121,12 @@ async fn main() -> anyhow::Result<()> {
                 tracing::warn!("exiting at once");
                 std::process::exit(1);
             });
-            app.run_until_stopped().await
+            let served = app.run_until_stopped().await;
+            if let Some(telemetry) = telemetry {
+                // Blocking: the exporter's flush sends what is buffered.
+                tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
+            }
+            served
         }
         Command::Migrate(settings) => {
             init_logs(settings.log_format);

@@ -499,7 +499,7 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
         }
     }
 
-    let inbox = receiver.read_to(last_write).await;
+    let inbox = receiver.read_to(last_write, &http, &bases).await;
     let verdict = checker::check(&log, &clients).unwrap_or_else(|e| {
         // What every client saw, the final log and the epoch, for whoever
         // replays the seed.

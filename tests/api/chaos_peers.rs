@@ -57,12 +57,26 @@ impl Receiver {
 
     /// Once the last write is known: what the inbox reader saw, read to it
     /// (within 90 s: the courier's backoff may have grown under the faults).
-    pub(crate) async fn read_to(self, last: String) -> Checked {
+    /// On a timeout, what each sender process says of its peers and lanes
+    /// (`/health/deep`) is in the panic.
+    pub(crate) async fn read_to(self, last: String, http: &reqwest::Client, senders: &[String]) -> Checked {
         *self.until.lock().unwrap() = Some(last);
-        let seen = tokio::time::timeout(Duration::from_secs(90), self.reader)
-            .await
-            .expect("the inbox reader read to the last write within 90 s")
-            .unwrap();
+        let seen = match tokio::time::timeout(Duration::from_secs(90), self.reader).await {
+            Ok(seen) => seen.unwrap(),
+            Err(_) => {
+                let mut said = Vec::new();
+                for base in senders {
+                    let deep = http.get(format!("{base}/health/deep")).send().await.map(|r| r.json::<Value>());
+                    let deep = match deep {
+                        Ok(body) => body.await.map(|d| d.to_string()).unwrap_or_else(|e| e.to_string()),
+                        Err(e) => e.to_string(),
+                    };
+                    said.push(format!("{base}: {deep}"));
+                }
+                let held = self.server.inbox(INBOX, 0, 0).await.len();
+                panic!("the inbox reader did not read to the last write within 90 s (the inbox holds {held}); the senders say {said:#?}")
+            }
+        };
         Checked { subscription: self.subscription, seen, _server: self.server }
     }
 }

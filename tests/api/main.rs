@@ -32,6 +32,7 @@ mod mirrors;
 mod nginx;
 mod openapi;
 mod ordering;
+mod otel;
 mod outbox;
 mod outbox_trace;
 mod peer_epochs;

@@ -68,3 +68,4 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod subscription;
+pub mod telemetry;

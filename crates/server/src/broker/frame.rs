@@ -30,6 +30,9 @@ pub struct FrameData {
     pub envelope: Bytes,
     /// When it was committed (Unix ms), for publish-to-send latency.
     pub recorded_ms: i64,
+    /// The trace context it was stored with, when spans are exported
+    /// (`crate::telemetry`): what a delivery's span links to.
+    pub trace: Option<opentelemetry::trace::SpanContext>,
     /// The one transport rendering of this event, built by its first client.
     rendered: OnceLock<Bytes>,
     /// Its SSE frame (`id:`, `data:`), built by its first SSE client: an
@@ -41,7 +44,11 @@ pub struct FrameData {
 impl Frame {
     /// A frame for event `id` with its envelope.
     pub fn new(id: EventId, envelope: Bytes, recorded_ms: i64) -> Self {
-        Self(Arc::new(FrameData { id, envelope, recorded_ms, rendered: OnceLock::new(), sse: OnceLock::new() }))
+        Self::traced(id, envelope, recorded_ms, None)
+    }
+
+    fn traced(id: EventId, envelope: Bytes, recorded_ms: i64, trace: Option<opentelemetry::trace::SpanContext>) -> Self {
+        Self(Arc::new(FrameData { id, envelope, recorded_ms, trace, rendered: OnceLock::new(), sse: OnceLock::new() }))
     }
 
     /// The event as `render` frames it, built once per event and shared by
@@ -59,15 +66,23 @@ impl Frame {
 
     /// The frame of a parsed event (the envelope is shared, not copied).
     pub fn of(event: &Event) -> Self {
-        Self::new(event.id, event.envelope.clone(), event.recorded_ms)
+        Self::traced(event.id, event.envelope.clone(), event.recorded_ms, trace_of(event))
     }
 
     /// The frame of an event that is not needed afterwards: the envelope
     /// moves in (cloning it would turn its buffer into a shared one, an
     /// allocation per event on replay).
     pub fn from_event(event: Event) -> Self {
-        Self::new(event.id, event.envelope, event.recorded_ms)
+        let trace = trace_of(&event);
+        Self::traced(event.id, event.envelope, event.recorded_ms, trace)
     }
+}
+
+/// The span context `event` was stored with, when spans are exported.
+pub(crate) fn trace_of(event: &Event) -> Option<opentelemetry::trace::SpanContext> {
+    crate::telemetry::tracer()?;
+    let traceparent = event.body.traceparent.clone()?;
+    crate::telemetry::remote(&crate::trace::TraceContext { traceparent, tracestate: event.body.tracestate.clone() })
 }
 
 impl std::ops::Deref for Frame {

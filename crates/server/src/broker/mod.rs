@@ -28,6 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{Span as _, SpanKind};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -400,6 +402,18 @@ impl Broker {
                 let input = MatchInput::new(&event.body);
                 clients.index.candidates(&input, &mut candidates);
                 let mut frame = None;
+                // The event's fan-out span, when spans are exported and it
+                // is traced: how many clients it was queued for.
+                let span = frame::trace_of(event).and_then(|parent| {
+                    crate::telemetry::start(
+                        "fan-out",
+                        SpanKind::Internal,
+                        Some(&parent),
+                        &[],
+                        vec![KeyValue::new("messaging.message.id", event.id)],
+                    )
+                });
+                let mut queued = 0i64;
                 for &(id, slot, type_matched) in &candidates {
                     if !slot.filter.matches_after_types(&input, type_matched) || evict.iter().any(|(e, _)| *e == id) {
                         continue;
@@ -408,6 +422,7 @@ impl Broker {
                     let frame = frame.get_or_insert_with(|| Frame::of(event));
                     match slot.state.queue.push(frame.clone(), bound) {
                         Ok(was_empty) => {
+                            queued += 1;
                             let state = &slot.state;
                             if was_empty {
                                 // A client that had taken everything is not
@@ -437,6 +452,10 @@ impl Broker {
                         }
                         Err(queue::Refused::Closed) => {}
                     }
+                }
+                if let Some(mut span) = span {
+                    span.set_attribute(KeyValue::new("tidings.clients", queued));
+                    span.set_attribute(KeyValue::new("tidings.bytes", queued * event.envelope.len() as i64));
                 }
             }
         }

@@ -188,12 +188,53 @@ pub fn valid_idempotency_key(key: &str) -> bool {
 /// [`crate::store::idempotency`]: the key is scoped by the caller's
 /// identity and compared by the SHA-256 of `body`). Every event carries
 /// `trace`, the publish's W3C trace context, if any.
+///
+/// When spans are exported (`crate::telemetry`), the publish is a span
+/// under `trace` (a root without one), and a sampled one is the context
+/// the events are stored with, so their later spans and their receivers
+/// continue from it.
 pub async fn publish(
     core: &Core,
     caller: &Identity,
     body: &[u8],
     idempotency_key: Option<&str>,
     trace: Option<&crate::trace::TraceContext>,
+) -> Result<Accepted, PublishError> {
+    use opentelemetry::KeyValue;
+    use opentelemetry::trace::{Span as _, SpanKind, Status};
+    if crate::telemetry::tracer().is_none() {
+        return publish_as(core, caller, body, idempotency_key, trace, None).await;
+    }
+    let parent = trace.and_then(crate::telemetry::remote);
+    let attributes = vec![KeyValue::new("messaging.operation.type", "send"), KeyValue::new("messaging.operation.name", "publish")];
+    let Some(mut span) = crate::telemetry::start("publish", SpanKind::Producer, parent.as_ref(), &[], attributes) else {
+        return publish_as(core, caller, body, idempotency_key, trace, None).await;
+    };
+    let context = span.span_context().is_sampled().then(|| span.span_context().clone());
+    let own = context.as_ref().map(|c| crate::telemetry::context_of(c, trace.and_then(|t| t.tracestate.as_deref())));
+    let result = publish_as(core, caller, body, idempotency_key, own.as_ref().or(trace), context).await;
+    match &result {
+        Ok(accepted) => {
+            span.set_attribute(KeyValue::new("messaging.batch.message_count", accepted.event_ids.len() as i64));
+            if let [id] = accepted.event_ids[..] {
+                span.set_attribute(KeyValue::new("messaging.message.id", id.to_string()));
+            }
+            span.set_attribute(KeyValue::new("tidings.replayed", accepted.replayed));
+        }
+        Err(e) => span.set_status(Status::error(e.code())),
+    }
+    result
+}
+
+/// [`publish`] with `trace` the context the events are stored with and
+/// `span` the publish's span, if any.
+async fn publish_as(
+    core: &Core,
+    caller: &Identity,
+    body: &[u8],
+    idempotency_key: Option<&str>,
+    trace: Option<&crate::trace::TraceContext>,
+    span: Option<opentelemetry::trace::SpanContext>,
 ) -> Result<Accepted, PublishError> {
     if idempotency_key.is_some_and(|k| !valid_idempotency_key(k)) {
         return Err(PublishError::InvalidIdempotencyKey);
@@ -280,7 +321,7 @@ pub async fn publish(
             window_ms: i64::try_from(core.settings().idempotency_window.as_millis()).unwrap_or(i64::MAX),
         }
     });
-    let ids = match core.appender().publish(Publish { records, key }).await? {
+    let ids = match core.appender().publish(Publish { records, key }, span).await? {
         Published::Stored(ids) => ids,
         Published::Replayed(event_ids) => {
             m::idempotent_replays(1);

@@ -186,6 +186,10 @@ pub struct Session {
     /// A gap to announce, and the events read with it (rare; boxed so an
     /// idle session does not carry room for them).
     aside: Option<Box<Aside>>,
+    /// The span of the batch last handed out, when spans are exported:
+    /// it ends when the transport asks for the next item (its write done)
+    /// or drops the session.
+    delivering: Option<Box<opentelemetry_sdk::trace::Span>>,
 }
 
 #[derive(Debug, Default)]
@@ -335,6 +339,7 @@ impl Session {
             pages: 0,
             phase: Phase::Replay,
             aside: gap.map(|gap| Box::new(Aside { gap: Some(gap), pending: None })),
+            delivering: None,
         })
     }
 
@@ -367,6 +372,29 @@ impl Session {
     /// The next item; nothing is delivered once the caller's token has
     /// expired: the session ends with [`Item::Expired`] instead.
     pub async fn next(&mut self) -> Item {
+        // The last batch's write is done.
+        self.delivering = None;
+        let item = self.next_unspanned().await;
+        if let Item::Events { frames, replayed } = &item
+            && crate::telemetry::tracer().is_some()
+        {
+            self.delivering = crate::telemetry::batch(
+                "deliver",
+                opentelemetry::trace::SpanKind::Consumer,
+                frames.iter().map(|f| f.trace.as_ref()),
+                vec![
+                    opentelemetry::KeyValue::new("messaging.operation.type", "receive"),
+                    opentelemetry::KeyValue::new("messaging.batch.message_count", frames.len() as i64),
+                    opentelemetry::KeyValue::new("tidings.transport", self.transport),
+                    opentelemetry::KeyValue::new("tidings.replayed", *replayed),
+                ],
+            )
+            .map(Box::new);
+        }
+        item
+    }
+
+    async fn next_unspanned(&mut self) -> Item {
         if matches!(self.phase, Phase::Done(_)) {
             return self.next_item().await;
         }

@@ -111,6 +111,9 @@ impl Grouped for TreeWrites {
 struct Job<G: Grouped> {
     request: G::Request,
     answer: oneshot::Sender<Result<G::Answer, StoreError>>,
+    /// The span of the request, when spans are exported: the group's
+    /// commit span is a child of the first and links to every one.
+    trace: Option<opentelemetry::trace::SpanContext>,
 }
 
 /// A group committer's handle.
@@ -142,9 +145,18 @@ impl<G: Grouped> GroupCommit<G> {
     /// Commits `request` in the next group; its answer once the group is
     /// durable.
     pub async fn submit(&self, request: G::Request) -> Result<G::Answer, StoreError> {
+        self.submit_traced(request, None).await
+    }
+
+    /// [`Self::submit`] for a request whose span is `trace`.
+    pub async fn submit_traced(
+        &self,
+        request: G::Request,
+        trace: Option<opentelemetry::trace::SpanContext>,
+    ) -> Result<G::Answer, StoreError> {
         let (answer, answered) = oneshot::channel();
         let stopped = || StoreError::Unavailable("the group committer has stopped".into());
-        self.jobs.send(Job { request, answer }).await.map_err(|_| stopped())?;
+        self.jobs.send(Job { request, answer, trace }).await.map_err(|_| stopped())?;
         answered.await.map_err(|_| stopped())?
     }
 }
@@ -152,11 +164,11 @@ impl<G: Grouped> GroupCommit<G> {
 impl GroupCommit<Publishes> {
     /// Publishes in the next group; what became of it once the group is
     /// durable.
-    pub async fn publish(&self, publish: Publish) -> Result<Published, StoreError> {
+    pub async fn publish(&self, publish: Publish, trace: Option<opentelemetry::trace::SpanContext>) -> Result<Published, StoreError> {
         if publish.records.is_empty() {
             return Ok(Published::Stored(Vec::new()));
         }
-        self.submit(publish).await
+        self.submit_traced(publish, trace).await
     }
 }
 
@@ -194,6 +206,20 @@ async fn commit_groups<G: Grouped>(store: Arc<dyn Store>, settings: GroupSetting
 /// Commits `group` as one batch and answers each member; if the batch
 /// fails, each member is committed alone.
 async fn commit<G: Grouped>(store: &dyn Store, group: Vec<Job<G>>, events: usize) {
+    // Ends when the group is answered.
+    let _span = match crate::telemetry::tracer() {
+        Some(_) => crate::telemetry::batch(
+            "commit",
+            opentelemetry::trace::SpanKind::Internal,
+            group.iter().map(|job| job.trace.as_ref()),
+            vec![
+                opentelemetry::KeyValue::new("tidings.group.kind", G::KIND),
+                opentelemetry::KeyValue::new("tidings.group.members", group.len() as i64),
+                opentelemetry::KeyValue::new("tidings.group.events", events as i64),
+            ],
+        ),
+        None => None,
+    };
     if group.len() == 1 {
         let job = group.into_iter().next().expect("one member");
         let _ = job.answer.send(G::alone(store, job.request).await);
