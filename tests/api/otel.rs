@@ -23,7 +23,7 @@ use crate::both_stores;
 use crate::helpers::{Backend, gather, process_store, spawn_process};
 use crate::ws::Key;
 
-both_stores!(one_event_is_one_trace_from_publish_to_every_delivery);
+both_stores!(one_event_is_one_trace_from_publish_to_every_delivery, a_tree_write_is_traced_as_a_publish_is);
 
 /// A span as the receiver recorded it (ids in lowercase hex).
 #[derive(Debug, Clone)]
@@ -90,6 +90,45 @@ impl Receiver {
     fn of_trace(&self, trace: &str) -> Vec<Recorded> {
         self.spans.lock().unwrap().iter().filter(|s| s.trace == trace).cloned().collect()
     }
+
+    /// Waits (within 20 s) until `trace` has a span of each of `names`;
+    /// the trace's spans then.
+    async fn spans_named(&self, trace: &str, names: &[&str]) -> Vec<Recorded> {
+        gather(
+            Duration::from_secs(20),
+            Vec::new(),
+            |spans: &Vec<Recorded>| format!("spans {names:?} of {trace} to be exported: {spans:#?}"),
+            |_| {
+                let spans = self.of_trace(trace);
+                async move {
+                    if names.iter().all(|n| spans.iter().any(|s| s.name == *n)) {
+                        std::ops::ControlFlow::Break(spans)
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        std::ops::ControlFlow::Continue(spans)
+                    }
+                }
+            },
+        )
+        .await
+    }
+}
+
+/// The one span named `name` in `spans`.
+fn one(spans: &[Recorded], name: &str) -> Recorded {
+    let named: Vec<&Recorded> = spans.iter().filter(|s| s.name == name).collect();
+    assert_eq!(named.len(), 1, "one {name} span: {spans:#?}");
+    named[0].clone()
+}
+
+/// A tidings process on `backend` that exports spans to `receiver`; its
+/// data directory, and its database's URL on PostgreSQL.
+async fn traced_process(backend: Backend, receiver: &Receiver) -> (crate::helpers::Process, tempfile::TempDir, Option<String>) {
+    let (mut envs, dir) = process_store(backend).await;
+    let url = envs.iter().find(|(k, _)| *k == "DATABASE_URL").map(|(_, v)| v.clone());
+    envs.push(("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint.clone()));
+    envs.push(("OTEL_BSP_SCHEDULE_DELAY", "50".into()));
+    (spawn_process(&envs).await, dir, url)
 }
 
 /// A WebSocket device on `base`, live from the head: the envelopes of its
@@ -125,10 +164,7 @@ async fn device(base: &str) -> impl std::future::Future<Output = Vec<Value>> + u
 
 async fn one_event_is_one_trace_from_publish_to_every_delivery(backend: Backend) {
     let receiver = Receiver::start().await;
-    let (mut envs, _dir) = process_store(backend).await;
-    envs.push(("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint.clone()));
-    envs.push(("OTEL_BSP_SCHEDULE_DELAY", "50".into()));
-    let traced = spawn_process(&envs).await;
+    let (traced, _dir, _) = traced_process(backend, &receiver).await;
     let http = reqwest::Client::new();
     let base = traced.base.clone();
 
@@ -243,4 +279,50 @@ async fn one_event_is_one_trace_from_publish_to_every_delivery(backend: Backend)
     let exited = tokio::time::timeout(Duration::from_secs(30), quiet.child.wait()).await.expect("it exits").unwrap();
     assert!(exited.success(), "{exited}");
     assert!(receiver.of_trace(other).is_empty(), "a server without an endpoint exported spans");
+}
+
+/// A tree write is a producer span as a publish is, its change event
+/// stored with the write's span; on PostgreSQL an event published from SQL
+/// reaches the log in the outbox mover's span, under the application's.
+async fn a_tree_write_is_traced_as_a_publish_is(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let (traced, _dir, url) = traced_process(backend, &receiver).await;
+    let http = reqwest::Client::new();
+    let base = &traced.base;
+    let (trace, parent) = ("6bf92f3577b34da6a3ce929d0e0e4736", "10f067aa0ba902b7");
+    let mut stream = tidings_client::sse::connect(&http, &format!("{base}/v1/stream?types=tree.*"), None).await.unwrap();
+    let r = http
+        .put(format!("{base}/v1/tree/notes/traced"))
+        .header("traceparent", format!("00-{trace}-{parent}-01"))
+        .json(&json!({"type": "note", "data": {"v": 1}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let frame = tokio::time::timeout(Duration::from_secs(20), stream.next_event()).await.expect("the change").unwrap();
+    let change: Value = serde_json::from_str(&frame.data).unwrap();
+    let spans = receiver.spans_named(trace, &["tree-write", "commit", "fan-out", "deliver"]).await;
+    let write = one(&spans, "tree-write");
+    assert_eq!((write.parent.as_str(), write.attributes.get("tidings.path").map(String::as_str)), (parent, Some("notes/traced")));
+    assert_eq!(write.attributes.get("messaging.message.id"), Some(&change["event_id"].to_string()));
+    assert_eq!(one(&spans, "commit").parent, write.id);
+    assert_eq!(one(&spans, "fan-out").parent, write.id);
+    assert_eq!(change["traceparent"].as_str(), Some(format!("00-{trace}-{}-01", write.id).as_str()), "{change}");
+
+    if let Some(url) = url {
+        let sql = ("7bf92f3577b34da6a3ce929d0e0e4736", "20f067aa0ba902b7");
+        let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        db.batch_execute(&format!(
+            "BEGIN; SET LOCAL tidings.traceparent = '00-{}-{}-01'; SELECT tidings.publish('comment.posted', '{{}}'); COMMIT;",
+            sql.0, sql.1
+        ))
+        .await
+        .unwrap();
+        let spans = receiver.spans_named(sql.0, &["outbox-move", "fan-out"]).await;
+        let moved = one(&spans, "outbox-move");
+        assert_eq!(moved.parent, sql.1);
+        assert!(moved.links.contains(&(sql.0.to_owned(), sql.1.to_owned())), "{moved:?}");
+        assert_eq!(one(&spans, "fan-out").parent, sql.1, "the event keeps the application's context");
+    }
 }

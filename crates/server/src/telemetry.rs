@@ -110,12 +110,27 @@ pub fn start(
     links: &[SpanContext],
     attributes: Vec<KeyValue>,
 ) -> Option<Span> {
+    start_at(name, kind, parent, links, attributes, None)
+}
+
+fn start_at(
+    name: &'static str,
+    kind: SpanKind,
+    parent: Option<&SpanContext>,
+    links: &[SpanContext],
+    attributes: Vec<KeyValue>,
+    started: Option<std::time::SystemTime>,
+) -> Option<Span> {
     let tracer = tracer()?;
     let parent = parent.map_or_else(Context::new, |p| Context::new().with_remote_span_context(p.clone()));
     let mut attributes = attributes;
     attributes.push(KeyValue::new("messaging.system", SYSTEM));
     let links = links.iter().map(|l| Link::with_context(l.clone())).collect();
-    Some(tracer.span_builder(name).with_kind(kind).with_attributes(attributes).with_links(links).start_with_context(tracer, &parent))
+    let mut builder = tracer.span_builder(name).with_kind(kind).with_attributes(attributes).with_links(links);
+    if let Some(started) = started {
+        builder = builder.with_start_time(started);
+    }
+    Some(builder.start_with_context(tracer, &parent))
 }
 
 /// A batch that carried events with these contexts (`None` for an event
@@ -127,8 +142,59 @@ pub fn batch<'a>(
     contexts: impl IntoIterator<Item = Option<&'a SpanContext>>,
     attributes: Vec<KeyValue>,
 ) -> Option<Span> {
+    batch_since(name, kind, contexts, attributes, None)
+}
+
+/// [`batch`] for work that began at `started` (when the span is made
+/// after it, once its events are known).
+pub fn batch_since<'a>(
+    name: &'static str,
+    kind: SpanKind,
+    contexts: impl IntoIterator<Item = Option<&'a SpanContext>>,
+    attributes: Vec<KeyValue>,
+    started: Option<std::time::SystemTime>,
+) -> Option<Span> {
     tracer()?;
     let traced: Vec<SpanContext> = contexts.into_iter().flatten().filter(|c| c.is_sampled()).cloned().collect();
     let first = traced.first()?.clone();
-    start(name, kind, Some(&first), &traced, attributes)
+    start_at(name, kind, Some(&first), &traced, attributes, started)
+}
+
+/// A producer span for a write that enters the log (a publish, a tree
+/// write), when spans are exported.
+#[derive(Debug, Default)]
+pub struct Entering {
+    /// The span; it ends when dropped.
+    pub span: Option<Span>,
+    /// Its context, when sampled: the group commit's span is under it.
+    pub context: Option<SpanContext>,
+    /// The context the write's events are stored with, when sampled (the
+    /// span's own, with the `tracestate` as sent).
+    pub stored: Option<TraceContext>,
+}
+
+impl Entering {
+    /// Starts the span `name` under `trace` (a root without one), with the
+    /// `attributes` made only when spans are exported.
+    pub fn start(name: &'static str, trace: Option<&TraceContext>, attributes: impl FnOnce() -> Vec<KeyValue>) -> Self {
+        if tracer().is_none() {
+            return Self::default();
+        }
+        let parent = trace.and_then(remote);
+        let span = start(name, SpanKind::Producer, parent.as_ref(), &[], attributes());
+        let context = span.as_ref().map(|s| opentelemetry::trace::Span::span_context(s).clone()).filter(SpanContext::is_sampled);
+        let stored = context.as_ref().map(|c| context_of(c, trace.and_then(|t| t.tracestate.as_deref())));
+        Self { span, context, stored }
+    }
+
+    /// Records the outcome: `attributes` on success, an error status with
+    /// the refusal's `code` otherwise.
+    pub fn end(self, outcome: Result<Vec<KeyValue>, &'static str>) {
+        use opentelemetry::trace::Span as _;
+        let Some(mut span) = self.span else { return };
+        match outcome {
+            Ok(attributes) => span.set_attributes(attributes),
+            Err(code) => span.set_status(opentelemetry::trace::Status::error(code)),
+        }
+    }
 }

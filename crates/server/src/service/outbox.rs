@@ -48,8 +48,27 @@ pub async fn run_mover(core: Core, cancel: CancellationToken) {
         while !cancel.is_cancelled() {
             // The payload's limit, and room for the other fields.
             let max_bytes = core.settings().max_payload + 64 * 1024;
-            match core.store().outbox_move(BATCH, max_bytes, &|row| decide(&core, row)).await {
+            // The rows' trace contexts, when spans are exported: the move's
+            // span is under the first and linked to each.
+            let traced = crate::telemetry::tracer().map(|_| (std::time::SystemTime::now(), std::sync::Mutex::new(Vec::new())));
+            let decide = |row: &OutboxRow| {
+                if let (Some((_, contexts)), Some(traceparent)) = (&traced, &row.traceparent) {
+                    let trace = crate::trace::TraceContext { traceparent: traceparent.clone(), tracestate: row.tracestate.clone() };
+                    contexts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(crate::telemetry::remote(&trace));
+                }
+                decide(&core, row)
+            };
+            match core.store().outbox_move(BATCH, max_bytes, &decide).await {
                 Ok(moved) => {
+                    if let Some((started, contexts)) = traced {
+                        let contexts = contexts.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        let attributes = vec![
+                            opentelemetry::KeyValue::new("tidings.outbox.rows", moved.rows as i64),
+                            opentelemetry::KeyValue::new("tidings.outbox.appended", moved.appended as i64),
+                        ];
+                        let kind = opentelemetry::trace::SpanKind::Internal;
+                        drop(crate::telemetry::batch_since("outbox-move", kind, contexts.iter().map(Some), attributes, Some(started)));
+                    }
                     if moved.appended > 0 {
                         core.broker().wake();
                     }

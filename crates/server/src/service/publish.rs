@@ -201,27 +201,24 @@ pub async fn publish(
     trace: Option<&crate::trace::TraceContext>,
 ) -> Result<Accepted, PublishError> {
     use opentelemetry::KeyValue;
-    use opentelemetry::trace::{Span as _, SpanKind, Status};
-    if crate::telemetry::tracer().is_none() {
-        return publish_as(core, caller, body, idempotency_key, trace, None).await;
-    }
-    let parent = trace.and_then(crate::telemetry::remote);
-    let attributes = vec![KeyValue::new("messaging.operation.type", "send"), KeyValue::new("messaging.operation.name", "publish")];
-    let Some(mut span) = crate::telemetry::start("publish", SpanKind::Producer, parent.as_ref(), &[], attributes) else {
-        return publish_as(core, caller, body, idempotency_key, trace, None).await;
-    };
-    let context = span.span_context().is_sampled().then(|| span.span_context().clone());
-    let own = context.as_ref().map(|c| crate::telemetry::context_of(c, trace.and_then(|t| t.tracestate.as_deref())));
-    let result = publish_as(core, caller, body, idempotency_key, own.as_ref().or(trace), context).await;
-    match &result {
-        Ok(accepted) => {
-            span.set_attribute(KeyValue::new("messaging.batch.message_count", accepted.event_ids.len() as i64));
-            if let [id] = accepted.event_ids[..] {
-                span.set_attribute(KeyValue::new("messaging.message.id", id.to_string()));
+    let entering = crate::telemetry::Entering::start("publish", trace, || {
+        vec![KeyValue::new("messaging.operation.type", "send"), KeyValue::new("messaging.operation.name", "publish")]
+    });
+    let result = publish_as(core, caller, body, idempotency_key, entering.stored.as_ref().or(trace), entering.context.clone()).await;
+    if entering.span.is_some() {
+        entering.end(match &result {
+            Ok(accepted) => {
+                let mut attributes = vec![
+                    KeyValue::new("messaging.batch.message_count", accepted.event_ids.len() as i64),
+                    KeyValue::new("tidings.replayed", accepted.replayed),
+                ];
+                if let [id] = accepted.event_ids[..] {
+                    attributes.push(KeyValue::new("messaging.message.id", id.to_string()));
+                }
+                Ok(attributes)
             }
-            span.set_attribute(KeyValue::new("tidings.replayed", accepted.replayed));
-        }
-        Err(e) => span.set_status(Status::error(e.code())),
+            Err(e) => Err(e.code()),
+        });
     }
     result
 }

@@ -201,14 +201,32 @@ pub async fn put(
     crate::peer::check(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
     crate::subscription::mirror::check(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
     let (canonical, hash) = entity.canonical();
+    let entering = entering(path, trace.as_ref());
+    let trace = entering.stored.clone().or(trace);
     let write = TreeWrite {
         path: path.to_owned(),
         entity: Some((canonical, hash.clone())),
         condition,
         event: traced(change_event(path, agent(caller), Some(hash.clone()), chain_id), trace),
     };
-    let outcome = core.tree_writer().submit(write).await?;
-    written(core, path, outcome, Some(hash))
+    let context = entering.context.clone();
+    ended(entering, async { written(core, path, core.tree_writer().submit_traced(write, context).await?, Some(hash)) }.await)
+}
+
+/// The span of a tree write at `path` under `trace`, when spans are exported.
+fn entering(path: &str, trace: Option<&TraceContext>) -> crate::telemetry::Entering {
+    crate::telemetry::Entering::start("tree-write", trace, || vec![opentelemetry::KeyValue::new("tidings.path", path.to_owned())])
+}
+
+/// A tree write's outcome, recorded on its span.
+fn ended(entering: crate::telemetry::Entering, outcome: Result<Written, TreeError>) -> Result<Written, TreeError> {
+    if entering.span.is_some() {
+        entering.end(match &outcome {
+            Ok(w) => Ok(vec![opentelemetry::KeyValue::new("messaging.message.id", w.event_id.to_string())]),
+            Err(e) => Err(e.code()),
+        });
+    }
+    outcome
 }
 
 /// Checks what a write needs before its body is read: the path and the
@@ -235,10 +253,12 @@ pub async fn delete(
     trace: Option<TraceContext>,
 ) -> Result<Written, TreeError> {
     check_write(caller, path, true)?;
+    let entering = entering(path, trace.as_ref());
+    let trace = entering.stored.clone().or(trace);
     let event = traced(change_event(path, agent(caller), None, chain_id), trace);
     let write = TreeWrite { path: path.to_owned(), entity: None, condition, event };
-    let outcome = core.tree_writer().submit(write).await?;
-    written(core, path, outcome, None)
+    let context = entering.context.clone();
+    ended(entering, async { written(core, path, core.tree_writer().submit_traced(write, context).await?, None) }.await)
 }
 
 /// `event`, carrying `trace` when there is one.
