@@ -23,7 +23,11 @@ use crate::both_stores;
 use crate::helpers::{Backend, gather, process_store, spawn_process};
 use crate::ws::Key;
 
-both_stores!(one_event_is_one_trace_from_publish_to_every_delivery, a_tree_write_is_traced_as_a_publish_is);
+both_stores!(
+    one_event_is_one_trace_from_publish_to_every_delivery,
+    a_tree_write_is_traced_as_a_publish_is,
+    a_peer_delivery_carries_the_trace_to_the_receiving_server,
+);
 
 /// A span as the receiver recorded it (ids in lowercase hex).
 #[derive(Debug, Clone)]
@@ -325,4 +329,48 @@ async fn a_tree_write_is_traced_as_a_publish_is(backend: Backend) {
         assert!(moved.links.contains(&(sql.0.to_owned(), sql.1.to_owned())), "{moved:?}");
         assert_eq!(one(&spans, "fan-out").parent, sql.1, "the event keeps the application's context");
     }
+}
+
+/// A change on a sending server notifies a path subscription whose inbox
+/// is on another server: the notification goes on with the change's
+/// trace, the delivery is a client span under it, and the receiving
+/// server's inbox notification carries the trace on, with the delivery's
+/// span as its parent (without export, the change's context as it came).
+async fn a_peer_delivery_carries_the_trace_to_the_receiving_server(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let endpoint = receiver.endpoint.clone();
+    let sender =
+        crate::peers::Server::start_with(backend, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), ("OTEL_BSP_SCHEDULE_DELAY", "50")]).await;
+    let quiet = crate::peers::Server::start(backend).await;
+    let inbox_server = crate::peers::Server::start(backend).await;
+    for from in [&sender, &quiet] {
+        from.knows(&inbox_server).await;
+        let (status, body) =
+            crate::peers::subscribe_third_party(&crate::subscriptions::Peer::new(), from, &inbox_server, "feeds/*", "system/inbox/traced")
+                .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let write = |server: &crate::peers::Server, trace: &str| {
+        server
+            .http
+            .put(format!("{}/v1/tree/feeds/x", server.base()))
+            .header("traceparent", format!("00-{trace}-30f067aa0ba902b7-01"))
+            .json(&json!({"type": "note", "data": {"v": trace}}))
+            .send()
+    };
+    let (traced, untraced) = ("8bf92f3577b34da6a3ce929d0e0e4736", "9bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(write(&sender, traced).await.unwrap().status(), 201);
+    assert_eq!(write(&quiet, untraced).await.unwrap().status(), 201);
+    let got = inbox_server.inbox_until("system/inbox/traced", 2).await;
+    let by_trace = |trace: &str| {
+        got.iter()
+            .find(|e| e["traceparent"].as_str().is_some_and(|t| t.contains(trace)))
+            .unwrap_or_else(|| panic!("{trace} in {got:#?}"))
+            .clone()
+    };
+    let spans = receiver.spans_named(traced, &["tree-write", "peer-deliver"]).await;
+    let (written, delivered) = (one(&spans, "tree-write"), one(&spans, "peer-deliver"));
+    assert_eq!(delivered.parent, written.id, "the notification carries the change's context: {spans:#?}");
+    assert_eq!(by_trace(traced)["traceparent"].as_str(), Some(format!("00-{traced}-{}-01", delivered.id).as_str()));
+    assert_eq!(by_trace(untraced)["traceparent"].as_str(), Some(format!("00-{untraced}-30f067aa0ba902b7-01").as_str()), "as it came");
 }

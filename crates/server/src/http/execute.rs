@@ -25,12 +25,16 @@ use serde_json::json;
     post,
     path = "/v1/execute",
     tag = "tree",
-    params(("X-Chain-Id" = Option<String>, Header, description = "The causal chain this request belongs to (one path segment); generated when absent")),
+    params(
+        ("X-Chain-Id" = Option<String>, Header, description = "The causal chain this request belongs to (one path segment); generated when absent"),
+        ("traceparent" = Option<String>, Header, description = "The W3C trace context of a peer's delivery (a sending tidings sends its notification's): the notification appended to the inbox carries it (see `POST /v1/events`)."),
+        ("tracestate" = Option<String>, Header, description = "The `tracestate` that goes with `traceparent`."),
+    ),
     request_body(content = Object, content_type = "application/json", description = "`{execute: {type: \"system/protocol/execute\", data: {uri: \"system/subscription\", operation: \"subscribe\"|\"unsubscribe\", resource: {targets: [pattern]}, params: {type, data}, author, capability?}}, included: {hash: entity}}`; a peer's delivery has `uri` and `resource.targets` an inbox here, `operation: \"receive\"`, `params` a `system/subscription/notification`, `capability` the deliver token and `sequence` its log id: the author's signature over the EXECUTE's hash, its identity, the caller capability chain and the deliver token chain travel in `included`"),
     responses(
         (status = 200, description = "`{status: 200, result: {subscription_id, pattern, events, limits, renewed}}` (subscribe) or `{status: 200, result: null}` (unsubscribe)", body = Object),
         (status = 303, description = "`{status: 303, result: {type: \"system/subscription/redirect\", data: {reason: \"at_capacity\", prefix, alternatives: [{peer, endpoint}], capacity}}}`: alternatives are current subscribers that gave a `relay_endpoint`", body = Object),
-        (status = 400, description = "`missing_deliver_token`, `invalid_execute`, `invalid_included`, `invalid_params`, `invalid_resource`, `unknown_operation`, `delivery_unsupported`, `unknown_peer`, `invalid_chain_id`, `malformed_body`", body = Object),
+        (status = 400, description = "`missing_deliver_token`, `invalid_execute`, `invalid_included`, `invalid_params`, `invalid_resource`, `unknown_operation`, `delivery_unsupported`, `unknown_peer`, `invalid_chain_id`, `malformed_body`, `invalid_traceparent`, `invalid_tracestate`", body = Object),
         (status = 401, description = "`unauthorized` (a bearer token that does not verify; none is needed, since an EXECUTE carries its caller capability), `signature_invalid`", body = Object),
         (status = 403, description = "`deliver_token_insufficient`, `embedded_cap_unauthorized`, `payload_unauthorized`, `not_subscription_owner`, `capability_required`, `capability_invalid`, `capability_insufficient`", body = Object),
         (status = 404, description = "`chain_unreachable`, `subscription_not_found`, `handler_not_found`", body = Object),
@@ -50,12 +54,14 @@ pub(crate) async fn execute(
 ) -> Result<Response, ApiError> {
     let bytes = super::events::read_body(app.settings(), &headers, body).await?;
     let chain_id = super::tree::chain_id(&headers)?;
+    let trace = super::events::trace_context(&headers)?;
     let call = Call {
         auth_on: matches!(app.auth(), AuthMode::Jwt(_)),
         // Only an authenticated admin overrides ownership; with authentication
         // off the author's signature alone decides.
         admin: caller.is_some_and(|c| c.admin && c.authenticated),
         chain_id: chain_id.clone(),
+        trace,
         now_ms: chrono::Utc::now().timestamp_millis().max(0) as u64,
     };
     // The answer body carries the status too: `{status, result}` or

@@ -31,6 +31,8 @@ pub struct Call {
     pub admin: bool,
     /// The causal chain (`X-Chain-Id`, else generated).
     pub chain_id: String,
+    /// The request's W3C trace context: a delivery's notification carries it.
+    pub trace: Option<crate::trace::TraceContext>,
     /// Now, Unix ms.
     pub now_ms: u64,
 }
@@ -146,7 +148,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
             sequence: data.sequence,
             epochs: &data.epochs,
         };
-        return super::inbox::receive(handler, delivery, &included, &call.chain_id, call.now_ms).await;
+        return super::inbox::receive(handler, delivery, &included, &call.chain_id, call.trace.as_ref(), call.now_ms).await;
     }
     if data.uri != HANDLER {
         return Err(ExecuteError::HandlerNotFound(format!("no handler at {:?}; tidings serves {HANDLER}", data.uri)));

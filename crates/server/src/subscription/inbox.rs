@@ -121,6 +121,7 @@ pub(super) async fn receive(
     delivery: Delivery<'_>,
     included: &Included,
     chain_id: &str,
+    trace: Option<&crate::trace::TraceContext>,
     now_ms: u64,
 ) -> Result<Executed, ExecuteError> {
     if delivery.operation != RECEIVE {
@@ -205,8 +206,9 @@ pub(super) async fn receive(
         payload,
         links: vec![],
         visibility: Visibility::Public,
-        traceparent: None,
-        tracestate: None,
+        // The sender's trace (its notification's, sent as headers) goes on.
+        traceparent: trace.map(|t| t.traceparent.clone()),
+        tracestate: trace.and_then(|t| t.tracestate.clone()),
     };
     let mut records = Vec::with_capacity(2);
     let mark = handler.store.received_mark(delivery.author, &n.subscription_id).await?;

@@ -143,6 +143,11 @@ struct Stored {
     #[serde(rename = "ref")]
     reference: Option<String>,
     payload: StoredPayload,
+    /// The notification's trace context (its change's), sent on to the peer.
+    #[serde(default)]
+    traceparent: Option<String>,
+    #[serde(default)]
+    tracestate: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -3,6 +3,7 @@
 //! `POST /v1/execute`, retries with backoff, and giving up with a marker.
 
 use super::*;
+use crate::trace::TraceContext;
 
 /// A lane's sending side, with the deliver token's chain cached (it is
 /// fixed for the lane's life). The peer's endpoint is looked up at every
@@ -50,6 +51,19 @@ impl<'a> Sender<'a> {
                 }
             }
         };
+        // The delivery's span (when spans are exported) under the
+        // notification's trace; the peer is sent its context, else the
+        // notification's, so the notification it appends goes on with it.
+        let stored_trace =
+            stored.traceparent.clone().map(|traceparent| TraceContext { traceparent, tracestate: stored.tracestate.clone() });
+        let entering = crate::telemetry::Entering::start("peer-deliver", stored_trace.as_ref(), || {
+            vec![
+                opentelemetry::KeyValue::new("tidings.peer", lane.peer.clone()),
+                opentelemetry::KeyValue::new("messaging.message.id", record.id),
+            ]
+        });
+        let trace = entering.stored.clone().or(stored_trace);
+        let _span = entering;
         let mut backoff = Backoff::DELIVERY;
         for attempt in 1..=courier.settings.attempts.max(1) {
             if stop.is_cancelled() {
@@ -58,7 +72,7 @@ impl<'a> Sender<'a> {
             let outcome = tokio::select! {
                 biased;
                 _ = stop.cancelled() => return None,
-                outcome = self.attempt(&envelope, &chain_id) => outcome,
+                outcome = self.attempt(&envelope, &chain_id, trace.as_ref()) => outcome,
             };
             match outcome {
                 Attempt::Delivered { duplicate } => {
@@ -118,7 +132,7 @@ impl<'a> Sender<'a> {
     }
 
     /// One POST to the peer's `/v1/execute`.
-    async fn attempt(&mut self, envelope: &Value, chain_id: &str) -> Attempt {
+    async fn attempt(&mut self, envelope: &Value, chain_id: &str, trace: Option<&TraceContext>) -> Attempt {
         let endpoint = match self.endpoint().await {
             Ok(endpoint) => endpoint,
             Err(why) => return Attempt::Failed(why),
@@ -127,7 +141,14 @@ impl<'a> Sender<'a> {
             Ok(request) => request,
             Err(why) => return Attempt::Failed(why),
         };
-        let sent = request.header("x-chain-id", chain_id).json(envelope).send().await;
+        let mut request = request.header("x-chain-id", chain_id);
+        if let Some(trace) = trace {
+            request = request.header("traceparent", &trace.traceparent);
+            if let Some(state) = &trace.tracestate {
+                request = request.header("tracestate", state);
+            }
+        }
+        let sent = request.json(envelope).send().await;
         let response = match sent {
             Ok(r) => r,
             Err(e) => return Attempt::Failed(e.into()),

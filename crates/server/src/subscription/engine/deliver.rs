@@ -132,8 +132,10 @@ impl Engine {
             payload,
             links: vec![],
             visibility: Visibility::Public,
-            traceparent: None,
-            tracestate: None,
+            // The change's trace goes on with its notification (and to the
+            // peer it is delivered to).
+            traceparent: change.trace.as_ref().map(|t| t.traceparent.clone()),
+            tracestate: change.trace.as_ref().and_then(|t| t.tracestate.clone()),
         };
         Ok(NewRecord::event(&body))
     }

@@ -89,6 +89,10 @@ struct Change {
     /// On a change a mirror applied: the signed changes it came with.
     #[serde(default)]
     signed: Vec<SignedChange>,
+    /// The trace context the change event was stored with (its envelope's,
+    /// not its payload's): its notifications carry it on.
+    #[serde(skip)]
+    trace: Option<crate::trace::TraceContext>,
 }
 
 impl Change {
@@ -101,6 +105,10 @@ impl Change {
 struct ChangeRecord {
     event_type: String,
     payload: Change,
+    #[serde(default)]
+    traceparent: Option<String>,
+    #[serde(default)]
+    tracestate: Option<String>,
 }
 
 fn parse(record: &Record) -> Option<(&'static str, Change)> {
@@ -111,7 +119,9 @@ fn parse(record: &Record) -> Option<(&'static str, Change)> {
         names::TREE_DELETED => "deleted",
         _ => return None,
     };
-    Some((kind, r.payload))
+    let mut change = r.payload;
+    change.trace = r.traceparent.map(|traceparent| crate::trace::TraceContext { traceparent, tracestate: r.tracestate });
+    Some((kind, change))
 }
 
 /// A subscription in the index.
