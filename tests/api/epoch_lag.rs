@@ -96,3 +96,34 @@ async fn clients_shown_history_ahead_of_a_lagging_broker_are_told_when_it_is_los
     assert_eq!((gap["reason"].as_str(), gap["fork"].as_i64(), gap["requested"].as_i64()), (Some("history_lost"), Some(3), Some(5)));
     assert_eq!(ids, vec![after]);
 }
+
+/// A resume point past the head, asked of a process that saw ids committed
+/// past it before any epoch says they were lost (the database was promoted
+/// and neither a publish nor the LISTEN session noticed yet): the process
+/// checks the epoch at once, and the client is told `history_lost` rather
+/// than `beyond_head`, whose `next_since` would have moved it back to the
+/// fork without a word. A process that saw nothing past the head takes no
+/// client's word for it: `beyond_head`, and no epoch begins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_past_the_head_that_the_process_saw_committed_is_told_it_was_lost() {
+    let app = spawn_app(Backend::Postgres).await;
+    for i in 1..=5 {
+        assert_eq!(app.publish("comment.posted", json!({"i": i})).await, i);
+    }
+    let db = app.db().await;
+    db.batch_execute("DELETE FROM events WHERE id > 3; UPDATE tidings_head SET last_id = 3, timeline = timeline + 1").await.unwrap();
+    let page: Value = app.http.get(app.url("/v1/poll?since=5")).send().await.unwrap().json().await.unwrap();
+    assert_eq!((page["gap"]["reason"].as_str(), page["gap"]["fork"].as_i64()), (Some("history_lost"), Some(3)), "{page}");
+    let epoch = app.store.epochs(i32::MAX).await.unwrap().current().clone();
+    assert_eq!((epoch.number, epoch.fork, epoch.reason.as_str()), (1, 3, "timeline"));
+    let (gap, _) = resume(&app, 4, 0).await;
+    assert_eq!(gap.expect("told")["reason"], "history_lost");
+
+    // A process that saw nothing past the head: a client's word is not
+    // enough to begin an epoch.
+    let other = spawn_app(Backend::Postgres).await;
+    other.publish("comment.posted", json!({})).await;
+    let page: Value = other.http.get(other.url("/v1/poll?since=1000")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(page["gap"]["reason"], "beyond_head", "{page}");
+    assert_eq!(other.store.epochs(i32::MAX).await.unwrap().all().len(), 1, "no epoch on a client's word");
+}

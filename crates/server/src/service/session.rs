@@ -273,7 +273,13 @@ impl Session {
         let cursor = match start {
             Start::Now => position,
             Start::Resume(requested) | Start::After(requested) => {
-                let Bounds { floor, head, epoch } = store.bounds().await?;
+                let mut bounds = store.bounds().await?;
+                // Past the head: a promotion may have lost it before any
+                // epoch says so; checked, and read again if one began.
+                if requested > bounds.head && store.recheck_epoch(bounds.head).await? {
+                    bounds = store.bounds().await?;
+                }
+                let Bounds { floor, head, epoch } = bounds;
                 let epochs = store.epochs(epoch).await?;
                 // The lowest retained id less one, or the fork when that id
                 // begins an epoch: the oldest point served without a gap.

@@ -16,6 +16,7 @@
 //! concrete store. [`epoch`]: what survives a store that lost a suffix of its
 //! log (a failover, a restore), and where a new epoch's ids begin.
 
+pub mod consumer;
 pub mod embedded;
 pub mod epoch;
 pub mod group;
@@ -33,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::event::{EventBody, EventId};
 pub use crate::tree::{ChangeEvent, ChangeKind};
+pub use consumer::{Acked, Actor, Consumer, ConsumerOpen, DeviceRead, Opened};
 pub use epoch::{Epoch, EpochReason, Epochs};
 pub use idempotency::{IdempotencyKey, Publish, Published};
 pub use outbox::{Decide, OutboxDecision, OutboxMoved, OutboxRow, OutboxStatus};
@@ -91,95 +93,6 @@ impl std::fmt::Debug for HandOff {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("HandOff")
     }
-}
-
-/// A durable consumer as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Consumer {
-    /// Its id.
-    pub id: String,
-    /// The stored filter (JSON), `None` for "everything".
-    pub filter_json: Option<String>,
-    /// Everything up to here is confirmed.
-    pub cursor: EventId,
-    /// Created, Unix ms.
-    pub created_ms: i64,
-    /// Last poll or ack, Unix ms.
-    pub last_activity_ms: i64,
-    /// The identity that created it.
-    pub owner: String,
-    /// The log's epoch at its read before this one (an open is a read).
-    #[serde(skip)]
-    pub read_epoch: i32,
-    /// The log's epoch at this read.
-    #[serde(skip)]
-    pub epoch: i32,
-}
-
-/// A device's stored cursor as a hello reads it ([`ConsumerStore::device_read`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceRead {
-    /// Everything up to here is confirmed.
-    pub cursor: EventId,
-    /// The log's epoch at its hello or ack before this read.
-    pub read_epoch: i32,
-    /// The log's epoch now.
-    pub epoch: i32,
-}
-
-/// Who is acting on a consumer: its owner may, an admin may.
-#[derive(Debug, Clone, Copy)]
-pub struct Actor<'a> {
-    /// The caller's identity.
-    pub sub: &'a str,
-    /// Admins act on every consumer.
-    pub admin: bool,
-}
-
-/// How a poll opens a consumer.
-#[derive(Debug, Clone)]
-pub struct ConsumerOpen<'a> {
-    /// The consumer id.
-    pub id: &'a str,
-    /// `Some` replaces the stored filter (the inner `None` clears it).
-    pub filter_json: Option<Option<&'a str>>,
-    /// A `since` given with the poll: confirms everything up to it.
-    pub since: Option<EventId>,
-    /// A consumer silent since before this (Unix ms) is collected first.
-    pub expire_before_ms: i64,
-    /// Now, Unix ms.
-    pub now_ms: i64,
-    /// Who polls: owns a consumer it creates; needs to own an existing one.
-    pub actor: Actor<'a>,
-    /// Most consumers its owner may have: creating one more is refused
-    /// ([`Opened::TooMany`]) and stores nothing.
-    pub max_owned: u32,
-}
-
-/// What opening a consumer found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Opened {
-    /// The consumer, created or updated.
-    Ready(Consumer),
-    /// It was collected for silence and no `since` was given.
-    Expired,
-    /// It belongs to another identity.
-    Forbidden,
-    /// It does not exist and its owner already has `max_owned` consumers.
-    TooMany,
-}
-
-/// What an ack found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Acked {
-    /// The cursor after the ack.
-    Cursor(EventId),
-    /// No such consumer.
-    NotFound,
-    /// It was collected for silence.
-    Expired,
-    /// It belongs to another identity.
-    Forbidden,
 }
 
 /// A stored tree entity.
@@ -494,6 +407,14 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     /// Begins a new epoch at the head, past every id the log can have handed
     /// out and past `seen` (what `tidings epoch new` does after a restore).
     async fn begin_epoch(&self, reason: EpochReason, seen: EventId) -> Result<Epoch, StoreError>;
+
+    /// A resume point past `head` was asked for. When this process saw ids
+    /// committed above it, the store lost them and no epoch says so yet (a
+    /// promotion nobody has noticed): the epoch is checked now, at most
+    /// once a second; whether one began. Never on the caller's word.
+    async fn recheck_epoch(&self, _head: EventId) -> Result<bool, StoreError> {
+        Ok(false)
+    }
 
     /// Starts whatever wakes `wake` after each commit (the LISTEN task for
     /// PostgreSQL; nothing for the embedded store, which wakes in-process)

@@ -280,6 +280,19 @@ impl EventLog for PostgresStore {
         Ok(self.epochs.set(epochs))
     }
 
+    async fn recheck_epoch(&self, head: EventId) -> Result<bool, StoreError> {
+        let seen = self.seen();
+        let now = chrono::Utc::now().timestamp_millis();
+        let last = self.listener.rechecked_ms.load(Ordering::Relaxed);
+        if seen <= head
+            || now - last < 1_000
+            || self.listener.rechecked_ms.compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed).is_err()
+        {
+            return Ok(false);
+        }
+        Ok(self.settle(epoch::Settle::Check { seen }).await?.is_some())
+    }
+
     async fn begin_epoch(&self, reason: EpochReason, seen: EventId) -> Result<Epoch, StoreError> {
         debug_assert_eq!(reason, EpochReason::Operator, "PostgreSQL begins the other epochs itself");
         let begun = self.settle(epoch::Settle::Begin { seen }).await?;

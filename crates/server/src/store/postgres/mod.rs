@@ -132,6 +132,9 @@ struct ListenerStatus {
     /// Set on every (re)connect of the LISTEN session: notifications may
     /// have been missed, so the next tail read asks the primary.
     unsure: AtomicBool,
+    /// When a resume point past the head last had this process check the
+    /// log's epoch (Unix ms): at most once a second.
+    rechecked_ms: AtomicI64,
     /// Woken by each `tidings.publish` commit (NOTIFY tidings_outbox) and
     /// each (re)connect: the outbox mover's wake-up.
     outbox: Arc<Notify>,
