@@ -472,6 +472,9 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
         clients
             .push((name.clone(), seen.unwrap_or_else(|_| panic!("seed {seed} ({store}): {name} did not read to the last event")).unwrap()));
     }
+    // The peer's inbox, while the senders still run (their courier
+    // delivers the last notifications).
+    let inbox = receiver.read_to(last_write, &http, &bases).await;
     // The final log, as each process serves it, and (on PostgreSQL) as
     // the table holds it: they must be one.
     let log = checker::final_log_at(&http, &bases[0]).await;
@@ -499,7 +502,6 @@ async fn campaign(store: &'static str, seed: u64, seconds: u64) -> Figures {
         }
     }
 
-    let inbox = receiver.read_to(last_write, &http, &bases).await;
     let verdict = checker::check(&log, &clients).unwrap_or_else(|e| {
         // What every client saw, the final log and the epoch, for whoever
         // replays the seed.
