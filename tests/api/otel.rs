@@ -230,6 +230,8 @@ async fn one_event_is_one_trace_from_publish_to_every_delivery(backend: Backend)
         },
     )
     .await;
+    // The trace as the receiver recorded it (docs/tracing.md shows one).
+    eprintln!("recorded trace {trace}: {spans:#?}");
     let one = |n: &str| spans.iter().find(|s| s.name == n).unwrap().clone();
     let publish = one("publish");
     assert_eq!(publish.parent, parent, "{publish:?}");
