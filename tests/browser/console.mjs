@@ -75,11 +75,23 @@ try {
   const payload = await page.$eval(`#events li[data-id="${ids[0]}"] details.payload`, (d) => ({ open: d.open, text: d.querySelector("pre").textContent }));
   check(payload.open && tidings.canonicalJson(JSON.parse(payload.text)) === tidings.canonicalJson({ step: "a", nested: { list: [1, 2], ok: true } }), `payload ${JSON.stringify(payload)}`);
 
-  // Consumers: the one created, three behind.
+  // Who has an event (GET /v1/events/{id}): the consumer acknowledges the
+  // first, not the second.
+  await api("/v1/consumers/console-test/ack", admin, { method: "POST", body: JSON.stringify({ cursor: ids[0] }) });
+  const delivered = async (id) => {
+    const at = `#events li[data-id="${id}"] details.deliveries`;
+    await page.click(`${at} summary`);
+    await page.waitForSelector(`${at} tr.consumer[data-id="console-test"]`, T);
+    return page.$eval(`${at} tr.consumer[data-id="console-test"] td.state`, (td) => td.textContent);
+  };
+  check((await delivered(ids[0])) === "acknowledged", "the first event is acknowledged by the consumer");
+  check((await delivered(ids[1])) === "pending", "the second is pending");
+
+  // Consumers: the one created, two behind (it acknowledged the first).
   await page.click("#tab-consumers");
   const row = '#consumers-rows tr.consumer[data-id="console-test"]';
   await page.waitForSelector(row, T);
-  await page.waitForFunction((row) => document.querySelector(row + " .lag")?.textContent === "3", row, T);
+  await page.waitForFunction((row) => document.querySelector(row + " .lag")?.textContent === "2", row, T);
   check(await page.$(`${row} button.delete`), "an admin may delete a consumer");
 
   // The tree: an entity written through the API, with a secret-named field hidden.
