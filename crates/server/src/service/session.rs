@@ -186,10 +186,6 @@ pub struct Session {
     /// A gap to announce, and the events read with it (rare; boxed so an
     /// idle session does not carry room for them).
     aside: Option<Box<Aside>>,
-    /// The span of the batch last handed out, when spans are exported:
-    /// it ends when the transport asks for the next item (its write done)
-    /// or drops the session.
-    delivering: Option<Box<opentelemetry_sdk::trace::Span>>,
 }
 
 #[derive(Debug, Default)]
@@ -197,6 +193,11 @@ struct Aside {
     gap: Option<Gap>,
     /// Events read with a gap, delivered right after it.
     pending: Option<Vec<Frame>>,
+    /// The span of the batch last handed out, when spans are exported: it
+    /// ends when the transport asks for the next item (its write done) or
+    /// drops the session. Kept here, so a session without spans carries no
+    /// room for one.
+    delivering: Option<opentelemetry_sdk::trace::Span>,
 }
 
 impl Core {
@@ -344,8 +345,7 @@ impl Session {
             row_bytes: u32::MAX,
             pages: 0,
             phase: Phase::Replay,
-            aside: gap.map(|gap| Box::new(Aside { gap: Some(gap), pending: None })),
-            delivering: None,
+            aside: gap.map(|gap| Box::new(Aside { gap: Some(gap), ..Aside::default() })),
         })
     }
 
@@ -379,12 +379,14 @@ impl Session {
     /// expired: the session ends with [`Item::Expired`] instead.
     pub async fn next(&mut self) -> Item {
         // The last batch's write is done.
-        self.delivering = None;
+        if let Some(aside) = self.aside.as_mut() {
+            aside.delivering = None;
+        }
         let item = self.next_unspanned().await;
         if let Item::Events { frames, replayed } = &item
             && crate::telemetry::tracer().is_some()
         {
-            self.delivering = crate::telemetry::batch(
+            let span = crate::telemetry::batch(
                 "deliver",
                 opentelemetry::trace::SpanKind::Consumer,
                 frames.iter().map(|f| f.trace.as_ref()),
@@ -394,8 +396,10 @@ impl Session {
                     opentelemetry::KeyValue::new("tidings.transport", self.transport),
                     opentelemetry::KeyValue::new("tidings.replayed", *replayed),
                 ],
-            )
-            .map(Box::new);
+            );
+            if let Some(span) = span {
+                self.aside.get_or_insert_with(Box::default).delivering = Some(span);
+            }
         }
         item
     }
@@ -580,7 +584,7 @@ impl Session {
             (Some(gap), true) => Some(Item::Gap(gap)),
             (Some(gap), false) => {
                 // The gap first, the page next.
-                self.aside = Some(Box::new(Aside { gap: None, pending: Some(frames) }));
+                self.aside.get_or_insert_with(Box::default).pending = Some(frames);
                 Some(Item::Gap(gap))
             }
             (None, true) => None,
