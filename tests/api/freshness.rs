@@ -1,7 +1,10 @@
 //! How far delivery is behind commits (docs/metrics.md, "Freshness"):
 //! `/health/deep` and the gauges say it on both stores; on PostgreSQL an
 //! outbox mover that stops and a LISTEN session that hears nothing while
-//! events are committed show there, and go back once they move again.
+//! events are committed show there, and go back once they move again. A
+//! broker that stops alone cannot be made to from outside the process
+//! (nothing a client or the database does holds it while commits go on),
+//! so its measure is held to a broker position kept still.
 //! (That the alerts fire on those gauges: `alerts.test.yml`, run by
 //! `tests/api/metrics.rs`.)
 
@@ -12,7 +15,7 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::helpers::{Backend, TestApp, spawn_app, wait_until};
 
-both_stores!(a_caught_up_process_is_fresh);
+both_stores!(a_caught_up_process_is_fresh, a_broker_held_still_while_commits_go_on_shows);
 
 async fn freshness(app: &TestApp) -> Value {
     app.deep().await.1["freshness"].clone()
@@ -102,4 +105,28 @@ async fn a_silent_listen_session_shows() {
         freshness(&app).await["listener_silence_ms"].as_u64().is_some_and(|ms| ms < 2_000)
     })
     .await;
+}
+
+/// A broker that stopped at some position while commits go on: the
+/// measure counts every event committed past it and the age of the oldest,
+/// while the process's own broker, which kept moving, is fresh.
+async fn a_broker_held_still_while_commits_go_on_shows(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.publish("comment.posted", json!({"before": true})).await;
+    let stopped_at = app.store.head().await.unwrap();
+    let held = tidings_server::service::freshness::measure_at(app.store.as_ref(), stopped_at).await.unwrap();
+    assert_eq!((held.broker_behind_events, held.broker_behind_ms), (0, 0), "{held:?}");
+    for i in 0..3 {
+        app.publish("comment.posted", json!({"after": i})).await;
+    }
+    let measure = || tidings_server::service::freshness::measure_at(app.store.as_ref(), stopped_at);
+    wait_until("the held broker's oldest unsent event to age", Duration::from_secs(10), Duration::from_millis(50), || async {
+        measure().await.unwrap().broker_behind_ms >= 1_000
+    })
+    .await;
+    let held = measure().await.unwrap();
+    assert_eq!(held.broker_behind_events, 3, "{held:?}");
+    assert!(held.broker_behind_ms < 60_000, "the oldest is the first published after it: {held:?}");
+    let own = freshness(&app).await;
+    assert_eq!((own["broker_behind_events"].as_u64(), own["broker_behind_ms"].as_u64()), (Some(0), Some(0)), "{own}");
 }

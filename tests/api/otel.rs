@@ -151,7 +151,7 @@ async fn device(base: &str) -> impl std::future::Future<Output = Vec<Value>> + u
     async move {
         tokio::time::timeout(Duration::from_secs(20), async {
             let mut events = Vec::new();
-            while events.len() < 2 {
+            while events.len() < 3 {
                 if let Message::Text(t) = ws.next().await.unwrap().unwrap() {
                     let m: Value = serde_json::from_str(t.as_str()).unwrap();
                     if m["method"] == "stream.event" {
@@ -173,21 +173,28 @@ async fn one_event_is_one_trace_from_publish_to_every_delivery(backend: Backend)
     let base = traced.base.clone();
 
     // A durable consumer at the head, a live stream and a live device.
-    let created: Value = http.get(format!("{base}/v1/poll?consumer_id=traced")).send().await.unwrap().json().await.unwrap();
+    let created: Value = http.get(format!("{base}/v1/poll?consumer_id=traced&types=comment.*")).send().await.unwrap().json().await.unwrap();
     let cursor = created["next_since"].as_i64().unwrap();
     let mut stream = tidings_client::sse::connect(&http, &format!("{base}/v1/stream?types=comment.*"), None).await.unwrap();
     let device = device(&base).await;
 
-    // An unsampled publish first: its flag is followed, nothing of it is
+    // An unsampled publish: its flag is followed, nothing of it is
     // exported, and its context is stored as it came.
     let unsampled = "00-0af7651916cd43dd8448eb211c80319d-b7ad6b7169203331-00";
+    // A traced event no client asked for comes first: no delivery or ack
+    // links it.
     let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
-    for traceparent in [unsampled.to_owned(), format!("00-{trace}-{parent}-01")] {
+    let unasked = "6bf92f3577b34da6a3ce929d0e0e4736";
+    for (event_type, traceparent) in [
+        ("order.placed", format!("00-{unasked}-{parent}-01")),
+        ("comment.posted", unsampled.to_owned()),
+        ("comment.posted", format!("00-{trace}-{parent}-01")),
+    ] {
         let r = http
             .post(format!("{base}/v1/events"))
             .header("traceparent", traceparent)
             .header("tracestate", "vendor=value")
-            .json(&json!({"event_type": "comment.posted", "payload": {"traced": true}}))
+            .json(&json!({"event_type": event_type, "payload": {"traced": true}}))
             .send()
             .await
             .unwrap();
@@ -203,7 +210,11 @@ async fn one_event_is_one_trace_from_publish_to_every_delivery(backend: Backend)
     let page: Value = http.get(format!("{base}/v1/poll?consumer_id=traced&since={cursor}")).send().await.unwrap().json().await.unwrap();
     assert_eq!(page["events"].as_array().map(Vec::len), Some(2), "{page}");
     got.push(page["events"][1].clone());
-    got.push(device.await[1].clone());
+    got.push(device.await[2].clone());
+    // The consumer's ack settles both: one span, linked to the sampled one.
+    let next = page["next_since"].as_i64().unwrap();
+    let acked = http.post(format!("{base}/v1/consumers/traced/ack")).json(&json!({"cursor": next})).send().await.unwrap();
+    assert_eq!(acked.status(), 200);
     assert_eq!(
         (page["events"][0]["traceparent"].as_str(), page["events"][0]["tracestate"].as_str()),
         (Some(unsampled), Some("vendor=value"))
@@ -220,7 +231,7 @@ async fn one_event_is_one_trace_from_publish_to_every_delivery(backend: Backend)
             let spans = receiver.of_trace(trace);
             async move {
                 let named = |n: &str| spans.iter().filter(|s| s.name == n).count();
-                if named("publish") == 1 && named("commit") == 1 && named("fan-out") == 1 && named("deliver") >= 3 {
+                if named("publish") == 1 && named("commit") == 1 && named("fan-out") == 1 && named("deliver") >= 3 && named("ack") == 1 {
                     std::ops::ControlFlow::Break(spans)
                 } else {
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -254,6 +265,23 @@ async fn one_event_is_one_trace_from_publish_to_every_delivery(backend: Backend)
     transports.sort();
     transports.dedup();
     assert_eq!(transports, vec!["poll", "sse", "ws"], "{spans:#?}");
+    let ack = one("ack");
+    assert_eq!(ack.parent, publish.id, "{ack:?}");
+    assert_eq!(ack.links, vec![(trace.to_owned(), publish.id.clone())], "only the sampled event the consumer was given: {ack:?}");
+    assert_eq!(
+        (
+            ack.attributes.get("messaging.operation.type").map(String::as_str),
+            ack.attributes.get("messaging.batch.message_count").map(String::as_str)
+        ),
+        (Some("settle"), Some("2")),
+        "{ack:?}"
+    );
+    // The device (no filter) got the unasked event; the stream and the
+    // consumer (comment.*) did not, and no ack settled it.
+    let unasked_spans = receiver.spans_named(unasked, &["publish", "deliver"]).await;
+    let transports: Vec<_> = unasked_spans.iter().filter_map(|s| s.attributes.get("tidings.transport")).collect();
+    assert_eq!(transports, vec!["ws"], "{unasked_spans:#?}");
+    assert!(unasked_spans.iter().all(|s| s.name != "ack"), "{unasked_spans:#?}");
     // Every client's envelope carries the trace, continuing from the publish.
     let stored = format!("00-{trace}-{}-01", publish.id);
     for envelope in &got[1..] {

@@ -15,8 +15,8 @@ use tidings_protocol::tree::change_event;
 use tidings_server::store::embedded::EmbeddedStore;
 use tidings_server::store::postgres::{PostgresOptions, PostgresStore};
 use tidings_server::store::{
-    Acked, Actor, Bounds, ChangeKind, Condition, ConsumerOpen, EngineCommit, EngineEffect, EpochReason, IdempotencyKey, NewRecord, Opened,
-    Publish, Published, Store, TreeOutcome, TreeWrite,
+    Acked, Actor, Bounds, ChangeKind, Condition, ConsumerOpen, EngineCommit, EngineEffect, EpochReason, IdempotencyKey, Moved, NewRecord,
+    Opened, Publish, Published, Store, TreeOutcome, TreeWrite,
 };
 
 /// Runs a conformance check once per backend, on a fresh store each.
@@ -196,9 +196,10 @@ async fn consumer_cursor_rules(store: Arc<dyn Store>) {
     let Opened::Ready(c) = store.consumer_open(open("c2", Some(3), ALICE)).await.unwrap() else { panic!("not opened") };
     assert_eq!(c.cursor, 3);
     // Only confirmations move the cursor: a monotonic max, clamped to the head.
-    assert_eq!(store.consumer_ack("c2", 7, now_ms(), 0, ALICE).await.unwrap(), Acked::Cursor(7));
-    assert_eq!(store.consumer_ack("c2", 5, now_ms(), 0, ALICE).await.unwrap(), Acked::Cursor(7), "an ack never moves it back");
-    assert_eq!(store.consumer_ack("c2", 1_000, now_ms(), 0, ALICE).await.unwrap(), Acked::Cursor(10), "an ack past the head stops there");
+    let moved = Moved { before: 3, cursor: 7, filter_json: None };
+    assert_eq!(store.consumer_ack("c2", 7, now_ms(), 0, ALICE).await.unwrap(), Acked::Moved(moved), "an ack says what it confirmed");
+    assert_eq!(store.consumer_ack("c2", 5, now_ms(), 0, ALICE).await.unwrap().cursor(), Some(7), "an ack never moves it back");
+    assert_eq!(store.consumer_ack("c2", 1_000, now_ms(), 0, ALICE).await.unwrap().cursor(), Some(10), "an ack past the head stops there");
     let Opened::Ready(c) = store.consumer_open(open("c2", Some(4), ALICE)).await.unwrap() else { panic!("not opened") };
     assert_eq!(c.cursor, 10, "a poll's since confirms like an ack: never backwards");
     // A filter given with a poll replaces the stored one; none keeps it.
@@ -207,6 +208,12 @@ async fn consumer_cursor_rules(store: Arc<dyn Store>) {
     assert_eq!(c.filter_json.as_deref(), Some("{\"types\":[\"a.b\"]}"));
     let Opened::Ready(c) = store.consumer_open(open("c2", None, ALICE)).await.unwrap() else { panic!("not opened") };
     assert_eq!(c.filter_json.as_deref(), Some("{\"types\":[\"a.b\"]}"));
+    let moved = Moved { before: 10, cursor: 10, filter_json: Some("{\"types\":[\"a.b\"]}".into()) };
+    assert_eq!(
+        store.consumer_ack("c2", 9, now_ms(), 0, ALICE).await.unwrap(),
+        Acked::Moved(moved),
+        "with the filter its events are read through"
+    );
     assert_eq!(store.consumer_ack("nobody", 1, now_ms(), 0, ALICE).await.unwrap(), Acked::NotFound);
 
     // Concurrent acks, ascending and descending interleaved: the maximum wins.
@@ -227,6 +234,37 @@ async fn consumer_cursor_rules(store: Arc<dyn Store>) {
     }
     let list = store.consumer_list(ALICE).await.unwrap();
     assert_eq!(list.iter().map(|c| (c.id.as_str(), c.cursor)).collect::<Vec<_>>(), vec![("c1", 10), ("c2", 10)]);
+
+    // Concurrent acks from the start: each says the stretch it moved the
+    // cursor over, and together they settle every event once.
+    let Opened::Ready(_) = store.consumer_open(open("c4", Some(0), ALICE)).await.unwrap() else { panic!("not opened") };
+    let tasks: Vec<_> = (0..4)
+        .map(|t| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut stretches = Vec::new();
+                for v in (1..=10).filter(|v| v % (t + 1) == 0 || v == &10) {
+                    let Acked::Moved(m) = store.consumer_ack("c4", v, now_ms(), 0, ALICE).await.unwrap() else { panic!("not acked") };
+                    assert!(m.before <= m.cursor, "{m:?}");
+                    if m.cursor > m.before {
+                        stretches.push((m.before, m.cursor));
+                    }
+                }
+                stretches
+            })
+        })
+        .collect();
+    let mut stretches = Vec::new();
+    for t in tasks {
+        stretches.extend(t.await.unwrap());
+    }
+    stretches.sort_unstable();
+    let mut at = 0;
+    for (before, cursor) in &stretches {
+        assert_eq!(*before, at, "stretches chain without overlap or hole: {stretches:?}");
+        at = *cursor;
+    }
+    assert_eq!(at, 10, "{stretches:?}");
 }
 
 /// A mirror's mark of its peer's log: a monotonic max, not clamped to this
@@ -250,7 +288,7 @@ async fn consumer_ownership_and_expiry(store: Arc<dyn Store>) {
     assert_eq!(store.consumer_ack("mine", 2, now_ms(), 0, BOB).await.unwrap(), Acked::Forbidden);
     assert_eq!(store.consumer_delete("mine", BOB).await.unwrap(), Acked::Forbidden);
     assert!(store.consumer_list(BOB).await.unwrap().is_empty(), "one sees only one's own consumers");
-    assert_eq!(store.consumer_ack("mine", 2, now_ms(), 0, ADMIN).await.unwrap(), Acked::Cursor(2), "an admin acts on every consumer");
+    assert_eq!(store.consumer_ack("mine", 2, now_ms(), 0, ADMIN).await.unwrap().cursor(), Some(2), "an admin acts on every consumer");
     assert_eq!(store.consumer_list(ADMIN).await.unwrap().len(), 1);
 
     // Silence past the TTL collects it; a poll without since is told so.

@@ -20,6 +20,7 @@ pub mod index;
 mod queue;
 mod subscription;
 
+pub(crate) use frame::trace_of;
 pub use frame::{Detached, Frame, FrameData};
 pub use subscription::Subscription;
 

@@ -12,7 +12,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::Core;
-use crate::store::StoreError;
+use crate::event::EventId;
+use crate::store::{Store, StoreError};
 
 /// How often the gauges are measured.
 pub const EVERY: Duration = Duration::from_secs(5);
@@ -34,9 +35,14 @@ pub struct Freshness {
 
 /// Measures delivery's distance behind commits.
 pub async fn measure(core: &Core) -> Result<Freshness, StoreError> {
-    let store = core.store();
+    measure_at(core.store().as_ref(), core.broker().position()).await
+}
+
+/// Delivery's distance behind the commits of `store` for a broker that has
+/// fanned out every event up to `position` (a broker that stopped there
+/// while commits went on shows by this).
+pub async fn measure_at(store: &dyn Store, position: EventId) -> Result<Freshness, StoreError> {
     let bounds = store.bounds().await?;
-    let position = core.broker().position();
     let (behind, behind_ms) = if bounds.head > position {
         let epochs = store.epochs(bounds.epoch).await?;
         let behind = epochs.count_between(position, bounds.head);

@@ -32,7 +32,7 @@ use crate::broker::Frame;
 use crate::event::EventId;
 use crate::filter::{Filter, FilterError};
 use crate::metrics as m;
-use crate::store::{Acked, Actor, Consumer, ConsumerOpen, Opened, Store, StoreError};
+use crate::store::{Acked, Actor, Consumer, ConsumerOpen, Moved, Opened, Store, StoreError};
 
 /// Why a poll or a consumer operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -359,10 +359,63 @@ async fn begun_while_waiting(core: &Core, cursor: EventId, epoch: i32, end: Even
 pub async fn ack(core: &Core, caller: &Identity, id: &str, cursor: EventId) -> Result<EventId, PollError> {
     check_consumer_id(id)?;
     let key = key(&caller.sub, id);
+    let started = crate::telemetry::tracer().map(|_| std::time::SystemTime::now());
     match core.store().consumer_ack(&key, cursor, now_ms(), now_ms() - core.consumer_ttl_ms(), actor(caller)).await? {
-        Acked::Cursor(cursor) => Ok(cursor),
+        Acked::Moved(moved) => {
+            if let Some(started) = started {
+                settled(core, caller, id, &moved, started).await;
+            }
+            Ok(moved.cursor)
+        }
         other => Err(refusal(id, other)),
     }
+}
+
+/// Most events of an ack read for its span's links: an ack of a longer
+/// stretch is one span linked to the traced events among its first ones.
+const SETTLED_SCAN: usize = 1_000;
+
+/// Records the span of an ack that confirmed `moved` on consumer `id`: one
+/// span, linked to each traced event it settled (the consumer's events in
+/// the stretch, through its filter and the caller's grants, as its polls
+/// read them). Nothing when no event of the stretch was traced.
+async fn settled(core: &Core, caller: &Identity, id: &str, moved: &Moved, started: std::time::SystemTime) {
+    use opentelemetry::KeyValue;
+    let Ok(stretch) = usize::try_from(moved.cursor - moved.before) else { return };
+    if stretch == 0 {
+        return;
+    }
+    let filter = match &moved.filter_json {
+        Some(json) => match Filter::from_json(json, core.filter_limits().merged()) {
+            Ok(filter) => filter,
+            Err(_) => return,
+        },
+        None => Filter::any(),
+    };
+    let filter = caller.restrict(filter);
+    let Ok(records) = core.store().read_history(moved.before, stretch.min(SETTLED_SCAN)).await else { return };
+    let events: Vec<_> = records
+        .iter()
+        .filter(|r| r.id <= moved.cursor)
+        .filter_map(|r| crate::event::Event::from_stored(r.id, &r.body, r.recorded_ms).ok())
+        .filter(|e| filter.matches(&e.body))
+        .collect();
+    let contexts: Vec<_> = events.iter().map(crate::broker::trace_of).collect();
+    let attributes = vec![
+        KeyValue::new("messaging.operation.type", "settle"),
+        KeyValue::new("messaging.consumer.group.name", id.to_owned()),
+        KeyValue::new("messaging.batch.message_count", events.len() as i64),
+        KeyValue::new("tidings.transport", "poll"),
+        KeyValue::new("tidings.cursor.before", moved.before),
+        KeyValue::new("tidings.cursor", moved.cursor),
+    ];
+    drop(crate::telemetry::batch_since(
+        "ack",
+        opentelemetry::trace::SpanKind::Consumer,
+        contexts.iter().map(Option::as_ref),
+        attributes,
+        Some(started),
+    ));
 }
 
 /// Deletes consumer `id` of `owner` (the caller's own when `None`; only an
@@ -393,7 +446,7 @@ fn refusal(id: &str, outcome: Acked) -> PollError {
     match outcome {
         Acked::Expired => PollError::Expired,
         Acked::Forbidden => PollError::NotOwner(id.to_owned()),
-        Acked::NotFound | Acked::Cursor(_) => PollError::NotFound(id.to_owned()),
+        Acked::NotFound | Acked::Cursor(_) | Acked::Moved(_) => PollError::NotFound(id.to_owned()),
     }
 }
 

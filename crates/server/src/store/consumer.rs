@@ -82,11 +82,36 @@ pub enum Opened {
     TooMany,
 }
 
-/// What an ack found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What an ack confirmed: the consumer's events after `before` up to
+/// `cursor`, read through its filter (delivery spans link the events an
+/// ack settles).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moved {
+    /// The cursor before the ack.
+    pub before: EventId,
+    /// The cursor after it.
+    pub cursor: EventId,
+    /// The consumer's stored filter (`None`: every event).
+    pub filter_json: Option<String>,
+}
+
+impl Acked {
+    /// The cursor after an ack or a delete; `None` for a refusal.
+    pub fn cursor(&self) -> Option<EventId> {
+        match self {
+            Self::Cursor(c) | Self::Moved(Moved { cursor: c, .. }) => Some(*c),
+            Self::NotFound | Self::Expired | Self::Forbidden => None,
+        }
+    }
+}
+
+/// What an ack or a delete found.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acked {
-    /// The cursor after the ack.
+    /// The cursor after a delete.
     Cursor(EventId),
+    /// What an ack confirmed.
+    Moved(Moved),
     /// No such consumer.
     NotFound,
     /// It was collected for silence.

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::event::{EventBody, EventId};
 pub use crate::tree::{ChangeEvent, ChangeKind};
-pub use consumer::{Acked, Actor, Consumer, ConsumerOpen, DeviceRead, Opened};
+pub use consumer::{Acked, Actor, Consumer, ConsumerOpen, DeviceRead, Moved, Opened};
 pub use epoch::{Epoch, EpochReason, Epochs};
 pub use idempotency::{IdempotencyKey, Publish, Published};
 pub use outbox::{Decide, OutboxDecision, OutboxMoved, OutboxRow, OutboxStatus};

@@ -115,18 +115,22 @@ impl ConsumerStore for EmbeddedStore {
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             collect(&tx, &id, expire_before_ms, now_ms)?;
-            let row: Option<i64> = tx
+            // The write lock is held: the cursor read here is the one the
+            // update moves.
+            let before: Option<i64> =
+                tx.query_row("SELECT cursor FROM consumer_subscriptions WHERE consumer_id = ?1", params![id], |r| r.get(0)).optional()?;
+            let row: Option<(i64, Option<String>)> = tx
                 .query_row(
                     "UPDATE consumer_subscriptions
                      SET cursor = max(cursor, min(?2, (SELECT last_id FROM tidings_head))), last_activity_ms = ?3
-                     WHERE consumer_id = ?1 AND (owner = ?4 OR ?5) RETURNING cursor",
+                     WHERE consumer_id = ?1 AND (owner = ?4 OR ?5) RETURNING cursor, filter_json",
                     params![id, cursor, now_ms, owner, admin],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?;
-            let acked = match row {
-                Some(c) => Acked::Cursor(c),
-                None => why_not(&tx, &id)?,
+            let acked = match (row, before) {
+                (Some((cursor, filter_json)), Some(before)) => Acked::Moved(Moved { before, cursor, filter_json }),
+                _ => why_not(&tx, &id)?,
             };
             tx.commit()?;
             Ok(acked)

@@ -39,8 +39,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, DeviceCursor, DeviceRead, EngineCommit, EngineEffect,
-    EngineStore, Epoch, EpochReason, Epochs, EventLog, HandOff, ListenerState, NewRecord, Opened, Publish, Published, Record, StoreError,
-    StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite, epoch, idempotency,
+    EngineStore, Epoch, EpochReason, Epochs, EventLog, HandOff, ListenerState, Moved, NewRecord, Opened, Publish, Published, Record,
+    StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite, epoch, idempotency,
 };
 use crate::event::EventId;
 

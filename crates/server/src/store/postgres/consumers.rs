@@ -127,17 +127,21 @@ impl ConsumerStore for PostgresStore {
     ) -> Result<Acked, StoreError> {
         let client = self.client().await?;
         client.execute(COLLECT_SQL, &[&id, &expire_before_ms, &now_ms]).await.map_err(pg_error)?;
+        // The row is locked before it is moved, so `before` is the cursor
+        // this update moved from, whatever acks run beside it.
         let row = client
             .query_opt(
-                "UPDATE consumer_subscriptions
-                 SET cursor = GREATEST(cursor, LEAST($2, (SELECT last_id FROM tidings_head))), last_activity_ms = $3
-                 WHERE consumer_id = $1 AND (owner = $4 OR $5) RETURNING cursor",
+                "UPDATE consumer_subscriptions c
+                 SET cursor = GREATEST(c.cursor, LEAST($2, (SELECT last_id FROM tidings_head))), last_activity_ms = $3
+                 FROM (SELECT consumer_id, cursor FROM consumer_subscriptions WHERE consumer_id = $1 FOR UPDATE) old
+                 WHERE c.consumer_id = old.consumer_id AND (c.owner = $4 OR $5)
+                 RETURNING c.cursor, old.cursor, c.filter_json",
                 &[&id, &cursor, &now_ms, &actor.sub, &actor.admin],
             )
             .await
             .map_err(pg_error)?;
         match row {
-            Some(row) => Ok(Acked::Cursor(row.get(0))),
+            Some(row) => Ok(Acked::Moved(Moved { cursor: row.get(0), before: row.get(1), filter_json: row.get(2) })),
             None => self.why_not(&client, id).await,
         }
     }
