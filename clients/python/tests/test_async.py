@@ -107,6 +107,11 @@ def test_a_consumer_acknowledges_a_page_only_once_the_body_finished_it(main: Ser
             worker = client.consumer(name, only(tagged))
             worker.limit, worker.wait = 2, 5.0
             assert ids(await take(worker.__aiter__(), 2)) == published[2:]
+            told = await client.deliveries(published[0])
+            assert told.event.event_id == published[0]
+            assert (told.consumer(name) or pytest.fail("the consumer is listed")).state == "acknowledged"
+            later = (await client.deliveries(published[3])).consumer(name) or pytest.fail("the consumer is listed")
+            assert (later.cursor, later.state) == (published[1], "pending")
             await worker.delete()
 
     asyncio.run(run())

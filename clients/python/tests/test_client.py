@@ -241,8 +241,16 @@ def test_a_consumer_acknowledges_a_page_only_once_the_body_finished_it(main: Ser
                     raise RuntimeError("the body failed on the fourth event")
                 seen.append(envelope.event_id)
         assert seen == published[:3]
-        # The first page was confirmed by the poll for the second; the second
-        # (its body failed) comes again, to a new worker too.
+        # Who has which event, as the server says: the first page was
+        # confirmed by the poll for the second; the second was not.
+        states = {i: client.deliveries(i).consumer(name) for i in (published[1], published[3])}
+        assert {i: d.state if d else None for i, d in states.items()} == {published[1]: "acknowledged", published[3]: "pending"}
+        with pytest.raises(ValueError):
+            client.deliveries(0)
+        with pytest.raises(tidings.Refused) as missing:
+            client.deliveries(10**15)
+        assert (missing.value.status, missing.value.code) == (404, "event_not_found")
+        # The second page (its body failed) comes again, to a new worker too.
         worker = tidings.Client(main.url).consumer(name, only(run))
         worker.limit, worker.wait = 2, 5.0
         again = take(iter(worker).__next__, 3)
@@ -250,6 +258,8 @@ def test_a_consumer_acknowledges_a_page_only_once_the_body_finished_it(main: Ser
         page = worker.poll(since=published[-1])
         assert page.events == []
         assert worker.ack(published[-1]) == published[-1]
+        last = client.deliveries(published[-1]).consumer(name) or pytest.fail("the consumer is listed")
+        assert (last.cursor, last.state) == (published[-1], "acknowledged")
         worker.delete()
 
 

@@ -7,6 +7,9 @@ from ._async import AsyncClient, AsyncConsumer, AsyncDevice, AsyncStream, AsyncT
 from ._core import Backoff, DeviceKey
 from ._model import (
     Agent,
+    ConsumerDelivery,
+    Deliveries,
+    DeviceDelivery,
     Dropped,
     Envelope,
     Event,
@@ -33,7 +36,10 @@ __all__ = [
     "Backoff",
     "Client",
     "Consumer",
+    "ConsumerDelivery",
+    "Deliveries",
     "Device",
+    "DeviceDelivery",
     "DeviceKey",
     "Dropped",
     "Envelope",

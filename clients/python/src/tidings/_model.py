@@ -156,6 +156,67 @@ class Page:
         )
 
 
+@dataclass(frozen=True)
+class ConsumerDelivery:
+    """Where a durable consumer stands with one event: `acknowledged` (its
+    filter takes the event and its cursor has passed it), `pending` (it
+    takes the event, not acknowledged yet) or `not_matched`."""
+
+    consumer_id: str
+    owner: str
+    cursor: int
+    state: str
+
+
+@dataclass(frozen=True)
+class DeviceDelivery:
+    """A stored device cursor (a WebSocket device, or a server's own lane)
+    and whether it has passed one event."""
+
+    owner: str
+    device_id: str
+    cursor: int
+    acknowledged: bool
+    updated_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Deliveries:
+    """An event and who has it: every durable consumer the caller may see
+    and, for an admin, every stored device cursor (at most 1,000;
+    `devices_truncated` says there were more)."""
+
+    event: Envelope
+    consumers: list[ConsumerDelivery]
+    devices: list[DeviceDelivery]
+    devices_truncated: bool = False
+
+    def consumer(self, consumer_id: str) -> ConsumerDelivery | None:
+        """The consumer named `consumer_id`, if the caller may see it."""
+        return next((c for c in self.consumers if c.consumer_id == consumer_id), None)
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Deliveries:
+        return cls(
+            event=Envelope.from_json(value["event"]),
+            consumers=[
+                ConsumerDelivery(str(c["consumer_id"]), str(c["owner"]), int(c["cursor"]), str(c["state"]))
+                for c in value.get("consumers") or []
+            ],
+            devices=[
+                DeviceDelivery(
+                    str(d["owner"]),
+                    str(d["device_id"]),
+                    int(d["cursor"]),
+                    bool(d["acknowledged"]),
+                    None if d.get("updated_ms") is None else int(d["updated_ms"]),
+                )
+                for d in value.get("devices") or []
+            ],
+            devices_truncated=bool(value.get("devices_truncated", False)),
+        )
+
+
 class TidingsError(Exception):
     """Anything this client raises."""
 

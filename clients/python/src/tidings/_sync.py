@@ -38,7 +38,7 @@ from ._core import (
     SseReader,
     ws_connect_args,
 )
-from ._model import Envelope, Event, Filter, Gap, Page, Refused, ReplayGap, Unavailable
+from ._model import Deliveries, Envelope, Event, Filter, Gap, Page, Refused, ReplayGap, Unavailable
 
 #: A bearer token, or a function returning one, called before every request
 #: and (re)connect so that a stream whose token expired goes on under a fresh one.
@@ -143,6 +143,15 @@ class Client:
         body = poll_body(filter, since, consumer_id, wait, limit)
         timeout = self._timeout + (wait or 0) + POLL_SLACK
         return Page.from_json(self._request("POST", "/v1/poll", body, timeout=timeout))
+
+    def deliveries(self, event_id: int) -> Deliveries:
+        """Event `event_id` and who has it (``GET /v1/events/{id}``): which
+        durable consumers (and, for an admin, which devices) have
+        acknowledged it and which have not. An event the caller could not
+        receive raises :class:`Refused` (`404 event_not_found`)."""
+        if isinstance(event_id, bool) or not isinstance(event_id, int) or event_id < 1:
+            raise ValueError(f"an event id is a positive integer, not {event_id!r}")
+        return Deliveries.from_json(self._request("GET", f"/v1/events/{event_id}"))
 
     def stream(self, filter: Filter | Mapping[str, Any] | None = None, since: int | None = None, *, on_gap: OnGap = "raise") -> Stream:
         """The events that match `filter`, live (after `since`, replayed
