@@ -2,6 +2,9 @@
 //! every subsystem from [`Settings`], binds the listener, and runs until the
 //! shutdown token is cancelled (zero-to-production's `Application`).
 
+#![allow(clippy::disallowed_types, reason = "the application joins the transports' router to the listener")]
+#![allow(clippy::disallowed_methods, reason = "the application starts and stops the process's long-lived tasks")]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -260,6 +260,7 @@ impl Broker {
     /// shutdown) is cancelled, every client's queue is closed and new
     /// clients are refused, so every live session ends at once; the log is
     /// still followed until `cancel`, for whoever follows the position.
+    #[expect(clippy::disallowed_methods, reason = "the broker's closer outlives one read of the log, and ends with the loop")]
     pub async fn run(self, closing: CancellationToken, cancel: CancellationToken) {
         // The slow-client sweep runs four times per timeout, so an eviction is
         // at most a quarter late; derived from the setting, not a setting.
@@ -499,6 +500,7 @@ impl Broker {
         }
     }
 
+    #[expect(clippy::disallowed_methods, reason = "a detached client's queue is closed off the fan-out's lock")]
     fn detach(&self, slot: &Slot, reason: Detached) {
         slot.state.detached.store(reason as u8 + 1, Ordering::Release);
         if reason == Detached::Lagged {
@@ -522,6 +524,7 @@ impl Broker {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods, reason = "tests start the tasks they drive")]
 pub(crate) mod tests {
     use super::*;
 

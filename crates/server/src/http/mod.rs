@@ -3,6 +3,8 @@
 //! connection loop in `server`) knows axum; handlers read the request,
 //! call the service layer ([`crate::service`]) and write its answer.
 
+#![allow(clippy::disallowed_types, reason = "a transport speaks HTTP")]
+
 mod caller;
 pub mod error;
 mod events;
@@ -224,6 +226,7 @@ async fn method_not_allowed() -> ApiError {
 #[derive(Clone, Debug)]
 pub(crate) struct ClientGone(pub(crate) CancellationToken);
 
+#[expect(clippy::disallowed_methods, reason = "the request's observer finishes after the response is handed to the connection")]
 async fn observe_requests(axum::extract::State(guard): axum::extract::State<Arc<guard::Guard>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "unmatched".to_owned());

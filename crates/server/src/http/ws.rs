@@ -77,6 +77,7 @@ mod close {
     ),
     security((), ("bearer" = []), ("access_token_query" = []), ("access_token_cookie" = []))
 )]
+#[expect(clippy::disallowed_methods, reason = "an upgraded WebSocket is served on a task of its own, owned by its connection's kill token")]
 pub(crate) async fn upgrade(
     State(app): State<AppState>,
     caller: Result<Caller, ApiError>,

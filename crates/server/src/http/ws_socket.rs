@@ -329,6 +329,7 @@ fn unmask(payload: &mut [u8], mask: [u8; 4]) {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods, reason = "tests start the tasks they drive")]
 mod tests {
     use super::*;
     use tokio::io::AsyncReadExt as _;

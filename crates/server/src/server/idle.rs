@@ -199,6 +199,7 @@ impl http_body::Body for Tracked {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods, reason = "tests start the tasks they drive")]
 mod tests {
     use super::*;
 

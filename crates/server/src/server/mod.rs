@@ -10,6 +10,8 @@
 //! extensions whose kill token closes the socket; every kill token is a
 //! child of one server-wide token that the shutdown deadline cancels.
 
+#![allow(clippy::disallowed_types, reason = "a transport speaks HTTP")]
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::pin;
@@ -367,6 +369,7 @@ where
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods, reason = "tests start the tasks they drive")]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 

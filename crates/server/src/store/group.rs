@@ -136,6 +136,7 @@ impl<G: Grouped> std::fmt::Debug for GroupCommit<G> {
 impl<G: Grouped> GroupCommit<G> {
     /// Starts the committer on `store` (it ends when the last handle is
     /// dropped, after committing what was queued).
+    #[expect(clippy::disallowed_methods, reason = "the group committer is a task for the store's lifetime")]
     pub fn start(store: Arc<dyn Store>, settings: GroupSettings) -> Self {
         let (jobs, queue) = mpsc::channel(QUEUE);
         tokio::spawn(commit_groups::<G>(store, settings, queue));

@@ -79,6 +79,7 @@ impl Supervisor {
 
     /// One lead: the engine's index loaded and its lanes published, then
     /// the courier and the mirrors started beside it, and stopped with it.
+    #[expect(clippy::disallowed_methods, reason = "the supervisor starts the courier and the mirrors while this process leads")]
     async fn lead(&mut self, cancel: &CancellationToken) -> Result<(), StepError> {
         let mut state = self.engine.begin().await?;
         let siblings = cancel.child_token();

@@ -263,6 +263,7 @@ fn hex_size(n: usize, out: &mut [u8; 18]) -> usize {
     len + 2
 }
 #[cfg(test)]
+#[allow(clippy::disallowed_methods, reason = "tests start the tasks they drive")]
 mod tests {
     use tokio::io::AsyncReadExt as _;
 

@@ -122,6 +122,7 @@ fn build(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
     Some(request)
 }
 #[cfg(test)]
+#[allow(clippy::disallowed_methods, reason = "tests start the tasks they drive")]
 mod tests {
     use super::*;
 

@@ -248,6 +248,7 @@ impl EventLog for EmbeddedStore {
         Ok(epoch)
     }
 
+    #[expect(clippy::disallowed_methods, reason = "the store's wake-up task lives until `cancel`")]
     fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
         // Appends wake the broker in-process; nothing to run.
         *lock(&self.inner.wake) = Some(wake.clone());

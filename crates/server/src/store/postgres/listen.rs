@@ -49,6 +49,7 @@ pub(super) async fn listen_loop(
     }
 }
 
+#[expect(clippy::disallowed_methods, reason = "the LISTEN connection is driven on a task that ends with the session")]
 async fn listen_once(
     config: &tokio_postgres::Config,
     status: &ListenerStatus,

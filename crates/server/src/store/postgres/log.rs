@@ -299,6 +299,7 @@ impl EventLog for PostgresStore {
         begun.ok_or_else(|| StoreError::Other(anyhow::anyhow!("no epoch was begun")))
     }
 
+    #[expect(clippy::disallowed_methods, reason = "the store's wake-up task lives until `cancel`")]
     fn start_wakeups(&self, wake: Arc<Notify>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
         let config = self.config.clone();
         let status = self.listener.clone();

@@ -143,6 +143,7 @@ struct ListenerStatus {
 impl PostgresStore {
     /// Connects (lazily: the pool opens connections on demand) and applies
     /// pending migrations.
+    #[expect(clippy::disallowed_methods, reason = "the LISTEN session and the synchronous gate are tasks for the store's lifetime")]
     pub async fn connect(url: &str, options: PostgresOptions) -> anyhow::Result<Self> {
         let (config, pool) = pool(url, "DATABASE_URL", "tidings", options.pool_size, options.acquire_timeout)?;
         let replicas = replica::Replicas::connect(&options.replica_urls, &options, options.replica_max_lag, pool.clone())?;

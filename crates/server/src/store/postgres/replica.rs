@@ -88,6 +88,7 @@ struct Replica {
 impl Replicas {
     /// Pools for `urls` (connected lazily), probed from now on while the
     /// returned set lives.
+    #[expect(clippy::disallowed_methods, reason = "each standby's prober is a task for the store's lifetime")]
     pub(super) fn connect(urls: &[String], options: &PostgresOptions, max_lag: Duration, primary: Pool) -> anyhow::Result<Arc<Self>> {
         let mut list = Vec::with_capacity(urls.len());
         for url in urls {

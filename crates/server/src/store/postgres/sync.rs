@@ -229,6 +229,7 @@ impl SyncGate {
 
     /// One connection's life: barriers on demand, and every
     /// [`IDLE_BARRIER`] when idle.
+    #[expect(clippy::disallowed_methods, reason = "a barrier's wait runs apart from its callers, which may be cancelled")]
     async fn serve(
         &self,
         config: &tokio_postgres::Config,

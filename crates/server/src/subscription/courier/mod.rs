@@ -194,6 +194,7 @@ impl Courier {
     /// Runs one task per lane in `lanes` until `cancel`, starting and
     /// stopping lanes as the set changes, and the dispatcher that feeds
     /// them.
+    #[expect(clippy::disallowed_methods, reason = "the courier owns one task per peer lane, stopped with it")]
     pub(super) async fn run(self, mut lanes: watch::Receiver<Lanes>, cancel: CancellationToken) {
         let this = Arc::new(self);
         let feeds: Feeds = Arc::default();

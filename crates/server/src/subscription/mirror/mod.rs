@@ -255,6 +255,7 @@ impl Mirrors {
 
     /// Runs every configured mirror until `cancel`, re-reading the set when
     /// `changed` fires (a change under `system/mirror/`) and every 30 s.
+    #[expect(clippy::disallowed_methods, reason = "the mirrors own one task per mirror, stopped with them")]
     pub(super) async fn run(self, mut changed: watch::Receiver<u64>, cancel: CancellationToken) {
         let this = Arc::new(self);
         let watcher = tokio::spawn(this.clone().watch_inboxes(cancel.clone()));
