@@ -42,19 +42,9 @@ if [ "$(id -u)" = 0 ]; then
   RUNAS=(runuser -u tidings-test --)
 fi
 
-# A free loopback port below the kernel's ephemeral range: a port inside it
-# may be held by some client connection's local end (thousands of them after
-# a benchmark), and binding a server there fails.
-free_port() {
-  local port low=32768 high=
-  if [ -r /proc/sys/net/ipv4/ip_local_port_range ]; then read -r low high </proc/sys/net/ipv4/ip_local_port_range; fi
-  [ "$low" -gt 11000 ] || low=32768
-  for _ in $(seq 1 50); do
-    port=$((10000 + RANDOM % (low - 10000)))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return 0; fi
-  done
-  return 1
-}
+# free_port and the rest of what the scripts share.
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PORT=$(free_port)
 
 cleanup() {

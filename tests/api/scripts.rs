@@ -78,3 +78,59 @@ fn packages_install_with_every_service_start_denied_and_the_guard_removed() {
     assert!(log.contains("start:0"), "{log}");
     assert_eq!(std::fs::read_to_string(&policy).unwrap(), "#!/bin/sh\nexit 0\n", "the machine's own policy is untouched");
 }
+
+/// The scripts share one library (`scripts/lib.sh`) for ports, starting a
+/// server and stopping what they started: no script keeps its own copy,
+/// nor picks a port by binding port 0 (inside the ephemeral range, where a
+/// benchmark's thousands of client connections may hold it).
+#[test]
+fn the_scripts_share_one_library() {
+    let all = scripts();
+    for (path, text) in &all {
+        let code: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+        if path.ends_with("scripts/lib.sh") {
+            continue;
+        }
+        for own in ["free_port()", "wait_up()", "wait_port()", "free_port ()"] {
+            assert!(!code.iter().any(|l| l.contains(own)), "{path} keeps its own {own}");
+        }
+        for line in &code {
+            assert!(!line.contains("bind((\"127.0.0.1\", 0))") && !line.contains("bind((\"127.0.0.1\",0))"), "{path}: {line}");
+            assert!(!(line.contains("$(seq") && line.contains("curl")), "{path} polls by hand instead of wait_up: {line}");
+        }
+    }
+}
+
+/// The library's `serve` starts a server on a port below the ephemeral
+/// range and waits until it answers; `stop_pid` stops that one process and
+/// forgets it.
+#[test]
+fn the_library_serves_on_a_port_below_the_ephemeral_range_and_stops_by_pid() {
+    let data = tempfile::tempdir().unwrap();
+    let script = r#"set -euo pipefail
+        . scripts/lib.sh
+        BIN=$1
+        port=$(free_port)
+        serve "$port" TIDINGS_DATA_DIR="$2"
+        curl -sf -o /dev/null "http://127.0.0.1:$port/health"
+        echo "$port ${#STARTED[@]}"
+        stop_pid "$SERVED"
+        if kill -0 "$SERVED" 2>/dev/null; then echo running; else echo stopped; fi
+        echo "${#STARTED[@]}""#;
+    let out = Command::new("bash")
+        .current_dir(ROOT)
+        .args(["-c", script, "lib-test", env!("CARGO_BIN_EXE_tidings")])
+        .arg(data.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    let (port, started) = lines[0].split_once(' ').unwrap();
+    let ephemeral_from: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    assert!(port.parse::<u16>().unwrap() < ephemeral_from, "{port} is inside the ephemeral range from {ephemeral_from}");
+    assert_eq!((started, lines[1], lines[2]), ("1", "stopped", "0"), "{stdout}");
+}

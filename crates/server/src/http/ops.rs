@@ -86,7 +86,7 @@ pub(crate) async fn health_deep(
     } else {
         None
     };
-    let (listener, reconnects, _) = store.listener();
+    let listener = store.listener();
     let peers = if up && admin { app.core().subscriptions().peers().await.ok() } else { None };
     let body = json!({
         "status": if up { "ok" } else { "degraded" },
@@ -98,13 +98,9 @@ pub(crate) async fn health_deep(
         // lost history (docs/failover.md).
         "epoch": epoch,
         "broker_position": app.broker().position(),
-        "listener": { "state": listener, "reconnects": reconnects },
+        "listener": { "state": listener.state, "reconnects": listener.reconnects },
         // Standbys' addresses are shown to admins only, like peers.
-        "replicas": store.replicas().filter(|_| admin).map(|(standbys, primary_reads, primary_tail_reads)| json!({
-            "standbys": standbys,
-            "primary_history_reads": primary_reads,
-            "primary_broker_reads": primary_tail_reads,
-        })),
+        "replicas": store.replicas().filter(|_| admin),
         // The SQL outbox (PostgreSQL's tidings.publish): rows waiting to be
         // moved into the log, the oldest one's age, and rows set aside.
         "outbox": outbox,

@@ -54,7 +54,7 @@ pub async fn measure_at(store: &dyn Store, position: EventId) -> Result<Freshnes
     } else {
         (0, 0)
     };
-    let (_, _, silence) = store.listener();
+    let silence = store.listener().silence_ms;
     let outbox = store.outbox_status().await?;
     Ok(Freshness {
         broker_behind_events: behind,

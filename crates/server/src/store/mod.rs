@@ -38,7 +38,7 @@ pub use consumer::{Acked, Actor, Consumer, ConsumerOpen, DeviceRead, Moved, Open
 pub use epoch::{Epoch, EpochReason, Epochs};
 pub use idempotency::{IdempotencyKey, Publish, Published};
 pub use outbox::{Decide, OutboxDecision, OutboxMoved, OutboxRow, OutboxStatus};
-pub use status::{DeliveryStatus, DeviceCursor, ListenerState, ReplicaStatus};
+pub use status::{DeliveryStatus, DeviceCursor, Listener, ListenerState, ReplicaStatus, Replicas};
 
 /// One record to append.
 #[derive(Debug, Clone)]
@@ -323,7 +323,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
 
     /// The hot standbys serving history, and how many history reads and
     /// broker tail reads the primary answered; `None` without standbys.
-    fn replicas(&self) -> Option<(Vec<ReplicaStatus>, u64, u64)> {
+    fn replicas(&self) -> Option<Replicas> {
         None
     }
 
@@ -427,7 +427,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + 'static {
     fn hand_off_to(&self, to: HandOff);
 
     /// Listener state, reconnect count, and how long the LISTEN session has been silent, in ms (PostgreSQL).
-    fn listener(&self) -> (ListenerState, u64, Option<u64>);
+    fn listener(&self) -> Listener;
 }
 
 /// Durable consumers: a stored filter and a cursor that only confirmations
@@ -615,7 +615,7 @@ pub async fn run_health_probe(store: Arc<dyn Store>, every: std::time::Duration,
             _ = tick.tick() => {}
         }
         let up = tokio::time::timeout(every, store.ping()).await.is_ok_and(|r| r.is_ok());
-        let listening = store.listener().0 == ListenerState::Listening;
+        let listening = store.listener().state == ListenerState::Listening;
         crate::metrics::store_health(up, listening);
     }
 }

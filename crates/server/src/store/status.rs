@@ -16,6 +16,29 @@ pub enum ListenerState {
     Starting,
 }
 
+/// The wake-up listener as the store reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listener {
+    /// Whether it listens.
+    pub state: ListenerState,
+    /// How often it reconnected.
+    pub reconnects: u64,
+    /// Since it last heard a notification or connected, in ms (`None`
+    /// without a LISTEN session: the embedded store, or before the first).
+    pub silence_ms: Option<u64>,
+}
+
+/// The hot standbys serving history, as `/health/deep` shows them.
+#[derive(Debug, Clone, Serialize)]
+pub struct Replicas {
+    /// Each standby.
+    pub standbys: Vec<ReplicaStatus>,
+    /// History reads the primary answered (no standby could).
+    pub primary_history_reads: u64,
+    /// Broker tail reads the primary answered.
+    pub primary_broker_reads: u64,
+}
+
 /// One standby as `/health/deep` shows it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ReplicaStatus {

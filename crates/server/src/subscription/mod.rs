@@ -9,9 +9,8 @@
 //! three siblings: [`engine`] turns tree changes into notifications,
 //! [`courier`] carries those addressed to other servers there, and
 //! [`mirror`] applies a peer's notifications to this server's tree;
-//! [`inbox`] receives what other servers carry here.
-//! Nothing here keeps subscriptions in memory: the engine's index is a cache
-//! it rebuilds from the entities (and the log) whenever it starts.
+//! [`inbox`] receives what other servers carry here. Nothing here keeps
+//! subscriptions in memory: the engine's index is a cache it rebuilds.
 //!
 //! Decisions of tidings' own (each described in docs/ref-subscriptions.md):
 //! - tidings applies no default limits and never tightens requested ones;
@@ -393,7 +392,16 @@ pub struct Subscriptions {
 }
 
 /// A stored subscription: its tree entry and what it says.
-pub type Held = Arc<(TreeEntry, Subscription)>;
+#[derive(Debug)]
+pub struct Stored {
+    /// Its entry in the tree (path, version, entity).
+    pub entry: TreeEntry,
+    /// The subscription the entity says.
+    pub subscription: Subscription,
+}
+
+/// A stored subscription, shared by the listings that hold it.
+pub type Held = Arc<Stored>;
 
 /// A listing of the subscriptions and the directory version it is current at.
 #[derive(Debug, Clone)]
@@ -495,7 +503,7 @@ impl Subscriptions {
             entries
                 .into_iter()
                 .filter(|e| subscription_id_of(&e.path).is_some())
-                .filter_map(|e| Subscription::from_json(&e.entity).map(|s| Arc::new((e, s))))
+                .filter_map(|entry| Subscription::from_json(&entry.entity).map(|subscription| Arc::new(Stored { entry, subscription })))
                 .collect(),
         );
         if let Ok(mut listed) = self.listed.lock() {
@@ -517,13 +525,13 @@ impl Subscriptions {
             return;
         };
         let (mut count, mut sum) = current.version;
-        let mut entries: Vec<Held> = from.iter().filter(|h| Some(&h.0.path) != replaced.map(|r| &r.path)).cloned().collect();
+        let mut entries: Vec<Held> = from.iter().filter(|h| Some(&h.entry.path) != replaced.map(|r| &r.path)).cloned().collect();
         if let Some(old) = replaced {
             (count, sum) = (count - 1, sum - old.changed_event);
         }
         (count, sum) = (count + 1, sum + entry.changed_event);
-        let at = entries.partition_point(|h| h.0.path < entry.path);
-        entries.insert(at, Arc::new((entry, subscription)));
+        let at = entries.partition_point(|h| h.entry.path < entry.path);
+        entries.insert(at, Arc::new(Stored { entry, subscription }));
         *listed = Some(Listed { version: (count, sum), entries: Arc::new(entries) });
     }
 
@@ -589,7 +597,7 @@ impl Subscriptions {
     pub async fn refresh_config(&self) -> Result<(), StoreError> {
         let mut counts: BTreeMap<String, u64> = BTreeMap::new();
         for held in self.list().await?.iter() {
-            *counts.entry(held.1.pattern.clone()).or_default() += 1;
+            *counts.entry(held.subscription.pattern.clone()).or_default() += 1;
         }
         let entity = Entity {
             kind: "system/config".into(),

@@ -80,9 +80,9 @@ impl Subscriptions {
                 let _gate = self.gate.lock().await;
                 let existing = self.list().await?;
                 if !self.renews(&existing, caller.author, &request)
-                    && let Some(answer) = self.no_room(&existing, caller.author, &accountable, pattern).await?
+                    && let Room::Full(redirect) = self.room(&existing, caller.author, &accountable, pattern).await?
                 {
-                    return answer;
+                    return Ok(redirect);
                 }
             }
             self.prove_peer(peer, endpoint).await?;
@@ -94,7 +94,9 @@ impl Subscriptions {
         // terms (events, include_payload, limits) replace the stored ones,
         // checked as for a new subscription; the id, the creation time (so
         // max_duration_ms) and the delivered count stay.
-        if let Some((entry, found)) = existing.iter().find(|h| renewal_of(&h.1, caller.author, &request)).map(|h| (&h.0, &h.1)) {
+        if let Some((entry, found)) =
+            existing.iter().find(|h| renewal_of(&h.subscription, caller.author, &request)).map(|h| (&h.entry, &h.subscription))
+        {
             let renewed = Subscription {
                 deliver_token: token_hash.to_owned(),
                 deliver_chain,
@@ -114,8 +116,8 @@ impl Subscriptions {
             self.store.content_put(content).await?;
             return Ok(Executed::Done(result(&renewed, true)));
         }
-        if let Some(answer) = self.no_room(&existing, caller.author, &accountable, pattern).await? {
-            return answer;
+        if let Room::Full(redirect) = self.room(&existing, caller.author, &accountable, pattern).await? {
+            return Ok(redirect);
         }
         // Store the entity: the engine registers it when it reaches the
         // change in the log.
@@ -150,39 +152,33 @@ impl Subscriptions {
 
     /// Whether `request` renews one of `existing`.
     fn renews(&self, existing: &[Held], author: &str, request: &SubscribeRequest) -> bool {
-        existing.iter().any(|h| renewal_of(&h.1, author, request))
+        existing.iter().any(|h| renewal_of(&h.subscription, author, request))
     }
 
-    /// The answer when a new subscription of `author`, counted against
+    /// Whether a new subscription of `author`, counted against
     /// `accountable` (see [`Subscription::counted_against`]), for `pattern`
-    /// has no room:
-    /// `too_many_subscriptions` at the server's cap, a capacity redirect
+    /// has room: refused (`too_many_subscriptions`) at the server's cap or
+    /// the identity's, [`Room::Full`] with a capacity redirect
     /// (docs/ref-subscriptions.md, "Capacity and redirects") at the
-    /// prefix's; `None` when it fits.
-    async fn no_room(
-        &self,
-        existing: &[Held],
-        author: &str,
-        accountable: &str,
-        pattern: &str,
-    ) -> Result<Option<Result<Executed, ExecuteError>>, StoreError> {
+    /// prefix's.
+    async fn room(&self, existing: &[Held], author: &str, accountable: &str, pattern: &str) -> Result<Room, ExecuteError> {
         if existing.len() >= self.max_total {
-            return Ok(Some(Err(ExecuteError::TooManySubscriptions(format!(
+            return Err(ExecuteError::TooManySubscriptions(format!(
                 "this server keeps at most {} subscriptions; unsubscribe some or use another server",
                 self.max_total
-            )))));
+            )));
         }
         // One subscriber cannot take the server's room from everyone else.
-        if existing.iter().filter(|h| h.1.counted_against() == accountable).count() >= self.max_per_identity {
-            return Ok(Some(Err(ExecuteError::TooManySubscriptionsForIdentity(format!(
+        if existing.iter().filter(|h| h.subscription.counted_against() == accountable).count() >= self.max_per_identity {
+            return Err(ExecuteError::TooManySubscriptionsForIdentity(format!(
                 "this identity keeps at most {} subscriptions here (TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY); unsubscribe some",
                 self.max_per_identity
-            )))));
+            )));
         }
         // 7. Capacity for this prefix.
-        let subscribers: Vec<&Subscription> = existing.iter().map(|h| &h.1).filter(|s| s.pattern == pattern).collect();
+        let subscribers: Vec<&Subscription> = existing.iter().map(|h| &h.subscription).filter(|s| s.pattern == pattern).collect();
         if self.max_per_prefix == 0 || (subscribers.len() as u64) < self.max_per_prefix {
-            return Ok(None);
+            return Ok(Room::Fits);
         }
         // Offered as relays: only subscribers that really hold a relaying
         // mirror of the prefix (a server receiving the entities into its
@@ -220,10 +216,10 @@ impl Subscriptions {
                 alternatives.push(json!({"peer": peer, "endpoint": endpoint}));
             }
         }
-        Ok(Some(Ok(Executed::Redirect(json!({
+        Ok(Room::Full(Executed::Redirect(json!({
             "type": "system/subscription/redirect",
             "data": { "reason": "at_capacity", "prefix": pattern, "alternatives": alternatives, "capacity": self.max_per_prefix }
-        })))))
+        }))))
     }
 
     /// Where an unknown peer may be learned from the request, checked
@@ -243,4 +239,12 @@ impl Subscriptions {
     async fn prove_peer(&self, peer: &str, endpoint: &str) -> Result<(), ExecuteError> {
         self.http.prove(peer, endpoint, std::time::Duration::from_secs(5)).await.map_err(|why| unknown_peer(peer, why))
     }
+}
+
+/// Whether a new subscription has room here.
+enum Room {
+    /// It fits.
+    Fits,
+    /// The prefix is at capacity: the redirect to answer with.
+    Full(Executed),
 }

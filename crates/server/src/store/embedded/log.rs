@@ -260,8 +260,8 @@ impl EventLog for EmbeddedStore {
         *lock(&self.inner.hand_off) = Some(to);
     }
 
-    fn listener(&self) -> (ListenerState, u64, Option<u64>) {
-        (ListenerState::Listening, 0, None)
+    fn listener(&self) -> crate::store::Listener {
+        crate::store::Listener { state: ListenerState::Listening, reconnects: 0, silence_ms: None }
     }
 }
 

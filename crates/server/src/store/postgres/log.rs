@@ -115,7 +115,7 @@ impl EventLog for PostgresStore {
         Ok(rows)
     }
 
-    fn replicas(&self) -> Option<(Vec<crate::store::ReplicaStatus>, u64, u64)> {
+    fn replicas(&self) -> Option<crate::store::Replicas> {
         self.replicas.any().then(|| self.replicas.status())
     }
 
@@ -310,7 +310,7 @@ impl EventLog for PostgresStore {
         *lock_hand_off(&self.hand_off) = Some(to);
     }
 
-    fn listener(&self) -> (ListenerState, u64, Option<u64>) {
+    fn listener(&self) -> crate::store::Listener {
         let state = match self.listener.state.load(Ordering::Relaxed) {
             1 => ListenerState::Listening,
             2 => ListenerState::Reconnecting,
@@ -318,7 +318,11 @@ impl EventLog for PostgresStore {
         };
         let heard = self.listener.heard_ms.load(Ordering::Relaxed);
         let silence = u64::try_from(chrono::Utc::now().timestamp_millis() - heard).unwrap_or(0);
-        (state, self.listener.reconnects.load(Ordering::Relaxed), (heard > 0).then_some(silence))
+        crate::store::Listener {
+            state,
+            reconnects: self.listener.reconnects.load(Ordering::Relaxed),
+            silence_ms: (heard > 0).then_some(silence),
+        }
     }
 }
 

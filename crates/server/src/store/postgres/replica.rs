@@ -218,7 +218,7 @@ impl Replicas {
 
     /// Every standby's state, and the primary's share of history reads
     /// and of the broker's tail reads.
-    pub(super) fn status(&self) -> (Vec<ReplicaStatus>, u64, u64) {
+    pub(super) fn status(&self) -> crate::store::Replicas {
         let list = self
             .list
             .iter()
@@ -233,7 +233,11 @@ impl Replicas {
                 connections_capped_at: r.capped.lock().unwrap_or_else(|p| p.into_inner()).map(|(held, _)| held),
             })
             .collect();
-        (list, self.primary_reads.load(Ordering::Relaxed), self.primary_tail_reads.load(Ordering::Relaxed))
+        crate::store::Replicas {
+            standbys: list,
+            primary_history_reads: self.primary_reads.load(Ordering::Relaxed),
+            primary_broker_reads: self.primary_tail_reads.load(Ordering::Relaxed),
+        }
     }
 }
 
