@@ -130,7 +130,7 @@ async fn listen_resumes_across_a_restart_and_acks(backend: Backend) {
 
     // The key file is the device's identity; the server kept its cursor at
     // what was printed last (the last ack lands just before the exit).
-    let identity = tidings_protocol::identity::ServerIdentity::open(&key).unwrap();
+    let identity = tidings_server::keyfile::open(&key).unwrap();
     let ws = tidings_client::device::ws_url(&url, None);
     let mut tries = 0;
     loop {

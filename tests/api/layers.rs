@@ -236,6 +236,22 @@ fn the_client_is_built_on_the_protocol_alone() {
     assert!(protocol_or_client.is_empty(), "these name the server or the CLI: {protocol_or_client:?}");
 }
 
+/// The protocol crate is the wire contract and does no I/O beyond a retry's
+/// sleep: it depends on no HTTP client, resolver or logging, and the server
+/// names it where it uses it (no re-export under local names). Calling
+/// peers is the outbound crate's, on the protocol alone.
+#[test]
+fn the_protocol_crate_is_the_wire_contract_alone() {
+    let protocol = dependencies("protocol");
+    for io in ["reqwest", "hyper", "ipnet", "url.", "tracing", "anyhow"] {
+        assert!(!protocol.contains(&format!("\n{io}")), "the protocol crate depends on {io}: {protocol}");
+    }
+    let outbound = dependencies("outbound");
+    assert!(outbound.contains("tidings-protocol.workspace") && !outbound.contains("tidings-server"), "{outbound}");
+    let lib = std::fs::read_to_string(Path::new(SRC).join("lib.rs")).unwrap();
+    assert!(!lib.contains("pub use tidings_protocol"), "the server re-exports the protocol crate under local names");
+}
+
 /// Every `.rs` file of the workspace's crates, with its text minus its unit
 /// tests and comments.
 fn workspace_sources() -> Vec<(String, String)> {

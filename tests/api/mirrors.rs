@@ -176,7 +176,7 @@ async fn a_stale_lap_changes_nothing(backend: Backend) {
     assert_eq!(before, 5, "a one-way mirror settles exactly N");
     // A's second notification again (as A, with a sequence B has not seen,
     // so it is not a retry): B moved on long ago.
-    let server = tidings_protocol::identity::ServerIdentity::open(&a.key_file()).unwrap();
+    let server = tidings_server::keyfile::open(&a.key_file()).unwrap();
     let inbox = "system/inbox/mirror/from-0";
     let mut included = Map::new();
     let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;

@@ -134,7 +134,7 @@ async fn the_shipped_nginx_config_carries_every_transport(backend: Backend) {
         http.get(format!("{base}/v1/poll?types=probe.*&since=0")).bearer_auth(&token).send().await.unwrap().json().await.unwrap();
     assert_eq!(page["events"].as_array().map(Vec::len), Some(4), "{page}");
     // The WebSocket device, its token in the URL as a browser sends it.
-    let key = tidings_protocol::identity::ServerIdentity::open(&dir.path().join("device.key")).unwrap();
+    let key = tidings_server::keyfile::open(&dir.path().join("device.key")).unwrap();
     let ws_url = format!("{}/v1/ws?access_token={token}", base.replace("http://", "ws://"));
     let mut device = tidings_client::device::DeviceClient::connect(&ws_url).await.expect("a WebSocket upgrade through nginx");
     let answer = device.auth(&key, json!({"device_id": "behind-nginx", "filter": {"types": ["probe.*"]}})).await.unwrap();

@@ -452,7 +452,7 @@ async fn every_error_code_from_signed_requests(backend: Backend) {
     let mut crowded = Subscribe { author: &a, pattern: "docs/*", params: request(&token, inbox_a), capability: None, included: Map::new() }
         .envelope("subscribe");
     let extra = crowded["included"].as_object_mut().unwrap();
-    for i in 0..tidings_server::subscription::execute::MAX_INCLUDED {
+    for i in 0..tidings_protocol::peer::verify::MAX_INCLUDED {
         let entity = json!({"type": "note", "data": {"i": i}});
         extra.insert(hash_of(&entity).unwrap(), entity);
     }

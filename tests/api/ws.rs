@@ -564,7 +564,7 @@ async fn the_books_example_device_catches_up_goes_live_and_acks(backend: Backend
     }
     assert_eq!(got, published, "history by the filter, then realtime");
     assert!(child.wait().await.unwrap().success());
-    let identity = tidings_protocol::identity::ServerIdentity::open(&key).unwrap();
+    let identity = tidings_server::keyfile::open(&key).unwrap();
     let mut device = tidings_client::device::DeviceClient::connect(&url).await.unwrap();
     let answer = device.auth(&identity, json!({"device_id": "py"})).await.unwrap();
     assert_eq!(answer["cursor"], published[3], "the example acked what it printed: {answer}");

@@ -301,7 +301,7 @@ enum Ended {
 /// rejection (bad key, bad token, bad filter, a protocol error) is not,
 /// since the same request would be rejected again.
 pub async fn listen(args: ListenArgs) -> anyhow::Result<()> {
-    let key = tidings_protocol::identity::ServerIdentity::open(&args.key)?;
+    let key = tidings_server::keyfile::open(&args.key)?;
     let follow = &args.follow;
     let filter = follow_filter(follow)?;
     let url = tidings_client::device::ws_url(&follow.url, None);
@@ -359,7 +359,8 @@ impl Listening {
         // closes are retried; anything else is a rejection.
         let retry = |e: E| -> anyhow::Result<Ended> {
             match e {
-                E::Transport(_) | E::Closed { code: 1000 | 1001 | 1006 | 1011 | 1012 | 1013, .. } => Ok(Ended::Retry(e.to_string())),
+                E::Transport(_) => Ok(Ended::Retry(e.to_string())),
+                E::Closed { code, .. } if tidings_protocol::ws::close::reconnects(code) => Ok(Ended::Retry(e.to_string())),
                 e => Err(anyhow::anyhow!("the server rejected this device: {e}")),
             }
         };
@@ -391,7 +392,10 @@ impl Listening {
         // device's cursor is behind it.
         if since < head || cursor < head {
             loop {
-                let page = match client.call("sync.delta", json!({"device_id": args.device, "since": since, "limit": 500})).await {
+                let page = match client
+                    .call(tidings_protocol::ws::method::DELTA, json!({"device_id": args.device, "since": since, "limit": 500}))
+                    .await
+                {
                     Ok(p) => p,
                     Err(e @ E::Refused { .. }) => anyhow::bail!("the server rejected catch-up: {e}"),
                     Err(e) => return retry(e),

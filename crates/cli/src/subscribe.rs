@@ -2,7 +2,7 @@
 //! from the terminal. It signs with a key file (created on first use),
 //! subscribes at the source for notifications delivered to an inbox of its
 //! own at whichever server accepts, following capacity redirects to relays
-//! as a mirror does ([`tidings_protocol::peer::follow_redirects`],
+//! as a mirror does ([`tidings_outbound::follow_redirects`],
 //! docs/ref-federation.md, "Relays"), then prints each notification as it
 //! arrives there over SSE. It renews the subscription where it is held at
 //! half the deliver token's lifetime, and when that server stops answering
@@ -20,9 +20,10 @@ use clap::Args;
 use serde_json::{Map, Value, json};
 
 use tidings_client::sse as client;
+use tidings_outbound::Attached;
 use tidings_protocol::identity::ServerIdentity;
+use tidings_protocol::peer::Subscribed;
 use tidings_protocol::peer::protocol::{Execute, PeerError, receive_token};
-use tidings_protocol::peer::{Attached, Subscribed};
 use tidings_protocol::retry::Backoff;
 
 /// `tidings subscribe`.
@@ -65,7 +66,7 @@ const IDLE: Duration = Duration::from_secs(45);
 
 /// Runs `tidings subscribe` until `--count` notifications were printed.
 pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
-    let key = ServerIdentity::open(&args.key)?;
+    let key = tidings_server::keyfile::open(&args.key)?;
     let api = reqwest::Client::builder().timeout(TIMEOUT).redirect(reqwest::redirect::Policy::none()).build()?;
     let stream = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
     let base = args.url.trim_end_matches('/').to_owned();
@@ -85,7 +86,7 @@ pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
     // on from there (nothing that arrived meanwhile is skipped).
     let mut resume: Option<(String, Option<i64>)> = None;
     loop {
-        let attached = tidings_protocol::peer::follow_redirects(&from, key.hash(), &[], &session).await;
+        let attached = tidings_outbound::follow_redirects(&from, key.hash(), &[], &session).await;
         let (a, since) = match attached {
             Ok(a) => {
                 let head = session.head(&a.upstream);
@@ -154,9 +155,9 @@ impl Session<'_> {
     }
 }
 
-impl tidings_protocol::peer::Subscriber for Session<'_> {
+impl tidings_outbound::Subscriber for Session<'_> {
     async fn prove(&self, peer: &str, endpoint: &str) -> bool {
-        let proven = tidings_protocol::peer::proves(&self.api, peer, endpoint, TIMEOUT).await;
+        let proven = tidings_outbound::proves(&self.api, peer, endpoint, TIMEOUT).await;
         if proven && let Ok(mut endpoints) = self.endpoints.lock() {
             endpoints.insert(peer.to_owned(), endpoint.to_owned());
         }
@@ -177,7 +178,7 @@ impl tidings_protocol::peer::Subscriber for Session<'_> {
                     heads.insert(at.to_owned(), head);
                 }
             }
-            Err(e) => return Subscribed::Failed(e.into()),
+            Err(e) => return Subscribed::Failed(tidings_outbound::unreachable(e)),
         }
         let key = self.key;
         let mut included = Map::new();
@@ -190,10 +191,10 @@ impl tidings_protocol::peer::Subscriber for Session<'_> {
         let sent = self.api.post(format!("{endpoint}/v1/execute")).json(&envelope.signed(key, included)).send().await;
         let response = match sent {
             Ok(r) => r,
-            Err(e) => return Subscribed::Failed(e.into()),
+            Err(e) => return Subscribed::Failed(tidings_outbound::unreachable(e)),
         };
         let status = response.status().as_u16();
-        Subscribed::from_answer(status, &tidings_protocol::peer::read_json(response).await)
+        Subscribed::from_answer(status, &tidings_outbound::read_json(response).await)
     }
 }
 
@@ -237,7 +238,7 @@ impl Session<'_> {
                     Ok(None) => break,
                     // Quiet: a stream that carries nothing for a while is
                     // kept if its server still answers.
-                    Err(_) if tidings_protocol::peer::proves(&self.api, &attached.upstream, endpoint, TIMEOUT).await => continue,
+                    Err(_) if tidings_outbound::proves(&self.api, &attached.upstream, endpoint, TIMEOUT).await => continue,
                     Err(_) => break,
                 };
                 failures = 0;

@@ -6,6 +6,7 @@
 //! WebSocket mode.
 
 use std::collections::VecDeque;
+use tidings_protocol::ws::method;
 
 use futures_util::{SinkExt as _, StreamExt as _};
 use serde_json::{Value, json};
@@ -112,7 +113,7 @@ impl DeviceClient {
         let (ws, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), true).await?;
         let mut client = DeviceClient { ws, hello: Value::Null, nonce: String::new(), next_id: 1, pending: VecDeque::new() };
         let hello = client.read().await?;
-        if hello["method"] != "stream.hello" {
+        if hello["method"] != method::HELLO {
             return Err(DeviceClientError::Unexpected(hello.to_string()));
         }
         client.hello = hello["params"].clone();
@@ -152,15 +153,15 @@ impl DeviceClient {
 
     /// `stream.auth` with `body` (`{device_id, cursor?, filter?}`), signed by `key`.
     pub async fn auth(&mut self, key: &ServerIdentity, body: Value) -> Result<Value, DeviceClientError> {
-        let proof = self.proof(key, "stream.auth", &body);
-        self.call("stream.auth", json!({"body": body, "origin_proof": proof})).await
+        let proof = self.proof(key, method::AUTH, &body);
+        self.call(method::AUTH, json!({"body": body, "origin_proof": proof})).await
     }
 
     /// Sends `stream.ack {seq}` signed by `key`, without waiting for the answer.
     pub async fn ack(&mut self, key: &ServerIdentity, seq: i64) -> Result<u64, DeviceClientError> {
         let body = json!({"seq": seq});
-        let proof = self.proof(key, "stream.ack", &body);
-        self.send("stream.ack", json!({"body": body, "origin_proof": proof})).await
+        let proof = self.proof(key, method::ACK, &body);
+        self.send(method::ACK, json!({"body": body, "origin_proof": proof})).await
     }
 
     /// The next thing the server pushed.
@@ -172,7 +173,7 @@ impl DeviceClient {
         if frame.get("id").is_some() {
             return Ok(Pushed::Answer(frame));
         }
-        if frame["method"] == "stream.event" {
+        if frame["method"] == method::EVENT {
             let Some(seq) = frame["params"]["seq"].as_i64() else { return Err(DeviceClientError::Unexpected(frame.to_string())) };
             let mut frame = frame;
             return Ok(Pushed::Event { seq, event: frame["params"]["event"].take() });

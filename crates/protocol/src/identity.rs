@@ -1,18 +1,12 @@
-//! The server's own identity: an Ed25519 key loaded from
-//! `TIDINGS_SERVER_KEY_FILE`, or generated once into the data directory
-//! (`server.key`, PKCS#8 PEM, mode 0600), and the `system/identity` entity
-//! named by its hash. The server signs with it the capabilities it mints.
-//! `tidings listen` keeps a device's key the same way ([`ServerIdentity::open`]).
+//! A server's (or a device's) identity: an Ed25519 key and the
+//! `system/identity` entity named by its hash. The server signs with it the
+//! capabilities it mints. (Where the key is kept is the server's
+//! `keyfile` module.)
 //! Also [`proof_target`], what a device's origin proof signs
 //! (docs/ref-websocket.md, "Origin proofs"): `tidings-client` signs it, the
 //! server's `service::device` checks it.
 
-use std::path::Path;
-
-use anyhow::Context as _;
 use base64::Engine as _;
-use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
-use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
 use ed25519_dalek::{Signer as _, SigningKey};
 use serde_json::{Value, json};
 
@@ -32,44 +26,6 @@ impl std::fmt::Debug for ServerIdentity {
 }
 
 impl ServerIdentity {
-    /// Loads `key_file`, or `data_dir/server.key`, creating it on first start.
-    pub fn load_or_create(key_file: Option<&Path>, data_dir: &Path) -> anyhow::Result<Self> {
-        match key_file {
-            Some(path) => {
-                anyhow::ensure!(path.exists(), "TIDINGS_SERVER_KEY_FILE {} does not exist", path.display());
-                Self::open(path)
-            }
-            None => {
-                std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
-                Self::open(&data_dir.join("server.key"))
-            }
-        }
-    }
-
-    /// Loads the key at `path`, generating it there (mode 0600) when the
-    /// file does not exist.
-    pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let read = |path: &Path| -> anyhow::Result<SigningKey> {
-            let pem = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            SigningKey::from_pkcs8_pem(&pem).map_err(|e| anyhow::anyhow!("{} is not an Ed25519 PKCS#8 key: {e}", path.display()))
-        };
-        if path.exists() {
-            return Ok(Self::from_key(read(path)?));
-        }
-        let key = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
-        let pem = key.to_pkcs8_pem(LineEnding::LF).map_err(|e| anyhow::anyhow!("encoding the key: {e}"))?;
-        match write_private(path, pem.as_bytes()) {
-            Ok(()) => {
-                tracing::info!(path = %path.display(), "generated an identity key");
-                Ok(Self::from_key(key))
-            }
-            // Another process sharing this directory (several servers on one
-            // PostgreSQL) created it first: use theirs.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(Self::from_key(read(path)?)),
-            Err(e) => Err(e).with_context(|| format!("writing {}", path.display())),
-        }
-    }
-
     /// An identity from a key.
     pub fn from_key(key: SigningKey) -> Self {
         let public = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes());
@@ -111,13 +67,6 @@ impl ServerIdentity {
     }
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
-    file.write_all(bytes)
-}
-
 /// What a device's origin proof signs (docs/ref-websocket.md,
 /// "Origin proofs"): the hash (`sha256:<hex>`) of the RFC 8785 canonical
 /// JSON of `{"method", "body", "nonce"}`, the nonce being its connection's.
@@ -133,15 +82,13 @@ mod tests {
     use crate::tree::capability::{Included, verify_signed};
 
     #[test]
-    fn generated_once_then_reloaded_and_signatures_verify() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = ServerIdentity::load_or_create(None, dir.path()).unwrap();
-        let again = ServerIdentity::load_or_create(None, dir.path()).unwrap();
-        assert_eq!(first.hash(), again.hash(), "the same key after a restart");
+    fn signatures_verify_against_the_identity() {
+        let first = ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&[3; 32]));
         let target = "sha256:abc";
         let sig = first.sign(target);
         let included: Included = [(first.hash().to_owned(), first.entity().clone()), (hash_of(&sig).unwrap(), sig)].into_iter().collect();
         assert_eq!(verify_signed(&included, target, first.hash()), Ok(()));
-        assert!(ServerIdentity::load_or_create(Some(&dir.path().join("missing.key")), dir.path()).is_err());
+        let other = ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&[4; 32]));
+        assert!(verify_signed(&included, target, other.hash()).is_err(), "signed by another");
     }
 }

@@ -11,16 +11,18 @@
 //! - [`identity`]: a server's (or a device's) ed25519 key and identity
 //!   entity, and [`identity::proof_target`], what a device's origin proof
 //!   signs;
-//! - [`peer`]: what a `system/peer` entity must be, the outbound client
-//!   peers are called with (its allow list), following capacity redirects,
-//!   and in [`peer::protocol`] what servers say to each other: the one
-//!   builder of signed EXECUTEs and `PeerError`;
+//! - [`peer`]: what a `system/peer` entity must be, what a capacity
+//!   redirect offers, and in [`peer::protocol`] what servers say to each
+//!   other: the one builder of signed EXECUTEs and `PeerError` (calling a
+//!   peer is `tidings-outbound`'s);
 //! - [`retry`]: how every retrying loop paces itself (`Backoff`);
-//! - [`trace`]: the W3C trace context an event is published in.
+//! - [`trace`]: the W3C trace context an event is published in;
+//! - [`ws`]: the WebSocket device protocol's method names, JSON-RPC error
+//!   codes and close codes.
 //!
-//! The server library (`tidings-server`) re-exports each module under the
-//! same name, so `tidings_server::event` and `tidings_protocol::event` are
-//! one module.
+//! The server library (`tidings-server`) names this crate wherever it
+//! uses it (`tidings_protocol::event::EventId`): a path that leaves the
+//! server says so.
 
 pub mod event;
 pub mod glob;
@@ -29,3 +31,4 @@ pub mod peer;
 pub mod retry;
 pub mod trace;
 pub mod tree;
+pub mod ws;

@@ -1,11 +1,9 @@
 //! How tidings paces a retry, in one place: [`Backoff`] (a delay that
 //! doubles from its minimum to its maximum, jittered where many retry at
 //! once, reset by a success)
-//! with the settings each retrying loop uses, sleeps that end early on
-//! shutdown, and the wall clock in Unix milliseconds. A leaf: it names no
-//! other module, so the broker, the LISTEN task, the subscription
-//! supervisor, engine, courier and mirrors, and the terminal commands share
-//! it.
+//! with a client's setting, sleeps that end early on shutdown, and the
+//! wall clock in Unix milliseconds. A leaf: it names no other module, so
+//! the server's loops and the terminal commands share it.
 
 use std::time::Duration;
 
@@ -20,16 +18,9 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// This server's own store (the broker's reads, the subscription
-    /// supervisor's lead): 50 ms doubling to 2 s.
-    pub const STORE: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    /// The PostgreSQL LISTEN connection: 50 ms doubling to 5 s.
-    pub const LISTEN: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
-    /// A delivery to a peer (the courier): 250 ms doubling to 30 s.
-    pub const DELIVERY: Backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
-    /// A mirror subscribing at its peer: 500 ms doubling to 30 s.
-    pub const MIRROR: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    /// A terminal command reconnecting to a server: 250 ms doubling to 10 s.
+    /// A client (a terminal command, the Rust client) reconnecting to a
+    /// server: 250 ms doubling to 10 s. (The server's own loops are paced
+    /// in its `pacing` module.)
     pub const CLIENT: Backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
 
     /// From `min`, doubling to `max`.

@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use serde_json::json;
+use tidings_protocol::event::{EventBody, Visibility};
 use tidings_server::broker::index::FilterIndex;
-use tidings_server::event::{EventBody, Visibility};
 use tidings_server::filter::{Filter, FilterLimits, MatchInput};
 
 /// What to measure.

@@ -17,7 +17,7 @@ use crate::broker::{Broker, BrokerSettings};
 use crate::config::AuthSetting;
 use crate::config::Settings;
 use crate::http::{AppState, router};
-use crate::identity::ServerIdentity;
+
 use crate::registry::Registry;
 use crate::server::{ServeOptions, serve};
 use crate::service::{Core, CoreParts};
@@ -137,7 +137,7 @@ async fn seed_peers(core: &Core) -> anyhow::Result<()> {
         if core.store().tree_get(&path).await?.is_some_and(|current| current.hash == hash) {
             continue;
         }
-        let chain = crate::tree::generate_id();
+        let chain = tidings_protocol::tree::generate_id();
         crate::service::tree::put(core, &server, &path, crate::store::Condition::Always, canonical.as_bytes(), chain, None)
             .await
             .with_context(|| format!("writing peer {} from TIDINGS_PEERS", peer.hash))?;
@@ -216,7 +216,7 @@ impl Application {
             settings.public_url = format!("{scheme}://{addr}");
         }
         settings.public_url = settings.public_url.trim_end_matches('/').to_owned();
-        crate::peer::check_endpoint(&settings.public_url).map_err(|e| anyhow::anyhow!("TIDINGS_PUBLIC_URL: {e}"))?;
+        tidings_protocol::peer::check_endpoint(&settings.public_url).map_err(|e| anyhow::anyhow!("TIDINGS_PUBLIC_URL: {e}"))?;
         let options = ServeOptions {
             header_timeout: settings.header_timeout,
             shutdown_timeout: settings.shutdown_timeout,
@@ -260,14 +260,14 @@ impl Application {
                 },
             },
         };
-        let server = Arc::new(ServerIdentity::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);
+        let server = Arc::new(crate::keyfile::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);
         tracing::info!(identity = server.hash(), "server identity");
         let subscriptions = Arc::new(crate::subscription::Subscriptions::new(
             store.clone(),
             server.clone(),
             settings.max_subscribers_per_prefix,
             (settings.max_subscriptions, settings.max_subscriptions_per_identity),
-            crate::peer::Outbound::new(peer_allow, std::time::Duration::from_secs(5)),
+            tidings_outbound::Outbound::new(peer_allow, std::time::Duration::from_secs(5)),
         ));
         let core = Core::new(CoreParts {
             settings,

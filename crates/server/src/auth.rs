@@ -17,9 +17,9 @@ use std::sync::Arc;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use crate::event::Visibility;
 use crate::filter::Filter;
-use crate::glob::Glob;
+use tidings_protocol::event::Visibility;
+use tidings_protocol::glob::Glob;
 
 /// A verified caller.
 #[derive(Debug, Clone)]

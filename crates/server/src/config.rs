@@ -86,14 +86,14 @@ fn secret(s: &str) -> Result<Secret, String> {
 
 /// `TIDINGS_PEERS`, parsed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Peers(pub Vec<crate::peer::Peer>);
+pub struct Peers(pub Vec<tidings_protocol::peer::Peer>);
 
 fn peers(s: &str) -> Result<Peers, String> {
-    crate::peer::parse_setting(s).map(Peers)
+    tidings_protocol::peer::parse_setting(s).map(Peers)
 }
 
-fn peer_allow(s: &str) -> Result<crate::peer::PeerAllow, String> {
-    crate::peer::PeerAllow::parse(s)
+fn peer_allow(s: &str) -> Result<tidings_outbound::PeerAllow, String> {
+    tidings_outbound::PeerAllow::parse(s)
 }
 
 /// Parses a duration setting (`250ms`, `30s`, `5m`, `7d`).
@@ -435,7 +435,7 @@ pub struct Settings {
     /// names, `*.domain`, `loopback`, `*`; link-local and metadata addresses only when a range inside them
     /// is listed.
     #[arg(long, env = "TIDINGS_PEER_ALLOW", default_value = "loopback", value_parser = peer_allow)]
-    pub peer_allow: crate::peer::PeerAllow,
+    pub peer_allow: tidings_outbound::PeerAllow,
 
     /// Tree changes the subscription engine reads per step.
     #[arg(long, env = "TIDINGS_ENGINE_BATCH", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]

@@ -49,10 +49,6 @@
 //! (`crates/cli`), and the JavaScript and Python clients (`clients/js`,
 //! `clients/python`).
 
-// What servers, clients and tools agree on lives in `tidings-protocol`; the
-// server reads it under the same names.
-pub use tidings_protocol::{event, glob, identity, peer, retry, trace, tree};
-
 pub mod app;
 pub mod auth;
 pub mod broker;
@@ -60,7 +56,9 @@ pub mod config;
 pub mod filter;
 pub mod http;
 pub mod json;
+pub mod keyfile;
 pub mod metrics;
+pub mod pacing;
 pub mod refusal;
 pub mod registry;
 pub mod report;

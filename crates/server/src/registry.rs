@@ -14,7 +14,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::event::is_valid_event_name;
+use tidings_protocol::event::is_valid_event_name;
 
 mod builtin {
     include!(concat!(env!("OUT_DIR"), "/builtin_registry.rs"));
@@ -262,7 +262,7 @@ mod tests {
         for t in ["hypothesis.created", "signal.upvote.recorded", "link.contradicts.added", "system.replay_gap"] {
             assert!(r.contains(t), "{t}");
         }
-        use crate::event::names;
+        use tidings_protocol::event::names;
         for name in [
             names::SYSTEM_CLIENT_DROPPED_SLOW,
             names::SYSTEM_REPLAY_GAP,

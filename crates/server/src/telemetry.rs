@@ -25,7 +25,7 @@ use opentelemetry::trace::{Link, SpanContext, SpanId, SpanKind, TraceContextExt 
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span};
 
-use crate::trace::TraceContext;
+use tidings_protocol::trace::TraceContext;
 
 /// The `messaging.system` of every span.
 const SYSTEM: &str = "tidings";

@@ -236,7 +236,7 @@ impl Subscriber {
                 // The same way: `stream.event` notifications only.
                 let text = device.next_text().await.ok()?;
                 if let Ok(pushed) = serde_json::from_str::<Pushed>(&text)
-                    && pushed.method.as_deref() == Some("stream.event")
+                    && pushed.method.as_deref() == Some(tidings_protocol::ws::method::EVENT)
                 {
                     return Some(pushed.params.and_then(|p| p.event).and_then(|e| e.payload).and_then(|p| p.sent_us));
                 }

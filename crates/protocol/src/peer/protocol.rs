@@ -166,7 +166,7 @@ pub enum PeerError {
     #[error("{0}")]
     Unknown(String),
     /// The call came to no answer: no connection, a timeout, an answer cut
-    /// short or over [`super::MAX_ANSWER`].
+    /// short or over the bound on an answer's size.
     #[error("{0}")]
     Unreachable(String),
     /// The endpoint does not answer `GET /v1/identity` as the peer it is
@@ -210,12 +210,6 @@ impl PeerError {
             code: code.unwrap_or("refused").to_owned(),
             message: message.chars().filter(|c| !c.is_control()).take(MAX_MESSAGE).collect(),
         }
-    }
-}
-
-impl From<reqwest::Error> for PeerError {
-    fn from(e: reqwest::Error) -> Self {
-        PeerError::Unreachable(e.to_string())
     }
 }
 

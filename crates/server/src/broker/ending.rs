@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Broker, DRAIN_TICK, Detached, index};
-use crate::event::EventId;
+use tidings_protocol::event::EventId;
 
 impl Broker {
     /// A rolling restart's drain: ends the clients it holds spread evenly

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
-use crate::event::{Event, EventId};
+use tidings_protocol::event::{Event, EventId};
 
 /// One event frame, shared by every client that receives it. Cloning bumps
 /// one reference count (no allocation per client), and a queue slot is one
@@ -26,7 +26,7 @@ pub struct Frame(Arc<FrameData>);
 pub struct FrameData {
     /// The event id.
     pub id: EventId,
-    /// The complete envelope JSON, shared (see [`crate::event::encode_envelope`]).
+    /// The complete envelope JSON, shared (see [`tidings_protocol::event::encode_envelope`]).
     pub envelope: Bytes,
     /// When it was committed (Unix ms), for publish-to-send latency.
     pub recorded_ms: i64,
@@ -82,7 +82,7 @@ impl Frame {
 pub(crate) fn trace_of(event: &Event) -> Option<opentelemetry::trace::SpanContext> {
     crate::telemetry::tracer()?;
     let traceparent = event.body.traceparent.clone()?;
-    crate::telemetry::remote(&crate::trace::TraceContext { traceparent, tracestate: event.body.tracestate.clone() })
+    crate::telemetry::remote(&tidings_protocol::trace::TraceContext { traceparent, tracestate: event.body.tracestate.clone() })
 }
 
 impl std::ops::Deref for Frame {

@@ -195,8 +195,8 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::event::{EventBody, Visibility};
     use crate::filter::FilterLimits;
+    use tidings_protocol::event::{EventBody, Visibility};
 
     fn f(types: &[&str]) -> Filter {
         Filter::from_parts(&types.iter().map(|s| s.to_string()).collect::<Vec<_>>(), &[], &[], FilterLimits::default()).unwrap()

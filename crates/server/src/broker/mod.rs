@@ -35,10 +35,10 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::event::{Event, EventId};
 use crate::filter::{Filter, MatchInput};
 use crate::metrics as m;
 use crate::store::{EventLog, HandOff, Record};
+use tidings_protocol::event::{Event, EventId};
 
 /// How often a drain ends its next share of clients.
 const DRAIN_TICK: Duration = Duration::from_millis(50);
@@ -278,7 +278,7 @@ impl Broker {
                 }
             })
         };
-        let mut backoff = crate::retry::Backoff::STORE;
+        let mut backoff = crate::pacing::STORE;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -530,7 +530,7 @@ pub(crate) mod tests {
 
     /// A plain stored event body for the broker's and the transports' unit
     /// tests.
-    pub(crate) fn sample_body() -> crate::event::EventBody {
+    pub(crate) fn sample_body() -> tidings_protocol::event::EventBody {
         serde_json::from_value(serde_json::json!({
             "event_type": "comment.posted",
             "ref": "paper:p-1",

@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Broker, ClientState, Detached, Frame};
-use crate::event::EventId;
 use crate::metrics as m;
+use tidings_protocol::event::EventId;
 
 /// A live client's registration. Dropping it unregisters the client.
 #[derive(Debug)]

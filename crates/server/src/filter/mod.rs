@@ -13,10 +13,10 @@ use std::collections::HashSet;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::glob::Glob;
 pub use payload::{PayloadRule, RuleLimits};
+use tidings_protocol::glob::Glob;
 
-use crate::event::EventBody;
+use tidings_protocol::event::EventBody;
 
 /// Limits on what one filter may ask for; each is a setting.
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +51,7 @@ pub struct Filter {
     /// must match one of them as well as the filter's own types.
     grants: Option<Vec<Glob>>,
     /// The highest visibility the caller may see.
-    max_visibility: crate::event::Visibility,
+    max_visibility: tidings_protocol::event::Visibility,
     /// Whose tree-subscription notifications the caller may see: `None`
     /// for every one (admins), else only those whose `subscriber` is this
     /// identity (notifications are private, and may bundle entities).
@@ -145,7 +145,7 @@ impl Default for Filter {
             targets: HashSet::new(),
             payload: None,
             grants: None,
-            max_visibility: crate::event::Visibility::Admin,
+            max_visibility: tidings_protocol::event::Visibility::Admin,
             notifications_for: None,
         }
     }
@@ -166,7 +166,7 @@ impl Filter {
     pub fn restrict(
         mut self,
         grants: Option<Vec<Glob>>,
-        max_visibility: crate::event::Visibility,
+        max_visibility: tidings_protocol::event::Visibility,
         notifications_for: Option<String>,
     ) -> Self {
         self.grants = grants;
@@ -190,10 +190,10 @@ impl Filter {
         }
         let types = types.iter().map(|t| Glob::new(t).map_err(|e| FilterError(format!("types: {e}")))).collect::<Result<Vec<_>, _>>()?;
         for (field, list) in [("agents", agents), ("targets", targets)] {
-            if let Some(bad) = list.iter().find(|v| v.is_empty() || v.len() > crate::event::MAX_FIELD_LEN) {
+            if let Some(bad) = list.iter().find(|v| v.is_empty() || v.len() > tidings_protocol::event::MAX_FIELD_LEN) {
                 return Err(FilterError(format!(
                     "{field}: entries must be 1 to {} bytes, got {} bytes",
-                    crate::event::MAX_FIELD_LEN,
+                    tidings_protocol::event::MAX_FIELD_LEN,
                     bad.len()
                 )));
             }
@@ -279,8 +279,8 @@ impl Filter {
             return false;
         }
         if let Some(identity) = &self.notifications_for
-            && (event.event_type == crate::event::names::SUBSCRIPTION_NOTIFICATION
-                || event.event_type == crate::event::names::SUBSCRIPTION_HISTORY_LOST)
+            && (event.event_type == tidings_protocol::event::names::SUBSCRIPTION_NOTIFICATION
+                || event.event_type == tidings_protocol::event::names::SUBSCRIPTION_HISTORY_LOST)
             && event.payload.get("subscriber").and_then(|s| s.as_str()) != Some(identity.as_str())
         {
             return false;
@@ -336,7 +336,7 @@ fn string_list(field: &str, value: Value) -> Result<Vec<String>, FilterError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Agent, Link, Visibility, names};
+    use tidings_protocol::event::{Agent, Link, Visibility, names};
 
     fn ev(t: &str, agent: Option<&str>, r: Option<&str>, links: &[&str]) -> EventBody {
         EventBody {

@@ -95,10 +95,10 @@ pub(crate) async fn publish(
 }
 
 /// The W3C trace context of a request (`traceparent`, `tracestate`): at
-/// most one of each header, checked ([`crate::trace`]). An empty header
+/// most one of each header, checked ([`tidings_protocol::trace`]). An empty header
 /// counts as none, as the W3C recommendation has it for `tracestate`.
-pub(crate) fn trace_context(headers: &HeaderMap) -> Result<Option<crate::trace::TraceContext>, PublishError> {
-    use crate::trace::{TraceContext, TraceError};
+pub(crate) fn trace_context(headers: &HeaderMap) -> Result<Option<tidings_protocol::trace::TraceContext>, PublishError> {
+    use tidings_protocol::trace::{TraceContext, TraceError};
     let one = |name: &str, bad: TraceError| -> Result<Option<&str>, PublishError> {
         let mut values = headers.get_all(name).iter();
         match (values.next(), values.next()) {

@@ -13,9 +13,9 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
-use crate::glob::Glob;
-use crate::tree::capability::hash_of;
-use crate::tree::is_hash;
+use tidings_protocol::glob::Glob;
+use tidings_protocol::tree::capability::hash_of;
+use tidings_protocol::tree::is_hash;
 
 /// The caller as the server sees it: its identity and what its token
 /// grants (never the token itself). The console uses it to show admins

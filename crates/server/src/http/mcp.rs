@@ -36,10 +36,10 @@ use super::caller::Caller;
 use super::error::ApiError;
 use super::{AppState, ClientGone};
 use crate::auth::Identity;
-use crate::event::names;
 use crate::service::publish::PublishError;
 use crate::service::tree as tree_service;
-use crate::trace::{TraceContext, TraceError};
+use tidings_protocol::event::names;
+use tidings_protocol::trace::{TraceContext, TraceError};
 
 /// Answers one MCP request (`initialize`, `tools/list`, `tools/call`, ...).
 #[utoipa::path(
@@ -399,7 +399,8 @@ impl Tools {
                 tree_service::check_write(caller, &args.path, false)?;
                 let condition = super::tree::if_match(args.if_match.as_deref())?;
                 let body = serde_json::to_vec(&args.entity).unwrap_or_default();
-                let written = tree_service::put(core, caller, &args.path, condition, &body, crate::tree::generate_id(), trace?).await?;
+                let written =
+                    tree_service::put(core, caller, &args.path, condition, &body, tidings_protocol::tree::generate_id(), trace?).await?;
                 Ok(json!({ "hash": written.hash, "previous_hash": written.previous_hash, "event_id": written.event_id }))
             }
             // Only catalogued tools get here.

@@ -16,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 use super::caller::{Caller, Params};
 use super::error::ApiError;
 use super::{AppState, ClientGone};
-use crate::event::EventId;
 use crate::filter::{Filter, FilterQuery};
 use crate::service::error::{InvalidField, check_envelope, parse_cursor};
 use crate::service::poll::{self as service, PollPage, PollRequest, check_consumer_id};
+use tidings_protocol::event::EventId;
 
 /// Query form of a poll.
 #[derive(Debug, Deserialize)]

@@ -28,11 +28,11 @@ use super::AppState;
 use super::caller::{Caller, Params};
 use super::error::ApiError;
 use crate::broker::{Frame, FrameData};
-use crate::event::{EventId, names};
 use crate::filter::{Filter, FilterQuery};
 use crate::server::Connection;
 use crate::service::error::{check_envelope, parse_cursor};
 use crate::service::session::{Dropped, End, Gap, Item, Session, Start, record_delivery};
+use tidings_protocol::event::{EventId, names};
 
 /// Query parameters of `/v1/stream`.
 #[derive(Debug, Deserialize)]
@@ -246,7 +246,7 @@ pub fn sse_frame(id: Option<EventId>, event: Option<&str>, data: &[u8]) -> Bytes
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Event;
+    use tidings_protocol::event::Event;
 
     #[test]
     fn an_event_frame_is_id_then_data_with_the_envelope() {

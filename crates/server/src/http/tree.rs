@@ -15,7 +15,7 @@ use super::caller::Caller;
 use super::error::ApiError;
 use crate::service::tree::{self as service, Listing, Written};
 use crate::store::{ChangeKind, Condition};
-use crate::tree::{generate_id, is_hash, validate_chain_id};
+use tidings_protocol::tree::{generate_id, is_hash, validate_chain_id};
 
 fn etag(hash: &str) -> HeaderValue {
     HeaderValue::from_str(&format!("\"{hash}\"")).expect("hashes are header-safe")
@@ -98,7 +98,7 @@ pub(crate) async fn get(State(app): State<AppState>, Caller(caller): Caller, Pat
                 Ok(entry) => entry,
                 Err(e) => {
                     let mut response = ApiError::from(e).into_response();
-                    response.headers_mut().insert(crate::tree::CHANGE_ID_HEADER, HeaderValue::from(head));
+                    response.headers_mut().insert(tidings_protocol::tree::CHANGE_ID_HEADER, HeaderValue::from(head));
                     return Ok(response);
                 }
             }
@@ -110,7 +110,7 @@ pub(crate) async fn get(State(app): State<AppState>, Caller(caller): Caller, Pat
     // The log id of the change that put it there: the `sequence` this
     // server signs that change with, so a mirror that re-reads a path
     // knows which older signed changes it must no longer take.
-    response.headers_mut().insert(crate::tree::CHANGE_ID_HEADER, HeaderValue::from(entry.changed_event));
+    response.headers_mut().insert(tidings_protocol::tree::CHANGE_ID_HEADER, HeaderValue::from(entry.changed_event));
     Ok(response)
 }
 

@@ -26,6 +26,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use tidings_protocol::ws::{close, method, rpc};
 
 use axum::Extension;
 use axum::extract::State;
@@ -42,30 +43,18 @@ use super::error::ApiError;
 use super::ws_socket::{Incoming, NotUpgrade, ReadError, Socket, Upgrade};
 use crate::auth::Identity;
 use crate::broker::FrameData;
-use crate::event::EventId;
 use crate::filter::Filter;
 use crate::server::Connection;
 use crate::service::device::{self, DeviceError};
 use crate::service::error::{Kind, Refusal};
 use crate::service::limits::StreamPermit;
 use crate::service::session::{End, Item, Session, Start, record_delivery};
+use tidings_protocol::event::EventId;
 
 /// The profiles `stream.hello` announces.
 const PROFILES: [&str; 2] = ["x_tidings.stream.v1", "x_tidings.inbox.v1"];
 
 /// Close codes (RFC 6455, as docs/ref-websocket.md, "Close codes", uses them).
-mod close {
-    pub(super) const NORMAL: u16 = 1000;
-    pub(super) const GOING_AWAY: u16 = 1001;
-    pub(super) const PROTOCOL: u16 = 1002;
-    pub(super) const UNSUPPORTED: u16 = 1003;
-    pub(super) const INVALID: u16 = 1007;
-    pub(super) const POLICY: u16 = 1008;
-    pub(super) const TOO_BIG: u16 = 1009;
-    pub(super) const INTERNAL: u16 = 1011;
-    pub(super) const TRY_LATER: u16 = 1013;
-}
-
 /// Opens a WebSocket: JSON-RPC 2.0 text frames; the server speaks first.
 #[utoipa::path(
     get,
@@ -119,7 +108,7 @@ fn connection_task(
 ) -> impl Future<Output = ()> + Send {
     async move {
         let Some(socket) = ws.socket(max_message).await else { return };
-        let nonce = crate::tree::generate_id();
+        let nonce = tidings_protocol::tree::generate_id();
         Ws { socket, app, nonce, awaiting_pong: false, device: None, kill, pending: Some(pending) }.run().await
     }
 }
@@ -201,7 +190,7 @@ impl Ws {
             let head = self.app.core().broker().position();
             // Written as text and dropped at once: a `Value` kept in this
             // function's state would cost every connection its map nodes.
-            let hello = json!({"jsonrpc": "2.0", "method": "stream.hello", "params": {
+            let hello = json!({"jsonrpc": "2.0", "method": method::HELLO, "params": {
                 "server_did": self.app.core().server().hash(), "head_seq": head, "profiles": PROFILES, "nonce": self.nonce,
             }})
             .to_string();
@@ -213,7 +202,7 @@ impl Ws {
             match pending.as_deref() {
                 Some(Pending { caller: Err(code), .. }) => {
                     let code = *code;
-                    let _ = self.send_error(&Value::Null, -32001, code, "the token is missing or not valid").await;
+                    let _ = self.send_error(&Value::Null, rpc::UNAUTHENTICATED, code, "the token is missing or not valid").await;
                     return self.close(close::NORMAL, code).await;
                 }
                 Some(Pending { permit: Some(Err(code)), .. }) => return self.close(close::TRY_LATER, code).await,
@@ -332,32 +321,35 @@ impl Ws {
         let id = request.get("id").cloned().unwrap_or(Value::Null);
         let params = request.get("params").cloned().unwrap_or(Value::Null);
         match method {
-            "stream.auth" => self.auth(&id, params, pending).await,
-            "sync.delta" if self.device.is_none() => Next::Close(close::PROTOCOL, "delta_before_auth"),
-            "stream.ack" if self.device.is_none() => Next::Close(close::PROTOCOL, "ack_before_auth"),
-            "stream.reauth" if self.device.is_none() => Next::Close(close::PROTOCOL, "reauth_before_auth"),
-            "stream.reauth" => self.reauth(&id, &params).await,
+            method::AUTH => self.auth(&id, params, pending).await,
+            method::DELTA if self.device.is_none() => Next::Close(close::PROTOCOL, "delta_before_auth"),
+            method::ACK if self.device.is_none() => Next::Close(close::PROTOCOL, "ack_before_auth"),
+            method::REAUTH if self.device.is_none() => Next::Close(close::PROTOCOL, "reauth_before_auth"),
+            method::REAUTH => self.reauth(&id, &params).await,
             _ if self.device.as_deref().is_some_and(|d| d.reauth_by.is_some()) => {
-                match self.send_error(&id, -32001, "token_expired", "the token expired: send stream.reauth with a fresh token").await {
+                match self
+                    .send_error(&id, rpc::UNAUTHENTICATED, "token_expired", "the token expired: send stream.reauth with a fresh token")
+                    .await
+                {
                     Ok(()) => Next::Go,
                     Err(_) => Next::Close(close::INTERNAL, "write_failed"),
                 }
             }
-            "sync.delta" => self.delta(&id, &params).await,
-            "stream.ack" => self.ack(&id, params).await,
+            method::DELTA => self.delta(&id, &params).await,
+            method::ACK => self.ack(&id, params).await,
             _ => Next::Close(close::PROTOCOL, "unknown_method"),
         }
     }
 
     async fn auth(&mut self, id: &Value, params: Value, pending: &mut Option<Box<Pending>>) -> Next {
         let Some(Pending { caller: Ok(identity), .. }) = pending.as_deref().filter(|_| self.device.is_none()) else {
-            return match self.send_error(id, -32600, "invalid_request", "stream.auth is sent once per connection").await {
+            return match self.send_error(id, rpc::INVALID_REQUEST, "invalid_request", "stream.auth is sent once per connection").await {
                 Ok(()) => Next::Go,
                 Err(_) => Next::Close(close::INTERNAL, "write_failed"),
             };
         };
         let body = params.get("body").cloned().unwrap_or(Value::Null);
-        let owner = match device::verify("stream.auth", &body, &self.nonce, params.get("origin_proof")) {
+        let owner = match device::verify(method::AUTH, &body, &self.nonce, params.get("origin_proof")) {
             Ok(owner) => owner,
             Err(e) => {
                 let _ = self.send_refusal(id, &e).await;
@@ -431,7 +423,7 @@ impl Ws {
             // The store lost history this device may have been shown past
             // its stored cursor: said once, right after the answer.
             Some(gap) if matches!(next, Next::Go) => {
-                let notice = json!({"jsonrpc": "2.0", "method": "stream.gap", "params": gap.to_json()});
+                let notice = json!({"jsonrpc": "2.0", "method": method::GAP, "params": gap.to_json()});
                 match self.send_json(&notice).await {
                     Ok(()) => Next::Go,
                     Err(_) => Next::Close(close::INTERNAL, "write_failed"),
@@ -499,7 +491,7 @@ impl Ws {
         let Some(dev) = self.device.as_deref() else { return Next::Close(close::PROTOCOL, "ack_before_auth") };
         let (owner, device_id) = (dev.owner.clone(), dev.device_id.clone());
         let body = params.get("body").cloned().unwrap_or(Value::Null);
-        let signer = match device::verify("stream.ack", &body, &self.nonce, params.get("origin_proof")) {
+        let signer = match device::verify(method::ACK, &body, &self.nonce, params.get("origin_proof")) {
             Ok(signer) => signer,
             Err(e) => return self.send_refusal(id, &e).await,
         };
@@ -523,17 +515,19 @@ impl Ws {
     async fn on_deadline(&mut self) -> Next {
         let grace = self.app.settings().reauth_grace;
         let Some(dev) = self.device.as_deref_mut() else {
-            let _ = self.send_error(&Value::Null, -32001, "auth_timeout", "stream.auth was not sent in time").await;
+            let _ = self.send_error(&Value::Null, rpc::UNAUTHENTICATED, "auth_timeout", "stream.auth was not sent in time").await;
             return Next::Close(close::POLICY, "auth_timeout");
         };
         if dev.reauth_by.is_some() {
-            let _ = self.send_error(&Value::Null, -32001, "token_expired", "the token expired and no fresh one came in time").await;
+            let _ = self
+                .send_error(&Value::Null, rpc::UNAUTHENTICATED, "token_expired", "the token expired and no fresh one came in time")
+                .await;
             return Next::Close(close::NORMAL, "token_expired");
         }
         dev.live_at_expiry = dev.session.take().is_some();
         let by = now_ms().saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
         dev.reauth_by = Some(by);
-        let notice = json!({"jsonrpc": "2.0", "method": "stream.token_expired", "params": {"last_seq": dev.delivered, "reauth_by_ms": by}});
+        let notice = json!({"jsonrpc": "2.0", "method": method::TOKEN_EXPIRED, "params": {"last_seq": dev.delivered, "reauth_by_ms": by}});
         match self.send_json(&notice).await {
             Ok(()) => Next::Go,
             Err(_) => Next::Close(close::INTERNAL, "write_failed"),
@@ -545,7 +539,10 @@ impl Ws {
     /// goes on from where it stopped.
     async fn reauth(&mut self, id: &Value, params: &Value) -> Next {
         let crate::auth::AuthMode::Jwt(verifier) = self.app.auth() else {
-            return match self.send_error(id, -32600, "invalid_request", "authentication is off: there is no token to renew").await {
+            return match self
+                .send_error(id, rpc::INVALID_REQUEST, "invalid_request", "authentication is off: there is no token to renew")
+                .await
+            {
                 Ok(()) => Next::Go,
                 Err(_) => Next::Close(close::INTERNAL, "write_failed"),
             };
@@ -556,7 +553,8 @@ impl Ws {
         };
         let Some(dev) = self.device.as_deref_mut() else { return Next::Close(close::PROTOCOL, "reauth_before_auth") };
         if identity.sub != dev.caller.sub {
-            return match self.send_error(id, -32003, "reauth_other_identity", "stream.reauth takes a token for the same sub").await {
+            return match self.send_error(id, rpc::FORBIDDEN, "reauth_other_identity", "stream.reauth takes a token for the same sub").await
+            {
                 Ok(()) => Next::Go,
                 Err(_) => Next::Close(close::INTERNAL, "write_failed"),
             };
@@ -617,14 +615,14 @@ impl Ws {
                 Next::Go
             }
             Item::Gap(gap) => {
-                let notice = json!({"jsonrpc": "2.0", "method": "stream.gap", "params": gap.to_json()});
+                let notice = json!({"jsonrpc": "2.0", "method": method::GAP, "params": gap.to_json()});
                 match self.send_json(&notice).await {
                     Ok(()) => Next::Go,
                     Err(_) => Next::Close(close::INTERNAL, "write_failed"),
                 }
             }
             Item::FilterBudgetExceeded { budget } => {
-                let notice = json!({"jsonrpc": "2.0", "method": "stream.filter_budget_exceeded", "params": {"budget": budget}});
+                let notice = json!({"jsonrpc": "2.0", "method": method::FILTER_BUDGET_EXCEEDED, "params": {"budget": budget}});
                 match self.send_json(&notice).await {
                     Ok(()) => Next::Go,
                     Err(_) => Next::Close(close::INTERNAL, "write_failed"),
@@ -673,12 +671,12 @@ fn read_error(e: &ReadError) -> Next {
 /// stable code).
 fn rpc_code(kind: Kind) -> i64 {
     match kind {
-        Kind::Invalid | Kind::TooLarge | Kind::Unprocessable | Kind::NotAcceptable => -32602,
-        Kind::Unauthenticated => -32001,
-        Kind::Forbidden => -32003,
-        Kind::NotFound | Kind::Gone => -32004,
-        Kind::Conflict => -32009,
-        Kind::TooMany | Kind::Unavailable => -32013,
-        Kind::Internal => -32603,
+        Kind::Invalid | Kind::TooLarge | Kind::Unprocessable | Kind::NotAcceptable => rpc::INVALID_PARAMS,
+        Kind::Unauthenticated => rpc::UNAUTHENTICATED,
+        Kind::Forbidden => rpc::FORBIDDEN,
+        Kind::NotFound | Kind::Gone => rpc::NOT_FOUND,
+        Kind::Conflict => rpc::CONFLICT,
+        Kind::TooMany | Kind::Unavailable => rpc::TRY_LATER,
+        Kind::Internal => rpc::INTERNAL,
     }
 }

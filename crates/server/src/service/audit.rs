@@ -15,9 +15,9 @@ use serde::Serialize;
 use super::Core;
 use super::error::{Kind, Refusal};
 use crate::auth::Identity;
-use crate::event::{EventBody, EventId};
 use crate::filter::Filter;
 use crate::store::{Actor, DeviceCursor, StoreError};
+use tidings_protocol::event::{EventBody, EventId};
 
 /// Most device cursors listed (the answer says when there were more).
 pub const MAX_DEVICES: usize = 1000;
@@ -147,5 +147,5 @@ pub async fn audit(core: &Core, caller: &Identity, id: &str) -> Result<Audit, Au
     } else {
         (Vec::new(), false)
     };
-    Ok(Audit { envelope: crate::event::encode_envelope(id, &record.body), consumers, devices, devices_truncated })
+    Ok(Audit { envelope: tidings_protocol::event::encode_envelope(id, &record.body), consumers, devices, devices_truncated })
 }

@@ -13,8 +13,8 @@ use super::error::{Kind, Refusal};
 use super::gap::Gap;
 use super::poll::{PollError, PollPage, PollRequest};
 use crate::auth::Identity;
-use crate::event::EventId;
 use crate::store::{DeviceRead, StoreError};
+use tidings_protocol::event::EventId;
 
 /// Longest device id.
 pub const MAX_DEVICE_ID: usize = 128;
@@ -89,8 +89,8 @@ struct Proof {
 pub fn verify(method: &str, body: &Value, nonce: &str, proof: Option<&Value>) -> Result<String, DeviceError> {
     let proof = proof.ok_or_else(|| DeviceError::ProofInvalid("origin_proof is required".into()))?;
     let proof: Proof = crate::json::from_object(proof.clone()).map_err(|e| DeviceError::ProofInvalid(format!("origin_proof: {e}")))?;
-    let target = crate::identity::proof_target(method, body, nonce);
-    crate::tree::capability::verify_inline(&proof.identity, &target, &proof.signature)
+    let target = tidings_protocol::identity::proof_target(method, body, nonce);
+    tidings_protocol::tree::capability::verify_inline(&proof.identity, &target, &proof.signature)
         .map_err(|e| DeviceError::ProofInvalid(format!("origin_proof does not verify: {e}")))
 }
 

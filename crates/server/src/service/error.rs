@@ -96,7 +96,10 @@ impl Refusal for InvalidField {
 
 /// The envelope versions a client accepts include none this server writes.
 #[derive(Debug, thiserror::Error)]
-#[error("none of the requested envelope versions is supported; this server writes {:?}", crate::event::SUPPORTED_ENVELOPE_VERSIONS)]
+#[error(
+    "none of the requested envelope versions is supported; this server writes {:?}",
+    tidings_protocol::event::SUPPORTED_ENVELOPE_VERSIONS
+)]
 pub struct EnvelopeUnsupported;
 
 impl Refusal for EnvelopeUnsupported {
@@ -109,7 +112,7 @@ impl Refusal for EnvelopeUnsupported {
     }
 
     fn details(&self) -> Option<Value> {
-        Some(json!({ "supported": crate::event::SUPPORTED_ENVELOPE_VERSIONS }))
+        Some(json!({ "supported": tidings_protocol::event::SUPPORTED_ENVELOPE_VERSIONS }))
     }
 }
 
@@ -150,7 +153,7 @@ impl Refusal for RequestError {
 /// Checks `accept_envelope` (`1,2`): `406 envelope_version_unsupported` when
 /// the client knows none of the versions this server writes.
 pub fn check_envelope(accept: Option<&str>) -> Result<(), RequestError> {
-    match crate::event::negotiate_envelope(accept) {
+    match tidings_protocol::event::negotiate_envelope(accept) {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(EnvelopeUnsupported.into()),
         Err(bad) => Err(InvalidField::new("invalid_accept_envelope", bad.to_string()).into()),
@@ -158,10 +161,10 @@ pub fn check_envelope(accept: Option<&str>) -> Result<(), RequestError> {
 }
 
 /// Parses a resume point: a non-negative integer event id.
-pub fn parse_cursor(value: &str, code: &'static str, what: &str) -> Result<crate::event::EventId, InvalidField> {
+pub fn parse_cursor(value: &str, code: &'static str, what: &str) -> Result<tidings_protocol::event::EventId, InvalidField> {
     value
         .trim()
-        .parse::<crate::event::EventId>()
+        .parse::<tidings_protocol::event::EventId>()
         .ok()
         .filter(|v| *v >= 0)
         .ok_or_else(|| InvalidField::new(code, format!("{what} must be a non-negative integer event id")))

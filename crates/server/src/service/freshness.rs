@@ -12,8 +12,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::Core;
-use crate::event::EventId;
 use crate::store::{Store, StoreError};
+use tidings_protocol::event::EventId;
 
 /// How often the gauges are measured.
 pub const EVERY: Duration = Duration::from_secs(5);

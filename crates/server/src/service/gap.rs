@@ -4,7 +4,7 @@
 //! transport: `system.replay_gap` on streams, a poll's `gap`, WebSocket's
 //! `stream.gap`.
 
-use crate::event::EventId;
+use tidings_protocol::event::EventId;
 
 /// A resume point that the log cannot serve without a gap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -37,10 +37,10 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 use crate::config::Settings;
 use crate::filter::FilterLimits;
-use crate::identity::ServerIdentity;
 use crate::registry::Registry;
 use crate::store::Store;
 use crate::subscription::Subscriptions;
+use tidings_protocol::identity::ServerIdentity;
 
 /// The handles every service works with. Cloning is shallow.
 #[derive(Debug, Clone)]

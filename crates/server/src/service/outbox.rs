@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 use super::Core;
 use super::error::Refusal as _;
 use super::publish::{PublishError, registered_records};
-use crate::event::{EventError, PublishRequest};
 use crate::metrics as m;
 use crate::store::{IdempotencyKey, OutboxDecision, OutboxRow, Publish};
+use tidings_protocol::event::{EventError, PublishRequest};
 
 /// Rows one move takes at most (one transaction).
 const BATCH: usize = 500;
@@ -53,7 +53,8 @@ pub async fn run_mover(core: Core, cancel: CancellationToken) {
             let traced = crate::telemetry::tracer().map(|_| (std::time::SystemTime::now(), std::sync::Mutex::new(Vec::new())));
             let decide = |row: &OutboxRow| {
                 if let (Some((_, contexts)), Some(traceparent)) = (&traced, &row.traceparent) {
-                    let trace = crate::trace::TraceContext { traceparent: traceparent.clone(), tracestate: row.tracestate.clone() };
+                    let trace =
+                        tidings_protocol::trace::TraceContext { traceparent: traceparent.clone(), tracestate: row.tracestate.clone() };
                     contexts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(crate::telemetry::remote(&trace));
                 }
                 decide(&core, row)
@@ -106,7 +107,7 @@ fn prepare(core: &Core, row: &OutboxRow) -> Result<Publish, PublishError> {
     let request: PublishRequest = crate::json::from_object(value).map_err(|e| PublishError::InvalidEvent(e.to_string()))?;
     let now = chrono::DateTime::from_timestamp_millis(row.created_ms).unwrap_or_else(chrono::Utc::now);
     // Checked when the call was made; again here, as for any row.
-    let trace = crate::trace::TraceContext::parse(row.traceparent.as_deref(), row.tracestate.as_deref())?;
+    let trace = tidings_protocol::trace::TraceContext::parse(row.traceparent.as_deref(), row.tracestate.as_deref())?;
     let body = request
         .into_body(core.settings().max_payload, now)
         .map_err(|e| match e {
@@ -115,7 +116,7 @@ fn prepare(core: &Core, row: &OutboxRow) -> Result<Publish, PublishError> {
             EventError::PayloadTooLarge { .. } => PublishError::PayloadTooLarge(e.to_string()),
         })?
         .traced(trace.as_ref());
-    if crate::event::names::RESERVED.contains(&body.event_type.as_str()) {
+    if tidings_protocol::event::names::RESERVED.contains(&body.event_type.as_str()) {
         return Err(PublishError::ReservedEventType(format!("{:?} is written by tidings itself", body.event_type)));
     }
     let records = registered_records(core.registry(), &body, &|message| message)?;

@@ -29,10 +29,10 @@ use super::gap::told_at_epoch_change;
 use super::session::{End, Gap, Item, Session, Start};
 use crate::auth::Identity;
 use crate::broker::Frame;
-use crate::event::EventId;
 use crate::filter::{Filter, FilterError};
 use crate::metrics as m;
 use crate::store::{Acked, Actor, Consumer, ConsumerOpen, Moved, Opened, Store, StoreError};
+use tidings_protocol::event::EventId;
 
 /// Why a poll or a consumer operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -397,7 +397,7 @@ async fn settled(core: &Core, caller: &Identity, id: &str, moved: &Moved, starte
     let events: Vec<_> = records
         .iter()
         .filter(|r| r.id <= moved.cursor)
-        .filter_map(|r| crate::event::Event::from_stored(r.id, &r.body, r.recorded_ms).ok())
+        .filter_map(|r| tidings_protocol::event::Event::from_stored(r.id, &r.body, r.recorded_ms).ok())
         .filter(|e| filter.matches(&e.body))
         .collect();
     let contexts: Vec<_> = events.iter().map(crate::broker::trace_of).collect();

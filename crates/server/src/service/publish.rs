@@ -11,12 +11,12 @@ use super::Core;
 use super::error::{Kind, Refusal};
 use super::limits::LimitError;
 use crate::auth::Identity;
-use crate::event::EventBody;
-use crate::event::{EventError, EventId, PublishRequest};
 use crate::metrics as m;
 use crate::registry::{Problem, Registry, RegistryMode};
 use crate::store::{IdempotencyKey, NewRecord, Publish, Published, StoreError};
 use sha2::{Digest as _, Sha256};
+use tidings_protocol::event::EventBody;
+use tidings_protocol::event::{EventError, EventId, PublishRequest};
 
 /// Why a publish stored nothing. Each variant is one stable error code.
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +65,7 @@ pub enum PublishError {
     /// `invalid_traceparent` / `invalid_tracestate`: the W3C trace context
     /// is malformed.
     #[error(transparent)]
-    Trace(#[from] crate::trace::TraceError),
+    Trace(#[from] tidings_protocol::trace::TraceError),
     /// `rate_limited`: the identity's publish budget is spent.
     #[error(transparent)]
     Limited(#[from] LimitError),
@@ -89,8 +89,8 @@ impl Refusal for PublishError {
             Self::PayloadSchemaViolation(_) => "payload_schema_violation",
             Self::InvalidIdempotencyKey => "invalid_idempotency_key",
             Self::IdempotencyKeyReused => "idempotency_key_reused",
-            Self::Trace(crate::trace::TraceError::Traceparent) => "invalid_traceparent",
-            Self::Trace(crate::trace::TraceError::Tracestate) => "invalid_tracestate",
+            Self::Trace(tidings_protocol::trace::TraceError::Traceparent) => "invalid_traceparent",
+            Self::Trace(tidings_protocol::trace::TraceError::Tracestate) => "invalid_tracestate",
             Self::Limited(e) => e.code(),
             Self::Store(e) => e.code(),
         }
@@ -198,7 +198,7 @@ pub async fn publish(
     caller: &Identity,
     body: &[u8],
     idempotency_key: Option<&str>,
-    trace: Option<&crate::trace::TraceContext>,
+    trace: Option<&tidings_protocol::trace::TraceContext>,
 ) -> Result<Accepted, PublishError> {
     use opentelemetry::KeyValue;
     let entering = crate::telemetry::Entering::start("publish", trace, || {
@@ -230,7 +230,7 @@ async fn publish_as(
     caller: &Identity,
     body: &[u8],
     idempotency_key: Option<&str>,
-    trace: Option<&crate::trace::TraceContext>,
+    trace: Option<&tidings_protocol::trace::TraceContext>,
     span: Option<opentelemetry::trace::SpanContext>,
 ) -> Result<Accepted, PublishError> {
     if idempotency_key.is_some_and(|k| !valid_idempotency_key(k)) {
@@ -277,7 +277,7 @@ async fn publish_as(
                     agent.id
                 ))));
             }
-            None if caller.authenticated => request.agent = Some(crate::event::Agent { id: caller.sub.clone(), kind: None }),
+            None if caller.authenticated => request.agent = Some(tidings_protocol::event::Agent { id: caller.sub.clone(), kind: None }),
             _ => {}
         }
         let body = request
@@ -288,7 +288,7 @@ async fn publish_as(
                 EventError::PayloadTooLarge { .. } => PublishError::PayloadTooLarge(at(e.to_string())),
             })?
             .traced(trace);
-        if crate::event::names::RESERVED.contains(&body.event_type.as_str()) {
+        if tidings_protocol::event::names::RESERVED.contains(&body.event_type.as_str()) {
             return Err(PublishError::ReservedEventType(at(format!(
                 "{:?} is written by tidings itself (tree writes, subscriptions, stream notices)",
                 body.event_type

@@ -29,10 +29,10 @@ use super::Core;
 pub use super::gap::{Gap, GapReason};
 use super::limits::StreamPermit;
 use crate::broker::{Broker, Detached, Frame, SubscribeOptions, Subscription};
-use crate::event::{Event, EventId};
 use crate::filter::Filter;
 use crate::metrics as m;
 use crate::store::{Bounds, EventLog, StoreError};
+use tidings_protocol::event::{Event, EventId};
 
 /// Where a session starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,10 +15,10 @@ use std::collections::BTreeMap;
 use super::Core;
 use super::error::{Kind, Refusal};
 use crate::auth::Identity;
-use crate::event::{Agent, EventId, names};
 use crate::store::{ChangeKind, Condition, StoreError, TreeEntry, TreeOutcome, TreeWrite};
-use crate::trace::TraceContext;
-use crate::tree::{ChangeEvent, Entity, PathError, change_event, change_type, validate_path};
+use tidings_protocol::event::{Agent, EventId, names};
+use tidings_protocol::trace::TraceContext;
+use tidings_protocol::tree::{ChangeEvent, Entity, PathError, change_event, change_type, validate_path};
 
 /// Most entries one listing scans: a bound on one request's work, not a
 /// tuning knob (a listing that hits it says `truncated`).
@@ -133,7 +133,7 @@ fn require(allowed: bool, what: &str) -> Result<(), TreeError> {
 }
 
 fn require_system(caller: &Identity, path: &str) -> Result<(), TreeError> {
-    if crate::tree::is_system(path) && !caller.admin {
+    if tidings_protocol::tree::is_system(path) && !caller.admin {
         return Err(TreeError::Forbidden("only admins read or write system/ directly".into()));
     }
     Ok(())
@@ -198,7 +198,7 @@ pub async fn put(
     let entity: Entity = crate::json::from_object_slice(body)
         .map_err(|e| TreeError::InvalidEntity(format!("the body must be {{\"type\", \"data\"}}: {e}")))?;
     entity.check().map_err(|e| TreeError::InvalidEntity(e.0))?;
-    crate::peer::check(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
+    tidings_protocol::peer::check(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
     crate::subscription::mirror::check(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
     let (canonical, hash) = entity.canonical();
     let entering = entering(path, trace.as_ref());

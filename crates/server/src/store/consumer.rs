@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::event::EventId;
+use tidings_protocol::event::EventId;
 
 /// A durable consumer as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -23,7 +23,7 @@
 //! The epoch 0 of every store begins at 0 with fork 0: a deployment that
 //! never lost history keeps the ids it has.
 
-use crate::event::EventId;
+use tidings_protocol::event::EventId;
 
 /// How far past the clock floor a new epoch's ids begin: 2^32, about nine
 /// hours of the floor's growth, for a new primary whose clock is behind.

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use super::{EventLog, NewRecord, StoreError};
-use crate::event::EventId;
+use tidings_protocol::event::EventId;
 
 /// A publish's `Idempotency-Key`, as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]

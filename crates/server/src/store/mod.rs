@@ -32,13 +32,13 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::event::{EventBody, EventId};
-pub use crate::tree::{ChangeEvent, ChangeKind};
 pub use consumer::{Acked, Actor, Consumer, ConsumerOpen, DeviceRead, Moved, Opened};
 pub use epoch::{Epoch, EpochReason, Epochs};
 pub use idempotency::{IdempotencyKey, Publish, Published};
 pub use outbox::{Decide, OutboxDecision, OutboxMoved, OutboxRow, OutboxStatus};
 pub use status::{DeliveryStatus, DeviceCursor, Listener, ListenerState, ReplicaStatus, Replicas};
+use tidings_protocol::event::{EventBody, EventId};
+pub use tidings_protocol::tree::{ChangeEvent, ChangeKind};
 
 /// One record to append.
 #[derive(Debug, Clone)]

@@ -12,15 +12,12 @@
 //! is accepted, and one that carries a capability is still checked.
 
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::{Caller, EVENTS, ExecuteError, Executed, HANDLER, Limits, SubscribeRequest, Subscriptions};
-use crate::glob::Glob;
-use crate::tree::capability::{self, Included};
-use crate::tree::{Entity, validate_path};
-
-/// Most entities one EXECUTE may carry.
-pub const MAX_INCLUDED: usize = 256;
+use tidings_protocol::glob::Glob;
+use tidings_protocol::peer::verify::{Envelope, Verified, VerifyError, verify};
+use tidings_protocol::tree::capability;
+use tidings_protocol::tree::validate_path;
 
 /// How the HTTP layer calls [`execute`].
 #[derive(Debug, Clone)]
@@ -32,43 +29,9 @@ pub struct Call {
     /// The causal chain (`X-Chain-Id`, else generated).
     pub chain_id: String,
     /// The request's W3C trace context: a delivery's notification carries it.
-    pub trace: Option<crate::trace::TraceContext>,
+    pub trace: Option<tidings_protocol::trace::TraceContext>,
     /// Now, Unix ms.
     pub now_ms: u64,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Envelope {
-    execute: Entity,
-    #[serde(default)]
-    included: serde_json::Map<String, Value>,
-}
-
-/// The fields of `system/protocol/execute` dispatch reads; others (request
-/// ids, bounds) are carried and ignored.
-#[derive(Deserialize)]
-struct ExecuteData {
-    uri: String,
-    operation: String,
-    #[serde(default)]
-    resource: Option<Resource>,
-    #[serde(default)]
-    params: Option<Entity>,
-    author: String,
-    #[serde(default)]
-    capability: Option<String>,
-    /// A delivery's sequence (the sender's log id of the notification).
-    #[serde(default)]
-    sequence: Option<i64>,
-    /// A delivery's list of the sender's epochs after its first.
-    #[serde(default)]
-    epochs: Vec<super::inbox::SenderEpoch>,
-}
-
-#[derive(Deserialize)]
-struct Resource {
-    targets: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -111,31 +74,11 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
             )));
         }
     };
-    if envelope.execute.kind != "system/protocol/execute" {
-        return Err(ExecuteError::InvalidExecute("execute must be a system/protocol/execute entity".into()));
-    }
-    if envelope.included.len() > MAX_INCLUDED {
-        return Err(ExecuteError::InvalidIncluded(format!("at most {MAX_INCLUDED} included entities")));
-    }
-    let mut included = Included::with_capacity(envelope.included.len());
-    for (hash, entity) in envelope.included {
-        match capability::hash_of(&entity) {
-            Ok(h) if h == hash => {
-                included.insert(hash, entity);
-            }
-            Ok(_) => return Err(ExecuteError::InvalidIncluded(format!("included entity {hash} is not named by its hash"))),
-            Err(e) => return Err(ExecuteError::InvalidIncluded(format!("included {hash}: {e}"))),
-        }
-    }
-    let data: ExecuteData = match crate::json::from_object(envelope.execute.data.clone()) {
-        Ok(d) => d,
-        Err(e) => return Err(ExecuteError::InvalidExecute(format!("execute data: {e}"))),
-    };
-    // The author signed exactly this EXECUTE.
-    let execute_hash = envelope.execute.canonical().1;
-    if let Err(e) = capability::verify_signed(&included, &execute_hash, &data.author) {
-        return Err(ExecuteError::SignatureInvalid(format!("the EXECUTE is not signed by its author: {e}")));
-    }
+    let Verified { data, included } = verify(envelope).map_err(|e| match e {
+        VerifyError::Execute(m) => ExecuteError::InvalidExecute(m),
+        VerifyError::Included(m) => ExecuteError::InvalidIncluded(m),
+        VerifyError::Signature(m) => ExecuteError::SignatureInvalid(m),
+    })?;
     if let Some(inbox) = super::inbox::local_inbox(&data.uri, handler.server().hash()) {
         let targets = data.resource.map(|r| r.targets).unwrap_or_default();
         let delivery = super::inbox::Delivery {
@@ -227,7 +170,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
     }
     events.sort_by_key(|e| EVENTS.iter().position(|k| k == e));
     events.dedup();
-    let (deliver_peer, deliver_path) = match crate::peer::parse_remote(&request.deliver_to.uri) {
+    let (deliver_peer, deliver_path) = match tidings_protocol::peer::parse_remote(&request.deliver_to.uri) {
         Some((peer, path)) if peer == handler.server().hash() => (None, path.to_owned()),
         Some((peer, path)) => (Some(peer.to_owned()), path.to_owned()),
         None if request.deliver_to.uri.contains("://") => {
@@ -241,7 +184,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
         return Err(ExecuteError::InvalidParams(format!("deliver_to.uri: {}", e.0)));
     }
     if let Some(endpoint) = &request.relay_endpoint
-        && let Err(e) = crate::peer::check_endpoint(endpoint)
+        && let Err(e) = tidings_protocol::peer::check_endpoint(endpoint)
     {
         return Err(ExecuteError::InvalidParams(format!("relay_endpoint: {e}")));
     }

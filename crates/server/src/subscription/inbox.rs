@@ -30,13 +30,14 @@
 
 use serde::Deserialize;
 use serde_json::json;
+use tidings_protocol::peer::verify::SenderEpoch;
 
 use super::{EVENTS, ExecuteError, Executed, Subscriptions};
-use crate::event::{Agent, EventBody, Visibility, names};
 use crate::store::NewRecord;
-use crate::tree::capability::{self, CapabilityError, Included};
-use crate::tree::{Entity, is_hash, validate_path};
+use tidings_protocol::event::{Agent, EventBody, Visibility, names};
 use tidings_protocol::peer::protocol::MAX_EPOCHS;
+use tidings_protocol::tree::capability::{self, CapabilityError, Included};
+use tidings_protocol::tree::{Entity, is_hash, validate_path};
 
 /// The handler a delivery EXECUTE targets, and the only operation it has.
 pub const HANDLER: &str = "system/inbox";
@@ -66,22 +67,11 @@ pub(super) struct Delivery<'a> {
     pub(super) epochs: &'a [SenderEpoch],
 }
 
-/// One epoch of the sender's log, as a delivery lists it: it began when
-/// the ids in `(fork, base]` were lost.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct SenderEpoch {
-    number: i32,
-    fork: i64,
-    base: i64,
-}
-
 /// The epoch in `epochs` whose lost stretch holds `mark`, when the list is
 /// well-formed (at most [`MAX_EPOCHS`], numbers and bases rising, each
 /// `0 <= fork <= base`); `Err` when it is not.
 fn lost_at(epochs: &[SenderEpoch], mark: Option<i64>) -> Result<Option<&SenderEpoch>, ExecuteError> {
-    let rising = epochs.windows(2).all(|w| w[0].number < w[1].number && w[0].base < w[1].base);
-    if epochs.len() > MAX_EPOCHS || !rising || epochs.iter().any(|e| e.number < 1 || e.fork < 0 || e.fork > e.base) {
+    if !SenderEpoch::well_formed(epochs) {
         return Err(ExecuteError::InvalidExecute(format!(
             "a delivery's epochs are at most {MAX_EPOCHS} of {{number >= 1, fork, base}}, 0 <= fork <= base, rising"
         )));
@@ -92,7 +82,7 @@ fn lost_at(epochs: &[SenderEpoch], mark: Option<i64>) -> Result<Option<&SenderEp
 /// The inbox path on this server that `uri` names (`system/inbox/...`, bare
 /// or as `entity://<this server>/system/inbox/...`), if it names one.
 pub(super) fn local_inbox(uri: &str, server: &str) -> Option<String> {
-    let path = match crate::peer::parse_remote(uri) {
+    let path = match tidings_protocol::peer::parse_remote(uri) {
         Some((peer, path)) if peer == server => path,
         Some(_) => return None,
         None => uri,
@@ -121,7 +111,7 @@ pub(super) async fn receive(
     delivery: Delivery<'_>,
     included: &Included,
     chain_id: &str,
-    trace: Option<&crate::trace::TraceContext>,
+    trace: Option<&tidings_protocol::trace::TraceContext>,
     now_ms: u64,
 ) -> Result<Executed, ExecuteError> {
     if delivery.operation != RECEIVE {

@@ -7,16 +7,16 @@
 use serde_json::json;
 
 use super::MARKER_DIR;
-use crate::event::EventId;
 use crate::store::{Condition, TreeWrite};
-use crate::tree::{Entity, change_event};
+use tidings_protocol::event::EventId;
+use tidings_protocol::tree::{Entity, change_event};
 
 /// A chain-error marker of a notification that was not delivered
 /// (docs/ref-subscriptions.md, "Chain-error markers").
 #[derive(Debug)]
 pub(super) struct Marker<'a> {
     /// Who binds it (this server).
-    pub(super) agent: crate::event::Agent,
+    pub(super) agent: tidings_protocol::event::Agent,
     pub(super) subscription_id: &'a str,
     pub(super) reason: &'a str,
     /// The change kind.

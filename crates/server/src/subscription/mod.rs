@@ -55,13 +55,13 @@ use rand::seq::SliceRandom as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::event::Agent;
-use crate::glob::Glob;
-use crate::identity::ServerIdentity;
 use crate::refusal::{Kind, Refusal};
 use crate::store::{Condition, Store, StoreError, TreeEntry, TreeWrite};
-use crate::tree::capability::{self, CapabilityError, Included, Token};
-use crate::tree::{Entity, change_event, generate_id, validate_path};
+use tidings_protocol::event::Agent;
+use tidings_protocol::glob::Glob;
+use tidings_protocol::identity::ServerIdentity;
+use tidings_protocol::tree::capability::{self, CapabilityError, Included, Token};
+use tidings_protocol::tree::{Entity, change_event, generate_id, validate_path};
 
 /// The handler a subscribe EXECUTE targets (its `uri`).
 pub const HANDLER: &str = "system/subscription";
@@ -384,7 +384,7 @@ pub struct Subscriptions {
     mirror_states: mirror::MirrorStates,
     /// For proving a peer's endpoint (`GET /v1/identity` there), under
     /// `TIDINGS_PEER_ALLOW`.
-    http: crate::peer::Outbound,
+    http: tidings_outbound::Outbound,
     /// The subscriptions as last listed, with the version of their
     /// directory then: a subscribe reads the version (a count from the
     /// path index), not every entity, while nothing changed.
@@ -420,7 +420,7 @@ impl Subscriptions {
         server: Arc<ServerIdentity>,
         max_per_prefix: u64,
         (max_total, max_per_identity): (usize, usize),
-        http: crate::peer::Outbound,
+        http: tidings_outbound::Outbound,
     ) -> Self {
         Self {
             store,
@@ -455,12 +455,12 @@ impl Subscriptions {
     /// The known peers (`system/peer/*`) with what this process's courier
     /// last saw of each (only the process leading the engine delivers).
     pub async fn peers(&self) -> Result<Vec<Value>, StoreError> {
-        let known = self.store.tree_entries_below(crate::peer::PREFIX.trim_end_matches('/'), 10_000).await?;
+        let known = self.store.tree_entries_below(tidings_protocol::peer::PREFIX.trim_end_matches('/'), 10_000).await?;
         let states = self.peer_states.lock().map(|s| s.clone()).unwrap_or_default();
         Ok(known
             .into_iter()
             .filter_map(|e| {
-                let hash = e.path.strip_prefix(crate::peer::PREFIX)?.to_owned();
+                let hash = e.path.strip_prefix(tidings_protocol::peer::PREFIX)?.to_owned();
                 let state = states.get(&hash).cloned().unwrap_or_default();
                 let status = match (&state.last_error, state.lanes) {
                     (_, 0) => "idle",
@@ -469,7 +469,7 @@ impl Subscriptions {
                 };
                 Some(json!({
                     "peer": hash,
-                    "endpoint": crate::peer::endpoint_of(&e.entity),
+                    "endpoint": tidings_protocol::peer::endpoint_of(&e.entity),
                     "state": status,
                     "delivery": state,
                 }))
@@ -624,7 +624,7 @@ impl Subscriptions {
 /// Whether `s` delivers to a mirror inbox on its subscriber's own server
 /// (what a relaying mirror subscribes with).
 fn relays_as_mirror(s: &Subscription) -> bool {
-    crate::peer::parse_remote(&s.deliver_uri)
+    tidings_protocol::peer::parse_remote(&s.deliver_uri)
         .is_some_and(|(peer, path)| peer == s.subscriber_identity && path.starts_with(mirror::INBOX_PREFIX))
 }
 
@@ -640,16 +640,16 @@ fn renewal_of(s: &Subscription, author: &str, request: &SubscribeRequest) -> boo
 fn unknown_peer(peer: &str, why: impl std::fmt::Display) -> ExecuteError {
     ExecuteError::UnknownPeer(format!(
         "this server does not know peer {peer} ({why}): an admin writes {}{peer} {{endpoint}}, or the peer subscribes for its own inbox with a relay_endpoint that proves it",
-        crate::peer::PREFIX
+        tidings_protocol::peer::PREFIX
     ))
 }
 
 /// The tree write recording a peer whose endpoint was proven (see
-/// [`crate::peer::proves`]): only where no entry is, so an admin's stays.
+/// [`tidings_outbound::proves`]): only where no entry is, so an admin's stays.
 fn learned_peer(peer: &str, endpoint: &str, agent: Agent, chain_id: String) -> TreeWrite {
     let (canonical, hash) =
-        crate::peer::Peer { hash: peer.to_owned(), endpoint: endpoint.trim_end_matches('/').to_owned() }.entity().canonical();
-    let path = format!("{}{peer}", crate::peer::PREFIX);
+        tidings_protocol::peer::Peer { hash: peer.to_owned(), endpoint: endpoint.trim_end_matches('/').to_owned() }.entity().canonical();
+    let path = format!("{}{peer}", tidings_protocol::peer::PREFIX);
     TreeWrite {
         event: change_event(&path, agent, Some(hash.clone()), chain_id),
         path,

@@ -22,9 +22,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::event::EventId;
-use crate::identity::ServerIdentity;
-use crate::tree::capability::{self, Included, hash_of};
+use tidings_protocol::event::EventId;
+use tidings_protocol::identity::ServerIdentity;
+use tidings_protocol::tree::capability::{self, Included, hash_of};
 
 /// The entity type of a signed change.
 pub const TYPE: &str = "system/tree/change";

@@ -48,7 +48,7 @@ impl Subscriptions {
                     "the deliver token's chain must be rooted at {peer}, the server holding the inbox"
                 )));
             }
-            if self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await?.is_none() {
+            if self.store.tree_get(&format!("{}{peer}", tidings_protocol::peer::PREFIX)).await?.is_none() {
                 learn = Some((peer.clone(), self.learnable(peer, caller.author, request.relay_endpoint.as_deref())?));
             }
         }
@@ -207,11 +207,11 @@ impl Subscriptions {
         candidates.shuffle(&mut rand::rng());
         let mut alternatives: Vec<Value> = Vec::new();
         for peer in candidates {
-            if alternatives.len() >= crate::peer::MAX_ALTERNATIVES {
+            if alternatives.len() >= tidings_protocol::peer::MAX_ALTERNATIVES {
                 break;
             }
-            if let Some(entry) = self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await?
-                && let Some(endpoint) = crate::peer::endpoint_of(&entry.entity)
+            if let Some(entry) = self.store.tree_get(&format!("{}{peer}", tidings_protocol::peer::PREFIX)).await?
+                && let Some(endpoint) = tidings_protocol::peer::endpoint_of(&entry.entity)
             {
                 alternatives.push(json!({"peer": peer, "endpoint": endpoint}));
             }

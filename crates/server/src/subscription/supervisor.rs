@@ -21,8 +21,8 @@ use super::Subscriptions;
 use super::courier::Courier;
 use super::engine::{Engine, EngineSettings, StepError};
 use super::mirror::Mirrors;
-use crate::event::EventId;
-use crate::retry::Backoff;
+use tidings_protocol::event::EventId;
+
 use crate::store::Store;
 
 /// Runs the subscription work while this process leads it.
@@ -44,7 +44,7 @@ impl Supervisor {
     /// Takes the lead whenever it can and leads until `cancel`; then lets
     /// the lead go, so another process takes over at once.
     pub async fn run(mut self, cancel: CancellationToken) {
-        let mut backoff = Backoff::STORE;
+        let mut backoff = crate::pacing::STORE;
         while !cancel.is_cancelled() {
             match self.store.engine_lead().await {
                 Ok(true) => {}

@@ -44,7 +44,7 @@ fn comma_list(entry: &str) -> String {
 /// `accept_envelope`: a comma list of versions that names one this server
 /// writes (none would be `406`).
 fn envelope_pattern() -> String {
-    let supported: Vec<String> = crate::event::SUPPORTED_ENVELOPE_VERSIONS.iter().map(u32::to_string).collect();
+    let supported: Vec<String> = tidings_protocol::event::SUPPORTED_ENVELOPE_VERSIONS.iter().map(u32::to_string).collect();
     format!("^(?:[0-9]{{1,9}},)*(?:{})(?:,[0-9]{{1,9}})*$", supported.join("|"))
 }
 
@@ -60,7 +60,7 @@ fn nullable(mut schema: Value) -> Value {
 }
 
 fn event_schema() -> Value {
-    use crate::event::{MAX_FIELD_LEN, MAX_LINKS, MAX_NAME_LEN};
+    use tidings_protocol::event::{MAX_FIELD_LEN, MAX_LINKS, MAX_NAME_LEN};
     json!({
         "type": "object",
         "additionalProperties": false,
@@ -115,8 +115,8 @@ fn rule_schema() -> Value {
 }
 
 fn filter_schema(max_list: usize) -> Value {
-    let globs = json!({"type": "array", "maxItems": max_list, "items": {"type": "string", "pattern": format!("^{}$", glob_pattern()), "maxLength": crate::event::MAX_NAME_LEN}});
-    let values = json!({"type": "array", "maxItems": max_list, "items": {"type": "string", "minLength": 1, "maxLength": crate::event::MAX_FIELD_LEN}});
+    let globs = json!({"type": "array", "maxItems": max_list, "items": {"type": "string", "pattern": format!("^{}$", glob_pattern()), "maxLength": tidings_protocol::event::MAX_NAME_LEN}});
+    let values = json!({"type": "array", "maxItems": max_list, "items": {"type": "string", "minLength": 1, "maxLength": tidings_protocol::event::MAX_FIELD_LEN}});
     json!({"anyOf": [
         globs,
         {"type": "object", "additionalProperties": false, "properties": {
@@ -143,7 +143,7 @@ fn uint(minimum: u64) -> Value {
 
 fn path_glob() -> Value {
     let seg = format!(r"(?:{PATH_SEGMENT}|\*\*?)");
-    json!({"type": "string", "pattern": format!("^{seg}(?:/{seg})*$"), "maxLength": crate::tree::MAX_PATH_LEN})
+    json!({"type": "string", "pattern": format!("^{seg}(?:/{seg})*$"), "maxLength": tidings_protocol::tree::MAX_PATH_LEN})
 }
 
 fn hash() -> Value {
@@ -174,7 +174,7 @@ fn body_schema(method: &str, path: &str, settings: &Settings) -> Option<Value> {
             }})
         }
         ("put", "/v1/tree/{path}") => json!({"type": "object", "additionalProperties": false, "required": ["type", "data"], "properties": {
-            "type": {"type": "string", "minLength": 1, "maxLength": crate::tree::MAX_TYPE_LEN},
+            "type": {"type": "string", "minLength": 1, "maxLength": tidings_protocol::tree::MAX_TYPE_LEN},
             "data": {},
         }}),
         ("post", "/v1/admin/capabilities") => {
@@ -205,7 +205,9 @@ fn parameter_schema(location: &str, name: &str, method: &str, settings: &Setting
     let any_entry = r"[^,\t\n\f\r ](?:[^,]*[^,\t\n\f\r ])?";
     Some(match (location, name) {
         // A GET of a path ending in `/` lists its children.
-        ("path", "path") => json!({"type": "string", "pattern": path_pattern(method == "get"), "maxLength": crate::tree::MAX_PATH_LEN}),
+        ("path", "path") => {
+            json!({"type": "string", "pattern": path_pattern(method == "get"), "maxLength": tidings_protocol::tree::MAX_PATH_LEN})
+        }
         ("path", "id") => consumer_id(),
         // Any positive id: one past the largest is not found.
         ("path", "event_id") => json!({"type": "string", "pattern": "^[1-9][0-9]{0,15}$"}),
@@ -226,12 +228,12 @@ fn parameter_schema(location: &str, name: &str, method: &str, settings: &Setting
         ("header", "If-Match") => json!({"type": "string", "pattern": "^(?:\\*|\"?sha256:[0-9a-f]{64}\"?)$"}),
         ("header", "Idempotency-Key") => json!({"type": "string", "pattern": "^[!-~]{1,255}$"}),
         // An empty header is none (docs/tracing.md).
-        ("header", "traceparent") => json!({"type": "string", "pattern": or_empty(&crate::trace::traceparent_pattern())}),
+        ("header", "traceparent") => json!({"type": "string", "pattern": or_empty(&tidings_protocol::trace::traceparent_pattern())}),
         ("header", "tracestate") => {
-            json!({"type": "string", "pattern": or_empty(crate::trace::TRACESTATE_PATTERN), "maxLength": crate::trace::MAX_TRACESTATE})
+            json!({"type": "string", "pattern": or_empty(tidings_protocol::trace::TRACESTATE_PATTERN), "maxLength": tidings_protocol::trace::MAX_TRACESTATE})
         }
         ("header", "X-Chain-Id") => {
-            json!({"type": "string", "pattern": format!("^{PATH_SEGMENT}$"), "maxLength": crate::tree::MAX_CHAIN_ID_LEN})
+            json!({"type": "string", "pattern": format!("^{PATH_SEGMENT}$"), "maxLength": tidings_protocol::tree::MAX_CHAIN_ID_LEN})
         }
         _ => return None,
     })
@@ -248,12 +250,11 @@ fn envelope_schema() -> Value {
     let mut schema = event_schema();
     schema["required"] = json!(["envelope_version", "event_id", "event_type", "occurred_at", "payload", "links", "visibility"]);
     schema["additionalProperties"] = json!(false);
-    schema["properties"]["envelope_version"] = json!({"type": "integer", "enum": crate::event::SUPPORTED_ENVELOPE_VERSIONS});
+    schema["properties"]["envelope_version"] = json!({"type": "integer", "enum": tidings_protocol::event::SUPPORTED_ENVELOPE_VERSIONS});
     schema["properties"]["event_id"] = id();
     schema["properties"]["payload"] = json!({"type": "object"});
-    schema["properties"]["traceparent"] = json!({"type": "string", "pattern": crate::trace::traceparent_pattern()});
-    schema["properties"]["tracestate"] =
-        json!({"type": "string", "pattern": crate::trace::TRACESTATE_PATTERN, "maxLength": crate::trace::MAX_TRACESTATE});
+    schema["properties"]["traceparent"] = json!({"type": "string", "pattern": tidings_protocol::trace::traceparent_pattern()});
+    schema["properties"]["tracestate"] = json!({"type": "string", "pattern": tidings_protocol::trace::TRACESTATE_PATTERN, "maxLength": tidings_protocol::trace::MAX_TRACESTATE});
     schema
 }
 

@@ -42,7 +42,7 @@ use super::{
     EngineStore, Epoch, EpochReason, Epochs, EventLog, HandOff, ListenerState, Moved, NewRecord, Opened, Publish, Published, Record,
     StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite, epoch, idempotency,
 };
-use crate::event::EventId;
+use tidings_protocol::event::EventId;
 
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "event_log", include_str!("../../../migrations/embedded/0001_event_log.sql")),

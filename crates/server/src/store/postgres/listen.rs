@@ -20,7 +20,7 @@ pub(super) async fn listen_loop(
     config.application_name("tidings-listener");
     // Reconnecting to a database that is down, jittered so processes do
     // not reconnect at once.
-    let mut backoff = crate::retry::Backoff::LISTEN;
+    let mut backoff = crate::pacing::LISTEN;
     let mut first = true;
     loop {
         let result = tokio::select! {
@@ -56,7 +56,7 @@ async fn listen_once(
     epochs: &crate::store::epoch::EpochCache,
     wake: &Notify,
     cancel: &CancellationToken,
-    backoff: &mut crate::retry::Backoff,
+    backoff: &mut tidings_protocol::retry::Backoff,
 ) -> anyhow::Result<()> {
     let (mut client, mut connection) = config.connect(NoTls).await.context("connecting the LISTEN session")?;
     // A commit's head, or `None` for a wake-up of the outbox.

@@ -48,7 +48,7 @@ use super::{
     EngineStore, Epoch, EpochReason, Epochs, EventLog, HandOff, ListenerState, Moved, NewRecord, Opened, Publish, Published, Record,
     StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite, idempotency,
 };
-use crate::event::EventId;
+use tidings_protocol::event::EventId;
 
 /// The NOTIFY channel.
 const CHANNEL: &str = "tidings_events";

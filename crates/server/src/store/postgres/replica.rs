@@ -191,7 +191,7 @@ impl Replicas {
         if wanted > 0 {
             let deadline = tokio::time::Instant::now() + TAIL_WAIT;
             // Polls the standby's replay: 1 ms doubling to 20 ms.
-            let mut pause = crate::retry::Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
+            let mut pause = tidings_protocol::retry::Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
             loop {
                 let rows = self.prefix(after, wanted).await;
                 if !rows.is_empty() {

@@ -208,7 +208,7 @@ impl SyncGate {
     /// The barrier task: runs until `cancel`.
     pub(super) async fn run(self: Arc<Self>, mut config: tokio_postgres::Config, cancel: CancellationToken) {
         config.application_name("tidings-sync");
-        let mut backoff = crate::retry::Backoff::LISTEN;
+        let mut backoff = crate::pacing::LISTEN;
         loop {
             let result = tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -233,7 +233,7 @@ impl SyncGate {
     async fn serve(
         &self,
         config: &tokio_postgres::Config,
-        backoff: &mut crate::retry::Backoff,
+        backoff: &mut tidings_protocol::retry::Backoff,
     ) -> anyhow::Result<std::convert::Infallible> {
         let (mut client, mut connection) = config.connect(NoTls).await.context("connecting the synchronous replication barrier")?;
         // The connection is driven here so its notices are read: a barrier

@@ -46,13 +46,13 @@ mod send;
 
 use super::inbox::NOTIFICATION;
 use super::marker::Marker;
-use crate::event::{EventId, names};
-use crate::identity::ServerIdentity;
-use crate::peer::protocol::{Execute, PeerError};
-use crate::retry::{Backoff, now_ms, sleep_or_stop};
 use crate::store::{Condition, Record, Store, StoreError, TreeOutcome, TreeWrite};
-use crate::tree::change_event;
 use send::Sender;
+use tidings_protocol::event::{EventId, names};
+use tidings_protocol::identity::ServerIdentity;
+use tidings_protocol::peer::protocol::{Execute, PeerError};
+use tidings_protocol::retry::{now_ms, sleep_or_stop};
+use tidings_protocol::tree::change_event;
 
 /// The owner of the courier's cursors in the device cursor table.
 const CURSOR_OWNER: &str = crate::store::COURIER_CURSORS;
@@ -84,7 +84,7 @@ pub struct CourierSettings {
     /// prefix's capacity until its token expires.
     pub evict_after: Duration,
     /// Where this server may call (`TIDINGS_PEER_ALLOW`).
-    pub allow: std::sync::Arc<crate::peer::PeerAllow>,
+    pub allow: std::sync::Arc<tidings_outbound::PeerAllow>,
 }
 
 /// A remote subscription, as the engine hands it over.
@@ -164,7 +164,7 @@ struct StoredPayload {
 pub(super) struct Courier {
     store: Arc<dyn Store>,
     server: Arc<ServerIdentity>,
-    http: crate::peer::Outbound,
+    http: tidings_outbound::Outbound,
     settings: CourierSettings,
     /// The log's head as the broker follows it: wakes lanes.
     follow: watch::Receiver<EventId>,
@@ -180,7 +180,7 @@ impl Courier {
         states: PeerStates,
     ) -> Self {
         // A peer's redirect is not followed: deliveries go to its endpoint only.
-        let http = crate::peer::Outbound::new(settings.allow.clone(), settings.timeout);
+        let http = tidings_outbound::Outbound::new(settings.allow.clone(), settings.timeout);
         Self { store, server, http, settings, follow, states }
     }
 
@@ -200,7 +200,7 @@ impl Courier {
         let feeds: Feeds = Arc::default();
         // Where the dispatcher starts, known before any lane: a lane reads
         // the log itself at least up to here.
-        let mut retry = Backoff::DELIVERY;
+        let mut retry = crate::pacing::DELIVERY;
         let start = loop {
             match this.store.head().await {
                 Ok(h) => break h,
@@ -270,7 +270,7 @@ impl Courier {
     /// or slow) is marked behind and reads the log itself until it is back.
     async fn dispatch(self: Arc<Self>, feeds: Feeds, decided: Arc<AtomicI64>, cancel: CancellationToken) {
         let mut follow = self.follow.clone();
-        let mut retry = Backoff::DELIVERY;
+        let mut retry = crate::pacing::DELIVERY;
         let mut position = decided.load(Ordering::SeqCst);
         while !cancel.is_cancelled() {
             let (records, reached) = match self.store.engine_changes(position, &[names::SUBSCRIPTION_NOTIFICATION], DISPATCH_BATCH).await {
@@ -337,7 +337,7 @@ impl Courier {
         mut fed: Fed,
         backlog: &std::sync::Mutex<HashMap<String, (String, EventId)>>,
     ) {
-        let mut retry = Backoff::DELIVERY;
+        let mut retry = crate::pacing::DELIVERY;
         let mut position = loop {
             match self.start(lane).await {
                 Ok(p) => break p,
@@ -446,7 +446,7 @@ impl Courier {
                 return false;
             }
         };
-        let agent = crate::event::Agent::server(self.server.hash());
+        let agent = tidings_protocol::event::Agent::server(self.server.hash());
         let write = TreeWrite {
             path: path.clone(),
             entity: None,
@@ -471,7 +471,7 @@ impl Courier {
     async fn give_up(&self, lane: &Lane, record: &Record, stored: &Stored, chain_id: &str, reason: &str) {
         let data = &stored.payload.data;
         let marker = Marker {
-            agent: crate::event::Agent::server(self.server.hash()),
+            agent: tidings_protocol::event::Agent::server(self.server.hash()),
             subscription_id: &lane.subscription_id,
             reason,
             kind: data["event"].as_str().unwrap_or(""),

@@ -3,7 +3,7 @@
 //! `POST /v1/execute`, retries with backoff, and giving up with a marker.
 
 use super::*;
-use crate::trace::TraceContext;
+use tidings_protocol::trace::TraceContext;
 
 /// A lane's sending side, with the deliver token's chain cached (it is
 /// fixed for the lane's life). The peer's endpoint is looked up at every
@@ -23,10 +23,9 @@ impl<'a> Sender<'a> {
 
     async fn endpoint(&self) -> Result<String, PeerError> {
         let peer = &self.lane.peer;
-        match self.courier.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await {
-            Ok(Some(entry)) => {
-                crate::peer::endpoint_of(&entry.entity).ok_or_else(|| PeerError::Unknown("the peer entity has no endpoint".into()))
-            }
+        match self.courier.store.tree_get(&format!("{}{peer}", tidings_protocol::peer::PREFIX)).await {
+            Ok(Some(entry)) => tidings_protocol::peer::endpoint_of(&entry.entity)
+                .ok_or_else(|| PeerError::Unknown("the peer entity has no endpoint".into())),
             Ok(None) => Err(PeerError::Unknown("the peer is not known".into())),
             Err(e) => Err(PeerError::Store(e.to_string())),
         }
@@ -39,7 +38,7 @@ impl<'a> Sender<'a> {
         let (courier, lane) = (self.courier, self.lane);
         let chain_id = stored.payload.chain_id.clone().unwrap_or_else(|| format!("event-{}", record.id));
         // A store that cannot be read now is retried, not a lost delivery.
-        let mut backoff = Backoff::DELIVERY;
+        let mut backoff = crate::pacing::DELIVERY;
         let envelope = loop {
             match self.envelope(record.id, &stored).await {
                 Ok(envelope) => break envelope,
@@ -64,7 +63,7 @@ impl<'a> Sender<'a> {
         });
         let trace = entering.stored.clone().or(stored_trace);
         let _span = entering;
-        let mut backoff = Backoff::DELIVERY;
+        let mut backoff = crate::pacing::DELIVERY;
         for attempt in 1..=courier.settings.attempts.max(1) {
             if stop.is_cancelled() {
                 return None;
@@ -151,10 +150,10 @@ impl<'a> Sender<'a> {
         let sent = request.json(envelope).send().await;
         let response = match sent {
             Ok(r) => r,
-            Err(e) => return Attempt::Failed(e.into()),
+            Err(e) => return Attempt::Failed(tidings_outbound::unreachable(e)),
         };
         let status = response.status().as_u16();
-        let body = crate::peer::read_json(response).await;
+        let body = tidings_outbound::read_json(response).await;
         match status {
             200 => Attempt::Delivered { duplicate: body["result"]["duplicate"] == true },
             408 | 429 | 500..=599 => Attempt::Failed(PeerError::refused(status, &body)),

@@ -38,11 +38,11 @@ use super::courier::{Lane, Lanes};
 use super::marker::Marker;
 use super::signed::{self, SignedChange, Transition};
 use super::{DIR, MARKER_DIR, Subscription, Subscriptions, subscription_id_of};
-use crate::event::{EventBody, EventId, Visibility, names};
-use crate::glob::Glob;
 use crate::store::{Condition, EngineCommit, EngineEffect, NewRecord, Record, Store, StoreError, Tally, TreeWrite};
-use crate::tree::change_event;
 use deliver::is_marker_path;
+use tidings_protocol::event::{EventBody, EventId, Visibility, names};
+use tidings_protocol::glob::Glob;
+use tidings_protocol::tree::change_event;
 
 /// The engine's pace (settings with documented defaults).
 #[derive(Debug, Clone)]
@@ -63,7 +63,7 @@ pub struct EngineSettings {
 }
 
 /// Longest delegation chain walked for a token's expiry.
-const MAX_CHAIN: usize = crate::tree::capability::MAX_CHAIN;
+const MAX_CHAIN: usize = tidings_protocol::tree::capability::MAX_CHAIN;
 
 const TREE_TYPES: [&str; 3] = [names::TREE_CREATED, names::TREE_UPDATED, names::TREE_DELETED];
 
@@ -92,7 +92,7 @@ struct Change {
     /// The trace context the change event was stored with (its envelope's,
     /// not its payload's): its notifications carry it on.
     #[serde(skip)]
-    trace: Option<crate::trace::TraceContext>,
+    trace: Option<tidings_protocol::trace::TraceContext>,
 }
 
 impl Change {
@@ -120,7 +120,7 @@ fn parse(record: &Record) -> Option<(&'static str, Change)> {
         _ => return None,
     };
     let mut change = r.payload;
-    change.trace = r.traceparent.map(|traceparent| crate::trace::TraceContext { traceparent, tracestate: r.tracestate });
+    change.trace = r.traceparent.map(|traceparent| tidings_protocol::trace::TraceContext { traceparent, tracestate: r.tracestate });
     Some((kind, change))
 }
 
@@ -396,7 +396,7 @@ impl Engine {
             .subs
             .values()
             .filter_map(|a| {
-                let (peer, _) = crate::peer::parse_remote(&a.sub.deliver_uri)?;
+                let (peer, _) = tidings_protocol::peer::parse_remote(&a.sub.deliver_uri)?;
                 let id = &a.sub.subscription_id;
                 Some((
                     id.clone(),

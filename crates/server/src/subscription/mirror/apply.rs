@@ -184,7 +184,7 @@ impl Applier<'_> {
 
     pub(super) async fn apply(&mut self, n: StoredPayload) -> Result<(), StoreError> {
         let path = n.data.uri.clone();
-        if !self.glob.matches(&path) || crate::tree::is_system(&path) || validate_path(&path).is_err() {
+        if !self.glob.matches(&path) || tidings_protocol::tree::is_system(&path) || validate_path(&path).is_err() {
             return Ok(());
         }
         let outcome = self.decide(&path, n).await?;
@@ -445,17 +445,18 @@ impl Applier<'_> {
             }
             let Ok(request) = self.mirror.http.get(&format!("{endpoint}/v1/tree/{dir}/")) else { return };
             let Ok(r) = request.send().await else { return };
-            let listing = crate::peer::read_json(r).await;
+            let listing = tidings_outbound::read_json(r).await;
             let below = format!("{dir}/");
             for child in listing["children"].as_array().into_iter().flatten() {
                 let Some(path) = child["path"].as_str() else { continue };
-                if !path.starts_with(&below) || crate::tree::is_system(path) || validate_path(path).is_err() {
+                if !path.starts_with(&below) || tidings_protocol::tree::is_system(path) || validate_path(path).is_err() {
                     continue;
                 }
                 if child["entity"] == true && self.glob.matches(path) && self.known.len() < MAX_KNOWN {
                     self.known.insert(path.to_owned());
                 }
-                if child["has_children"] == true && path.split('/').count() < crate::tree::MAX_DEPTH && dirs.len() < MAX_LISTINGS {
+                if child["has_children"] == true && path.split('/').count() < tidings_protocol::tree::MAX_DEPTH && dirs.len() < MAX_LISTINGS
+                {
                     dirs.push(path.to_owned());
                 }
             }

@@ -13,9 +13,10 @@ use tokio_util::sync::CancellationToken;
 use super::apply::Applier;
 use super::upstream::Abandoned;
 use super::{MAX_ABANDONED, Mirrors, Spec};
-use crate::peer::protocol::PeerError;
-use crate::peer::{Attached, Relay};
-use crate::retry::Backoff;
+use tidings_outbound::Attached;
+use tidings_protocol::peer::Relay;
+use tidings_protocol::peer::protocol::PeerError;
+use tidings_protocol::retry::Backoff;
 
 /// A mirror's link to its upstream (see the module).
 #[derive(Debug)]
@@ -52,7 +53,7 @@ impl Link {
         Self {
             subscription: None,
             renew_at: Instant::now(),
-            retry: Backoff::MIRROR,
+            retry: crate::pacing::MIRROR,
             hops: 0,
             alternatives: Vec::new(),
             unanswered: None,

@@ -73,13 +73,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::inbox::NotificationData;
 use super::signed::{self, Proof, SignedChange, Transition};
-use crate::event::{Agent, EventId, names};
-use crate::glob::Glob;
-use crate::identity::ServerIdentity;
-use crate::peer::{Attached, Relay, Subscribed};
-use crate::retry::{Backoff, now_ms};
 use crate::store::{Condition, Store, StoreError, TreeOutcome, TreeWrite};
-use crate::tree::{Entity, EntityError, change_event_with, generate_id, is_hash, validate_path};
+use tidings_outbound::Attached;
+use tidings_protocol::event::{Agent, EventId, names};
+use tidings_protocol::glob::Glob;
+use tidings_protocol::identity::ServerIdentity;
+use tidings_protocol::peer::{Relay, Subscribed};
+use tidings_protocol::retry::now_ms;
+use tidings_protocol::tree::{Entity, EntityError, change_event_with, generate_id, is_hash, validate_path};
 
 mod apply;
 mod link;
@@ -129,7 +130,7 @@ pub struct MirrorSettings {
     /// probed four times in that span.
     pub repair_timeout: Duration,
     /// Where this server may call (`TIDINGS_PEER_ALLOW`).
-    pub allow: std::sync::Arc<crate::peer::PeerAllow>,
+    pub allow: std::sync::Arc<tidings_outbound::PeerAllow>,
 }
 
 /// A mirror's status, for `/health/deep`.
@@ -231,7 +232,7 @@ fn spec(name: &str, data: &Value) -> Result<Spec, EntityError> {
 pub(super) struct Mirrors {
     store: Arc<dyn Store>,
     server: Arc<ServerIdentity>,
-    http: crate::peer::Outbound,
+    http: tidings_outbound::Outbound,
     settings: MirrorSettings,
     follow: watch::Receiver<EventId>,
     states: MirrorStates,
@@ -249,7 +250,7 @@ impl Mirrors {
         states: MirrorStates,
     ) -> Self {
         // A peer's redirect is not followed: requests go to its endpoint only.
-        let http = crate::peer::Outbound::new(settings.allow.clone(), settings.timeout);
+        let http = tidings_outbound::Outbound::new(settings.allow.clone(), settings.timeout);
         Self { store, server, http, settings, follow, states, wakes: Default::default() }
     }
 
@@ -394,7 +395,7 @@ impl Mirrors {
                     tracing::warn!(error = %crate::report::chain(&e), mirror = spec.name, "cannot read the mirror's cursor; retrying");
                     tokio::select! {
                         _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(Backoff::MIRROR.peek()) => {}
+                        _ = tokio::time::sleep(crate::pacing::MIRROR.peek()) => {}
                     }
                 }
             }

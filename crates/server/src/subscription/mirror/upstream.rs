@@ -3,15 +3,14 @@
 //! endpoint, and re-reading a path at the peer.
 
 use super::*;
-use crate::peer::protocol::{Execute, PeerError, receive_token};
+use tidings_protocol::peer::protocol::{Execute, PeerError, receive_token};
 
 impl Mirrors {
     pub(super) async fn endpoint(&self, peer: &str) -> Result<String, PeerError> {
-        match self.store.tree_get(&format!("{}{peer}", crate::peer::PREFIX)).await {
-            Ok(Some(entry)) => {
-                crate::peer::endpoint_of(&entry.entity).ok_or_else(|| PeerError::Unknown("the peer entity has no endpoint".into()))
-            }
-            Ok(None) => Err(PeerError::Unknown(format!("peer {peer} is not known here ({}{peer})", crate::peer::PREFIX))),
+        match self.store.tree_get(&format!("{}{peer}", tidings_protocol::peer::PREFIX)).await {
+            Ok(Some(entry)) => tidings_protocol::peer::endpoint_of(&entry.entity)
+                .ok_or_else(|| PeerError::Unknown("the peer entity has no endpoint".into())),
+            Ok(None) => Err(PeerError::Unknown(format!("peer {peer} is not known here ({}{peer})", tidings_protocol::peer::PREFIX))),
             Err(e) => Err(PeerError::Store(e.to_string())),
         }
     }
@@ -29,9 +28,9 @@ impl Mirrors {
 
     pub(super) async fn post(&self, upstream: &str, envelope: &Value) -> Result<(u16, Value), PeerError> {
         let endpoint = self.endpoint(upstream).await?;
-        let r = self.http.post(&format!("{endpoint}/v1/execute"))?.json(envelope).send().await?;
+        let r = self.http.post(&format!("{endpoint}/v1/execute"))?.json(envelope).send().await.map_err(tidings_outbound::unreachable)?;
         let status = r.status().as_u16();
-        Ok((status, crate::peer::read_json(r).await))
+        Ok((status, tidings_outbound::read_json(r).await))
     }
 
     /// Subscribes (or renews) at `upstream`.
@@ -56,10 +55,10 @@ impl Mirrors {
     }
 
     /// Subscribes at `from`, following capacity redirects to relays
-    /// ([`crate::peer::follow_redirects`]; each relay proven by
+    /// ([`tidings_outbound::follow_redirects`]; each relay proven by
     /// `GET /v1/identity` and learned here).
     pub(super) async fn attach(&self, spec: &Spec, from: &str, inbox: &str, avoid: &[&str]) -> Result<Attached, PeerError> {
-        crate::peer::follow_redirects(from, self.server.hash(), avoid, &Asking { mirrors: self, spec, inbox }).await
+        tidings_outbound::follow_redirects(from, self.server.hash(), avoid, &Asking { mirrors: self, spec, inbox }).await
     }
 
     /// Attaches again after `dead` stopped answering: at one of the cached
@@ -157,14 +156,14 @@ impl Mirrors {
     /// The peer's entity at `path` now, read at the peer itself.
     pub(super) async fn reread(&self, peer: &str, path: &str) -> Result<Read, PeerError> {
         let endpoint = self.endpoint(peer).await?;
-        let r = self.http.get(&format!("{endpoint}/v1/tree/{path}"))?.send().await?;
+        let r = self.http.get(&format!("{endpoint}/v1/tree/{path}"))?.send().await.map_err(tidings_outbound::unreachable)?;
         // The change that wrote what is there, or (for nothing there) the
         // change as of which nothing is.
-        let sequence = r.headers().get(crate::tree::CHANGE_ID_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+        let sequence = r.headers().get(tidings_protocol::tree::CHANGE_ID_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
         match r.status().as_u16() {
             404 => Ok(Read { bytes: None, sequence }),
             200 => {
-                let body = String::from_utf8(crate::peer::read_answer(r).await?).map_err(|e| PeerError::Unexpected(e.to_string()))?;
+                let body = String::from_utf8(tidings_outbound::read_answer(r).await?).map_err(|e| PeerError::Unexpected(e.to_string()))?;
                 let entity: Entity =
                     serde_json::from_str(&body).map_err(|e| PeerError::Unexpected(format!("the peer's entity at {path}: {e}")))?;
                 entity.check().map_err(|e| PeerError::Unexpected(e.0))?;
@@ -175,14 +174,14 @@ impl Mirrors {
     }
 }
 
-/// One mirror subscribing, as [`crate::peer::follow_redirects`] drives it.
+/// One mirror subscribing, as [`tidings_outbound::follow_redirects`] drives it.
 pub(super) struct Asking<'a> {
     pub(super) mirrors: &'a Mirrors,
     pub(super) spec: &'a Spec,
     pub(super) inbox: &'a str,
 }
 
-impl crate::peer::Subscriber for Asking<'_> {
+impl tidings_outbound::Subscriber for Asking<'_> {
     async fn subscribe_at(&self, at: &str) -> Subscribed {
         self.mirrors.subscribe(self.spec, at, self.inbox).await
     }

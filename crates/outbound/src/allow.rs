@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::PeerError;
+use tidings_protocol::peer::PeerError;
 
 /// Ranges no `*` or wide range opens: link-local (where the cloud metadata
 /// services answer), the metadata services at other addresses, and the
@@ -218,7 +218,7 @@ impl Outbound {
     }
 
     /// Whether `endpoint` answers `GET /v1/identity` as `peer`
-    /// ([`super::proves`]), if it may be called.
+    /// ([`crate::proves`]), if it may be called.
     pub async fn proves(&self, peer: &str, endpoint: &str, within: Duration) -> bool {
         self.prove(peer, endpoint, within).await.is_ok()
     }
@@ -247,7 +247,7 @@ impl Outbound {
             }
         };
         match response.status().as_u16() {
-            200 if super::read_json(response).await["hash"] == peer => Ok(()),
+            200 if crate::read_json(response).await["hash"] == peer => Ok(()),
             _ => Err(PeerError::Unproven),
         }
     }
