@@ -81,9 +81,9 @@ fn the_module_graph_has_no_cycle() {
     assert!(graph.len() > 10, "the scan found the modules: {:?}", graph.keys());
 }
 
-/// A source file's module path: `subscription/mirror/link.rs` is
-/// `[subscription, mirror, link]`, `subscription/mirror/mod.rs` is
-/// `[subscription, mirror]`, `lib.rs` is `[]`.
+/// A source file's module path: `federation/mirror/link.rs` is
+/// `[federation, mirror, link]`, `federation/mirror/mod.rs` is
+/// `[federation, mirror]`, `lib.rs` is `[]`.
 fn module_path(file: &str) -> Vec<String> {
     let mut path: Vec<String> = file.trim_end_matches(".rs").split('/').map(str::to_owned).collect();
     if path.last().is_some_and(|last| last == "mod" || last == "lib" || last == "main") {
@@ -93,7 +93,7 @@ fn module_path(file: &str) -> Vec<String> {
 }
 
 /// For every module of the crate at `src` that has children, at any depth
-/// (`""` is the crate itself, `"subscription/mirror"` one of its
+/// (`""` is the crate itself, `"federation/mirror"` one of its
 /// directories): which of its children names which sibling in code (not in
 /// comments), through `crate::`, `self::` or `super::` paths, each resolved
 /// to where it points. A child is a file or a directory (`store/postgres/
@@ -164,7 +164,7 @@ fn no_module_has_a_cycle_among_its_children() {
     for krate in ["crates/protocol/src", "crates/server/src", "crates/client/src", "crates/cli/src"] {
         let all = child_graphs(&root.join(krate));
         if krate == "crates/server/src" {
-            for dir in ["", "subscription", "subscription/mirror", "store", "store/postgres"] {
+            for dir in ["", "federation", "federation/mirror", "store", "store/postgres"] {
                 assert!(all.contains_key(dir), "the scan found {dir:?}'s children: {:?}", all.keys());
             }
         }
@@ -179,7 +179,7 @@ fn nothing_below_the_service_layer_imports_it_or_a_transport() {
     let graph = graph();
     // (event, glob, identity, peer, retry and tree are the protocol crate's,
     // which cannot name the server at all.)
-    let below = ["auth", "broker", "filter", "metrics", "registry", "store", "subscription"];
+    let below = ["auth", "broker", "filter", "metrics", "registry", "store", "federation"];
     for module in below {
         let deps = graph.get(module).unwrap_or_else(|| panic!("no module {module}"));
         for upper in ["service", "http", "server", "app"] {
@@ -187,6 +187,10 @@ fn nothing_below_the_service_layer_imports_it_or_a_transport() {
         }
     }
     assert!(graph["service"].iter().all(|d| d != "http" && d != "server"), "the service layer imports a transport");
+    // Federation is reached through the service layer, like the broker.
+    for transport in ["http", "server"] {
+        assert!(!graph[transport].contains("federation"), "{transport} calls federation past the service layer: {:?}", graph[transport]);
+    }
 }
 
 /// The tools (the client, the CLI, the load generators) are clients of a
@@ -325,11 +329,11 @@ fn the_supervisor_starts_the_engines_siblings() {
     let sources = workspace_sources();
     let engine: Vec<&String> = sources
         .iter()
-        .filter(|(file, code)| file.starts_with("server/src/subscription/engine/") && starts.is_match(code))
+        .filter(|(file, code)| file.starts_with("server/src/federation/engine/") && starts.is_match(code))
         .map(|(file, _)| file)
         .collect();
     assert!(engine.is_empty(), "the engine starts the courier or the mirrors: {engine:?}");
-    let (_, supervisor) = sources.iter().find(|(file, _)| file == "server/src/subscription/supervisor.rs").expect("the supervisor");
+    let (_, supervisor) = sources.iter().find(|(file, _)| file == "server/src/federation/supervisor.rs").expect("the supervisor");
     for sibling in ["Courier::new", "Mirrors::new"] {
         assert!(supervisor.contains(sibling), "the supervisor starts {sibling}");
     }

@@ -18,13 +18,13 @@ use crate::config::AuthSetting;
 use crate::config::Settings;
 use crate::http::{AppState, router};
 
+use crate::federation::engine::EngineSettings;
 use crate::registry::Registry;
 use crate::server::{ServeOptions, serve};
 use crate::service::{Core, CoreParts};
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::postgres::{PostgresOptions, PostgresStore};
-use crate::subscription::engine::EngineSettings;
 
 /// A built, bound server, ready to run.
 #[derive(Debug)]
@@ -35,7 +35,7 @@ pub struct Application {
     router: axum::Router,
     broker: Broker,
     store: Arc<dyn Store>,
-    subscriptions: Arc<crate::subscription::Subscriptions>,
+    subscriptions: Arc<crate::federation::Subscriptions>,
     options: ServeOptions,
     retention: (crate::config::Retention, std::time::Duration, std::time::Duration),
     /// How long set-aside rows of the SQL outbox are kept.
@@ -244,13 +244,13 @@ impl Application {
                 batch: settings.engine_batch as usize,
                 idle_commit: settings.engine_idle_commit,
                 lead_retry: settings.engine_lead_retry,
-                courier: crate::subscription::courier::CourierSettings {
+                courier: crate::federation::courier::CourierSettings {
                     attempts: settings.peer_delivery_attempts,
                     timeout: settings.peer_timeout,
                     evict_after: settings.peer_evict_after,
                     allow: peer_allow.clone(),
                 },
-                mirror: crate::subscription::mirror::MirrorSettings {
+                mirror: crate::federation::mirror::MirrorSettings {
                     token_ttl: settings.mirror_token_ttl,
                     reconcile: settings.mirror_reconcile,
                     timeout: settings.peer_timeout,
@@ -262,7 +262,7 @@ impl Application {
         };
         let server = Arc::new(crate::keyfile::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);
         tracing::info!(identity = server.hash(), "server identity");
-        let subscriptions = Arc::new(crate::subscription::Subscriptions::new(
+        let subscriptions = Arc::new(crate::federation::Subscriptions::new(
             store.clone(),
             server.clone(),
             settings.max_subscribers_per_prefix,
@@ -345,7 +345,7 @@ impl Application {
             tokio::spawn(crate::store::run_retention(self.store.clone(), retention, window, set_aside, every, background.clone()));
         let expiry_task = tokio::spawn(crate::service::poll::run_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
         let probe_task = tokio::spawn(crate::store::run_health_probe(self.store.clone(), self.background.health_probe, background.clone()));
-        let engine = crate::subscription::supervisor::Supervisor::new(
+        let engine = crate::federation::supervisor::Supervisor::new(
             self.store.clone(),
             self.subscriptions.clone(),
             self.broker.follow(),

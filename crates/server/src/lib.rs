@@ -27,21 +27,23 @@
 //! - services: [`service`] (publish, subscriber sessions, polls and durable
 //!   consumers, the tree, limits), with no HTTP type in them;
 //! - core: [`broker`] (live clients, fan-out, eviction), [`store`] (four
-//!   traits by concern, PostgreSQL and embedded), [`subscription`] (path
+//!   traits by concern, PostgreSQL and embedded), [`federation`] (path
 //!   subscriptions, the EXECUTE dispatch, and the supervisor running the
-//!   notification engine, the courier and the mirrors side by side),
+//!   notification engine, the courier and the mirrors side by side; the
+//!   transports reach it through `service::execute`),
 //!   [`auth`] (tokens and grants), [`registry`] (event types and payload
 //!   schemas);
 //! - vocabulary, pure: [`filter`], [`refusal`] (what a refusal is),
 //!   [`json`] (strict decoding of what clients and peers send), [`report`]
 //!   (errors logged with their causes);
 //! - from the `tidings-protocol` crate, which clients build on too and
-//!   which this crate re-exports under the same names: [`event`] (names,
-//!   envelope), [`glob`], [`tree`] (paths, entities, hashes, capabilities),
-//!   [`identity`] (keys, proofs), [`peer`] (peers, and in
-//!   [`peer::protocol`] what servers say to each other), [`retry`] (the
-//!   one backoff);
-//! - edges: [`app`] (the composition root), [`config`], [`metrics`].
+//!   which this crate names wherever it uses it: `event` (names,
+//!   envelope), `glob`, `tree` (paths, entities, hashes, capabilities),
+//!   `identity` (keys, proofs), `peer` (peers, and what servers say to
+//!   each other), `ws` (the WebSocket device protocol), `retry` (the one
+//!   backoff); calling peers is the `tidings-outbound` crate's;
+//! - edges: [`app`] (the composition root), [`config`], [`metrics`],
+//!   [`pacing`] (the server's retry policies), [`keyfile`].
 //!
 //! Not the server, and not in this crate (the workspace's compiler keeps
 //! it so): the binary users run (the workspace root, `src/main.rs`), the
@@ -53,6 +55,7 @@ pub mod app;
 pub mod auth;
 pub mod broker;
 pub mod config;
+pub mod federation;
 pub mod filter;
 pub mod http;
 pub mod json;
@@ -65,5 +68,4 @@ pub mod report;
 pub mod server;
 pub mod service;
 pub mod store;
-pub mod subscription;
 pub mod telemetry;

@@ -149,7 +149,7 @@ pub fn change_type(kind: ChangeKind) -> &'static str {
 
 /// The response header of `GET /v1/tree/{path}` naming the log id of the
 /// change that wrote the entity (the `sequence` its server signs that
-/// change with; see `tidings_server::subscription::signed`).
+/// change with; see `tidings_server::federation::signed`).
 pub const CHANGE_ID_HEADER: &str = "tidings-change-id";
 
 /// Whether `path` is in `system/`, which holds what tidings itself keeps

@@ -3,7 +3,7 @@
 //! (`receive`, a peer delivering a notification). The HTTP status is the
 //! handler's status and the body its answer, `{status, result}` or
 //! `{status, error: {code, message}}`; dispatch lives in
-//! [`crate::subscription::execute`].
+//! [`crate::service::execute`].
 
 use axum::Json;
 use axum::body::Body;
@@ -16,8 +16,7 @@ use super::caller::MaybeCaller;
 use super::error::ApiError;
 use crate::auth::AuthMode;
 use crate::refusal::Refusal;
-use crate::subscription::execute::Call;
-use crate::subscription::{ExecuteError, Executed};
+use crate::service::execute::{Call, ExecuteError, Executed};
 use serde_json::json;
 
 /// Runs a signed EXECUTE.
@@ -67,7 +66,7 @@ pub(crate) async fn execute(
     // The answer body carries the status too: `{status, result}` or
     // `{status, error: {code, message}}` (docs/ref-subscriptions.md,
     // "The EXECUTE envelope").
-    let (status, body) = match crate::subscription::execute::execute(app.core().subscriptions(), &bytes, call).await {
+    let (status, body) = match crate::service::execute::execute(app.core(), &bytes, call).await {
         Ok(Executed::Done(result)) => (StatusCode::OK, json!({ "status": 200, "result": result })),
         Ok(Executed::Redirect(result)) => (StatusCode::SEE_OTHER, json!({ "status": 303, "result": result })),
         Err(ExecuteError::Store(e)) => return Err(e.into()),

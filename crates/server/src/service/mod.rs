@@ -21,6 +21,7 @@
 pub mod audit;
 pub mod device;
 pub mod error;
+pub mod execute;
 pub mod freshness;
 pub mod gap;
 pub mod limits;
@@ -36,10 +37,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
 use crate::config::Settings;
+use crate::federation::Subscriptions;
 use crate::filter::FilterLimits;
 use crate::registry::Registry;
 use crate::store::Store;
-use crate::subscription::Subscriptions;
 use tidings_protocol::identity::ServerIdentity;
 
 /// The handles every service works with. Cloning is shallow.

@@ -3,7 +3,7 @@
 //! A store is four concerns, one trait each, and [`Store`] is all of them:
 //! [`EventLog`] (append with gap-free ids that become visible in commit
 //! order, read after an id, the head, and a wake-up whenever something was
-//! committed), [`ConsumerStore`], [`TreeStore`] and [`EngineStore`]. Each
+//! committed), [`ConsumerStore`], [`TreeStore`] and [`FederationStore`]. Each
 //! backend keeps one file per concern; `tests/api/store.rs` is the
 //! conformance suite every backend passes. Records are opaque
 //! to the store (a type name for indexing, and a JSON body): no event
@@ -478,17 +478,6 @@ pub trait ConsumerStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Up to `limit` stored device cursors, by owner and device id.
     async fn device_cursors(&self, limit: usize) -> Result<Vec<DeviceCursor>, StoreError>;
-
-    /// A mark kept for `(owner, name)`: a number of another server's log
-    /// (what a mirror took from its peer), if one was ever raised.
-    async fn peer_mark(&self, owner: &str, name: &str) -> Result<Option<i64>, StoreError>;
-
-    /// Raises the mark to at least `at_least` (a monotonic max, not clamped:
-    /// it counts another server's log); returns it.
-    async fn peer_mark_raise(&self, owner: &str, name: &str, at_least: i64, now_ms: i64) -> Result<i64, StoreError>;
-
-    /// Forgets a mark (a mirror that was deleted).
-    async fn peer_mark_forget(&self, owner: &str, name: &str) -> Result<(), StoreError>;
 }
 
 /// The entity tree (compare-and-swap writes that append their change event
@@ -528,10 +517,12 @@ pub trait TreeStore: Send + Sync + std::fmt::Debug + 'static {
     async fn tree_version_below(&self, prefix: &str) -> Result<(i64, i64), StoreError>;
 }
 
-/// The subscription engine's state: its cursor and delivered counts, the
-/// tree changes it follows, its compare-and-set commits, and who leads.
+/// Federation's own state (path subscriptions): the subscription engine's
+/// cursor and delivered counts, the tree changes it follows, its
+/// compare-and-set commits and who leads, and the marks a mirror keeps of
+/// its peer's log.
 #[async_trait]
-pub trait EngineStore: Send + Sync + std::fmt::Debug + 'static {
+pub trait FederationStore: Send + Sync + std::fmt::Debug + 'static {
     /// The subscription engine's cursor and its tallies.
     async fn engine_state(&self) -> Result<(EventId, std::collections::HashMap<String, Tally>), StoreError>;
 
@@ -550,13 +541,24 @@ pub trait EngineStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Gives up the engine lead (at shutdown), so another process takes it.
     async fn engine_resign(&self);
+
+    /// A mark kept for `(owner, name)`: a number of another server's log
+    /// (what a mirror took from its peer), if one was ever raised.
+    async fn peer_mark(&self, owner: &str, name: &str) -> Result<Option<i64>, StoreError>;
+
+    /// Raises the mark to at least `at_least` (a monotonic max, not clamped:
+    /// it counts another server's log); returns it.
+    async fn peer_mark_raise(&self, owner: &str, name: &str, at_least: i64, now_ms: i64) -> Result<i64, StoreError>;
+
+    /// Forgets a mark (a mirror that was deleted).
+    async fn peer_mark_forget(&self, owner: &str, name: &str) -> Result<(), StoreError>;
 }
 
 /// A whole store: every concern. The composition root opens one; each part
 /// of tidings takes the concern it needs (the broker only the [`EventLog`]).
-pub trait Store: EventLog + ConsumerStore + TreeStore + EngineStore {}
+pub trait Store: EventLog + ConsumerStore + TreeStore + FederationStore {}
 
-impl<T: EventLog + ConsumerStore + TreeStore + EngineStore> Store for T {}
+impl<T: EventLog + ConsumerStore + TreeStore + FederationStore> Store for T {}
 
 /// Prunes history by `retention` every `every` until `cancel` (the
 /// background half of `TIDINGS_RETENTION`), and the idempotency keys older

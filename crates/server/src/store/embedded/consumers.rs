@@ -259,33 +259,4 @@ impl ConsumerStore for EmbeddedStore {
         })
         .await
     }
-
-    async fn peer_mark(&self, owner: &str, name: &str) -> Result<Option<i64>, StoreError> {
-        let (owner, name) = (owner.to_owned(), name.to_owned());
-        self.read(move |conn| {
-            conn.query_row("SELECT mark FROM tidings_peer_marks WHERE owner = ?1 AND name = ?2", params![owner, name], |r| r.get(0))
-                .optional()
-        })
-        .await
-    }
-
-    async fn peer_mark_raise(&self, owner: &str, name: &str, at_least: i64, now_ms: i64) -> Result<i64, StoreError> {
-        let (owner, name) = (owner.to_owned(), name.to_owned());
-        self.write(move |conn| {
-            conn.query_row(
-                "INSERT INTO tidings_peer_marks (owner, name, mark, updated_ms) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (owner, name) DO UPDATE SET mark = max(mark, ?3), updated_ms = ?4
-                 RETURNING mark",
-                params![owner, name, at_least, now_ms],
-                |r| r.get(0),
-            )
-        })
-        .await
-    }
-
-    async fn peer_mark_forget(&self, owner: &str, name: &str) -> Result<(), StoreError> {
-        let (owner, name) = (owner.to_owned(), name.to_owned());
-        self.write(move |conn| conn.execute("DELETE FROM tidings_peer_marks WHERE owner = ?1 AND name = ?2", params![owner, name])).await?;
-        Ok(())
-    }
 }

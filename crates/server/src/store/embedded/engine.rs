@@ -6,7 +6,7 @@ use super::tree::tree_write_in;
 use super::*;
 
 #[async_trait]
-impl EngineStore for EmbeddedStore {
+impl FederationStore for EmbeddedStore {
     async fn engine_state(&self) -> Result<(EventId, HashMap<String, Tally>), StoreError> {
         self.read(|conn| {
             let cursor: i64 = conn.query_row("SELECT cursor FROM tidings_engine WHERE name = 'subscriptions'", [], |r| r.get(0))?;
@@ -85,4 +85,33 @@ impl EngineStore for EmbeddedStore {
     }
 
     async fn engine_resign(&self) {}
+
+    async fn peer_mark(&self, owner: &str, name: &str) -> Result<Option<i64>, StoreError> {
+        let (owner, name) = (owner.to_owned(), name.to_owned());
+        self.read(move |conn| {
+            conn.query_row("SELECT mark FROM tidings_peer_marks WHERE owner = ?1 AND name = ?2", params![owner, name], |r| r.get(0))
+                .optional()
+        })
+        .await
+    }
+
+    async fn peer_mark_raise(&self, owner: &str, name: &str, at_least: i64, now_ms: i64) -> Result<i64, StoreError> {
+        let (owner, name) = (owner.to_owned(), name.to_owned());
+        self.write(move |conn| {
+            conn.query_row(
+                "INSERT INTO tidings_peer_marks (owner, name, mark, updated_ms) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (owner, name) DO UPDATE SET mark = max(mark, ?3), updated_ms = ?4
+                 RETURNING mark",
+                params![owner, name, at_least, now_ms],
+                |r| r.get(0),
+            )
+        })
+        .await
+    }
+
+    async fn peer_mark_forget(&self, owner: &str, name: &str) -> Result<(), StoreError> {
+        let (owner, name) = (owner.to_owned(), name.to_owned());
+        self.write(move |conn| conn.execute("DELETE FROM tidings_peer_marks WHERE owner = ?1 AND name = ?2", params![owner, name])).await?;
+        Ok(())
+    }
 }

@@ -38,8 +38,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, DeviceCursor, DeviceRead, EngineCommit, EngineEffect,
-    EngineStore, Epoch, EpochReason, Epochs, EventLog, HandOff, ListenerState, Moved, NewRecord, Opened, Publish, Published, Record,
+    Acked, Actor, Bounds, ChangeKind, Consumer, ConsumerOpen, ConsumerStore, DeviceCursor, DeviceRead, EngineCommit, EngineEffect, Epoch,
+    EpochReason, Epochs, EventLog, FederationStore, HandOff, ListenerState, Moved, NewRecord, Opened, Publish, Published, Record,
     StoreError, StoreKind, Tally, TreeEntry, TreeOutcome, TreeStore, TreeWrite, epoch, idempotency,
 };
 use tidings_protocol::event::EventId;

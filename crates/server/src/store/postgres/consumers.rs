@@ -247,33 +247,4 @@ impl ConsumerStore for PostgresStore {
             .map_err(pg_error)?;
         Ok(rows.iter().map(|r| DeviceCursor { owner: r.get(0), device_id: r.get(1), cursor: r.get(2), updated_ms: r.get(3) }).collect())
     }
-
-    async fn peer_mark(&self, owner: &str, name: &str) -> Result<Option<i64>, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_opt("SELECT mark FROM tidings_peer_marks WHERE owner = $1 AND name = $2", &[&owner, &name])
-            .await
-            .map_err(pg_error)?;
-        Ok(row.map(|r| r.get(0)))
-    }
-
-    async fn peer_mark_raise(&self, owner: &str, name: &str, at_least: i64, now_ms: i64) -> Result<i64, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_one(
-                "INSERT INTO tidings_peer_marks (owner, name, mark, updated_ms) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (owner, name) DO UPDATE SET mark = GREATEST(tidings_peer_marks.mark, $3), updated_ms = $4
-                 RETURNING mark",
-                &[&owner, &name, &at_least, &now_ms],
-            )
-            .await
-            .map_err(pg_error)?;
-        Ok(row.get(0))
-    }
-
-    async fn peer_mark_forget(&self, owner: &str, name: &str) -> Result<(), StoreError> {
-        let client = self.client().await?;
-        client.execute("DELETE FROM tidings_peer_marks WHERE owner = $1 AND name = $2", &[&owner, &name]).await.map_err(pg_error)?;
-        Ok(())
-    }
 }

@@ -143,7 +143,7 @@ impl Engine {
     /// A chain-error marker for a notification of `sub` suppressed for `reason`.
     pub(super) fn marker(
         &self,
-        sub: &Subscription,
+        sub: &PathSubscription,
         reason: &str,
         kind: &str,
         change: &Change,

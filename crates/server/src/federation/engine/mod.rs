@@ -10,7 +10,7 @@
 //! with the engine's cursor (compare-and-set), so a crash neither loses nor
 //! repeats a notification, and per-subscription order is log (commit) order.
 //! With several processes on one database exactly one engine runs (the
-//! store's [`EngineStore::engine_lead`](crate::store::EngineStore::engine_lead)); the cursor's compare-and-set keeps a
+//! store's [`FederationStore::engine_lead`](crate::store::FederationStore::engine_lead)); the cursor's compare-and-set keeps a
 //! deposed leader from committing twice.
 //!
 //! The index is a cache: at start (and after any failed step) it is rebuilt
@@ -37,7 +37,7 @@ mod deliver;
 use super::courier::{Lane, Lanes};
 use super::marker::Marker;
 use super::signed::{self, SignedChange, Transition};
-use super::{DIR, MARKER_DIR, Subscription, Subscriptions, subscription_id_of};
+use super::{DIR, MARKER_DIR, PathSubscription, Subscriptions, subscription_id_of};
 use crate::store::{Condition, EngineCommit, EngineEffect, NewRecord, Record, Store, StoreError, Tally, TreeWrite};
 use deliver::is_marker_path;
 use tidings_protocol::event::{EventBody, EventId, Visibility, names};
@@ -127,7 +127,7 @@ fn parse(record: &Record) -> Option<(&'static str, Change)> {
 /// A subscription in the index.
 #[derive(Debug)]
 struct Active {
-    sub: Subscription,
+    sub: PathSubscription,
     hash: String,
     glob: Glob,
     /// The earliest expiry in its deliver token's chain.
@@ -319,7 +319,7 @@ impl Engine {
     }
 
     async fn activate(&self, entity: &str, hash: String, tally: Tally) -> Result<Option<Active>, StoreError> {
-        let Some(sub) = Subscription::from_json(entity) else { return Ok(None) };
+        let Some(sub) = PathSubscription::from_json(entity) else { return Ok(None) };
         let Ok(glob) = Glob::new_path(&sub.pattern) else { return Ok(None) };
         let token_expires_at = self.chain_expiry(&sub.deliver_token).await?;
         Ok(Some(Active { sub, hash, glob, token_expires_at, delivered: tally.delivered, recent: tally.window.into() }))
@@ -471,10 +471,10 @@ impl Drop for ResetGauge {
 mod tests {
     use super::deliver::{Verdict, check};
     use super::*;
-    use crate::subscription::Limits;
+    use crate::federation::Limits;
 
     fn active(limits: Option<Limits>, token_expires_at: Option<u64>) -> Active {
-        let sub = Subscription {
+        let sub = PathSubscription {
             subscription_id: "s".into(),
             pattern: "a/*".into(),
             events: vec!["created".into()],

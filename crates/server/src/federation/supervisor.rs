@@ -1,5 +1,5 @@
 //! The subscription work's supervisor. One process per database leads it
-//! ([`EngineStore::engine_lead`](crate::store::EngineStore::engine_lead));
+//! ([`FederationStore::engine_lead`](crate::store::FederationStore::engine_lead));
 //! while this one does, the supervisor runs three siblings: the
 //! [`engine`](super::engine) turning tree changes into notifications, the
 //! [`courier`](super::courier) carrying those addressed to other servers,

@@ -434,7 +434,7 @@ impl Courier {
         let path = format!("{}/{}", super::DIR, lane.subscription_id);
         let current = match self.store.tree_get(&path).await {
             Ok(Some(entry)) => {
-                let renewed = super::Subscription::from_json(&entry.entity).is_none_or(|s| s.deliver_token != lane.deliver_token);
+                let renewed = super::PathSubscription::from_json(&entry.entity).is_none_or(|s| s.deliver_token != lane.deliver_token);
                 if renewed {
                     return false;
                 }

@@ -38,7 +38,7 @@ impl Mirrors {
         let expires_at = now_ms() + self.settings.token_ttl.as_millis() as i64;
         let mut included = Map::new();
         let token = receive_token(&self.server, upstream, inbox, None, Some(expires_at), &mut included);
-        let execute = Execute::new(crate::subscription::HANDLER, "subscribe", self.server.hash()).targets(json!([spec.pattern])).params(
+        let execute = Execute::new(crate::federation::HANDLER, "subscribe", self.server.hash()).targets(json!([spec.pattern])).params(
             "system/subscription/request",
             json!({
                 "deliver_to": {"uri": format!("entity://{}/{inbox}", self.server.hash())},
@@ -134,7 +134,7 @@ impl Mirrors {
             return false;
         }
         let agent = Agent::server(self.server.hash());
-        match self.store.tree_write(crate::subscription::learned_peer(peer, endpoint, agent, generate_id())).await {
+        match self.store.tree_write(crate::federation::learned_peer(peer, endpoint, agent, generate_id())).await {
             Ok(_) => true,
             Err(e) => {
                 tracing::warn!(error = %crate::report::chain(&e), peer, "could not store a relay's endpoint");
@@ -144,7 +144,7 @@ impl Mirrors {
     }
 
     pub(super) async fn unsubscribe(&self, spec: &Spec, upstream: &str, id: &str) -> Result<(), PeerError> {
-        let execute = Execute::new(crate::subscription::HANDLER, "unsubscribe", self.server.hash())
+        let execute = Execute::new(crate::federation::HANDLER, "unsubscribe", self.server.hash())
             .params("system/subscription/cancel", json!({"subscription_id": id}));
         let envelope = self.execute(spec, upstream, execute, Map::new());
         match self.post(upstream, &envelope).await? {

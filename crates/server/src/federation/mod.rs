@@ -103,7 +103,7 @@ pub struct Limits {
 
 /// The `data` of a `system/subscription` entity.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Subscription {
+pub struct PathSubscription {
     /// Its id (the last segment of its path).
     pub subscription_id: String,
     /// The path pattern watched (`*` one segment, `**` one or more).
@@ -144,7 +144,7 @@ pub struct Subscription {
     pub accountable: Option<String>,
 }
 
-impl Subscription {
+impl PathSubscription {
     /// Its path in the tree.
     pub fn path(&self) -> String {
         format!("{DIR}/{}", self.subscription_id)
@@ -397,7 +397,7 @@ pub struct Stored {
     /// Its entry in the tree (path, version, entity).
     pub entry: TreeEntry,
     /// The subscription the entity says.
-    pub subscription: Subscription,
+    pub subscription: PathSubscription,
 }
 
 /// A stored subscription, shared by the listings that hold it.
@@ -503,7 +503,7 @@ impl Subscriptions {
             entries
                 .into_iter()
                 .filter(|e| subscription_id_of(&e.path).is_some())
-                .filter_map(|entry| Subscription::from_json(&entry.entity).map(|subscription| Arc::new(Stored { entry, subscription })))
+                .filter_map(|entry| PathSubscription::from_json(&entry.entity).map(|subscription| Arc::new(Stored { entry, subscription })))
                 .collect(),
         );
         if let Ok(mut listed) = self.listed.lock() {
@@ -518,7 +518,7 @@ impl Subscriptions {
     /// process have written meanwhile, the directory's real version
     /// differs from the one predicted here, and the next [`Self::list`]
     /// reads it again.
-    fn wrote(&self, from: &[Held], replaced: Option<&TreeEntry>, entry: TreeEntry, subscription: Subscription) {
+    fn wrote(&self, from: &[Held], replaced: Option<&TreeEntry>, entry: TreeEntry, subscription: PathSubscription) {
         let Ok(mut listed) = self.listed.lock() else { return };
         let Some(current) = listed.as_ref().filter(|l| std::ptr::eq(l.entries.as_slice(), from)) else {
             *listed = None;
@@ -544,7 +544,7 @@ impl Subscriptions {
         let path = format!("{DIR}/{subscription_id}");
         let _gate = self.gate.lock().await;
         let Some(entry) = self.store.tree_get(&path).await? else { return Err(not_found()) };
-        let Some(subscription) = Subscription::from_json(&entry.entity) else { return Err(not_found()) };
+        let Some(subscription) = PathSubscription::from_json(&entry.entity) else { return Err(not_found()) };
         if subscription.subscriber_identity != caller.author && !caller.admin {
             return Err(ExecuteError::NotSubscriptionOwner("only the subscriber (or an admin) may unsubscribe".into()));
         }
@@ -569,7 +569,7 @@ impl Subscriptions {
 
     /// Writes `subscription`; the entry it is stored as, `None` when the
     /// condition failed.
-    async fn write(&self, subscription: &Subscription, condition: Condition, chain_id: &str) -> Result<Option<TreeEntry>, StoreError> {
+    async fn write(&self, subscription: &PathSubscription, condition: Condition, chain_id: &str) -> Result<Option<TreeEntry>, StoreError> {
         let path = subscription.path();
         let (canonical, hash) = subscription.entity().canonical();
         let write = TreeWrite {
@@ -623,14 +623,14 @@ impl Subscriptions {
 
 /// Whether `s` delivers to a mirror inbox on its subscriber's own server
 /// (what a relaying mirror subscribes with).
-fn relays_as_mirror(s: &Subscription) -> bool {
+fn relays_as_mirror(s: &PathSubscription) -> bool {
     tidings_protocol::peer::parse_remote(&s.deliver_uri)
         .is_some_and(|(peer, path)| peer == s.subscriber_identity && path.starts_with(mirror::INBOX_PREFIX))
 }
 
 /// Whether `s` is the subscription `request` by `author` renews: same
 /// subscriber, pattern, inbox and operation.
-fn renewal_of(s: &Subscription, author: &str, request: &SubscribeRequest) -> bool {
+fn renewal_of(s: &PathSubscription, author: &str, request: &SubscribeRequest) -> bool {
     s.subscriber_identity == author
         && s.pattern == request.pattern.as_str()
         && s.deliver_uri == request.deliver_uri
@@ -689,7 +689,7 @@ fn chain_content(chain: &[Token], included: &Included) -> Vec<(String, String)> 
     out
 }
 
-fn result(s: &Subscription, renewed: bool) -> Value {
+fn result(s: &PathSubscription, renewed: bool) -> Value {
     json!({
         "subscription_id": s.subscription_id,
         "pattern": s.pattern,

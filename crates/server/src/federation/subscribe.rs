@@ -97,7 +97,7 @@ impl Subscriptions {
         if let Some((entry, found)) =
             existing.iter().find(|h| renewal_of(&h.subscription, caller.author, &request)).map(|h| (&h.entry, &h.subscription))
         {
-            let renewed = Subscription {
+            let renewed = PathSubscription {
                 deliver_token: token_hash.to_owned(),
                 deliver_chain,
                 relay_endpoint: request.relay_endpoint,
@@ -121,7 +121,7 @@ impl Subscriptions {
         }
         // Store the entity: the engine registers it when it reaches the
         // change in the log.
-        let subscription = Subscription {
+        let subscription = PathSubscription {
             subscription_id: generate_id(),
             pattern: pattern.to_owned(),
             events: request.events,
@@ -156,7 +156,7 @@ impl Subscriptions {
     }
 
     /// Whether a new subscription of `author`, counted against
-    /// `accountable` (see [`Subscription::counted_against`]), for `pattern`
+    /// `accountable` (see [`PathSubscription::counted_against`]), for `pattern`
     /// has room: refused (`too_many_subscriptions`) at the server's cap or
     /// the identity's, [`Room::Full`] with a capacity redirect
     /// (docs/ref-subscriptions.md, "Capacity and redirects") at the
@@ -176,7 +176,7 @@ impl Subscriptions {
             )));
         }
         // 7. Capacity for this prefix.
-        let subscribers: Vec<&Subscription> = existing.iter().map(|h| &h.subscription).filter(|s| s.pattern == pattern).collect();
+        let subscribers: Vec<&PathSubscription> = existing.iter().map(|h| &h.subscription).filter(|s| s.pattern == pattern).collect();
         if self.max_per_prefix == 0 || (subscribers.len() as u64) < self.max_per_prefix {
             return Ok(Room::Fits);
         }
