@@ -178,7 +178,7 @@ async fn the_server_calls_only_hosts_the_admin_allowed(backend: Backend) {
 /// bundles the entity the tree refuses it); the subscriber's own identity
 /// and an admin see it, over a poll, a replaying stream and a live one.
 async fn notifications_reach_only_their_subscriber_and_admins(backend: Backend) {
-    use crate::security::{SECRET, token};
+    use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await;
     let admin = token("ops", json!({"admin": true, "publish": ["**"], "subscribe": ["**"], "visibility": "admin"}));
     let subscriber = Peer::new();
@@ -256,7 +256,7 @@ async fn notifications_reach_only_their_subscriber_and_admins(backend: Backend) 
 /// Item 10: `/health/deep` shows peers (endpoints learned from requests
 /// among them) and mirrors to admins only.
 async fn peers_and_mirrors_show_only_to_admins(backend: Backend) {
-    use crate::security::{SECRET, token};
+    use crate::helpers::tokens::{SECRET, token};
     let peer = Peer::new();
     let app = spawn_app_with(backend, |s| {
         s.jwt_hs256_secret = Some(SECRET.into());
@@ -322,7 +322,7 @@ async fn tls_events(http: &reqwest::Client, base: &str) -> usize {
 /// authenticates only `EventSource` and WebSocket requests: a cross-site
 /// `GET /v1/poll?consumer_id=…&since=…` cannot move a consumer's cursor.
 async fn a_cookie_authenticates_only_streams(backend: Backend) {
-    use crate::security::{SECRET, token};
+    use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await;
     let alice = token("alice", json!({"subscribe": ["**"], "publish": ["**"]}));
     let r = app.http.get(app.url("/v1/poll?consumer_id=nightly")).bearer_auth(&alice).send().await.unwrap();
@@ -340,11 +340,11 @@ async fn a_cookie_authenticates_only_streams(backend: Backend) {
 /// token's grants apply to the next event (a narrower token stops what the
 /// old one allowed).
 async fn a_reauth_applies_the_new_tokens_grants_at_once(backend: Backend) {
-    use crate::security::{SECRET, token};
+    use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await;
     let wide = token("dev", json!({"subscribe": ["**"]}));
-    let key = crate::ws::Key::new();
-    let mut device = crate::ws::Client::connect_with(&app, &format!("?access_token={wide}")).await;
+    let key = crate::helpers::device::Key::new();
+    let mut device = crate::helpers::device::Client::connect_with(&app, &format!("?access_token={wide}")).await;
     assert!(device.auth(&key, json!({"device_id": "d"})).await["result"].is_object());
     let narrow = token("dev", json!({"subscribe": ["other.*"]}));
     assert!(device.call("stream.reauth", json!({"token": narrow})).await["result"].is_object());

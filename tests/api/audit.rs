@@ -6,9 +6,9 @@
 use serde_json::{Value, json};
 
 use crate::both_stores;
+use crate::helpers::device::{self as ws, Key};
+use crate::helpers::tokens::{SECRET, token};
 use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
-use crate::security::{SECRET, token};
-use crate::ws::{self, Key};
 
 both_stores!(an_event_shows_who_acknowledged_it, an_event_is_shown_only_as_its_caller_may_see_it);
 

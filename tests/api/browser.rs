@@ -62,13 +62,15 @@ async fn twelve_event_sources_on_one_origin_all_receive_over_http2(backend: Back
 async fn console_shows_real_values_and_is_read_only_for_non_admins(backend: Backend) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/console.mjs");
     let (mut envs, _dir) = process_store(backend).await;
-    envs.push(("TIDINGS_JWT_HS256_SECRET", crate::security::SECRET.to_owned()));
+    envs.push(("TIDINGS_JWT_HS256_SECRET", crate::helpers::tokens::SECRET.to_owned()));
     // A peer known from the settings: the peers panel shows it.
     envs.push(("TIDINGS_PEERS", format!("sha256:{}=http://127.0.0.1:9", "ab".repeat(32))));
     let server = spawn_process_at(&envs, free_port()).await;
-    let admin =
-        crate::security::token("ops", serde_json::json!({"admin": true, "publish": ["**"], "subscribe": ["**"], "visibility": "admin"}));
-    let reader = crate::security::token("viewer", serde_json::json!({"subscribe": ["comment.*", "tree.*"]}));
+    let admin = crate::helpers::tokens::token(
+        "ops",
+        serde_json::json!({"admin": true, "publish": ["**"], "subscribe": ["**"], "visibility": "admin"}),
+    );
+    let reader = crate::helpers::tokens::token("viewer", serde_json::json!({"subscribe": ["comment.*", "tree.*"]}));
     let store = if backend == Backend::Postgres { "postgres" } else { "embedded" };
     let mut node = tokio::process::Command::new("node");
     node.arg("--experimental-websocket").arg(script).args([&server.base, &admin, &reader, store]).kill_on_drop(true);

@@ -148,7 +148,7 @@ async fn listen_resumes_across_a_restart_and_acks(backend: Backend) {
 /// rejected again.
 async fn listen_stops_on_a_rejection(backend: Backend) {
     let (mut envs, dir) = process_store(backend).await;
-    envs.push(("TIDINGS_JWT_HS256_SECRET", crate::security::SECRET.to_owned()));
+    envs.push(("TIDINGS_JWT_HS256_SECRET", crate::helpers::tokens::SECRET.to_owned()));
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let _server = spawn_process_at(&envs, port).await;
@@ -165,7 +165,7 @@ async fn listen_stops_on_a_rejection(backend: Backend) {
     let bad_token = run(vec!["--token".into(), "not-a-token".into()]).await;
     assert!(!bad_token.status.success());
     assert!(stderr(&bad_token).contains("unauthorized"), "{}", stderr(&bad_token));
-    let token = crate::security::token("device-owner", serde_json::json!({"subscribe": ["**"]}));
+    let token = crate::helpers::tokens::token("device-owner", serde_json::json!({"subscribe": ["**"]}));
     let bad_filter = run(vec!["--token".into(), token, "--filter".into(), r#"{"types": 5}"#.into()]).await;
     assert!(!bad_filter.status.success());
     assert!(stderr(&bad_filter).contains("invalid_filter"), "{}", stderr(&bad_filter));
@@ -257,18 +257,18 @@ async fn token_mints_what_the_server_accepts(backend: Backend) {
 /// shows the server's code and message and is not retried; `--agents`
 /// follows one agent's events only.
 async fn tail_sends_its_token_as_a_header_and_says_what_went_wrong(backend: Backend) {
-    use crate::security::token;
+    use crate::helpers::tokens::token;
     use tokio::io::AsyncBufReadExt as _;
     let (mut envs, _dir) = process_store(backend).await;
-    envs.extend([("TIDINGS_JWT_HS256_SECRET", crate::security::SECRET.to_owned()), ("TIDINGS_LOG", "debug".to_owned())]);
+    envs.extend([("TIDINGS_JWT_HS256_SECRET", crate::helpers::tokens::SECRET.to_owned()), ("TIDINGS_LOG", "debug".to_owned())]);
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let server = spawn_process_at(&envs, port).await;
     let grants = serde_json::json!({"publish": ["**"], "subscribe": ["**"]});
     let (a, b) = (token("persona:a", grants.clone()), token("persona:b", grants));
-    let expired = crate::security::token_with(
+    let expired = crate::helpers::tokens::token_with(
         serde_json::json!({"sub": "persona:a", "exp": chrono::Utc::now().timestamp() - 600, "subscribe": ["**"]}),
-        crate::security::SECRET,
+        crate::helpers::tokens::SECRET,
     );
     let refused = tokio::time::timeout(Duration::from_secs(20), tidings().args(["tail", "--url", &url, "--token", &expired]).output())
         .await

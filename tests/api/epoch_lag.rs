@@ -13,8 +13,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::epochs::{ends, live, publish_within_5s, resume};
+use crate::helpers::device::{self as ws, Key};
 use crate::helpers::{Backend, spawn_app, spawn_app_with, wait_until};
-use crate::ws::{self, Key};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_shown_history_ahead_of_a_lagging_broker_are_told_when_it_is_lost() {

@@ -13,8 +13,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::both_stores;
+use crate::helpers::device::{self as ws, Key};
 use crate::helpers::{Backend, Stream, TestApp, spawn_app, spawn_app_with, wait_until};
-use crate::ws::{self, Key};
 
 both_stores!(a_restored_backup_begins_an_epoch_and_whoever_saw_lost_history_is_told);
 

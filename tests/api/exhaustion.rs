@@ -61,7 +61,7 @@ async fn long_polls_and_silent_websockets_hold_bounded_places(backend: Backend) 
     // Two WebSockets that never authenticate hold both places, for a while.
     let mut silent = Vec::new();
     for _ in 0..2 {
-        silent.push(crate::ws::Client::connect(&app).await);
+        silent.push(crate::helpers::device::Client::connect(&app).await);
     }
     let (status, _) = long_poll(1).await;
     assert_eq!(status, 503, "the silent sockets hold the places");
@@ -170,8 +170,9 @@ async fn poll_pages_are_bounded_in_bytes_on_every_transport(backend: Backend) {
     assert!(!events.is_empty() && events.len() < 20 && result["structuredContent"]["has_more"] == true, "{}", result["content"]);
     assert!(result["content"][0]["text"].as_str().unwrap().starts_with(&format!("{} events", events.len())));
     // The WebSocket's sync.delta.
-    let mut client = crate::ws::Client::connect(&app).await;
-    let auth = client.auth(&crate::ws::Key::new(), json!({"device_id": "big", "cursor": 0, "filter": {"types": ["probe.*"]}})).await;
+    let mut client = crate::helpers::device::Client::connect(&app).await;
+    let auth =
+        client.auth(&crate::helpers::device::Key::new(), json!({"device_id": "big", "cursor": 0, "filter": {"types": ["probe.*"]}})).await;
     assert!(auth["result"].is_object(), "{auth}");
     let page = client.call("sync.delta", json!({"device_id": "big", "since": 0, "limit": 500})).await;
     let items = page["result"]["items"].as_array().unwrap();
@@ -180,11 +181,11 @@ async fn poll_pages_are_bounded_in_bytes_on_every_transport(backend: Backend) {
     // A poll holds its identity's place while it reads: with one place
     // and a long-poll waiting, a plain poll of the same identity is refused.
     let app = spawn_app_with(backend, |s| {
-        s.jwt_hs256_secret = Some(crate::security::SECRET.into());
+        s.jwt_hs256_secret = Some(crate::helpers::tokens::SECRET.into());
         s.max_streams_per_identity = 1;
     })
     .await;
-    let token = crate::security::token("reader", json!({"subscribe": ["**"]}));
+    let token = crate::helpers::tokens::token("reader", json!({"subscribe": ["**"]}));
     let waiting = tokio::spawn({
         let request = app.http.get(app.url("/v1/poll?types=nothing.here&wait_ms=20000")).bearer_auth(&token);
         async move { request.send().await.unwrap().status().as_u16() }
@@ -203,7 +204,7 @@ async fn poll_pages_are_bounded_in_bytes_on_every_transport(backend: Backend) {
 /// and one that does not come in time closes it. Nothing published after
 /// the expiry reaches anything opened under the old token.
 async fn an_expired_token_ends_what_it_opened(backend: Backend) {
-    use crate::security::{SECRET, token};
+    use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(backend, |s| {
         s.jwt_hs256_secret = Some(SECRET.into());
         s.reauth_grace = std::time::Duration::from_secs(1);
@@ -224,11 +225,11 @@ async fn an_expired_token_ends_what_it_opened(backend: Backend) {
     let r = app.http.get(app.url("/v1/stream?types=probe.*")).bearer_auth(&alice).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let mut sse = crate::helpers::Stream::from_response(r);
-    let key = crate::ws::Key::new();
+    let key = crate::helpers::device::Key::new();
     let query = format!("?access_token={alice}");
-    let mut renewed = crate::ws::Client::connect_with(&app, &query).await;
+    let mut renewed = crate::helpers::device::Client::connect_with(&app, &query).await;
     assert!(renewed.auth(&key, json!({"device_id": "renewed"})).await["result"].is_object());
-    let mut lapsed = crate::ws::Client::connect_with(&app, &query).await;
+    let mut lapsed = crate::helpers::device::Client::connect_with(&app, &query).await;
     assert!(lapsed.auth(&key, json!({"device_id": "lapsed"})).await["result"].is_object());
     let first = publish(1).await;
     assert_eq!(sse.next().await.id.as_deref(), Some(first.to_string().as_str()));
@@ -497,7 +498,7 @@ async fn one_clients_rule_cannot_spend_without_bound(backend: Backend) {
 /// nothing; its existing ones still poll, and another identity has its own
 /// room (and its own namespace: the same id is another consumer).
 async fn one_identity_cannot_create_consumers_without_bound(backend: Backend) {
-    use crate::security::{SECRET, token};
+    use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(backend, |s| {
         s.jwt_hs256_secret = Some(SECRET.into());
         s.max_consumers_per_identity = 3;

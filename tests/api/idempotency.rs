@@ -10,8 +10,8 @@ use std::ops::ControlFlow;
 use serde_json::{Value, json};
 
 use crate::both_stores;
+use crate::helpers::tokens::{SECRET, token};
 use crate::helpers::{Backend, TestApp, answer_dropping_proxy, gather, spawn_app, spawn_app_with};
-use crate::security::{SECRET, token};
 
 both_stores!(
     a_retry_after_a_lost_answer_stores_once,

@@ -88,11 +88,11 @@ fn nix_uid_is_root() -> bool {
 async fn the_shipped_nginx_config_carries_every_transport(backend: Backend) {
     // Authentication on.
     let (mut envs, dir) = process_store(backend).await;
-    envs.push(("TIDINGS_JWT_HS256_SECRET", crate::security::SECRET.to_owned()));
+    envs.push(("TIDINGS_JWT_HS256_SECRET", crate::helpers::tokens::SECRET.to_owned()));
     let server = spawn_process(&envs).await;
     let mut proxy = Nginx::start(&server.base).await;
     let base = proxy.base.clone();
-    let token = crate::security::token("persona:nginx", json!({"publish": ["probe.*"], "subscribe": ["probe.*"]}));
+    let token = crate::helpers::tokens::token("persona:nginx", json!({"publish": ["probe.*"], "subscribe": ["probe.*"]}));
     let http = reqwest::Client::new();
 
     let console = http.get(format!("{base}/")).send().await.unwrap();

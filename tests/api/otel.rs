@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::both_stores;
+use crate::helpers::device::Key;
 use crate::helpers::{Backend, gather, process_store, spawn_process};
-use crate::ws::Key;
 
 both_stores!(
     one_event_is_one_trace_from_publish_to_every_delivery,

@@ -89,8 +89,8 @@ async fn a_rolled_back_call_leaves_nothing_and_a_committed_one_is_delivered_once
     assert_eq!(events.len(), 2, "the marker and the committed call, once: {events:?}");
 
     // A WebSocket device catching up sees it once too.
-    let mut device = crate::ws::Client::connect(&app).await;
-    let key = crate::ws::Key::new();
+    let mut device = crate::helpers::device::Client::connect(&app).await;
+    let key = crate::helpers::device::Key::new();
     let answer = device.auth(&key, json!({"device_id": "till", "cursor": 0, "filter": {"types": ["comment.*"]}})).await;
     assert_eq!(answer["result"]["head_seq"], marker + 1, "{answer}");
     let page = device.call("sync.delta", json!({"device_id": "till", "since": 0, "limit": 10})).await;

@@ -103,11 +103,11 @@ pub(crate) async fn run_doc_example(backend: Backend, doc: &str, marker: &str, g
     let after = text.split_once(marker).unwrap_or_else(|| panic!("docs/{doc} has {marker:?}")).1;
     let code = after.split_once("```python\n").unwrap().1.split_once("```").unwrap().0;
     let (mut envs, dir) = crate::helpers::process_store(backend).await;
-    envs.push(("TIDINGS_JWT_HS256_SECRET", crate::security::SECRET.to_owned()));
+    envs.push(("TIDINGS_JWT_HS256_SECRET", crate::helpers::tokens::SECRET.to_owned()));
     let server = crate::helpers::spawn_process(&envs).await;
     let script = dir.path().join("readme_example.py");
     std::fs::write(&script, code).unwrap();
-    let token = crate::security::token("agent-7", serde_json::json!({"publish": globs, "subscribe": globs}));
+    let token = crate::helpers::tokens::token("agent-7", serde_json::json!({"publish": globs, "subscribe": globs}));
     let run = tokio::process::Command::new(python())
         .arg(&script)
         .env("TIDINGS_URL", &server.base)

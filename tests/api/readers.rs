@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::checker::Seen;
-use crate::ws::Key;
+use crate::helpers::device::Key;
 
 /// Whether `seen` holds the last event (`until`, once known).
 fn read_to_the_end(seen: &[Seen], until: &AtomicI64) -> bool {

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::helpers::device::{Client, Key};
 use crate::helpers::eventually;
 use crate::helpers::{Backend, TestApp, spawn_app_with};
-use crate::ws::{Client, Key};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_is_read_through_the_standby_exactly_once() {
@@ -56,7 +56,7 @@ async fn the_broker_reads_notified_commits_at_the_standby() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standbys_show_only_to_admins() {
-    use crate::security::{SECRET, token};
+    use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(Backend::Postgres, |s| {
         s.jwt_hs256_secret = Some(SECRET.into());
         s.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];

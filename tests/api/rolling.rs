@@ -16,8 +16,8 @@ use futures_util::{SinkExt as _, StreamExt as _};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
+use crate::helpers::device::Key;
 use crate::helpers::{Backend, Process, free_port, gather, process_store, spawn_process_at, wait_until};
-use crate::ws::Key;
 
 /// `TIDINGS_DRAIN` of the processes.
 const WINDOW: Duration = Duration::from_secs(3);

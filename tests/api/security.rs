@@ -24,18 +24,7 @@ both_stores!(
     the_caller_sees_what_its_token_grants
 );
 
-pub(crate) const SECRET: &str = "a-test-secret-of-enough-bytes-for-hs256";
-
-pub(crate) fn token_with(claims: Value, secret: &str) -> String {
-    encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()).unwrap()).unwrap()
-}
-
-/// A valid token for `sub` with extra claims.
-pub(crate) fn token(sub: &str, mut claims: Value) -> String {
-    claims["sub"] = json!(sub);
-    claims["exp"] = json!(chrono::Utc::now().timestamp() + 600);
-    token_with(claims, SECRET)
-}
+use crate::helpers::tokens::{SECRET, token, token_with};
 
 fn admin() -> String {
     token("ops", json!({"admin": true, "publish": ["**"], "subscribe": ["**"], "visibility": "admin"}))
@@ -152,11 +141,11 @@ async fn visibility_matrix_has_no_leaks(backend: Backend) {
     let types = "types=comment.posted,tree.*";
     let mut live = Vec::new();
     let mut live_ws = Vec::new();
-    let device = crate::ws::Key::new();
+    let device = crate::helpers::device::Key::new();
     for level in levels {
         live.push(stream_as(&app, &reader(level), types).await);
         // WebSocket: the upgrade's token sets the grants and visibility.
-        let mut ws = crate::ws::Client::connect_with(&app, &format!("?access_token={}", reader(level))).await;
+        let mut ws = crate::helpers::device::Client::connect_with(&app, &format!("?access_token={}", reader(level))).await;
         let answer =
             ws.auth(&device, json!({"device_id": format!("live-{level}"), "filter": {"types": ["comment.posted", "tree.*"]}})).await;
         assert!(answer["result"].is_object(), "{answer}");
@@ -202,7 +191,7 @@ async fn visibility_matrix_has_no_leaks(backend: Backend) {
             got.push(live_ws[r].notification().await["params"]["seq"].as_i64().unwrap());
         }
         assert_eq!(got, expected, "WebSocket live, reader {level}");
-        let mut ws = crate::ws::Client::connect_with(&app, &format!("?access_token={}", reader(level))).await;
+        let mut ws = crate::helpers::device::Client::connect_with(&app, &format!("?access_token={}", reader(level))).await;
         ws.auth(&device, json!({"device_id": format!("catch-up-{level}"), "cursor": 0, "filter": {"types": ["comment.posted", "tree.*"]}}))
             .await;
         let page = ws.call("sync.delta", json!({"device_id": format!("catch-up-{level}"), "since": 0, "limit": 100})).await;
@@ -210,7 +199,7 @@ async fn visibility_matrix_has_no_leaks(backend: Backend) {
         assert_eq!(caught, expected, "WebSocket catch-up, reader {level}");
     }
     // A bad token on the upgrade: one error frame, then close 1000.
-    let mut ws = crate::ws::Client::connect_with(&app, "?access_token=not-a-token").await;
+    let mut ws = crate::helpers::device::Client::connect_with(&app, "?access_token=not-a-token").await;
     let error = ws.notification().await;
     assert_eq!(error["error"]["data"]["code"], "unauthorized", "{error}");
     assert_eq!(ws.closed().await.0, 1000);

@@ -8,8 +8,8 @@
 use serde_json::{Value, json};
 
 use crate::both_stores;
+use crate::helpers::device::{self as ws, Key};
 use crate::helpers::{Backend, TestApp, spawn_app};
-use crate::ws::{self, Key};
 
 both_stores!(
     a_publish_s_trace_context_travels_with_its_events,

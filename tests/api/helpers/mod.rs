@@ -1,6 +1,9 @@
 //! The test harness: a real server on a random loopback port, on a fresh
 //! PostgreSQL database or a fresh embedded data directory per test.
 
+pub(crate) mod device;
+pub(crate) mod tokens;
+
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
