@@ -151,7 +151,7 @@ async fn a_refused_subscribe_calls_nothing_and_stores_nothing(backend: Backend) 
 /// without a call; with loopback allowed (the default) the same request is
 /// accepted and the endpoint proven by one call.
 async fn the_server_calls_only_hosts_the_admin_allowed(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.peer_allow = tidings_outbound::PeerAllow::parse("10.0.0.0/8").unwrap()).await;
+    let app = spawn_app_with(backend, |s| s.federation.peer_allow = tidings_outbound::PeerAllow::parse("10.0.0.0/8").unwrap()).await;
     let attacker = Peer::new();
     let listener = Listener::start(&attacker.hash).await;
     let server = server_hash(&app).await;
@@ -260,7 +260,7 @@ async fn peers_and_mirrors_show_only_to_admins(backend: Backend) {
     let peer = Peer::new();
     let app = spawn_app_with(backend, |s| {
         s.jwt_hs256_secret = Some(SECRET.into());
-        s.peers = tidings_server::config::Peers(vec![tidings_protocol::peer::Peer {
+        s.federation.peers = tidings_server::config::Peers(vec![tidings_protocol::peer::Peer {
             hash: peer.hash.clone(),
             endpoint: "http://127.0.0.1:9".into(),
         }]);

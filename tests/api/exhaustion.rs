@@ -406,7 +406,7 @@ async fn http2_streams_that_grant_no_window_are_closed(backend: Backend) {
 /// stored); a renewal of its own still passes, and another identity is
 /// served.
 async fn one_subscriber_cannot_take_every_subscription(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.max_subscriptions_per_identity = 2).await;
+    let app = spawn_app_with(backend, |s| s.federation.max_subscriptions_per_identity = 2).await;
     let server = server_hash(&app).await;
     let subscribe = |who: &Peer, pattern: &'static str| {
         let mut included = Map::new();

@@ -70,10 +70,10 @@ async fn replicated_delivery_shows_and_acknowledges_nothing_a_failover_to_the_sy
     let url = format!("postgres://postgres@{},{}/{name}?target_session_attrs=read-write", host_of(&primary), host_of(&standby));
     let replicated = spawn_app_with(Backend::Postgres, |s| {
         s.database_url = Some(url.clone());
-        s.delivery = Delivery::Replicated;
+        s.postgres.delivery = Delivery::Replicated;
         // The patience: a publish sent right after the standby stops is
         // admitted.
-        s.db_timeout = Duration::from_secs(3);
+        s.postgres.db_timeout = Duration::from_secs(3);
     })
     .await;
     let committed = spawn_app_with(Backend::Postgres, |s| s.database_url = Some(url.clone())).await;

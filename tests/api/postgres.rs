@@ -111,7 +111,7 @@ async fn database_outage_and_recovery() {
     let (url, name) = crate::helpers::fresh_database_on(&admin).await;
     let mut settings = crate::helpers::test_settings();
     settings.database_url = Some(url.clone());
-    settings.db_timeout = std::time::Duration::from_secs(1);
+    settings.postgres.db_timeout = std::time::Duration::from_secs(1);
     settings.heartbeat = std::time::Duration::from_millis(100);
     let app = crate::helpers::start(settings, None, Some((url, name))).await;
 

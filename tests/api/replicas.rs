@@ -28,8 +28,8 @@ async fn the_broker_reads_notified_commits_at_the_standby() {
     // (so A learns of each commit by NOTIFY and reads it, rather than being
     // handed its own).
     let a = spawn_app_with(Backend::Postgres, |s| {
-        s.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
-        s.broker_reads = tidings_server::config::BrokerReads::Replica;
+        s.postgres.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
+        s.postgres.broker_reads = tidings_server::config::BrokerReads::Replica;
     })
     .await;
     let url = a.db_url.clone().unwrap();
@@ -59,7 +59,7 @@ async fn standbys_show_only_to_admins() {
     use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(Backend::Postgres, |s| {
         s.jwt_hs256_secret = Some(SECRET.into());
-        s.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
+        s.postgres.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
     })
     .await;
     let host = std::env::var("TIDINGS_TEST_STANDBY_URL").unwrap().split('@').nth(1).unwrap().split('/').next().unwrap().to_owned();
@@ -88,8 +88,8 @@ fn standby_url(var: &str, primary: &str) -> String {
 /// A PostgreSQL server whose history is read at the standby `var` names.
 async fn with_standby(var: &'static str, max_lag: Duration) -> TestApp {
     spawn_app_with(Backend::Postgres, |s| {
-        s.replica_urls = vec![standby_url(var, s.database_url.as_deref().unwrap())];
-        s.replica_max_lag = max_lag;
+        s.postgres.replica_urls = vec![standby_url(var, s.database_url.as_deref().unwrap())];
+        s.postgres.replica_max_lag = max_lag;
     })
     .await
 }
@@ -268,8 +268,8 @@ async fn lagging_or_stopped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_notify_costs_the_broker_nothing_lasting() {
     let a = spawn_app_with(Backend::Postgres, |s| {
-        s.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
-        s.broker_reads = tidings_server::config::BrokerReads::Replica;
+        s.postgres.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
+        s.postgres.broker_reads = tidings_server::config::BrokerReads::Replica;
     })
     .await;
     let url = a.db_url.clone().unwrap();
@@ -322,8 +322,8 @@ async fn every_process_reads_history_at_the_standby() {
     let as_reader = |url: String| url.replacen("://postgres@", &format!("://{role}@"), 1);
     let a = Arc::new(
         spawn_app_with(Backend::Postgres, |s| {
-            s.replica_urls = vec![as_reader(standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap()))];
-            s.db_timeout = Duration::from_secs(10);
+            s.postgres.replica_urls = vec![as_reader(standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap()))];
+            s.postgres.db_timeout = Duration::from_secs(10);
         })
         .await,
     );
@@ -331,9 +331,9 @@ async fn every_process_reads_history_at_the_standby() {
     a.db().await.batch_execute(&format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")).await.unwrap();
     let b = Arc::new(
         spawn_app_with(Backend::Postgres, |s| {
-            s.replica_urls = vec![as_reader(standby_url("TIDINGS_TEST_STANDBY_URL", &url))];
+            s.postgres.replica_urls = vec![as_reader(standby_url("TIDINGS_TEST_STANDBY_URL", &url))];
             s.database_url = Some(url.clone());
-            s.db_timeout = Duration::from_secs(10);
+            s.postgres.db_timeout = Duration::from_secs(10);
         })
         .await,
     );

@@ -170,7 +170,7 @@ async fn max_duration_ends_a_subscription_at_commit_time(backend: Backend) {
 /// (`503 too_many_subscriptions`, nothing stored) while renewals pass; an
 /// unsubscribe makes room.
 async fn too_many_subscriptions_refuses_new_ones_only(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.max_subscriptions = 2).await;
+    let app = spawn_app_with(backend, |s| s.federation.max_subscriptions = 2).await;
     let server = server_hash(&app).await;
     let (a, b, c) = (Peer::new(), Peer::new(), Peer::new());
     assert_eq!(subscribe(&app, &server, &a, "full/*", "system/inbox/a", json!({})).await.0, 200);
@@ -186,7 +186,7 @@ async fn too_many_subscriptions_refuses_new_ones_only(backend: Backend) {
 }
 
 async fn renewal_and_capacity_redirect(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.max_subscribers_per_prefix = 2).await;
+    let app = spawn_app_with(backend, |s| s.federation.max_subscribers_per_prefix = 2).await;
     let server = server_hash(&app).await;
     let (a, b, c) = (Peer::new(), Peer::new(), Peer::new());
     let at = |n: u8| format!("http://127.0.0.1:{}", 9000 + n as u16);
@@ -520,7 +520,7 @@ async fn changes_and_notifications_cannot_be_forged(backend: Backend) {
 /// prefix, at the endpoint this server knows for them (issue 35, item 2:
 /// cheap subscriptions that claimed an endpoint took over mirrors).
 async fn redirects_list_at_most_ten_shuffled_alternatives(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.max_subscribers_per_prefix = 14).await;
+    let app = spawn_app_with(backend, |s| s.federation.max_subscribers_per_prefix = 14).await;
     let server = server_hash(&app).await;
     let peers: Vec<Peer> = (0..12).map(|_| Peer::new()).collect();
     for (i, p) in peers.iter().enumerate() {

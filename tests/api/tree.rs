@@ -335,7 +335,7 @@ async fn concurrent_writes_are_committed_together_each_with_its_own_outcome(back
 async fn peers_are_seeded_from_settings_and_checked_on_every_write(backend: Backend) {
     let (_, _, seeded) = crate::helpers::ed25519_identity();
     let peer = tidings_protocol::peer::Peer { hash: seeded.clone(), endpoint: "http://127.0.0.1:9".into() };
-    let app = spawn_app_with(backend, |s| s.peers = tidings_server::config::Peers(vec![peer.clone()])).await;
+    let app = spawn_app_with(backend, |s| s.federation.peers = tidings_server::config::Peers(vec![peer.clone()])).await;
     let path = format!("system/peer/{seeded}");
     let r = app.http.get(app.url(&format!("/v1/tree/{path}"))).send().await.unwrap();
     assert_eq!(r.status(), 200);

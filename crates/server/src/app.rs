@@ -66,21 +66,8 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
         }
     }
     Ok(match &settings.database_url {
-        Some(url) => Arc::new(
-            PostgresStore::connect(
-                url,
-                PostgresOptions {
-                    pool_size: settings.db_pool,
-                    acquire_timeout: settings.db_timeout,
-                    replica_urls: settings.replica_urls.clone(),
-                    replica_max_lag: settings.replica_max_lag,
-                    broker_reads_replica: settings.broker_reads == crate::config::BrokerReads::Replica,
-                    replicated_delivery: settings.delivery == crate::config::Delivery::Replicated,
-                },
-            )
-            .await?,
-        ),
-        None if settings.delivery == crate::config::Delivery::Replicated => {
+        Some(url) => Arc::new(PostgresStore::connect(url, PostgresOptions::from_settings(&settings.postgres)).await?),
+        None if settings.postgres.delivery == crate::config::Delivery::Replicated => {
             anyhow::bail!(
                 "TIDINGS_DELIVERY=replicated needs PostgreSQL with a synchronous standby (set DATABASE_URL); the embedded store has no replication"
             )
@@ -131,7 +118,7 @@ pub fn resolve_auth(settings: &Settings) -> anyhow::Result<AuthMode> {
 async fn seed_peers(core: &Core) -> anyhow::Result<()> {
     let mut server = crate::auth::Identity::local();
     server.sub = core.server().hash().to_owned();
-    for peer in &core.settings().peers.0 {
+    for peer in &core.settings().federation.peers.0 {
         let path = peer.path();
         let (canonical, hash) = peer.entity().canonical();
         if core.store().tree_get(&path).await?.is_some_and(|current| current.hash == hash) {
@@ -176,6 +163,10 @@ async fn reload_on_hangup(certificates: Arc<crate::server::tls::Certificates>, s
         }
     }
 }
+
+/// Time allowed for proving a subscriber's relay endpoint (`GET
+/// /v1/identity` there) during a subscribe.
+const PROVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Application {
     /// Builds every subsystem and binds the listen address.
@@ -237,38 +228,16 @@ impl Application {
         let retention = (settings.retention, settings.idempotency_window, settings.retention_interval);
         let set_aside_retention = settings.outbox_set_aside_retention;
         let consumer_ttl = settings.consumer_ttl;
-        let peer_allow = Arc::new(settings.peer_allow.clone());
         let background = Background {
             health_probe: settings.health_probe_interval,
-            engine: EngineSettings {
-                batch: settings.engine_batch as usize,
-                idle_commit: settings.engine_idle_commit,
-                lead_retry: settings.engine_lead_retry,
-                courier: crate::federation::courier::CourierSettings {
-                    attempts: settings.peer_delivery_attempts,
-                    timeout: settings.peer_timeout,
-                    evict_after: settings.peer_evict_after,
-                    allow: peer_allow.clone(),
-                },
-                mirror: crate::federation::mirror::MirrorSettings {
-                    token_ttl: settings.mirror_token_ttl,
-                    reconcile: settings.mirror_reconcile,
-                    timeout: settings.peer_timeout,
-                    public_url: settings.public_url.clone(),
-                    repair_timeout: settings.mirror_repair_timeout,
-                    allow: peer_allow.clone(),
-                },
-            },
+            engine: crate::federation::engine::EngineSettings::from_settings(&settings.federation, &settings.public_url),
         };
         let server = Arc::new(crate::keyfile::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);
         tracing::info!(identity = server.hash(), "server identity");
-        let subscriptions = Arc::new(crate::federation::Subscriptions::new(
-            store.clone(),
-            server.clone(),
-            settings.max_subscribers_per_prefix,
-            (settings.max_subscriptions, settings.max_subscriptions_per_identity),
-            tidings_outbound::Outbound::new(peer_allow, std::time::Duration::from_secs(5)),
-        ));
+        // Proving a subscriber's relay endpoint is a quick question, not a
+        // delivery: its own bound, under the same allow list.
+        let outbound = tidings_outbound::Outbound::new(Arc::new(settings.federation.peer_allow.clone()), PROVE_TIMEOUT);
+        let subscriptions = Arc::new(crate::federation::Subscriptions::new(store.clone(), server.clone(), &settings.federation, outbound));
         let core = Core::new(CoreParts {
             settings,
             store: store.clone(),

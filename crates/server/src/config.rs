@@ -146,6 +146,113 @@ fn byte_size(s: &str) -> Result<usize, String> {
     digits.trim().parse::<usize>().map(|n| n * factor).map_err(|_| format!("{s:?} is not a size (write 65536, 64KiB or 1MiB)"))
 }
 
+/// PostgreSQL's settings (DATABASE_URL set: the pool, hot standbys,
+/// replicated delivery), flattened into [`Settings`] under the same
+/// environment names.
+#[derive(Debug, Clone, Args)]
+pub struct PostgresSettings {
+    /// Most pooled PostgreSQL connections.
+    #[arg(long, env = "TIDINGS_DB_POOL", default_value_t = 16)]
+    pub db_pool: usize,
+
+    /// Comma list of hot standbys of the PostgreSQL primary: history (stream and WebSocket catch-up,
+    /// `sync.delta`, polls, consumers) is read there as far as a standby holds it, the rest on the primary
+    /// (docs/scaling.md).
+    #[arg(long, env = "TIDINGS_REPLICA_URLS", value_delimiter = ',', num_args = 0..)]
+    pub replica_urls: Vec<String>,
+
+    /// `replica`: the broker's tail reads go to the standbys too, up to the notified head, waiting up to
+    /// 100 ms for one to replay a notified commit (docs/scaling.md).
+    #[arg(long, env = "TIDINGS_BROKER_READS", value_enum, default_value = "primary")]
+    pub broker_reads: BrokerReads,
+
+    /// `replicated` (PostgreSQL with synchronous replication): nothing is shown or answered `201` before
+    /// the synchronous standby has it; `503 replication_unavailable` while it does not confirm within
+    /// `TIDINGS_DB_TIMEOUT` (docs/failover.md).
+    #[arg(long, env = "TIDINGS_DELIVERY", value_enum, default_value = "committed")]
+    pub delivery: Delivery,
+
+    /// A standby behind the primary for longer than this (time since it replayed a commit, while it lacks
+    /// the primary's head) is skipped until it catches up.
+    #[arg(long, env = "TIDINGS_REPLICA_MAX_LAG", default_value = "5s", value_parser = duration)]
+    pub replica_max_lag: Duration,
+
+    /// Longest wait for a database connection before `503`.
+    #[arg(long, env = "TIDINGS_DB_TIMEOUT", default_value = "2s", value_parser = duration)]
+    pub db_timeout: Duration,
+}
+
+/// Federation's settings (path subscriptions, peers,
+/// the courier and the mirrors; docs/ref-federation.md), flattened into
+/// [`Settings`] under the same environment names.
+#[derive(Debug, Clone, Args)]
+pub struct FederationSettings {
+    /// Tree subscriptions per pattern before a subscribe is redirected (`303`); `0`: no limit.
+    #[arg(long, env = "TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", default_value_t = 0)]
+    pub max_subscribers_per_prefix: u64,
+
+    /// Tree subscriptions this server keeps, at most 100000; beyond, a new one is refused
+    /// (`too_many_subscriptions`; renewals still pass).
+    #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS", default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub max_subscriptions: usize,
+
+    /// Tree subscriptions one subscriber identity keeps; beyond, `429 too_many_subscriptions_for_identity`
+    /// (renewals still pass).
+    #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY", default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub max_subscriptions_per_identity: usize,
+
+    /// Peers written into the tree at start-up: `sha256:<hash>=http://host:port,...` (identity hash, base
+    /// URL).
+    #[arg(long, env = "TIDINGS_PEERS", default_value = "", value_parser = peers)]
+    pub peers: Peers,
+
+    /// Hosts this server may call (peers, relays, mirrors' upstreams): address ranges (`10.0.0.0/8`), host
+    /// names, `*.domain`, `loopback`, `*`; link-local and metadata addresses only when a range inside them
+    /// is listed.
+    #[arg(long, env = "TIDINGS_PEER_ALLOW", default_value = "loopback", value_parser = peer_allow)]
+    pub peer_allow: tidings_outbound::PeerAllow,
+
+    /// Tree changes the subscription engine reads per step.
+    #[arg(long, env = "TIDINGS_ENGINE_BATCH", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub engine_batch: u32,
+
+    /// The engine commits its cursor at least this often while it only scans.
+    #[arg(long, env = "TIDINGS_ENGINE_IDLE_COMMIT", default_value = "1s", value_parser = duration)]
+    pub engine_idle_commit: Duration,
+
+    /// How often a process that does not run the engine tries to take it over (bounds a takeover).
+    #[arg(long, env = "TIDINGS_ENGINE_LEAD_RETRY", default_value = "1s", value_parser = duration)]
+    pub engine_lead_retry: Duration,
+
+    /// Attempts to deliver one notification to a peer (backoff 250 ms doubling to 30 s, jittered) before it
+    /// is given up with a chain-error marker.
+    #[arg(long, env = "TIDINGS_PEER_DELIVERY_ATTEMPTS", default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub peer_delivery_attempts: u32,
+
+    /// A remote subscription whose delivery attempts have all failed this long is ended at its next failed
+    /// attempt, freeing its capacity slot (`0s`: never).
+    #[arg(long, env = "TIDINGS_PEER_EVICT_AFTER", default_value = "1h", value_parser = duration)]
+    pub peer_evict_after: Duration,
+
+    /// Time allowed for one request to a peer (a delivery attempt, a mirror's subscribe or re-read).
+    #[arg(long, env = "TIDINGS_PEER_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub peer_timeout: Duration,
+
+    /// Lifetime of the deliver token a mirror subscribes with; the subscription is renewed at half of it.
+    #[arg(long, env = "TIDINGS_MIRROR_TOKEN_TTL", default_value = "1d", value_parser = duration)]
+    pub mirror_token_ttl: Duration,
+
+    /// How often a mirror re-reads the paths it knows that were not notified meanwhile (it catches a lost
+    /// last notification).
+    #[arg(long, env = "TIDINGS_MIRROR_RECONCILE", default_value = "1m", value_parser = duration)]
+    pub mirror_reconcile: Duration,
+
+    /// How long a relay a mirror is attached through may stay unreachable before the mirror attaches
+    /// elsewhere (probed every quarter of it, at most every 10 s).
+    #[arg(long, env = "TIDINGS_MIRROR_REPAIR_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub mirror_repair_timeout: Duration,
+}
+
 /// Settings of `tidings serve`.
 #[derive(Debug, Clone, Args)]
 pub struct Settings {
@@ -261,36 +368,6 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_READ_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub read_batch: u32,
 
-    /// Most pooled PostgreSQL connections.
-    #[arg(long, env = "TIDINGS_DB_POOL", default_value_t = 16)]
-    pub db_pool: usize,
-
-    /// Comma list of hot standbys of the PostgreSQL primary: history (stream and WebSocket catch-up,
-    /// `sync.delta`, polls, consumers) is read there as far as a standby holds it, the rest on the primary
-    /// (docs/scaling.md).
-    #[arg(long, env = "TIDINGS_REPLICA_URLS", value_delimiter = ',', num_args = 0..)]
-    pub replica_urls: Vec<String>,
-
-    /// `replica`: the broker's tail reads go to the standbys too, up to the notified head, waiting up to
-    /// 100 ms for one to replay a notified commit (docs/scaling.md).
-    #[arg(long, env = "TIDINGS_BROKER_READS", value_enum, default_value = "primary")]
-    pub broker_reads: BrokerReads,
-
-    /// `replicated` (PostgreSQL with synchronous replication): nothing is shown or answered `201` before
-    /// the synchronous standby has it; `503 replication_unavailable` while it does not confirm within
-    /// `TIDINGS_DB_TIMEOUT` (docs/failover.md).
-    #[arg(long, env = "TIDINGS_DELIVERY", value_enum, default_value = "committed")]
-    pub delivery: Delivery,
-
-    /// A standby behind the primary for longer than this (time since it replayed a commit, while it lacks
-    /// the primary's head) is skipped until it catches up.
-    #[arg(long, env = "TIDINGS_REPLICA_MAX_LAG", default_value = "5s", value_parser = duration)]
-    pub replica_max_lag: Duration,
-
-    /// Longest wait for a database connection before `503`.
-    #[arg(long, env = "TIDINGS_DB_TIMEOUT", default_value = "2s", value_parser = duration)]
-    pub db_timeout: Duration,
-
     /// Durable consumers silent this long are collected (resuming one without `since` then answers `410`).
     #[arg(long, env = "TIDINGS_CONSUMER_TTL", default_value = "7d", value_parser = duration)]
     pub consumer_ttl: Duration,
@@ -380,24 +457,10 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_SERVER_KEY_FILE")]
     pub server_key_file: Option<PathBuf>,
 
-    /// Tree subscriptions per pattern before a subscribe is redirected (`303`); `0`: no limit.
-    #[arg(long, env = "TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", default_value_t = 0)]
-    pub max_subscribers_per_prefix: u64,
-
-    /// Tree subscriptions this server keeps, at most 100000; beyond, a new one is refused
-    /// (`too_many_subscriptions`; renewals still pass).
-    #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS", default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
-    pub max_subscriptions: usize,
-
     /// Durable consumers one identity keeps; a new one beyond is `429 too_many_consumers` (its existing
     /// ones poll on).
     #[arg(long, env = "TIDINGS_MAX_CONSUMERS_PER_IDENTITY", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_consumers_per_identity: u32,
-
-    /// Tree subscriptions one subscriber identity keeps; beyond, `429 too_many_subscriptions_for_identity`
-    /// (renewals still pass).
-    #[arg(long, env = "TIDINGS_MAX_SUBSCRIPTIONS_PER_IDENTITY", default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
-    pub max_subscriptions_per_identity: usize,
 
     /// Concurrent streams in total (waiting long-polls and not yet authenticated WebSockets count); beyond,
     /// `503` with `Retry-After`.
@@ -421,61 +484,18 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_PUBLIC_URL", default_value = "")]
     pub public_url: String,
 
-    /// Peers written into the tree at start-up: `sha256:<hash>=http://host:port,...` (identity hash, base
-    /// URL).
-    #[arg(long, env = "TIDINGS_PEERS", default_value = "", value_parser = peers)]
-    pub peers: Peers,
+    /// PostgreSQL: the pool, hot standbys, replicated delivery.
+    #[command(flatten)]
+    pub postgres: PostgresSettings,
+
+    /// Path subscriptions, peers, the courier and the mirrors.
+    #[command(flatten)]
+    pub federation: FederationSettings,
 
     /// Comma list of allowed origins, or `*` (without credentials); any other `Origin` is refused (`403
     /// origin_refused`); unset: no CORS.
     #[arg(long, env = "TIDINGS_CORS_ORIGINS", default_value = "")]
     pub cors_origins: String,
-
-    /// Hosts this server may call (peers, relays, mirrors' upstreams): address ranges (`10.0.0.0/8`), host
-    /// names, `*.domain`, `loopback`, `*`; link-local and metadata addresses only when a range inside them
-    /// is listed.
-    #[arg(long, env = "TIDINGS_PEER_ALLOW", default_value = "loopback", value_parser = peer_allow)]
-    pub peer_allow: tidings_outbound::PeerAllow,
-
-    /// Tree changes the subscription engine reads per step.
-    #[arg(long, env = "TIDINGS_ENGINE_BATCH", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub engine_batch: u32,
-
-    /// The engine commits its cursor at least this often while it only scans.
-    #[arg(long, env = "TIDINGS_ENGINE_IDLE_COMMIT", default_value = "1s", value_parser = duration)]
-    pub engine_idle_commit: Duration,
-
-    /// How often a process that does not run the engine tries to take it over (bounds a takeover).
-    #[arg(long, env = "TIDINGS_ENGINE_LEAD_RETRY", default_value = "1s", value_parser = duration)]
-    pub engine_lead_retry: Duration,
-
-    /// Attempts to deliver one notification to a peer (backoff 250 ms doubling to 30 s, jittered) before it
-    /// is given up with a chain-error marker.
-    #[arg(long, env = "TIDINGS_PEER_DELIVERY_ATTEMPTS", default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub peer_delivery_attempts: u32,
-
-    /// A remote subscription whose delivery attempts have all failed this long is ended at its next failed
-    /// attempt, freeing its capacity slot (`0s`: never).
-    #[arg(long, env = "TIDINGS_PEER_EVICT_AFTER", default_value = "1h", value_parser = duration)]
-    pub peer_evict_after: Duration,
-
-    /// Time allowed for one request to a peer (a delivery attempt, a mirror's subscribe or re-read).
-    #[arg(long, env = "TIDINGS_PEER_TIMEOUT", default_value = "10s", value_parser = duration)]
-    pub peer_timeout: Duration,
-
-    /// Lifetime of the deliver token a mirror subscribes with; the subscription is renewed at half of it.
-    #[arg(long, env = "TIDINGS_MIRROR_TOKEN_TTL", default_value = "1d", value_parser = duration)]
-    pub mirror_token_ttl: Duration,
-
-    /// How often a mirror re-reads the paths it knows that were not notified meanwhile (it catches a lost
-    /// last notification).
-    #[arg(long, env = "TIDINGS_MIRROR_RECONCILE", default_value = "1m", value_parser = duration)]
-    pub mirror_reconcile: Duration,
-
-    /// How long a relay a mirror is attached through may stay unreachable before the mirror attaches
-    /// elsewhere (probed every quarter of it, at most every 10 s).
-    #[arg(long, env = "TIDINGS_MIRROR_REPAIR_TIMEOUT", default_value = "30s", value_parser = duration)]
-    pub mirror_repair_timeout: Duration,
 
     /// How often the store and the LISTEN connection are probed for the health gauges.
     #[arg(long, env = "TIDINGS_HEALTH_PROBE_INTERVAL", default_value = "5s", value_parser = duration)]

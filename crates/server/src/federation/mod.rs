@@ -418,16 +418,15 @@ impl Subscriptions {
     pub fn new(
         store: Arc<dyn Store>,
         server: Arc<ServerIdentity>,
-        max_per_prefix: u64,
-        (max_total, max_per_identity): (usize, usize),
+        settings: &crate::config::FederationSettings,
         http: tidings_outbound::Outbound,
     ) -> Self {
         Self {
             store,
             server,
-            max_per_prefix,
-            max_total: max_total.min(MAX_SUBSCRIPTIONS),
-            max_per_identity,
+            max_per_prefix: settings.max_subscribers_per_prefix,
+            max_total: settings.max_subscriptions.min(MAX_SUBSCRIPTIONS),
+            max_per_identity: settings.max_subscriptions_per_identity,
             gate: tokio::sync::Mutex::new(()),
             peer_states: courier::PeerStates::default(),
             mirror_states: mirror::MirrorStates::default(),

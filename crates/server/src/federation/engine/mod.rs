@@ -62,6 +62,34 @@ pub struct EngineSettings {
     pub mirror: super::mirror::MirrorSettings,
 }
 
+impl EngineSettings {
+    /// The engine's, the courier's and the mirrors' settings from
+    /// federation's section; peers are told to reach this server at
+    /// `public_url`.
+    pub fn from_settings(settings: &crate::config::FederationSettings, public_url: &str) -> Self {
+        let allow = std::sync::Arc::new(settings.peer_allow.clone());
+        Self {
+            batch: settings.engine_batch as usize,
+            idle_commit: settings.engine_idle_commit,
+            lead_retry: settings.engine_lead_retry,
+            courier: super::courier::CourierSettings {
+                attempts: settings.peer_delivery_attempts,
+                timeout: settings.peer_timeout,
+                evict_after: settings.peer_evict_after,
+                allow: allow.clone(),
+            },
+            mirror: super::mirror::MirrorSettings {
+                token_ttl: settings.mirror_token_ttl,
+                reconcile: settings.mirror_reconcile,
+                timeout: settings.peer_timeout,
+                public_url: public_url.to_owned(),
+                repair_timeout: settings.mirror_repair_timeout,
+                allow,
+            },
+        }
+    }
+}
+
 /// Longest delegation chain walked for a token's expiry.
 const MAX_CHAIN: usize = tidings_protocol::tree::capability::MAX_CHAIN;
 

@@ -77,6 +77,20 @@ pub struct PostgresOptions {
     pub replicated_delivery: bool,
 }
 
+impl PostgresOptions {
+    /// The options PostgreSQL's section of the settings asks for.
+    pub fn from_settings(settings: &crate::config::PostgresSettings) -> Self {
+        Self {
+            pool_size: settings.db_pool,
+            acquire_timeout: settings.db_timeout,
+            replica_urls: settings.replica_urls.clone(),
+            replica_max_lag: settings.replica_max_lag,
+            broker_reads_replica: settings.broker_reads == crate::config::BrokerReads::Replica,
+            replicated_delivery: settings.delivery == crate::config::Delivery::Replicated,
+        }
+    }
+}
+
 /// The PostgreSQL store. Cloning is shallow.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
