@@ -169,8 +169,8 @@ async fn stuck_client_is_dropped_for_no_progress(backend: Backend) {
 /// what is left gets `system.replay_gap`, then everything that is left.
 async fn resume_older_than_retained_history_is_a_replay_gap(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.retention = tidings_server::config::Retention { max_age: None, max_events: Some(5) };
-        s.retention_interval = Duration::from_millis(50);
+        s.history.retention = tidings_server::config::Retention { max_age: None, max_events: Some(5) };
+        s.history.retention_interval = Duration::from_millis(50);
     })
     .await;
     let mut ids = Vec::new();

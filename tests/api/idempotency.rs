@@ -152,8 +152,8 @@ async fn malformed_keys_are_refused_and_store_nothing(backend: Backend) {
 
 async fn a_key_is_forgotten_after_its_window(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.idempotency_window = std::time::Duration::from_millis(300);
-        s.retention_interval = std::time::Duration::from_millis(100);
+        s.history.idempotency_window = std::time::Duration::from_millis(300);
+        s.history.retention_interval = std::time::Duration::from_millis(100);
     })
     .await;
     let body = json!({"event_type": "comment.posted"});

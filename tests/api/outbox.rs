@@ -266,8 +266,8 @@ async fn no_advisory_lock_of_a_stranger_stops_the_mover() {
 async fn set_aside_rows_are_forgotten_after_their_retention() {
     let app = spawn_app_with(Backend::Postgres, |s| {
         s.registry_mode = tidings_server::registry::RegistryMode::Strict;
-        s.outbox_set_aside_retention = Duration::from_secs(3600);
-        s.retention_interval = Duration::from_millis(200);
+        s.history.outbox_set_aside_retention = Duration::from_secs(3600);
+        s.history.retention_interval = Duration::from_millis(200);
     })
     .await;
     let db = app.db().await;

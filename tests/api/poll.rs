@@ -247,8 +247,8 @@ async fn operators_and_bad_input(backend: Backend) {
 /// head), and `gap` when history before it was pruned.
 async fn a_resume_point_the_log_cannot_serve_is_a_gap(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.retention = tidings_server::config::Retention { max_age: None, max_events: Some(5) };
-        s.retention_interval = Duration::from_millis(50);
+        s.history.retention = tidings_server::config::Retention { max_age: None, max_events: Some(5) };
+        s.history.retention_interval = Duration::from_millis(50);
     })
     .await;
     let first = app.publish("comment.posted", json!({})).await;

@@ -388,8 +388,8 @@ async fn an_expired_deliver_token_ends_the_subscription(backend: Backend) {
 /// change names; the current entities and subscription chains stay.
 async fn retention_prunes_entities_no_longer_needed(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.retention = tidings_server::config::Retention { max_age: None, max_events: Some(3) };
-        s.retention_interval = std::time::Duration::from_millis(50);
+        s.history.retention = tidings_server::config::Retention { max_age: None, max_events: Some(3) };
+        s.history.retention_interval = std::time::Duration::from_millis(50);
     })
     .await;
     let server = server_hash(&app).await;

@@ -21,7 +21,7 @@ use crate::http::{AppState, router};
 use crate::federation::engine::EngineSettings;
 use crate::registry::Registry;
 use crate::server::{ServeOptions, serve};
-use crate::service::{Core, CoreParts};
+use crate::service::{ServiceParts, Services};
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::postgres::{PostgresOptions, PostgresStore};
@@ -29,7 +29,7 @@ use crate::store::postgres::{PostgresOptions, PostgresStore};
 /// A built, bound server, ready to run.
 #[derive(Debug)]
 pub struct Application {
-    core: Core,
+    core: Services,
     listener: TcpListener,
     addr: SocketAddr,
     router: axum::Router,
@@ -37,16 +37,18 @@ pub struct Application {
     store: Arc<dyn Store>,
     subscriptions: Arc<crate::federation::Subscriptions>,
     options: ServeOptions,
-    retention: (crate::config::Retention, std::time::Duration, std::time::Duration),
-    /// How long set-aside rows of the SQL outbox are kept.
-    set_aside_retention: std::time::Duration,
+    /// What history's retention task keeps.
+    history: crate::config::HistorySettings,
     consumer_ttl: std::time::Duration,
     background: Background,
     shutdown: CancellationToken,
     /// Cancelled when a drain begins.
     draining: CancellationToken,
-    /// `TIDINGS_DRAIN_DELAY` and `TIDINGS_DRAIN`.
-    drain: (std::time::Duration, std::time::Duration),
+    /// `TIDINGS_DRAIN_DELAY`: how long a drain keeps serving before it
+    /// ends streams.
+    drain_delay: std::time::Duration,
+    /// `TIDINGS_DRAIN`: the window streams are ended over.
+    drain_window: std::time::Duration,
 }
 
 /// The pace of the background tasks.
@@ -115,9 +117,9 @@ pub fn resolve_auth(settings: &Settings) -> anyhow::Result<AuthMode> {
 /// (an admin), where the tree does not already hold exactly that entity (a
 /// restart writes nothing new). The setting wins over an admin's edit of a
 /// peer it names; peers it does not name are left alone.
-async fn seed_peers(core: &Core) -> anyhow::Result<()> {
+async fn seed_peers(core: &Services) -> anyhow::Result<()> {
     let mut server = crate::auth::Identity::local();
-    server.sub = core.server().hash().to_owned();
+    server.sub = core.identity().hash().to_owned();
     for peer in &core.settings().federation.peers.0 {
         let path = peer.path();
         let (canonical, hash) = peer.entity().canonical();
@@ -198,7 +200,7 @@ impl Application {
         );
         let shutdown = CancellationToken::new();
         let draining = CancellationToken::new();
-        let drain = (settings.drain_delay, settings.drain);
+        let (drain_delay, drain_window) = (settings.drain_delay, settings.drain);
         let listener = TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
         let addr = listener.local_addr()?;
         // What peers are told to reach this server at.
@@ -225,8 +227,7 @@ impl Application {
                 _ => None,
             },
         };
-        let retention = (settings.retention, settings.idempotency_window, settings.retention_interval);
-        let set_aside_retention = settings.outbox_set_aside_retention;
+        let history = settings.history.clone();
         let consumer_ttl = settings.consumer_ttl;
         let background = Background {
             health_probe: settings.health_probe_interval,
@@ -238,12 +239,12 @@ impl Application {
         // delivery: its own bound, under the same allow list.
         let outbound = tidings_outbound::Outbound::new(Arc::new(settings.federation.peer_allow.clone()), PROVE_TIMEOUT);
         let subscriptions = Arc::new(crate::federation::Subscriptions::new(store.clone(), server.clone(), &settings.federation, outbound));
-        let core = Core::new(CoreParts {
+        let core = Services::new(ServiceParts {
             settings,
             store: store.clone(),
             broker: broker.clone(),
             registry,
-            server,
+            identity: server,
             subscriptions: subscriptions.clone(),
             shutdown: shutdown.clone(),
             draining: draining.clone(),
@@ -263,13 +264,13 @@ impl Application {
             store,
             subscriptions,
             options,
-            retention,
-            set_aside_retention,
+            history,
             consumer_ttl,
             background,
             shutdown,
             draining,
-            drain,
+            drain_delay,
+            drain_window,
         })
     }
 
@@ -280,8 +281,8 @@ impl Application {
             draining: self.draining.clone(),
             shutdown: self.shutdown.clone(),
             broker: self.broker.clone(),
-            delay: self.drain.0,
-            window: self.drain.1,
+            delay: self.drain_delay,
+            window: self.drain_window,
         }
     }
 
@@ -308,10 +309,7 @@ impl Application {
         self.store.hand_off_to(self.broker.hand_off());
         let listener_task = self.store.start_wakeups(self.broker.waker(), background.clone());
         let broker_task = tokio::spawn(self.broker.clone().run(self.shutdown.clone(), background.clone()));
-        let (retention, window, every) = self.retention;
-        let set_aside = self.set_aside_retention;
-        let retention_task =
-            tokio::spawn(crate::store::run_retention(self.store.clone(), retention, window, set_aside, every, background.clone()));
+        let retention_task = tokio::spawn(crate::store::run_retention(self.store.clone(), self.history, background.clone()));
         let expiry_task = tokio::spawn(crate::service::poll::run_expiry(self.store.clone(), self.consumer_ttl, background.clone()));
         let probe_task = tokio::spawn(crate::store::run_health_probe(self.store.clone(), self.background.health_probe, background.clone()));
         let engine = crate::federation::supervisor::Supervisor::new(

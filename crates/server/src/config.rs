@@ -146,6 +146,29 @@ fn byte_size(s: &str) -> Result<usize, String> {
     digits.trim().parse::<usize>().map(|n| n * factor).map_err(|_| format!("{s:?} is not a size (write 65536, 64KiB or 1MiB)"))
 }
 
+/// How long history and what remembers it are kept (docs/operations.md),
+/// flattened into [`Settings`] under the same environment names.
+#[derive(Debug, Clone, Args)]
+pub struct HistorySettings {
+    /// Prune history: `off`, an age (`30d`), a count of events (`1000000`), or both (`30d,1000000`).
+    #[arg(long, env = "TIDINGS_RETENTION", default_value = "off", value_parser = retention)]
+    pub retention: Retention,
+
+    /// How long a publish's `Idempotency-Key` is remembered: a retry within it with the same key stores
+    /// nothing and is answered the original ids (docs/events.md).
+    #[arg(long, env = "TIDINGS_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = duration)]
+    pub idempotency_window: Duration,
+
+    /// How long rows of the SQL outbox set aside (never delivered) are kept for an operator to read
+    /// (`tidings.outbox`, `error_code`; PostgreSQL).
+    #[arg(long, env = "TIDINGS_OUTBOX_SET_ASIDE_RETENTION", default_value = "7d", value_parser = duration)]
+    pub outbox_set_aside_retention: Duration,
+
+    /// How often retention runs (and expired idempotency keys and set-aside outbox rows are pruned).
+    #[arg(long, env = "TIDINGS_RETENTION_INTERVAL", default_value = "1m", value_parser = duration)]
+    pub retention_interval: Duration,
+}
+
 /// PostgreSQL's settings (DATABASE_URL set: the pool, hot standbys,
 /// replicated delivery), flattened into [`Settings`] under the same
 /// environment names.
@@ -389,24 +412,6 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_POLL_MAX_SCAN", default_value_t = 100_000)]
     pub poll_max_scan: usize,
 
-    /// Prune history: `off`, an age (`30d`), a count of events (`1000000`), or both (`30d,1000000`).
-    #[arg(long, env = "TIDINGS_RETENTION", default_value = "off", value_parser = retention)]
-    pub retention: Retention,
-
-    /// How long a publish's `Idempotency-Key` is remembered: a retry within it with the same key stores
-    /// nothing and is answered the original ids (docs/events.md).
-    #[arg(long, env = "TIDINGS_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = duration)]
-    pub idempotency_window: Duration,
-
-    /// How long rows of the SQL outbox set aside (never delivered) are kept for an operator to read
-    /// (`tidings.outbox`, `error_code`; PostgreSQL).
-    #[arg(long, env = "TIDINGS_OUTBOX_SET_ASIDE_RETENTION", default_value = "7d", value_parser = duration)]
-    pub outbox_set_aside_retention: Duration,
-
-    /// How often retention runs (and expired idempotency keys and set-aside outbox rows are pruned).
-    #[arg(long, env = "TIDINGS_RETENTION_INTERVAL", default_value = "1m", value_parser = duration)]
-    pub retention_interval: Duration,
-
     /// Longest a client may take to send a request head (a deadline from the connection, not per byte: a
     /// slowloris guard); also the TLS handshake's deadline, and how long an HTTP/2 connection may stay with
     /// no stream open (from the connection or its last stream's end) before it is shut down.
@@ -483,6 +488,10 @@ pub struct Settings {
     /// and the bound address).
     #[arg(long, env = "TIDINGS_PUBLIC_URL", default_value = "")]
     pub public_url: String,
+
+    /// History's retention, and what remembers publishes.
+    #[command(flatten)]
+    pub history: HistorySettings,
 
     /// PostgreSQL: the pool, hot standbys, replicated delivery.
     #[command(flatten)]

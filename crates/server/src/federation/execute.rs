@@ -79,7 +79,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
         VerifyError::Included(m) => ExecuteError::InvalidIncluded(m),
         VerifyError::Signature(m) => ExecuteError::SignatureInvalid(m),
     })?;
-    if let Some(inbox) = super::inbox::local_inbox(&data.uri, handler.server().hash()) {
+    if let Some(inbox) = super::inbox::local_inbox(&data.uri, handler.identity().hash()) {
         let targets = data.resource.map(|r| r.targets).unwrap_or_default();
         let delivery = super::inbox::Delivery {
             inbox,
@@ -119,7 +119,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
                 Ok(chain) => chain,
                 Err(e) => return Err(ExecuteError::CapabilityInvalid(format!("caller capability: {e}"))),
             };
-            let server = handler.server().hash();
+            let server = handler.identity().hash();
             if chain.last().is_none_or(|root| root.granter != server) {
                 return Err(ExecuteError::CapabilityInvalid("the caller capability is not rooted at this server".into()));
             }
@@ -171,7 +171,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
     events.sort_by_key(|e| EVENTS.iter().position(|k| k == e));
     events.dedup();
     let (deliver_peer, deliver_path) = match tidings_protocol::peer::parse_remote(&request.deliver_to.uri) {
-        Some((peer, path)) if peer == handler.server().hash() => (None, path.to_owned()),
+        Some((peer, path)) if peer == handler.identity().hash() => (None, path.to_owned()),
         Some((peer, path)) => (Some(peer.to_owned()), path.to_owned()),
         None if request.deliver_to.uri.contains("://") => {
             return Err(ExecuteError::DeliveryUnsupported(

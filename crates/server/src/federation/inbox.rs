@@ -117,7 +117,7 @@ pub(super) async fn receive(
     if delivery.operation != RECEIVE {
         return Err(ExecuteError::UnknownOperation(format!("{HANDLER} has {RECEIVE}, not {:?}", delivery.operation)));
     }
-    let server = handler.server().hash();
+    let server = handler.identity().hash();
     if delivery.targets.is_empty() || delivery.targets.iter().any(|t| local_inbox(t, server).as_deref() != Some(&delivery.inbox)) {
         return Err(ExecuteError::InvalidResource("a delivery's resource.targets is exactly [its inbox]".into()));
     }

@@ -476,8 +476,8 @@ impl Subscriptions {
             .collect())
     }
 
-    /// The server identity.
-    pub fn server(&self) -> &ServerIdentity {
+    /// This server's identity.
+    pub fn identity(&self) -> &ServerIdentity {
         &self.server
     }
 

@@ -51,7 +51,7 @@ pub(crate) async fn me(Caller(caller): Caller) -> Json<Value> {
     responses((status = 200, description = "`{hash, identity: {type: \"system/identity\", data: {algorithm, public_key}}, endpoint}`: `endpoint` is where peers reach this server (`TIDINGS_PUBLIC_URL`)", body = Object))
 )]
 pub(crate) async fn get(State(app): State<AppState>) -> Json<Value> {
-    let server = app.core().server();
+    let server = app.core().identity();
     Json(json!({ "hash": server.hash(), "identity": server.entity(), "endpoint": app.settings().public_url }))
 }
 
@@ -121,7 +121,7 @@ pub(crate) async fn mint(
             Glob::new_path(r).map_err(|e| ApiError::bad_request("invalid_capability", format!("resource {r:?}: {e}")))?;
         }
     }
-    let server = app.core().server();
+    let server = app.core().identity();
     let grants: Vec<Value> =
         request.grants.iter().map(|g| json!({"handler": g.handler, "operations": g.operations, "resources": g.resources})).collect();
     let mut data = json!({ "granter": server.hash(), "grantee": request.grantee, "grants": grants });

@@ -34,7 +34,7 @@ use crate::auth::{AuthMode, Identity};
 use crate::broker::Broker;
 use crate::config::Settings;
 use crate::registry::Registry;
-use crate::service::Core;
+use crate::service::Services;
 use crate::store::Store;
 use error::ApiError;
 pub use error::head_refusal;
@@ -48,7 +48,7 @@ pub struct AppState {
 
 #[derive(Debug)]
 struct Inner {
-    core: Core,
+    core: Services,
     auth: AuthMode,
     local: Identity,
     metrics: PrometheusHandle,
@@ -60,12 +60,12 @@ struct Inner {
 impl AppState {
     /// The HTTP layer over `core`: how callers are authenticated, and what
     /// renders `/metrics`.
-    pub fn new(core: Core, auth: AuthMode, metrics: PrometheusHandle) -> Self {
+    pub fn new(core: Services, auth: AuthMode, metrics: PrometheusHandle) -> Self {
         let inner = Inner { core, auth, local: Identity::local(), metrics, started: Instant::now(), openapi: std::sync::OnceLock::new() };
         Self { inner: Arc::new(inner) }
     }
 
-    fn core(&self) -> &Core {
+    fn core(&self) -> &Services {
         &self.inner.core
     }
 

@@ -191,7 +191,7 @@ impl Ws {
             // Written as text and dropped at once: a `Value` kept in this
             // function's state would cost every connection its map nodes.
             let hello = json!({"jsonrpc": "2.0", "method": method::HELLO, "params": {
-                "server_did": self.app.core().server().hash(), "head_seq": head, "profiles": PROFILES, "nonce": self.nonce,
+                "server_did": self.app.core().identity().hash(), "head_seq": head, "profiles": PROFILES, "nonce": self.nonce,
             }})
             .to_string();
             if self.socket.send_text(hello.as_bytes()).await.is_err() {

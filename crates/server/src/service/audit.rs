@@ -12,7 +12,7 @@
 
 use serde::Serialize;
 
-use super::Core;
+use super::Services;
 use super::error::{Kind, Refusal};
 use crate::auth::Identity;
 use crate::filter::Filter;
@@ -102,7 +102,7 @@ impl Refusal for AuditError {
 
 /// Event `id` (as the path gave it) and the cursors measured against it,
 /// as `caller` may see them.
-pub async fn audit(core: &Core, caller: &Identity, id: &str) -> Result<Audit, AuditError> {
+pub async fn audit(core: &Services, caller: &Identity, id: &str) -> Result<Audit, AuditError> {
     // 1 to 16 digits, no sign, no leading zero; past the largest id there
     // is no event.
     let digits = (1..=16).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_digit()) && !id.starts_with('0');

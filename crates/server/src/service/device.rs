@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::Core;
+use super::Services;
 use super::error::{Kind, Refusal};
 use super::gap::Gap;
 use super::poll::{PollError, PollPage, PollRequest};
@@ -107,7 +107,7 @@ pub fn check_device_id(id: &str) -> Result<(), DeviceError> {
 /// its last hello or ack (told once), or the point it gives lies in a lost
 /// stretch (then that point is where it resumes, and its session says so).
 pub async fn resume_point(
-    core: &Core,
+    core: &Services,
     owner: &str,
     device_id: &str,
     given: Option<EventId>,
@@ -133,7 +133,7 @@ pub async fn resume_point(
 
 /// Acknowledges `seq` for the device: the only writer of its cursor, which
 /// becomes `max(cursor, min(seq, head))`.
-pub async fn ack(core: &Core, owner: &str, device_id: &str, seq: EventId) -> Result<EventId, DeviceError> {
+pub async fn ack(core: &Services, owner: &str, device_id: &str, seq: EventId) -> Result<EventId, DeviceError> {
     if seq < 0 {
         return Err(DeviceError::InvalidSeq);
     }
@@ -143,7 +143,7 @@ pub async fn ack(core: &Core, owner: &str, device_id: &str, seq: EventId) -> Res
 /// One catch-up page after `since` through `filter_json` (what the caller
 /// may receive): a poll that does not wait and writes no cursor.
 pub async fn delta(
-    core: &Core,
+    core: &Services,
     caller: &Identity,
     filter_json: Option<String>,
     since: EventId,

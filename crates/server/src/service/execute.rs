@@ -7,9 +7,9 @@
 pub use crate::federation::execute::Call;
 pub use crate::federation::{ExecuteError, Executed};
 
-use super::Core;
+use super::Services;
 
 /// Runs one signed EXECUTE (`body`, the request's bytes) as `call` says.
-pub async fn execute(core: &Core, body: &[u8], call: Call) -> Result<Executed, ExecuteError> {
+pub async fn execute(core: &Services, body: &[u8], call: Call) -> Result<Executed, ExecuteError> {
     crate::federation::execute::execute(core.subscriptions(), body, call).await
 }

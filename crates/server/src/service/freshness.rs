@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::Core;
+use super::Services;
 use crate::store::{Store, StoreError};
 use tidings_protocol::event::EventId;
 
@@ -34,7 +34,7 @@ pub struct Freshness {
 }
 
 /// Measures delivery's distance behind commits.
-pub async fn measure(core: &Core) -> Result<Freshness, StoreError> {
+pub async fn measure(core: &Services) -> Result<Freshness, StoreError> {
     measure_at(core.store().as_ref(), core.broker().position()).await
 }
 
@@ -66,7 +66,7 @@ pub async fn measure_at(store: &dyn Store, position: EventId) -> Result<Freshnes
 
 /// Keeps the freshness gauges every [`EVERY`] until `cancel`. A store that
 /// does not answer leaves them as they were (`tidings_database_up` says so).
-pub async fn run(core: Core, cancel: CancellationToken) {
+pub async fn run(core: Services, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -45,7 +45,7 @@ use tidings_protocol::identity::ServerIdentity;
 
 /// The handles every service works with. Cloning is shallow.
 #[derive(Debug, Clone)]
-pub struct Core {
+pub struct Services {
     inner: Arc<Inner>,
 }
 
@@ -58,15 +58,15 @@ struct Inner {
     broker: Broker,
     registry: Arc<Registry>,
     limits: Arc<limits::Limits>,
-    server: Arc<ServerIdentity>,
+    identity: Arc<ServerIdentity>,
     subscriptions: Arc<Subscriptions>,
     shutdown: CancellationToken,
     draining: CancellationToken,
 }
 
-/// What the core is built from (the composition root fills it).
+/// What the services are built from (the composition root fills it).
 #[derive(Debug)]
-pub struct CoreParts {
+pub struct ServiceParts {
     /// Settings.
     pub settings: Settings,
     /// The store.
@@ -75,8 +75,8 @@ pub struct CoreParts {
     pub broker: Broker,
     /// The event-type registry.
     pub registry: Arc<Registry>,
-    /// The server's identity.
-    pub server: Arc<ServerIdentity>,
+    /// This server's identity.
+    pub identity: Arc<ServerIdentity>,
     /// The `system/subscription` handler.
     pub subscriptions: Arc<Subscriptions>,
     /// Cancelled on shutdown: sessions end on it.
@@ -85,11 +85,11 @@ pub struct CoreParts {
     pub draining: CancellationToken,
 }
 
-impl Core {
+impl Services {
     /// Bundles the handles and starts the group committers of publishes
     /// and tree writes (so it is called inside the runtime).
-    pub fn new(parts: CoreParts) -> Self {
-        let CoreParts { settings, store, broker, registry, server, subscriptions, shutdown, draining } = parts;
+    pub fn new(parts: ServiceParts) -> Self {
+        let ServiceParts { settings, store, broker, registry, identity, subscriptions, shutdown, draining } = parts;
         let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
         let group = crate::store::group::GroupSettings {
             max_events: settings.publish_group_events as usize,
@@ -107,7 +107,7 @@ impl Core {
                 broker,
                 registry,
                 limits,
-                server,
+                identity,
                 subscriptions,
                 shutdown,
                 draining,
@@ -150,9 +150,9 @@ impl Core {
         &self.inner.limits
     }
 
-    /// The server's identity.
-    pub fn server(&self) -> &Arc<ServerIdentity> {
-        &self.inner.server
+    /// This server's identity (its key and `system/identity` entity).
+    pub fn identity(&self) -> &Arc<ServerIdentity> {
+        &self.inner.identity
     }
 
     /// The `system/subscription` handler.

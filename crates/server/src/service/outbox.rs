@@ -14,7 +14,7 @@ use std::time::Duration;
 use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::Core;
+use super::Services;
 use super::error::Refusal as _;
 use super::publish::{PublishError, registered_records};
 use crate::metrics as m;
@@ -35,7 +35,7 @@ const BUSY: Duration = Duration::from_millis(2);
 
 /// Moves the outbox whenever `tidings.publish` commits (and every
 /// [`SWEEP`]) until `cancel`; nothing on a store without one.
-pub async fn run_mover(core: Core, cancel: CancellationToken) {
+pub async fn run_mover(core: Services, cancel: CancellationToken) {
     let Some(wake) = core.store().outbox_wakeups() else { return };
     let mut sweep = tokio::time::interval(SWEEP);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -92,7 +92,7 @@ pub async fn run_mover(core: Core, cancel: CancellationToken) {
 }
 
 /// What one row becomes.
-fn decide(core: &Core, row: &OutboxRow) -> OutboxDecision {
+fn decide(core: &Services, row: &OutboxRow) -> OutboxDecision {
     match prepare(core, row) {
         Ok(publish) => OutboxDecision::Publish(publish),
         Err(e) => {
@@ -102,7 +102,7 @@ fn decide(core: &Core, row: &OutboxRow) -> OutboxDecision {
     }
 }
 
-fn prepare(core: &Core, row: &OutboxRow) -> Result<Publish, PublishError> {
+fn prepare(core: &Services, row: &OutboxRow) -> Result<Publish, PublishError> {
     let value: serde_json::Value = serde_json::from_str(&row.event).map_err(|e| PublishError::MalformedJson(e.to_string()))?;
     let request: PublishRequest = crate::json::from_object(value).map_err(|e| PublishError::InvalidEvent(e.to_string()))?;
     let now = chrono::DateTime::from_timestamp_millis(row.created_ms).unwrap_or_else(chrono::Utc::now);
@@ -126,7 +126,7 @@ fn prepare(core: &Core, row: &OutboxRow) -> Result<Publish, PublishError> {
         body_hash: Sha256::digest(row.event.as_bytes()).into(),
         answer: vec![0],
         now_ms: chrono::Utc::now().timestamp_millis(),
-        window_ms: i64::try_from(core.settings().idempotency_window.as_millis()).unwrap_or(i64::MAX),
+        window_ms: i64::try_from(core.settings().history.idempotency_window.as_millis()).unwrap_or(i64::MAX),
     });
     Ok(Publish { records, key })
 }

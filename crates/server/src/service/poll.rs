@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::Core;
+use super::Services;
 use super::error::{InvalidField, Kind, Refusal};
 use super::gap::told_at_epoch_change;
 use super::session::{End, Gap, Item, Session, Start};
@@ -177,7 +177,7 @@ pub fn until_expiry(caller: &Identity) -> Duration {
 }
 
 /// Answers one poll for `caller`.
-pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Result<PollPage, PollError> {
+pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> Result<PollPage, PollError> {
     if let Some(id) = &request.consumer_id {
         check_consumer_id(id)?;
     }
@@ -342,7 +342,7 @@ pub async fn poll(core: &Core, caller: &Identity, request: PollRequest) -> Resul
 /// and it is told here what the opening would have told it (see
 /// [`Gap::at_epoch_change`]). A store that cannot say keeps the page as
 /// it is: the consumer's next opening tells it then.
-async fn begun_while_waiting(core: &Core, cursor: EventId, epoch: i32, end: EventId) -> Option<Gap> {
+async fn begun_while_waiting(core: &Services, cursor: EventId, epoch: i32, end: EventId) -> Option<Gap> {
     let bounds = core.store().bounds().await.ok()?;
     if bounds.epoch <= epoch {
         return None;
@@ -356,7 +356,7 @@ async fn begun_while_waiting(core: &Core, cursor: EventId, epoch: i32, end: Even
 
 /// Confirms everything up to `cursor` on consumer `id`; answers the cursor
 /// after the ack.
-pub async fn ack(core: &Core, caller: &Identity, id: &str, cursor: EventId) -> Result<EventId, PollError> {
+pub async fn ack(core: &Services, caller: &Identity, id: &str, cursor: EventId) -> Result<EventId, PollError> {
     check_consumer_id(id)?;
     let key = key(&caller.sub, id);
     let started = crate::telemetry::tracer().map(|_| std::time::SystemTime::now());
@@ -379,7 +379,7 @@ const SETTLED_SCAN: usize = 1_000;
 /// span, linked to each traced event it settled (the consumer's events in
 /// the stretch, through its filter and the caller's grants, as its polls
 /// read them). Nothing when no event of the stretch was traced.
-async fn settled(core: &Core, caller: &Identity, id: &str, moved: &Moved, started: std::time::SystemTime) {
+async fn settled(core: &Services, caller: &Identity, id: &str, moved: &Moved, started: std::time::SystemTime) {
     use opentelemetry::KeyValue;
     let Ok(stretch) = usize::try_from(moved.cursor - moved.before) else { return };
     if stretch == 0 {
@@ -420,7 +420,7 @@ async fn settled(core: &Core, caller: &Identity, id: &str, moved: &Moved, starte
 
 /// Deletes consumer `id` of `owner` (the caller's own when `None`; only an
 /// admin may name another owner, anyone else finds no such consumer).
-pub async fn delete(core: &Core, caller: &Identity, id: &str, owner: Option<&str>) -> Result<(), PollError> {
+pub async fn delete(core: &Services, caller: &Identity, id: &str, owner: Option<&str>) -> Result<(), PollError> {
     check_consumer_id(id)?;
     let owner = owner.unwrap_or(&caller.sub);
     if owner != caller.sub && !caller.admin {
@@ -433,7 +433,7 @@ pub async fn delete(core: &Core, caller: &Identity, id: &str, owner: Option<&str
 }
 
 /// The head and every consumer `caller` may see (all of them for an admin).
-pub async fn list(core: &Core, caller: &Identity) -> Result<(EventId, Vec<Consumer>), PollError> {
+pub async fn list(core: &Services, caller: &Identity) -> Result<(EventId, Vec<Consumer>), PollError> {
     let head = core.store().head().await?;
     let mut consumers = core.store().consumer_list(actor(caller)).await?;
     for c in &mut consumers {

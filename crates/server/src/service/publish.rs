@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::Core;
+use super::Services;
 use super::error::{Kind, Refusal};
 use super::limits::LimitError;
 use crate::auth::Identity;
@@ -194,7 +194,7 @@ pub fn valid_idempotency_key(key: &str) -> bool {
 /// the events are stored with, so their later spans and their receivers
 /// continue from it.
 pub async fn publish(
-    core: &Core,
+    core: &Services,
     caller: &Identity,
     body: &[u8],
     idempotency_key: Option<&str>,
@@ -226,7 +226,7 @@ pub async fn publish(
 /// [`publish`] with `trace` the context the events are stored with and
 /// `span` the publish's span, if any.
 async fn publish_as(
-    core: &Core,
+    core: &Services,
     caller: &Identity,
     body: &[u8],
     idempotency_key: Option<&str>,
@@ -315,7 +315,7 @@ async fn publish_as(
             body_hash: Sha256::digest(body).into(),
             answer: primary.clone(),
             now_ms,
-            window_ms: i64::try_from(core.settings().idempotency_window.as_millis()).unwrap_or(i64::MAX),
+            window_ms: i64::try_from(core.settings().history.idempotency_window.as_millis()).unwrap_or(i64::MAX),
         }
     });
     let ids = match core.appender().publish(Publish { records, key }, span).await? {

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::Core;
+use super::Services;
 pub use super::gap::{Gap, GapReason};
 use super::limits::StreamPermit;
 use crate::broker::{Broker, Detached, Frame, SubscribeOptions, Subscription};
@@ -48,7 +48,7 @@ pub enum Start {
     After(EventId),
 }
 
-/// How a session behaves; [`Core::session_options`] fills the defaults from
+/// How a session behaves; [`Services::session_options`] fills the defaults from
 /// the settings.
 #[derive(Debug)]
 pub struct SessionOptions {
@@ -200,7 +200,7 @@ struct Aside {
     delivering: Option<opentelemetry_sdk::trace::Span>,
 }
 
-impl Core {
+impl Services {
     /// Session options from the settings, for `transport`.
     pub fn session_options(&self, transport: &'static str) -> SessionOptions {
         let s = self.settings();
@@ -254,7 +254,7 @@ impl Session {
     /// Opens a session for `filter` (already intersected with what the
     /// caller may receive). A live session is registered before the head is
     /// read, so nothing committed in between is missed.
-    pub async fn open(core: &Core, filter: Arc<Filter>, start: Start, options: SessionOptions) -> Result<Self, StoreError> {
+    pub async fn open(core: &Services, filter: Arc<Filter>, start: Start, options: SessionOptions) -> Result<Self, StoreError> {
         let broker = core.broker().clone();
         let store = core.store();
         let subscription =

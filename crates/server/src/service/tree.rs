@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Core;
+use super::Services;
 use super::error::{Kind, Refusal};
 use crate::auth::Identity;
 use crate::store::{ChangeKind, Condition, StoreError, TreeEntry, TreeOutcome, TreeWrite};
@@ -144,7 +144,7 @@ fn agent(caller: &Identity) -> Agent {
 }
 
 /// The entity at `path`.
-pub async fn get(core: &Core, caller: &Identity, path: &str) -> Result<TreeEntry, TreeError> {
+pub async fn get(core: &Services, caller: &Identity, path: &str) -> Result<TreeEntry, TreeError> {
     require(caller.may_subscribe(names::TREE_UPDATED), "read")?;
     require_system(caller, path)?;
     validate_path(path)?;
@@ -152,7 +152,7 @@ pub async fn get(core: &Core, caller: &Identity, path: &str) -> Result<TreeEntry
 }
 
 /// The children of `dir` (`""` for the root).
-pub async fn list(core: &Core, caller: &Identity, dir: &str) -> Result<Listing, TreeError> {
+pub async fn list(core: &Services, caller: &Identity, dir: &str) -> Result<Listing, TreeError> {
     require(caller.may_subscribe(names::TREE_UPDATED), "read")?;
     require_system(caller, dir)?;
     if !dir.is_empty() {
@@ -186,7 +186,7 @@ pub async fn list(core: &Core, caller: &Identity, dir: &str) -> Result<Listing, 
 /// holds, as `caller`, in causal chain `chain_id`; its change event
 /// carries `trace`, the writer's W3C trace context, if any.
 pub async fn put(
-    core: &Core,
+    core: &Services,
     caller: &Identity,
     path: &str,
     condition: Condition,
@@ -245,7 +245,7 @@ pub fn check_write(caller: &Identity, path: &str, delete: bool) -> Result<(), Tr
 /// Deletes the entity at `path` if `condition` holds (its change event
 /// carries `trace`, as [`put`]'s does).
 pub async fn delete(
-    core: &Core,
+    core: &Services,
     caller: &Identity,
     path: &str,
     condition: Condition,
@@ -269,7 +269,7 @@ fn traced(event: ChangeEvent, trace: Option<TraceContext>) -> ChangeEvent {
     }
 }
 
-fn written(core: &Core, path: &str, outcome: TreeOutcome, hash: Option<String>) -> Result<Written, TreeError> {
+fn written(core: &Services, path: &str, outcome: TreeOutcome, hash: Option<String>) -> Result<Written, TreeError> {
     match outcome {
         TreeOutcome::Done { kind, previous_hash, event_id } => {
             core.broker().wake();

@@ -564,14 +564,13 @@ impl<T: EventLog + ConsumerStore + TreeStore + FederationStore> Store for T {}
 /// background half of `TIDINGS_RETENTION`), and the idempotency keys older
 /// than `idempotency_window`. Failures are logged and retried at the next
 /// tick: retention is housekeeping, never a reason to stop.
-pub async fn run_retention(
-    store: Arc<dyn Store>,
-    retention: crate::config::Retention,
-    idempotency_window: std::time::Duration,
-    set_aside_retention: std::time::Duration,
-    every: std::time::Duration,
-    cancel: CancellationToken,
-) {
+pub async fn run_retention(store: Arc<dyn Store>, settings: crate::config::HistorySettings, cancel: CancellationToken) {
+    let crate::config::HistorySettings {
+        retention,
+        idempotency_window,
+        outbox_set_aside_retention: set_aside_retention,
+        retention_interval: every,
+    } = settings;
     // The first pass one interval after start, not at once: a server that
     // starts and stops at once has nothing to prune.
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
