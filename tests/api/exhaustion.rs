@@ -84,7 +84,7 @@ async fn abandoned_long_polls_give_their_places_back(backend: Backend) {
     use tokio::io::AsyncWriteExt as _;
     let app = spawn_app_with(backend, |s| {
         s.max_streams = 2;
-        s.poll_max_wait = std::time::Duration::from_secs(120);
+        s.poll.poll_max_wait = std::time::Duration::from_secs(120);
     })
     .await;
     let post = |path: &str, body: Value, accept: &str| {
@@ -137,7 +137,7 @@ async fn abandoned_long_polls_give_their_places_back(backend: Backend) {
 /// page once (as structured content; its text only says what it holds).
 /// Each poll holds a place in its identity's stream limit while it reads.
 async fn poll_pages_are_bounded_in_bytes_on_every_transport(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.poll_max_bytes = 64 * 1024).await;
+    let app = spawn_app_with(backend, |s| s.poll.poll_max_bytes = 64 * 1024).await;
     let big = "x".repeat(10_000);
     let mut ids = Vec::new();
     for i in 0..20 {
@@ -501,7 +501,7 @@ async fn one_identity_cannot_create_consumers_without_bound(backend: Backend) {
     use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(backend, |s| {
         s.jwt_hs256_secret = Some(SECRET.into());
-        s.max_consumers_per_identity = 3;
+        s.poll.max_consumers_per_identity = 3;
     })
     .await;
     let (greedy, other) = (token("greedy", json!({"subscribe": ["**"]})), token("other", json!({"subscribe": ["**"]})));

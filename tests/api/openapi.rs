@@ -60,7 +60,7 @@ async fn schemathesis_finds_no_disagreement(backend: Backend) {
         .expect("TIDINGS_TEST_SCHEMATHESIS is not set: run the suite with scripts/test, which installs schemathesis");
     // Short polls, small batches: the generated requests stay quick.
     let app = spawn_app_with(backend, |s| {
-        s.poll_max_wait = std::time::Duration::from_millis(200);
+        s.poll.poll_max_wait = std::time::Duration::from_millis(200);
         s.max_batch = 16;
     })
     .await;

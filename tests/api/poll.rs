@@ -167,7 +167,7 @@ async fn cursor_rules(backend: Backend) {
 }
 
 async fn expiry_answers_410(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.consumer_ttl = Duration::from_millis(300)).await;
+    let app = spawn_app_with(backend, |s| s.poll.consumer_ttl = Duration::from_millis(300)).await;
     assert_eq!(get(&app, "consumer_id=sleepy").await.0, 200);
     let id = app.publish("comment.posted", json!({})).await;
     // Collected by the sweep (or on access) after 300 ms of silence.

@@ -254,8 +254,8 @@ fn check(what: &str, answer: &[u8], started: std::time::Instant) {
 async fn limits_on_batches_filters_and_poll_scans(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
         s.max_batch = 3;
-        s.max_filter_list = 2;
-        s.poll_max_scan = 5;
+        s.filters.max_filter_list = 2;
+        s.poll.poll_max_scan = 5;
         s.read_batch = 5;
     })
     .await;

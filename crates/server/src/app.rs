@@ -228,7 +228,7 @@ impl Application {
             },
         };
         let history = settings.history.clone();
-        let consumer_ttl = settings.consumer_ttl;
+        let consumer_ttl = settings.poll.consumer_ttl;
         let background = Background {
             health_probe: settings.health_probe_interval,
             engine: crate::federation::engine::EngineSettings::from_settings(&settings.federation, &settings.public_url),

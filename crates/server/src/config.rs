@@ -146,6 +146,78 @@ fn byte_size(s: &str) -> Result<usize, String> {
     digits.trim().parse::<usize>().map(|n| n * factor).map_err(|_| format!("{s:?} is not a size (write 65536, 64KiB or 1MiB)"))
 }
 
+/// What one filter may ask (docs/streams.md, "Filters"), flattened into
+/// [`Settings`] under the same environment names.
+#[derive(Debug, Clone, Args)]
+pub struct FilterSettings {
+    /// Longest `filter=` JSON, in bytes.
+    #[arg(long, env = "TIDINGS_MAX_FILTER_BYTES", default_value = "16KiB", value_parser = byte_size)]
+    pub max_filter_bytes: usize,
+
+    /// Most entries in one filter list (`types`, `agents`, `targets`).
+    #[arg(long, env = "TIDINGS_MAX_FILTER_LIST", default_value_t = 256)]
+    pub max_filter_list: usize,
+
+    /// Deepest nesting of a payload rule (JsonLogic).
+    #[arg(long, env = "TIDINGS_MAX_RULE_DEPTH", default_value_t = 32)]
+    pub max_rule_depth: usize,
+
+    /// Most nodes in a payload rule (JsonLogic).
+    #[arg(long, env = "TIDINGS_MAX_RULE_NODES", default_value_t = 1024)]
+    pub max_rule_nodes: usize,
+
+    /// Most bytes one evaluation of a payload rule may build (strings, arrays), and most loop steps it may
+    /// take (one per two bytes of the event, per node of the loop bodies, estimated before it runs);
+    /// beyond, the event does not match that client, it is counted (`tidings_filter_budget_exceeded_total`,
+    /// logged once per rule), and the client is told once (`system.filter_budget_exceeded {budget}` on SSE,
+    /// `stream.filter_budget_exceeded` on WebSocket). Loops (`map`, `filter`, `reduce`, `all`, `some`,
+    /// `none`) may not nest.
+    #[arg(long, env = "TIDINGS_RULE_BUDGET", default_value = "1MiB", value_parser = byte_size)]
+    pub rule_budget: usize,
+}
+
+impl FilterSettings {
+    /// The limits every filter is checked against.
+    pub fn limits(&self) -> crate::filter::FilterLimits {
+        crate::filter::FilterLimits {
+            max_bytes: self.max_filter_bytes,
+            max_list: self.max_filter_list,
+            rule: crate::filter::RuleLimits { max_depth: self.max_rule_depth, max_nodes: self.max_rule_nodes, budget: self.rule_budget },
+        }
+    }
+}
+
+/// Long-polls and durable consumers (docs/polling.md), flattened into
+/// [`Settings`] under the same environment names.
+#[derive(Debug, Clone, Args)]
+pub struct PollSettings {
+    /// Durable consumers silent this long are collected (resuming one without `since` then answers `410`).
+    #[arg(long, env = "TIDINGS_CONSUMER_TTL", default_value = "7d", value_parser = duration)]
+    pub consumer_ttl: Duration,
+
+    /// Most events one poll returns (`limit` is capped here).
+    #[arg(long, env = "TIDINGS_POLL_MAX_LIMIT", default_value_t = 1000)]
+    pub poll_max_limit: usize,
+
+    /// Most bytes of events one poll (or `sync.delta` page) returns, at least one event (`has_more` past
+    /// it).
+    #[arg(long, env = "TIDINGS_POLL_MAX_BYTES", default_value = "4MiB", value_parser = byte_size)]
+    pub poll_max_bytes: usize,
+
+    /// Longest a poll may wait (`wait_ms` is capped here).
+    #[arg(long, env = "TIDINGS_POLL_MAX_WAIT", default_value = "60s", value_parser = duration)]
+    pub poll_max_wait: Duration,
+
+    /// Most rows one poll scans before answering `has_more` with its scan position.
+    #[arg(long, env = "TIDINGS_POLL_MAX_SCAN", default_value_t = 100_000)]
+    pub poll_max_scan: usize,
+
+    /// Durable consumers one identity keeps; a new one beyond is `429 too_many_consumers` (its existing
+    /// ones poll on).
+    #[arg(long, env = "TIDINGS_MAX_CONSUMERS_PER_IDENTITY", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_consumers_per_identity: u32,
+}
+
 /// How long history and what remembers it are kept (docs/operations.md),
 /// flattened into [`Settings`] under the same environment names.
 #[derive(Debug, Clone, Args)]
@@ -362,55 +434,9 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_PUBLISH_GROUP_DELAY", default_value = "0ms", value_parser = duration)]
     pub publish_group_delay: Duration,
 
-    /// Longest `filter=` JSON, in bytes.
-    #[arg(long, env = "TIDINGS_MAX_FILTER_BYTES", default_value = "16KiB", value_parser = byte_size)]
-    pub max_filter_bytes: usize,
-
-    /// Most entries in one filter list (`types`, `agents`, `targets`).
-    #[arg(long, env = "TIDINGS_MAX_FILTER_LIST", default_value_t = 256)]
-    pub max_filter_list: usize,
-
-    /// Deepest nesting of a payload rule (JsonLogic).
-    #[arg(long, env = "TIDINGS_MAX_RULE_DEPTH", default_value_t = 32)]
-    pub max_rule_depth: usize,
-
-    /// Most nodes in a payload rule (JsonLogic).
-    #[arg(long, env = "TIDINGS_MAX_RULE_NODES", default_value_t = 1024)]
-    pub max_rule_nodes: usize,
-
-    /// Most bytes one evaluation of a payload rule may build (strings, arrays), and most loop steps it may
-    /// take (one per two bytes of the event, per node of the loop bodies, estimated before it runs);
-    /// beyond, the event does not match that client, it is counted (`tidings_filter_budget_exceeded_total`,
-    /// logged once per rule), and the client is told once (`system.filter_budget_exceeded {budget}` on SSE,
-    /// `stream.filter_budget_exceeded` on WebSocket). Loops (`map`, `filter`, `reduce`, `all`, `some`,
-    /// `none`) may not nest.
-    #[arg(long, env = "TIDINGS_RULE_BUDGET", default_value = "1MiB", value_parser = byte_size)]
-    pub rule_budget: usize,
-
     /// Rows per store read (broker and replay).
     #[arg(long, env = "TIDINGS_READ_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub read_batch: u32,
-
-    /// Durable consumers silent this long are collected (resuming one without `since` then answers `410`).
-    #[arg(long, env = "TIDINGS_CONSUMER_TTL", default_value = "7d", value_parser = duration)]
-    pub consumer_ttl: Duration,
-
-    /// Most events one poll returns (`limit` is capped here).
-    #[arg(long, env = "TIDINGS_POLL_MAX_LIMIT", default_value_t = 1000)]
-    pub poll_max_limit: usize,
-
-    /// Most bytes of events one poll (or `sync.delta` page) returns, at least one event (`has_more` past
-    /// it).
-    #[arg(long, env = "TIDINGS_POLL_MAX_BYTES", default_value = "4MiB", value_parser = byte_size)]
-    pub poll_max_bytes: usize,
-
-    /// Longest a poll may wait (`wait_ms` is capped here).
-    #[arg(long, env = "TIDINGS_POLL_MAX_WAIT", default_value = "60s", value_parser = duration)]
-    pub poll_max_wait: Duration,
-
-    /// Most rows one poll scans before answering `has_more` with its scan position.
-    #[arg(long, env = "TIDINGS_POLL_MAX_SCAN", default_value_t = 100_000)]
-    pub poll_max_scan: usize,
 
     /// Longest a client may take to send a request head (a deadline from the connection, not per byte: a
     /// slowloris guard); also the TLS handshake's deadline, and how long an HTTP/2 connection may stay with
@@ -462,11 +488,6 @@ pub struct Settings {
     #[arg(long, env = "TIDINGS_SERVER_KEY_FILE")]
     pub server_key_file: Option<PathBuf>,
 
-    /// Durable consumers one identity keeps; a new one beyond is `429 too_many_consumers` (its existing
-    /// ones poll on).
-    #[arg(long, env = "TIDINGS_MAX_CONSUMERS_PER_IDENTITY", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_consumers_per_identity: u32,
-
     /// Concurrent streams in total (waiting long-polls and not yet authenticated WebSockets count); beyond,
     /// `503` with `Retry-After`.
     #[arg(long, env = "TIDINGS_MAX_STREAMS", default_value_t = 50_000)]
@@ -488,6 +509,14 @@ pub struct Settings {
     /// and the bound address).
     #[arg(long, env = "TIDINGS_PUBLIC_URL", default_value = "")]
     pub public_url: String,
+
+    /// What one filter may ask.
+    #[command(flatten)]
+    pub filters: FilterSettings,
+
+    /// Long-polls and durable consumers.
+    #[command(flatten)]
+    pub poll: PollSettings,
 
     /// History's retention, and what remembers publishes.
     #[command(flatten)]

@@ -172,16 +172,11 @@ impl Services {
 
     /// The filter limits from the settings.
     pub fn filter_limits(&self) -> FilterLimits {
-        let s = &self.inner.settings;
-        FilterLimits {
-            max_bytes: s.max_filter_bytes,
-            max_list: s.max_filter_list,
-            rule: crate::filter::RuleLimits { max_depth: s.max_rule_depth, max_nodes: s.max_rule_nodes, budget: s.rule_budget },
-        }
+        self.inner.settings.filters.limits()
     }
 
     /// The consumer TTL in milliseconds.
     pub fn consumer_ttl_ms(&self) -> i64 {
-        self.inner.settings.consumer_ttl.as_millis().min(i64::MAX as u128) as i64
+        self.inner.settings.poll.consumer_ttl.as_millis().min(i64::MAX as u128) as i64
     }
 }

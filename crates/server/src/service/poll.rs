@@ -184,10 +184,10 @@ pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> R
     let settings = core.settings();
     let limit = match request.limit {
         Some(0) => return Err(InvalidField::new("invalid_limit", "limit must be at least 1").into()),
-        Some(n) => (n as usize).min(settings.poll_max_limit),
-        None => 100.min(settings.poll_max_limit),
+        Some(n) => (n as usize).min(settings.poll.poll_max_limit),
+        None => 100.min(settings.poll.poll_max_limit),
     };
-    let wait = Duration::from_millis(request.wait_ms.unwrap_or(0)).min(settings.poll_max_wait);
+    let wait = Duration::from_millis(request.wait_ms.unwrap_or(0)).min(settings.poll.poll_max_wait);
     let since =
         request.since.map(|s| EventId::try_from(s).map_err(|_| InvalidField::new("invalid_since", "since is too large"))).transpose()?;
     m::poll_request();
@@ -221,7 +221,7 @@ pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> R
                 .store()
                 .consumer_open(ConsumerOpen {
                     id: &key,
-                    max_owned: settings.max_consumers_per_identity,
+                    max_owned: settings.poll.max_consumers_per_identity,
                     filter_json: request.filter_json.as_deref().map(Some),
                     since,
                     expire_before_ms: now_ms() - core.consumer_ttl_ms(),
@@ -232,7 +232,7 @@ pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> R
             match opened {
                 Opened::Expired => return Err(PollError::Expired),
                 Opened::Forbidden => return Err(PollError::NotOwner(id.clone())),
-                Opened::TooMany => return Err(PollError::TooManyConsumers(settings.max_consumers_per_identity)),
+                Opened::TooMany => return Err(PollError::TooManyConsumers(settings.poll.max_consumers_per_identity)),
                 // `since` (already confirmed) wins; otherwise resume after the cursor.
                 Opened::Ready(consumer) => {
                     if since.is_none() && consumer.read_epoch < consumer.epoch {
@@ -260,7 +260,7 @@ pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> R
     let mut options = core.session_options("poll");
     options.live = !wait.is_zero();
     options.heartbeat = None;
-    options.scan_budget = Some(settings.poll_max_scan);
+    options.scan_budget = Some(settings.poll.poll_max_scan);
     options.permit = permit;
     let mut session = Session::open(core, filter, Start::After(after), options).await?;
     // The wait ends at the token's expiry, whatever was asked: nothing is
@@ -283,12 +283,12 @@ pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> R
                 let before = events.len();
                 events.extend(frames);
                 bytes += events[before..].iter().map(|e| e.envelope.len()).sum::<usize>();
-                if bytes > settings.poll_max_bytes && events.len() > 1 {
+                if bytes > settings.poll.poll_max_bytes && events.len() > 1 {
                     // Past the byte bound: as many as fit (one at least).
                     let mut kept = 0usize;
                     let fit = events.iter().take_while(|e| {
                         kept += e.envelope.len();
-                        kept <= settings.poll_max_bytes
+                        kept <= settings.poll.poll_max_bytes
                     });
                     let fit = fit.count().max(1);
                     events.truncate(fit.min(limit));

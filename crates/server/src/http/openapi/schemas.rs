@@ -152,7 +152,7 @@ fn hash() -> Value {
 
 /// The body schema of each operation that takes one.
 fn body_schema(method: &str, path: &str, settings: &Settings) -> Option<Value> {
-    let max_list = settings.max_filter_list;
+    let max_list = settings.filters.max_filter_list;
     Some(match (method, path) {
         ("post", "/v1/events") => json!({"oneOf": [
             event_schema(),
@@ -201,7 +201,7 @@ fn body_schema(method: &str, path: &str, settings: &Settings) -> Option<Value> {
 
 /// The schema of a parameter, by where it is and its name.
 fn parameter_schema(location: &str, name: &str, method: &str, settings: &Settings) -> Option<Value> {
-    let max_list = settings.max_filter_list;
+    let max_list = settings.filters.max_filter_list;
     let any_entry = r"[^,\t\n\f\r ](?:[^,]*[^,\t\n\f\r ])?";
     Some(match (location, name) {
         // A GET of a path ending in `/` lists its children.
@@ -334,7 +334,10 @@ pub(crate) fn refine(doc: &mut Value, settings: &Settings) {
                     // A JSON filter in the query: described by its content.
                     if let Some(p) = parameter.as_object_mut() {
                         p.remove("schema");
-                        p.insert("content".into(), json!({"application/json": {"schema": filter_schema(settings.max_filter_list)}}));
+                        p.insert(
+                            "content".into(),
+                            json!({"application/json": {"schema": filter_schema(settings.filters.max_filter_list)}}),
+                        );
                     }
                 } else if let Some(schema) = parameter_schema(location, name, method, settings) {
                     parameter["schema"] = schema;
