@@ -375,6 +375,9 @@ pub async fn ack(core: &Services, caller: &Identity, id: &str, cursor: EventId) 
 /// stretch is one span linked to the traced events among its first ones.
 const SETTLED_SCAN: usize = 1_000;
 
+/// Rows an ack's span reads at a time (each at most `TIDINGS_MAX_PAYLOAD`).
+const SETTLED_PAGE: usize = 16;
+
 /// Records the span of an ack that confirmed `moved` on consumer `id`: one
 /// span, linked to each traced event it settled (the consumer's events in
 /// the stretch, through its filter and the caller's grants, as its polls
@@ -393,18 +396,28 @@ async fn settled(core: &Services, caller: &Identity, id: &str, moved: &Moved, st
         None => Filter::any(),
     };
     let filter = caller.restrict(filter);
-    let Ok(records) = core.store().read_history(moved.before, stretch.min(SETTLED_SCAN)).await else { return };
-    let events: Vec<_> = records
-        .iter()
-        .filter(|r| r.id <= moved.cursor)
-        .filter_map(|r| tidings_protocol::event::Event::from_stored(r.id, &r.body, r.recorded_ms).ok())
-        .filter(|e| filter.matches(&e.body))
-        .collect();
-    let contexts: Vec<_> = events.iter().map(crate::broker::trace_of).collect();
+    // Read in small pages, keeping only each settled event's trace
+    // context: an ack holds at most one page of rows (a poll page is
+    // bounded in bytes the same way), however many acks run at once.
+    let (mut contexts, mut settled_count, mut after, mut scanned) = (Vec::new(), 0i64, moved.before, 0usize);
+    while after < moved.cursor && scanned < stretch.min(SETTLED_SCAN) {
+        let Ok(page) = core.store().read_history(after, SETTLED_PAGE).await else { return };
+        let Some(last) = page.last() else { break };
+        after = last.id;
+        scanned += page.len();
+        for record in page.iter().filter(|r| r.id <= moved.cursor) {
+            if let Ok(event) = tidings_protocol::event::Event::from_stored(record.id, &record.body, record.recorded_ms)
+                && filter.matches(&event.body)
+            {
+                settled_count += 1;
+                contexts.push(crate::broker::trace_of(&event));
+            }
+        }
+    }
     let attributes = vec![
         KeyValue::new("messaging.operation.type", "settle"),
         KeyValue::new("messaging.consumer.group.name", id.to_owned()),
-        KeyValue::new("messaging.batch.message_count", events.len() as i64),
+        KeyValue::new("messaging.batch.message_count", settled_count),
         KeyValue::new("tidings.transport", "poll"),
         KeyValue::new("tidings.cursor.before", moved.before),
         KeyValue::new("tidings.cursor", moved.cursor),
