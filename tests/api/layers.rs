@@ -256,6 +256,25 @@ fn the_protocol_crate_is_the_wire_contract_alone() {
     assert!(!lib.contains("pub use tidings_protocol"), "the server re-exports the protocol crate under local names");
 }
 
+/// The top level is the layout the project was specified with
+/// (`Cargo.toml`, `src`, `migrations`, `registry`, `tests`, `deploy`,
+/// `README.md`): the schema lives in `migrations/`, one place for both
+/// stores, and the server crate embeds it from there.
+#[test]
+fn the_top_level_is_the_specified_layout() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for top in ["Cargo.toml", "src", "migrations", "registry", "tests", "deploy", "README.md"] {
+        assert!(root.join(top).exists(), "{top} is not at the top level");
+    }
+    assert!(!root.join("crates/server/migrations").exists(), "a second home for the schema");
+    for (store, file) in [("postgres", "store/postgres/migrate.rs"), ("embedded", "store/embedded/mod.rs")] {
+        let applied = std::fs::read_dir(root.join("migrations").join(store)).unwrap().count();
+        let code = std::fs::read_to_string(Path::new(SRC).join(file)).unwrap();
+        let embedded = code.matches(&format!("\"../../../../../migrations/{store}/")).count();
+        assert!(applied > 10 && embedded == applied, "{store}: {applied} files, {embedded} embedded from the top level");
+    }
+}
+
 /// Every `.rs` file of the workspace's crates, with its text minus its unit
 /// tests and comments.
 fn workspace_sources() -> Vec<(String, String)> {

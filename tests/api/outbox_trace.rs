@@ -92,7 +92,7 @@ async fn the_migration_keeps_every_role_s_right_to_publish() {
     )
     .await
     .unwrap();
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/crates/server/migrations/postgres");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/postgres");
     let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     for file in files {
