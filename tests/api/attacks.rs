@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::{Map, Value, json};
 
 use crate::both_stores;
+use crate::helpers::federation::{Peer, Subscribe, inbox_grant, server_hash};
 use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
-use crate::subscriptions::{Peer, Subscribe, inbox_grant, server_hash};
 
 both_stores!(
     a_cross_origin_page_cannot_make_the_server_send_its_tree_away,
@@ -179,7 +179,7 @@ async fn the_server_calls_only_hosts_the_admin_allowed(backend: Backend) {
 /// and an admin see it, over a poll, a replaying stream and a live one.
 async fn notifications_reach_only_their_subscriber_and_admins(backend: Backend) {
     use crate::helpers::tokens::{SECRET, token};
-    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await;
+    let app = spawn_app_with(backend, |s| s.auth.jwt_hs256_secret = Some(SECRET.into())).await;
     let admin = token("ops", json!({"admin": true, "publish": ["**"], "subscribe": ["**"], "visibility": "admin"}));
     let subscriber = Peer::new();
     let nosy = token("mallory", json!({"subscribe": ["subscription.notification"]}));
@@ -259,7 +259,7 @@ async fn peers_and_mirrors_show_only_to_admins(backend: Backend) {
     use crate::helpers::tokens::{SECRET, token};
     let peer = Peer::new();
     let app = spawn_app_with(backend, |s| {
-        s.jwt_hs256_secret = Some(SECRET.into());
+        s.auth.jwt_hs256_secret = Some(SECRET.into());
         s.federation.peers = tidings_server::config::Peers(vec![tidings_protocol::peer::Peer {
             hash: peer.hash.clone(),
             endpoint: "http://127.0.0.1:9".into(),
@@ -287,8 +287,8 @@ async fn a_page_over_plain_http_is_not_the_tls_servers_origin(backend: Backend) 
     let (cert, key) = crate::tls::certificate(certs.path());
     let pem = std::fs::read(&cert).unwrap();
     let tls = spawn_app_with(backend, |s| {
-        s.tls_cert_file = Some(cert.clone().into());
-        s.tls_key_file = Some(key.into());
+        s.http.tls_cert_file = Some(cert.clone().into());
+        s.http.tls_key_file = Some(key.into());
     })
     .await;
     let https = reqwest::Client::builder().add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap()).build().unwrap();
@@ -323,7 +323,7 @@ async fn tls_events(http: &reqwest::Client, base: &str) -> usize {
 /// `GET /v1/poll?consumer_id=…&since=…` cannot move a consumer's cursor.
 async fn a_cookie_authenticates_only_streams(backend: Backend) {
     use crate::helpers::tokens::{SECRET, token};
-    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await;
+    let app = spawn_app_with(backend, |s| s.auth.jwt_hs256_secret = Some(SECRET.into())).await;
     let alice = token("alice", json!({"subscribe": ["**"], "publish": ["**"]}));
     let r = app.http.get(app.url("/v1/poll?consumer_id=nightly")).bearer_auth(&alice).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -341,7 +341,7 @@ async fn a_cookie_authenticates_only_streams(backend: Backend) {
 /// old one allowed).
 async fn a_reauth_applies_the_new_tokens_grants_at_once(backend: Backend) {
     use crate::helpers::tokens::{SECRET, token};
-    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await;
+    let app = spawn_app_with(backend, |s| s.auth.jwt_hs256_secret = Some(SECRET.into())).await;
     let wide = token("dev", json!({"subscribe": ["**"]}));
     let key = crate::helpers::device::Key::new();
     let mut device = crate::helpers::device::Client::connect_with(&app, &format!("?access_token={wide}")).await;

@@ -91,7 +91,7 @@ async fn an_event_shows_who_acknowledged_it(backend: Backend) {
 }
 
 async fn an_event_is_shown_only_as_its_caller_may_see_it(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await;
+    let app = spawn_app_with(backend, |s| s.auth.jwt_hs256_secret = Some(SECRET.into())).await;
     let admin = token("ops", json!({"admin": true, "publish": ["**"], "subscribe": ["**"], "visibility": "admin"}));
     let alice = token("alice", json!({"subscribe": ["comment.*"]}));
     let bob = token("bob", json!({"subscribe": ["comment.*"]}));

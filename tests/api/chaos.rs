@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 
 use crate::chaos_peers;
 use crate::checker::{self, Follower, Seen};
-use crate::epochs::host_of;
+use crate::helpers::epochs::host_of;
 use crate::helpers::{free_port, process_command};
 use crate::readers;
 
@@ -223,7 +223,7 @@ struct Database {
 
 impl Database {
     async fn pg_ctl(&self, host: usize, args: &[&str]) {
-        crate::epochs::pg_ctl_line(&self.hosts[host].1, args).await;
+        crate::helpers::epochs::pg_ctl_line(&self.hosts[host].1, args).await;
     }
 
     /// Terminates the LISTEN sessions of the campaign's database; how

@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 
 use crate::checker::{self, Seen, Verdict};
 use crate::helpers::Backend;
-use crate::peers::{Server, subscribe_third_party_at};
+use crate::helpers::federation::Peer;
+use crate::helpers::federation::{Server, subscribe_third_party_at};
 use crate::readers;
-use crate::subscriptions::Peer;
 
 /// The inbox the campaign's notifications go to.
 const INBOX: &str = "system/inbox/chaos";

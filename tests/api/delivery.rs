@@ -82,12 +82,12 @@ fn app_shutdown_deadline() -> Duration {
 /// the same time receives everything.
 async fn slow_client_is_dropped_and_resumes(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.client_queue = 8;
+        s.streams.client_queue = 8;
         // Out of reach: only overflow drops the client here (on a loaded
         // machine eight publishes can take longer than a short no-progress
         // timeout, which has its test below).
-        s.slow_client_timeout = Duration::from_secs(120);
-        s.eviction_grace = Duration::from_secs(30);
+        s.streams.slow_client_timeout = Duration::from_secs(120);
+        s.streams.eviction_grace = Duration::from_secs(30);
     })
     .await;
     let mut fast = app.stream("?types=comment.posted", None).await;
@@ -137,9 +137,9 @@ async fn slow_client_is_dropped_and_resumes(backend: Backend) {
 /// dropped by the no-progress timeout rather than by overflow.
 async fn stuck_client_is_dropped_for_no_progress(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.client_queue = 100_000;
-        s.slow_client_timeout = Duration::from_millis(300);
-        s.eviction_grace = Duration::from_secs(30);
+        s.streams.client_queue = 100_000;
+        s.streams.slow_client_timeout = Duration::from_millis(300);
+        s.streams.eviction_grace = Duration::from_secs(30);
     })
     .await;
     let stuck = app.http.get(app.url("/v1/stream?types=comment.posted")).send().await.unwrap();
@@ -196,7 +196,7 @@ async fn resume_older_than_retained_history_is_a_replay_gap(backend: Backend) {
 /// slow client: a live client that keeps reading gets every event, in order,
 /// and is not dropped.
 async fn a_burst_larger_than_the_queue_is_caught_up_not_dropped(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.client_queue = 8).await;
+    let app = spawn_app_with(backend, |s| s.streams.client_queue = 8).await;
     let mut s = app.stream("?types=comment.*", None).await;
     let batch: Vec<Value> = (0..50).map(|i| json!({"event_type": "comment.posted", "payload": {"i": i}})).collect();
     let (status, answer) = app.post_events(&json!({"events": batch})).await;

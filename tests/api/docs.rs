@@ -286,20 +286,9 @@ fn nothing_cites_a_document_outside_the_repository() {
     assert!(found.is_empty(), "citations of documents outside the repository:\n{}", found.join("\n"));
 }
 
-/// Replaces what lies between the line `begin` starts and the line `end`
-/// starts in `docs/<chapter>` with `generated`, when `TIDINGS_BLESS` is
-/// set; otherwise fails when they differ.
+/// The generated part of `docs/<chapter>` ([`crate::helpers::generated_in`]).
 fn generated_in(chapter: &str, begin: &str, end: &str, generated: &str) {
-    let path = Path::new(ROOT).join("docs").join(chapter);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let (head, rest) = text.split_once(begin).unwrap_or_else(|| panic!("docs/{chapter} has {begin:?}"));
-    let (marker_line, rest) = rest.split_once('\n').unwrap();
-    let (committed, tail) = rest.split_once(end).unwrap_or_else(|| panic!("docs/{chapter} has {end:?}"));
-    if std::env::var_os("TIDINGS_BLESS").is_some() {
-        std::fs::write(&path, format!("{head}{begin}{marker_line}\n{generated}{end}{tail}")).unwrap();
-        return;
-    }
-    assert_eq!(committed, generated, "docs/{chapter} differs from what the code generates: run TIDINGS_BLESS=1 cargo test docs::");
+    crate::helpers::generated_in(&format!("docs/{chapter}"), begin, end, generated);
 }
 
 /// The settings table of docs/settings.md is the one the settings'
@@ -308,7 +297,7 @@ fn generated_in(chapter: &str, begin: &str, end: &str, generated: &str) {
 fn the_settings_table_is_generated_from_the_code() {
     generated_in(
         "settings.md",
-        "<!-- generated from crates/server/src/config.rs",
+        "<!-- generated from crates/server/src/config/",
         "<!-- end of the generated settings -->",
         &tidings_server::config::settings_table(),
     );

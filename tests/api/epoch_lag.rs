@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::epochs::{ends, live, publish_within_5s, resume};
 use crate::helpers::device::{self as ws, Key};
+use crate::helpers::epochs::{ends, live, publish_within_5s, resume};
 use crate::helpers::{Backend, spawn_app, spawn_app_with, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,8 +7,8 @@
 use serde_json::{Map, Value, json};
 
 use crate::both_stores;
+use crate::helpers::federation::{Peer, Subscribe, inbox_grant, server_hash};
 use crate::helpers::{Backend, spawn_app, spawn_app_with};
-use crate::subscriptions::{Peer, Subscribe, inbox_grant, server_hash};
 
 both_stores!(
     long_polls_and_silent_websockets_hold_bounded_places,
@@ -30,8 +30,8 @@ both_stores!(
 /// then 1008), giving its place back.
 async fn long_polls_and_silent_websockets_hold_bounded_places(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.max_streams = 2;
-        s.ws_auth_timeout = std::time::Duration::from_secs(1);
+        s.streams.max_streams = 2;
+        s.ws.ws_auth_timeout = std::time::Duration::from_secs(1);
     })
     .await;
     let long_poll = |wait_ms: u32| {
@@ -83,7 +83,7 @@ async fn long_polls_and_silent_websockets_hold_bounded_places(backend: Backend) 
 async fn abandoned_long_polls_give_their_places_back(backend: Backend) {
     use tokio::io::AsyncWriteExt as _;
     let app = spawn_app_with(backend, |s| {
-        s.max_streams = 2;
+        s.streams.max_streams = 2;
         s.poll.poll_max_wait = std::time::Duration::from_secs(120);
     })
     .await;
@@ -181,8 +181,8 @@ async fn poll_pages_are_bounded_in_bytes_on_every_transport(backend: Backend) {
     // A poll holds its identity's place while it reads: with one place
     // and a long-poll waiting, a plain poll of the same identity is refused.
     let app = spawn_app_with(backend, |s| {
-        s.jwt_hs256_secret = Some(crate::helpers::tokens::SECRET.into());
-        s.max_streams_per_identity = 1;
+        s.auth.jwt_hs256_secret = Some(crate::helpers::tokens::SECRET.into());
+        s.streams.max_streams_per_identity = 1;
     })
     .await;
     let token = crate::helpers::tokens::token("reader", json!({"subscribe": ["**"]}));
@@ -206,8 +206,8 @@ async fn poll_pages_are_bounded_in_bytes_on_every_transport(backend: Backend) {
 async fn an_expired_token_ends_what_it_opened(backend: Backend) {
     use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(backend, |s| {
-        s.jwt_hs256_secret = Some(SECRET.into());
-        s.reauth_grace = std::time::Duration::from_secs(1);
+        s.auth.jwt_hs256_secret = Some(SECRET.into());
+        s.ws.reauth_grace = std::time::Duration::from_secs(1);
     })
     .await;
     let short = |sub: &str| {
@@ -288,9 +288,9 @@ async fn connections_that_say_nothing_are_closed(backend: Backend) {
     let certs = tempfile::tempdir().unwrap();
     let (cert, key) = crate::tls::certificate(certs.path());
     let tls = spawn_app_with(backend, |s| {
-        s.header_timeout = timeout;
-        s.tls_cert_file = Some(cert.into());
-        s.tls_key_file = Some(key.into());
+        s.http.header_timeout = timeout;
+        s.http.tls_cert_file = Some(cert.into());
+        s.http.tls_key_file = Some(key.into());
     })
     .await;
     let address = tls.base.trim_start_matches("http://").to_owned();
@@ -317,8 +317,8 @@ async fn connections_that_say_nothing_are_closed(backend: Backend) {
     // h2c on the plain port: a preface alone, and a preface with an
     // unfinished HEADERS frame.
     let plain = spawn_app_with(backend, |s| {
-        s.header_timeout = timeout;
-        s.heartbeat = std::time::Duration::from_millis(200);
+        s.http.header_timeout = timeout;
+        s.streams.heartbeat = std::time::Duration::from_millis(200);
     })
     .await;
     let address = plain.base.trim_start_matches("http://").to_owned();
@@ -360,10 +360,10 @@ async fn connections_that_say_nothing_are_closed(backend: Backend) {
 /// again.
 async fn http2_streams_that_grant_no_window_are_closed(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.max_streams = 1;
+        s.streams.max_streams = 1;
         // A 4 s write deadline: room for the checks below on a busy machine.
-        s.slow_client_timeout = std::time::Duration::from_secs(3);
-        s.eviction_grace = std::time::Duration::from_secs(1);
+        s.streams.slow_client_timeout = std::time::Duration::from_secs(3);
+        s.streams.eviction_grace = std::time::Duration::from_secs(1);
     })
     .await;
     let big = "x".repeat(8 * 1024);
@@ -500,7 +500,7 @@ async fn one_clients_rule_cannot_spend_without_bound(backend: Backend) {
 async fn one_identity_cannot_create_consumers_without_bound(backend: Backend) {
     use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(backend, |s| {
-        s.jwt_hs256_secret = Some(SECRET.into());
+        s.auth.jwt_hs256_secret = Some(SECRET.into());
         s.poll.max_consumers_per_identity = 3;
     })
     .await;

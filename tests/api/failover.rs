@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tidings_server::config::Delivery;
 
 use crate::checker::{self, Follower, Seen, Verdict};
-use crate::epochs::{host_of, pg_ctl, publish_within_5s};
+use crate::helpers::epochs::{host_of, pg_ctl, publish_within_5s};
 use crate::helpers::{Backend, TestApp, spawn_app_with, wait_until};
 use crate::readers;
 

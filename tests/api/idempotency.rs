@@ -79,7 +79,7 @@ async fn a_key_with_another_body_is_refused(backend: Backend) {
 }
 
 async fn keys_of_two_publishers_do_not_collide(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await;
+    let app = spawn_app_with(backend, |s| s.auth.jwt_hs256_secret = Some(SECRET.into())).await;
     let alice = token("alice", json!({"publish": ["comment.*"]}));
     let bob = token("bob", json!({"publish": ["comment.*"]}));
     let body = json!({"event_type": "comment.posted"});
@@ -98,7 +98,7 @@ async fn keys_of_two_publishers_do_not_collide(backend: Backend) {
 async fn concurrent_attempts_with_one_key_store_once(backend: Backend) {
     // A group delay gathers the attempts into one group commit (members of
     // one group with one key), and more attempts land in later groups.
-    let app = spawn_app_with(backend, |s| s.publish_group_delay = std::time::Duration::from_millis(20)).await;
+    let app = spawn_app_with(backend, |s| s.publish.publish_group_delay = std::time::Duration::from_millis(20)).await;
     let body = json!({"event_type": "comment.posted", "payload": {"text": "once"}});
     let other = json!({"event_type": "comment.posted", "payload": {"text": "other"}});
     let attempts: Vec<_> = (0..16)

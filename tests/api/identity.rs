@@ -14,7 +14,7 @@ async fn the_identity_advertises_the_public_url(backend: Backend) {
     let id: Value = app.http.get(app.url("/v1/identity")).send().await.unwrap().json().await.unwrap();
     assert_eq!(id["endpoint"].as_str(), Some(app.base.as_str()), "{id}");
     // Behind a proxy or a name, what TIDINGS_PUBLIC_URL says.
-    let app = spawn_app_with(backend, |s| s.public_url = "https://tidings.example:8443/".into()).await;
+    let app = spawn_app_with(backend, |s| s.http.public_url = "https://tidings.example:8443/".into()).await;
     let id: Value = app.http.get(app.url("/v1/identity")).send().await.unwrap().json().await.unwrap();
     assert_eq!(id["endpoint"], "https://tidings.example:8443");
 }
@@ -58,7 +58,7 @@ async fn identity_is_stable_and_minted_capabilities_verify(backend: Backend) {
 async fn minting_is_for_admins(backend: Backend) {
     use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
     let secret = "identity-test-secret-of-enough-bytes-for-hs256";
-    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(secret.into())).await;
+    let app = spawn_app_with(backend, |s| s.auth.jwt_hs256_secret = Some(secret.into())).await;
     let token = |admin: bool| {
         let claims = json!({"sub": "someone", "exp": chrono::Utc::now().timestamp() + 600, "admin": admin});
         encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()).unwrap()).unwrap()
@@ -83,7 +83,7 @@ async fn minting_is_for_admins(backend: Backend) {
 /// an identity of its own (no key file) is another server, and refuses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_sharing_a_key_file_are_one_server() {
-    use crate::subscriptions::{Peer, Subscribe, execute_at, inbox_grant};
+    use crate::helpers::federation::{Peer, Subscribe, execute_at, inbox_grant};
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("server.key");
     let made = std::process::Command::new("openssl").args(["genpkey", "-algorithm", "ed25519", "-out"]).arg(&key).output().unwrap();
@@ -125,5 +125,5 @@ async fn processes_sharing_a_key_file_are_one_server() {
     let other = crate::helpers::spawn_process(&other_envs).await;
     assert_ne!(identity(other.base.clone()).await, server);
     let (status, body) = subscribe_at(other.base.clone(), &subscriber, "rooms/**").await;
-    assert_eq!((status, crate::subscriptions::code(&body)), (403, "deliver_token_insufficient"), "{body}");
+    assert_eq!((status, crate::helpers::federation::code(&body)), (403, "deliver_token_insufficient"), "{body}");
 }

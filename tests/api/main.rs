@@ -57,3 +57,4 @@ mod tracing;
 mod tree;
 mod trees;
 pub(crate) mod ws;
+mod ws_protocol;

@@ -7,16 +7,15 @@
 //! deliveries without forwarding them. A stale lap replayed to a mirror that
 //! moved on changes nothing.
 
-use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 use tidings_protocol::tree::capability::hash_of;
 
 use crate::both_stores;
-use crate::helpers::{Backend, eventually, gather, wait_until};
-use crate::peers::Server;
-use crate::subscriptions::inbox_grant;
+use crate::helpers::federation::{Server, inbox_grant};
+use crate::helpers::mirrors::*;
+use crate::helpers::{Backend, eventually, wait_until};
 
 both_stores!(
     a_chain_converges,
@@ -34,8 +33,6 @@ both_stores!(
 
 /// External writes per drive.
 const N: usize = 200;
-pub(crate) const PATH: &str = "feeds/x";
-
 /// Servers with mirrors along `links` (upstream, downstream), each
 /// downstream mirroring `feeds/**` from its upstream; with `loss`, every
 /// delivery to a downstream goes through its own lossy proxy.
@@ -77,36 +74,6 @@ async fn topology(backend: Backend, count: usize, links: &[(usize, usize)], loss
         .await;
     }
     Topology { servers, proxies }
-}
-
-/// The entity at `PATH` on `server` (its canonical bytes), if any.
-pub(crate) async fn entity(server: &Server) -> Option<String> {
-    let r = server.http.get(format!("{}/v1/tree/{PATH}", server.base())).send().await.unwrap();
-    (r.status() == 200).then_some(r.text().await.unwrap())
-}
-
-/// The `tree.*` changes on `PATH` in `server`'s log after `since`, long-polling up to `wait_ms`.
-pub(crate) async fn changes(server: &Server, since: i64, wait_ms: u32) -> Vec<Value> {
-    let url = format!(
-        "{}/v1/poll?types=tree.created,tree.updated,tree.deleted&targets=tree:{PATH}&since={since}&limit=1000&wait_ms={wait_ms}",
-        server.base()
-    );
-    let r: Value = server.http.get(url).send().await.unwrap().json().await.unwrap();
-    r["events"].as_array().unwrap().clone()
-}
-
-/// Every change settled on `PATH` (waits until `server` holds `latest`).
-pub(crate) async fn settle(server: &Server, latest: &str) -> Vec<Value> {
-    let read = changes(server, 0, 0).await;
-    let what = |_: &Vec<Value>| format!("{} did not converge to the latest write", server.base());
-    gather(Duration::from_secs(60), read, what, |mut all: Vec<Value>| async move {
-        let converged = entity(server).await.as_deref() == Some(latest);
-        // Once converged, the rest of what is there; until then, a long poll.
-        let since = all.last().map_or(0, |e| e["event_id"].as_i64().unwrap());
-        all.extend(changes(server, since, if converged { 0 } else { 2_000 }).await);
-        if converged { ControlFlow::Break(all) } else { ControlFlow::Continue(all) }
-    })
-    .await
 }
 
 /// Drives N writes at the first server and checks (i) and (ii) on every
@@ -206,7 +173,7 @@ async fn a_stale_lap_changes_nothing(backend: Backend) {
     // Another identity with a token for the mirror's inbox (B's admin
     // minted it) delivers a newer-looking change: not the mirrored peer,
     // so it is not applied.
-    let intruder = crate::subscriptions::Peer::new();
+    let intruder = crate::helpers::federation::Peer::new();
     let mut included = Map::new();
     let token = b.mint(&intruder.hash, inbox_grant(inbox), expires, &mut included).await;
     let forged = json!({"type": "note", "data": {"forged": true}});
@@ -229,12 +196,6 @@ async fn a_stale_lap_changes_nothing(backend: Backend) {
     .await;
     assert_eq!(entity(b).await.as_deref(), Some(latest.as_str()), "a delivery by anyone but the peer is not applied");
     assert_eq!(changes(b, 0, 0).await.len(), before);
-}
-
-/// The mirror `name`'s entry in `server`'s `/health/deep`.
-pub(crate) async fn mirror_state(server: &Server, name: &str) -> Value {
-    let deep = server.deep().await;
-    deep["mirrors"].as_array().into_iter().flatten().find(|m| m["name"] == name).cloned().unwrap_or(Value::Null)
 }
 
 async fn a_mirror_renews_its_subscription_and_cancels_it_when_deleted(backend: Backend) {
@@ -361,13 +322,6 @@ async fn a_mirror_turned_away_at_capacity_attaches_through_a_relay(backend: Back
 /// A server that takes one subscriber per prefix.
 async fn relay(backend: Backend) -> Server {
     Server::start_with(backend, &[("TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", "1")]).await
-}
-
-pub(crate) async fn mirror_of(m: &Server, upstream: &Server, name: &str) {
-    m.knows(upstream).await;
-    let mirror = json!({"type": "system/mirror", "data": {"peer": upstream.hash, "pattern": "feeds/**"}});
-    let r = m.http.put(format!("{}/v1/tree/system/mirror/{name}", m.base())).json(&mirror).send().await.unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
 }
 
 async fn redirects_build_a_tree_and_a_redirect_loop_ends_with_an_error(backend: Backend) {

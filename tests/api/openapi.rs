@@ -61,7 +61,7 @@ async fn schemathesis_finds_no_disagreement(backend: Backend) {
     // Short polls, small batches: the generated requests stay quick.
     let app = spawn_app_with(backend, |s| {
         s.poll.poll_max_wait = std::time::Duration::from_millis(200);
-        s.max_batch = 16;
+        s.publish.max_batch = 16;
     })
     .await;
     let phases = match backend {

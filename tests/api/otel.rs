@@ -369,18 +369,26 @@ async fn a_tree_write_is_traced_as_a_publish_is(backend: Backend) {
 async fn a_peer_delivery_carries_the_trace_to_the_receiving_server(backend: Backend) {
     let receiver = Receiver::start().await;
     let endpoint = receiver.endpoint.clone();
-    let sender =
-        crate::peers::Server::start_with(backend, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), ("OTEL_BSP_SCHEDULE_DELAY", "50")]).await;
-    let quiet = crate::peers::Server::start(backend).await;
-    let inbox_server = crate::peers::Server::start(backend).await;
+    let sender = crate::helpers::federation::Server::start_with(
+        backend,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), ("OTEL_BSP_SCHEDULE_DELAY", "50")],
+    )
+    .await;
+    let quiet = crate::helpers::federation::Server::start(backend).await;
+    let inbox_server = crate::helpers::federation::Server::start(backend).await;
     for from in [&sender, &quiet] {
         from.knows(&inbox_server).await;
-        let (status, body) =
-            crate::peers::subscribe_third_party(&crate::subscriptions::Peer::new(), from, &inbox_server, "feeds/*", "system/inbox/traced")
-                .await;
+        let (status, body) = crate::helpers::federation::subscribe_third_party(
+            &crate::helpers::federation::Peer::new(),
+            from,
+            &inbox_server,
+            "feeds/*",
+            "system/inbox/traced",
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
     }
-    let write = |server: &crate::peers::Server, trace: &str| {
+    let write = |server: &crate::helpers::federation::Server, trace: &str| {
         server
             .http
             .put(format!("{}/v1/tree/feeds/x", server.base()))

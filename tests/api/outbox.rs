@@ -164,8 +164,8 @@ async fn sql_and_http_publishers_together_keep_ids_gap_free() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_are_checked_in_sql_and_schema_violations_are_set_aside() {
     let app = spawn_app_with(Backend::Postgres, |s| {
-        s.registry_mode = tidings_server::registry::RegistryMode::Strict;
-        s.max_payload = 1024;
+        s.publish.registry_mode = tidings_server::registry::RegistryMode::Strict;
+        s.publish.max_payload = 1024;
     })
     .await;
     let db = app.db().await;
@@ -265,7 +265,7 @@ async fn no_advisory_lock_of_a_stranger_stops_the_mover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_aside_rows_are_forgotten_after_their_retention() {
     let app = spawn_app_with(Backend::Postgres, |s| {
-        s.registry_mode = tidings_server::registry::RegistryMode::Strict;
+        s.publish.registry_mode = tidings_server::registry::RegistryMode::Strict;
         s.history.outbox_set_aside_retention = Duration::from_secs(3600);
         s.history.retention_interval = Duration::from_millis(200);
     })

@@ -13,11 +13,11 @@ use serde_json::{Map, Value, json};
 use tidings_protocol::tree::capability::hash_of;
 
 use crate::both_stores;
-use crate::epochs::{backup, epoch_command};
+use crate::helpers::epochs::{backup, epoch_command};
+use crate::helpers::federation::{Peer, code, execute_at};
+use crate::helpers::federation::{Server, delivery, granted_sender, subscribe_third_party};
+use crate::helpers::mirrors::{mirror_of, mirror_state};
 use crate::helpers::{Backend, eventually, gather};
-use crate::mirrors::{mirror_of, mirror_state};
-use crate::peers::{Server, delivery, granted_sender, subscribe_third_party};
-use crate::subscriptions::{Peer, code, execute_at};
 
 both_stores!(
     an_inbox_is_told_once_when_its_sender_loses_history,

@@ -3,15 +3,14 @@
 //! delivery (docs/ref-subscriptions.md, "Deliver tokens"), what a receiving
 //! server refuses, exactly-once delivery across SIGKILLs of either side.
 
-use std::ops::ControlFlow;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tidings_protocol::tree::capability::hash_of;
 
 use crate::both_stores;
-use crate::helpers::{Backend, Process, free_port, gather, process_store, spawn_process_at, wait_until};
-use crate::subscriptions::{Peer, Subscribe, code, execute_at, inbox_grant};
+use crate::helpers::federation::*;
+use crate::helpers::{Backend, free_port, wait_until};
 
 both_stores!(
     third_party_delivery_reaches_the_inbox_owner,
@@ -23,204 +22,6 @@ both_stores!(
     a_lane_that_falls_behind_catches_up_from_the_log,
     a_peer_subscribing_for_its_own_inbox_is_learned_once_its_endpoint_proves_it,
 );
-
-/// A server process that can be killed and started again on the same port
-/// and store.
-pub(crate) struct Server {
-    process: Process,
-    envs: Vec<(&'static str, String)>,
-    port: u16,
-    pub(crate) hash: String,
-    pub(crate) http: reqwest::Client,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    pub(crate) async fn start(backend: Backend) -> Server {
-        Self::start_with(backend, &[]).await
-    }
-
-    pub(crate) async fn start_with(backend: Backend, extra: &[(&'static str, &str)]) -> Server {
-        let (mut envs, dir) = process_store(backend).await;
-        envs.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
-        let port = free_port();
-        let process = spawn_process_at(&envs, port).await;
-        let http = reqwest::Client::new();
-        let id: Value = http.get(format!("{}/v1/identity", process.base)).send().await.unwrap().json().await.unwrap();
-        let hash = id["hash"].as_str().unwrap().to_owned();
-        Server { process, envs, port, hash, http, _dir: dir }
-    }
-
-    /// The server's key file (its identity).
-    pub(crate) fn key_file(&self) -> std::path::PathBuf {
-        self._dir.path().join("server.key")
-    }
-
-    pub(crate) fn base(&self) -> &str {
-        &self.process.base
-    }
-
-    /// SIGKILL: no shutdown, no flush beyond what was committed.
-    pub(crate) async fn kill(&mut self) {
-        self.process.child.kill().await.unwrap();
-    }
-
-    pub(crate) async fn restart(&mut self) {
-        self.process = spawn_process_at(&self.envs, self.port).await;
-    }
-
-    /// Its data directory.
-    pub(crate) fn data_dir(&self) -> &std::path::Path {
-        self._dir.path()
-    }
-
-    /// Its PostgreSQL database, if it runs on one.
-    pub(crate) fn database_url(&self) -> Option<&str> {
-        self.envs.iter().find(|(k, _)| *k == "DATABASE_URL").map(|(_, v)| v.as_str())
-    }
-
-    /// Runs on the database `url` from the next restart (a restored one).
-    pub(crate) fn use_database(&mut self, url: &str) {
-        for (k, v) in &mut self.envs {
-            if *k == "DATABASE_URL" {
-                *v = url.to_owned();
-            }
-        }
-    }
-
-    /// Tells this server where `other` is.
-    pub(crate) async fn knows(&self, other: &Server) {
-        self.knows_at(&other.hash, other.base()).await;
-    }
-
-    /// Tells this server that peer `hash` is at `endpoint`.
-    pub(crate) async fn knows_at(&self, hash: &str, endpoint: &str) {
-        let r = self
-            .http
-            .put(format!("{}/v1/tree/system/peer/{hash}", self.base()))
-            .json(&json!({"type": "system/peer", "data": {"endpoint": endpoint}}))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "{}", r.status());
-    }
-
-    /// Writes a note in causal chain `chain`; returns its hash.
-    pub(crate) async fn put_in_chain(&self, path: &str, data: Value, chain: &str) -> String {
-        let r = self
-            .http
-            .put(format!("{}/v1/tree/{path}", self.base()))
-            .header("x-chain-id", chain)
-            .json(&json!({"type": "note", "data": data}))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "{}", r.status());
-        r.json::<Value>().await.unwrap()["hash"].as_str().unwrap().to_owned()
-    }
-
-    /// Waits (bounded, on the log) for a chain-error marker of `chain` to be
-    /// bound; returns its path.
-    pub(crate) async fn marker(&self, chain: &str) -> String {
-        let prefix = format!("system/runtime/chain-errors/lost/{chain}/");
-        let prefix = &prefix;
-        gather(
-            Duration::from_secs(30),
-            0,
-            |_| format!("no marker for chain {chain}"),
-            |since: i64| async move {
-                let url = format!("{}/v1/poll?types=tree.created&since={since}&limit=1000&wait_ms=5000", self.base());
-                let r: Value = self.http.get(url).send().await.unwrap().json().await.unwrap();
-                for e in r["events"].as_array().unwrap() {
-                    if let Some(path) = e["payload"]["uri"].as_str().filter(|p| p.starts_with(prefix.as_str())) {
-                        return ControlFlow::Break(path.to_owned());
-                    }
-                }
-                ControlFlow::Continue(r["next_since"].as_i64().unwrap_or(since))
-            },
-        )
-        .await
-    }
-
-    /// A token rooted at this server for `grantee`, minted by its admin.
-    pub(crate) async fn mint(&self, grantee: &str, grants: Value, expires_at: i64, included: &mut Map<String, Value>) -> String {
-        let body = json!({"grantee": grantee, "grants": grants, "expires_at": expires_at});
-        let r = self.http.post(format!("{}/v1/admin/capabilities", self.base())).json(&body).send().await.unwrap();
-        assert_eq!(r.status(), 200);
-        let minted: Value = r.json().await.unwrap();
-        included.extend(minted["included"].as_object().unwrap().clone());
-        minted["hash"].as_str().unwrap().to_owned()
-    }
-
-    /// Writes a note; returns its hash.
-    pub(crate) async fn put(&self, path: &str, data: Value) -> String {
-        let r = self.http.put(format!("{}/v1/tree/{path}", self.base())).json(&json!({"type": "note", "data": data})).send().await.unwrap();
-        assert!(r.status().is_success(), "{}", r.status());
-        r.json::<Value>().await.unwrap()["hash"].as_str().unwrap().to_owned()
-    }
-
-    /// The envelopes in `inbox` after `since`, long-polling up to `wait_ms`.
-    pub(crate) async fn inbox(&self, inbox: &str, since: i64, wait_ms: u32) -> Vec<Value> {
-        let url =
-            format!("{}/v1/poll?types=subscription.notification&targets={inbox}&since={since}&limit=1000&wait_ms={wait_ms}", self.base());
-        let r: Value = self.http.get(url).send().await.unwrap().json().await.unwrap();
-        r["events"].as_array().unwrap().clone()
-    }
-
-    /// Waits (bounded) until `inbox` holds at least `n` notifications; returns them all.
-    pub(crate) async fn inbox_until(&self, inbox: &str, n: usize) -> Vec<Value> {
-        let what = |got: &Vec<Value>| format!("{} of {n} notifications arrived", got.len());
-        gather(Duration::from_secs(90), Vec::new(), what, |mut got: Vec<Value>| async move {
-            if got.len() < n {
-                let since = got.last().map_or(0, |e| e["event_id"].as_i64().unwrap());
-                got.extend(self.inbox(inbox, since, 5_000).await);
-            }
-            if got.len() >= n { ControlFlow::Break(got) } else { ControlFlow::Continue(got) }
-        })
-        .await
-    }
-
-    pub(crate) async fn metric(&self, series: &str) -> f64 {
-        let text = self.http.get(format!("{}/metrics", self.base())).send().await.unwrap().text().await.unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0.0)
-    }
-
-    pub(crate) async fn deep(&self) -> Value {
-        self.http.get(format!("{}/health/deep", self.base())).send().await.unwrap().json().await.unwrap()
-    }
-
-    pub(crate) async fn head(&self) -> i64 {
-        let r: Value = self.http.get(format!("{}/health/deep", self.base())).send().await.unwrap().json().await.unwrap();
-        r["head_event_id"].as_i64().unwrap()
-    }
-}
-
-/// A subscriber (not a server) subscribes on `b` to `pattern`, delivering
-/// to `c`'s `inbox`: C's admin mints the subscriber a token rooted at C, and
-/// the subscriber delegates it to B (third-party delivery:
-/// docs/ref-subscriptions.md, "Deliver tokens").
-pub(crate) async fn subscribe_third_party(a: &Peer, b: &Server, c: &Server, pattern: &str, inbox: &str) -> (u16, Value) {
-    subscribe_third_party_at(a, (&b.http, b.base(), &b.hash), c, pattern, inbox).await
-}
-
-/// [`subscribe_third_party`] on a server `b` given as its client, base
-/// URL and identity hash (processes that are not a [`Server`]).
-pub(crate) async fn subscribe_third_party_at(
-    a: &Peer,
-    (http, base, hash): (&reqwest::Client, &str, &str),
-    c: &Server,
-    pattern: &str,
-    inbox: &str,
-) -> (u16, Value) {
-    let mut included = Map::new();
-    let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;
-    let root = c.mint(&a.hash, inbox_grant(inbox), expires, &mut included).await;
-    let leaf = a.grant(hash, inbox_grant(inbox), Some(&root), &mut included);
-    let params = json!({"deliver_to": {"uri": format!("entity://{}/{inbox}", c.hash)}, "deliver_token": leaf});
-    execute_at(http, base, &Subscribe { author: a, pattern, params, capability: None, included }.envelope("subscribe")).await
-}
 
 /// Notification payloads' `data`, checked to be an unbroken `previous_hash`
 /// chain delivered by `sender`.
@@ -279,41 +80,6 @@ async fn third_party_delivery_reaches_the_inbox_owner(backend: Backend) {
     assert_eq!(b.inbox(inbox, 0, 0).await, Vec::<Value>::new(), "B delivers to C, not to itself");
     assert_eq!(a_server.inbox(inbox, 0, 0).await, Vec::<Value>::new(), "A is not in the delivery path");
     assert_eq!(a_server.metric("tidings_peer_received_total{outcome=\"appended\"}").await, 0.0);
-}
-
-/// A delivery as a server `sender` would send it, for `inbox` at `to`.
-pub(crate) fn delivery(
-    sender: &Peer,
-    to: &Server,
-    inbox: &str,
-    token: &str,
-    seq: i64,
-    data: Value,
-    mut included: Map<String, Value>,
-) -> Value {
-    let uri = format!("entity://{}/{inbox}", to.hash);
-    let execute = json!({"type": "system/protocol/execute", "data": {
-        "request_id": format!("r-{seq}"),
-        "uri": uri,
-        "operation": "receive",
-        "resource": {"targets": [uri]},
-        "params": {"type": "system/subscription/notification", "data": data},
-        "author": sender.hash,
-        "capability": token,
-        "sequence": seq,
-    }});
-    sender.sign_into(&hash_of(&execute).unwrap(), &mut included);
-    json!({"execute": execute, "included": included})
-}
-
-/// A sending server's key and the deliver token `c` minted it for `inbox`
-/// (valid for an hour), with the token's chain to include.
-pub(crate) async fn granted_sender(c: &Server, inbox: &str) -> (Peer, String, Map<String, Value>) {
-    let sender = Peer::new();
-    let expires = chrono::Utc::now().timestamp_millis() + 3_600_000;
-    let mut granted = Map::new();
-    let token = c.mint(&sender.hash, inbox_grant(inbox), expires, &mut granted).await;
-    (sender, token, granted)
 }
 
 async fn a_receiver_refuses_bad_deliveries_and_stores_nothing(backend: Backend) {

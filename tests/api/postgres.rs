@@ -112,7 +112,7 @@ async fn database_outage_and_recovery() {
     let mut settings = crate::helpers::test_settings();
     settings.database_url = Some(url.clone());
     settings.postgres.db_timeout = std::time::Duration::from_secs(1);
-    settings.heartbeat = std::time::Duration::from_millis(100);
+    settings.streams.heartbeat = std::time::Duration::from_millis(100);
     let app = crate::helpers::start(settings, None, Some((url, name))).await;
 
     let response = app.http.get(app.url("/v1/stream?types=comment.posted")).send().await.unwrap();

@@ -105,8 +105,8 @@ async fn bad_input_stores_nothing(backend: Backend) {
 
 async fn oversized_bodies_and_payloads(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.max_body = 4096;
-        s.max_payload = 1024;
+        s.http.max_body = 4096;
+        s.publish.max_payload = 1024;
     })
     .await;
     let big = "x".repeat(2000);
@@ -179,7 +179,7 @@ async fn a_publish_whose_client_left_commits_and_is_counted(backend: Backend) {
 /// (JSON, connection closed), and nothing is stored; on `POST /mcp` too.
 async fn bodies_that_never_arrive_time_out(backend: Backend) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let app = spawn_app_with(backend, |s| s.body_timeout = std::time::Duration::from_millis(300)).await;
+    let app = spawn_app_with(backend, |s| s.http.body_timeout = std::time::Duration::from_millis(300)).await;
     let addr = app.base.trim_start_matches("http://").to_owned();
     // The MCP endpoint reads its body under the same limits.
     let head = |path: &str, framing: &str| {
@@ -253,10 +253,10 @@ fn check(what: &str, answer: &[u8], started: std::time::Instant) {
 /// position.
 async fn limits_on_batches_filters_and_poll_scans(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.max_batch = 3;
+        s.publish.max_batch = 3;
         s.filters.max_filter_list = 2;
         s.poll.poll_max_scan = 5;
-        s.read_batch = 5;
+        s.streams.read_batch = 5;
     })
     .await;
     let one = json!({"event_type": "flag.raised"});
@@ -313,7 +313,7 @@ async fn concurrent_publishes_are_committed_together_with_gap_free_ids(backend: 
     // A group waits up to 300 ms for company, so the concurrent requests
     // below share commits (a lone publish would not wait: nothing else is
     // queued when it arrives).
-    let server = crate::peers::Server::start_with(backend, &[("TIDINGS_PUBLISH_GROUP_DELAY", "300ms")]).await;
+    let server = crate::helpers::federation::Server::start_with(backend, &[("TIDINGS_PUBLISH_GROUP_DELAY", "300ms")]).await;
     let before = server.head().await;
     let url = format!("{}/v1/events", server.base());
     let requests = (0..32).map(|i| {

@@ -14,11 +14,11 @@ use serde_json::{Map, Value, json};
 use tidings_protocol::tree::capability::{Included, hash_of, verify_signed};
 
 use crate::both_stores;
+use crate::helpers::federation::{Peer, Subscribe, execute_at, inbox_grant, server_hash};
+use crate::helpers::federation::{Server, delivery};
+use crate::helpers::mirrors::{PATH, entity, mirror_of, mirror_state};
 use crate::helpers::{Backend, spawn_app};
 use crate::helpers::{eventually, gather};
-use crate::mirrors::{PATH, entity, mirror_of, mirror_state};
-use crate::peers::{Server, delivery};
-use crate::subscriptions::{Peer, Subscribe, execute_at, inbox_grant, server_hash};
 
 both_stores!(
     a_notification_carries_the_source_signature,

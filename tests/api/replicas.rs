@@ -58,7 +58,7 @@ async fn the_broker_reads_notified_commits_at_the_standby() {
 async fn standbys_show_only_to_admins() {
     use crate::helpers::tokens::{SECRET, token};
     let app = spawn_app_with(Backend::Postgres, |s| {
-        s.jwt_hs256_secret = Some(SECRET.into());
+        s.auth.jwt_hs256_secret = Some(SECRET.into());
         s.postgres.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
     })
     .await;

@@ -31,7 +31,7 @@ fn admin() -> String {
 }
 
 async fn secured(backend: Backend) -> TestApp {
-    spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(SECRET.into())).await
+    spawn_app_with(backend, |s| s.auth.jwt_hs256_secret = Some(SECRET.into())).await
 }
 
 async fn publish_as(app: &TestApp, token: &str, body: Value) -> (u16, Value) {
@@ -274,11 +274,11 @@ async fn consumers_belong_to_their_creator(backend: Backend) {
 
 async fn stream_publish_and_replay_limits(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.jwt_hs256_secret = Some(SECRET.into());
-        s.max_streams = 3;
-        s.max_streams_per_identity = 2;
-        s.publish_rate = 2;
-        s.max_replay = 5;
+        s.auth.jwt_hs256_secret = Some(SECRET.into());
+        s.streams.max_streams = 3;
+        s.streams.max_streams_per_identity = 2;
+        s.publish.publish_rate = 2;
+        s.streams.max_replay = 5;
     })
     .await;
     let alice = token("alice", json!({"subscribe": ["**"], "publish": ["**"]}));
@@ -348,8 +348,8 @@ async fn stream_publish_and_replay_limits(backend: Backend) {
 /// the burst is refused whole, and refused requests take nothing.
 async fn publish_rate_counts_every_event(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.jwt_hs256_secret = Some(SECRET.into());
-        s.publish_rate = 5;
+        s.auth.jwt_hs256_secret = Some(SECRET.into());
+        s.publish.publish_rate = 5;
     })
     .await;
     let alice = token("alice", json!({"publish": ["**"], "subscribe": ["**"]}));
@@ -373,7 +373,7 @@ async fn publish_rate_counts_every_event(backend: Backend) {
 }
 
 async fn cors_origins(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.cors_origins = "https://app.example".into()).await;
+    let app = spawn_app_with(backend, |s| s.http.cors_origins = "https://app.example".into()).await;
     let preflight = |origin: &'static str| {
         app.http
             .request(reqwest::Method::OPTIONS, app.url("/v1/stream"))
@@ -408,7 +408,7 @@ async fn cors_origins(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(r.headers()["access-control-expose-headers"], "idempotent-replayed");
-    let any = spawn_app_with(backend, |s| s.cors_origins = "*".into()).await;
+    let any = spawn_app_with(backend, |s| s.http.cors_origins = "*".into()).await;
     let r = any.http.get(any.url("/health")).header("origin", "https://x.example").send().await.unwrap();
     assert_eq!(r.headers()["access-control-allow-origin"], "*");
     assert!(!r.headers().contains_key("access-control-allow-credentials"), "never credentials with *");
@@ -487,7 +487,7 @@ async fn public_key_tokens(backend: Backend) {
     let rsa_token = encode(&Header::new(Algorithm::RS256), &claims, &rsa_key).unwrap();
     let hs_token = token("pk", json!({"publish": ["**"]}));
     for (public, good, others) in [(ed_public, &ed_token, [&rsa_token, &hs_token]), (rsa_public, &rsa_token, [&ed_token, &hs_token])] {
-        let app = spawn_app_with(backend, |s| s.jwt_public_key_file = Some(public.clone())).await;
+        let app = spawn_app_with(backend, |s| s.auth.jwt_public_key_file = Some(public.clone())).await;
         assert_eq!(publish_as(&app, good, json!({"event_type": "comment.posted"})).await.0, 201, "{public:?}");
         for other in others {
             let (status, body) = publish_as(&app, other, json!({"event_type": "comment.posted"})).await;

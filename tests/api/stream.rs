@@ -168,7 +168,7 @@ async fn since_and_filters(backend: Backend) {
 
 async fn heartbeat_and_live_page(backend: Backend) {
     use futures_util::StreamExt as _;
-    let app = crate::helpers::spawn_app_with(backend, |s| s.heartbeat = std::time::Duration::from_millis(100)).await;
+    let app = crate::helpers::spawn_app_with(backend, |s| s.streams.heartbeat = std::time::Duration::from_millis(100)).await;
     let response = app.http.get(app.url("/v1/stream")).send().await.unwrap();
     let mut body = response.bytes_stream();
     let mut seen = Vec::new();
@@ -258,7 +258,7 @@ async fn streams_over_raw_sockets(backend: Backend) {
 /// for long) is closed when it runs out, however the head begins.
 async fn a_trickled_request_head_meets_the_header_deadline(backend: Backend) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let app = crate::helpers::spawn_app_with(backend, |s| s.header_timeout = std::time::Duration::from_secs(1)).await;
+    let app = crate::helpers::spawn_app_with(backend, |s| s.http.header_timeout = std::time::Duration::from_secs(1)).await;
     let addr = app.base.trim_start_matches("http://").to_owned();
     for head in [
         "GET /v1/xyz HTTP/1.1\r\nHost: localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use crate::both_stores;
+use crate::helpers::federation::*;
 use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
-use crate::subscriptions::*;
 
 both_stores!(
     max_events_delivers_exactly_n_then_terminates,

@@ -1,16 +1,16 @@
 //! Path subscriptions over `POST /v1/execute`: every error code from a real
 //! signed request, third-party delivery, ordered notifications with an
 //! unbroken `previous_hash` chain, include_payload, one engine among
-//! several servers; and the helpers that sign and send them (limits,
-//! renewal, redirects and restarts are in `subscription_lifecycle`).
+//! several servers (limits, renewal, redirects and restarts are in
+//! `subscription_lifecycle`; the helpers that sign and send them are in
+//! `helpers::federation`).
 
-use base64::Engine as _;
-use ed25519_dalek::{Signer as _, SigningKey};
 use serde_json::{Map, Value, json};
 use tidings_protocol::tree::capability::hash_of;
 
 use crate::both_stores;
-use crate::helpers::{Backend, Stream, TestApp, spawn_app, spawn_app_with};
+use crate::helpers::federation::*;
+use crate::helpers::{Backend, spawn_app, spawn_app_with};
 
 both_stores!(every_error_code_from_signed_requests, capability_required_when_auth_is_on, notifications_follow_commit_order_with_payload,);
 
@@ -95,218 +95,6 @@ async fn one_engine_among_several_servers() {
     // A sentinel change: its notification comes next, so none was repeated.
     let sentinel = put(&follower, "multi/x", json!({"sentinel": true}), None).await;
     assert_eq!(next_notification(&mut stream).await["data"]["hash"], sentinel["hash"], "no notification was repeated");
-}
-
-/// A peer: an Ed25519 key and its `system/identity` entity.
-pub(crate) struct Peer {
-    key: SigningKey,
-    pub(crate) entity: Value,
-    pub(crate) hash: String,
-}
-
-impl Peer {
-    /// The identity whose key is the PKCS#8 PEM at `path` (a server's key
-    /// file: the test then acts as that server).
-    pub(crate) fn from_key_file(path: &std::path::Path) -> Self {
-        use ed25519_dalek::pkcs8::DecodePrivateKey as _;
-        let key = SigningKey::from_pkcs8_pem(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let public = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes());
-        let entity = json!({"type": "system/identity", "data": {"algorithm": "ed25519", "public_key": public}});
-        let hash = hash_of(&entity).unwrap();
-        Peer { key, entity, hash }
-    }
-
-    pub(crate) fn new() -> Self {
-        let (key, entity, hash) = crate::helpers::ed25519_identity();
-        Peer { key, entity, hash }
-    }
-
-    /// Adds this identity and its signature over `target` to `included`.
-    pub(crate) fn sign_into(&self, target: &str, included: &mut Map<String, Value>) {
-        let sig = base64::engine::general_purpose::STANDARD.encode(self.key.sign(target.as_bytes()).to_bytes());
-        let signature =
-            json!({"type": "system/signature", "data": {"target": target, "signer": self.hash, "algorithm": "ed25519", "signature": sig}});
-        included.insert(hash_of(&signature).unwrap(), signature);
-        included.insert(self.hash.clone(), self.entity.clone());
-    }
-
-    /// A token from this peer to `grantee` (an identity hash), signed, with
-    /// its signature in `included`; returns its hash.
-    pub(crate) fn grant(&self, grantee: &str, grants: Value, parent: Option<&str>, included: &mut Map<String, Value>) -> String {
-        let mut data = json!({"granter": self.hash, "grantee": grantee, "grants": grants});
-        if let Some(p) = parent {
-            data["parent"] = json!(p);
-        }
-        self.sign_token(data, included)
-    }
-
-    /// A token that expires at `expires_at` (Unix ms).
-    pub(crate) fn grant_until(&self, grantee: &str, grants: Value, expires_at: i64, included: &mut Map<String, Value>) -> String {
-        self.sign_token(json!({"granter": self.hash, "grantee": grantee, "grants": grants, "expires_at": expires_at}), included)
-    }
-
-    pub(crate) fn sign_token(&self, data: Value, included: &mut Map<String, Value>) -> String {
-        let token = json!({"type": "system/capability/token", "data": data});
-        let hash = hash_of(&token).unwrap();
-        self.sign_into(&hash, included);
-        included.insert(hash.clone(), token);
-        hash
-    }
-}
-
-pub(crate) fn inbox_grant(inbox: &str) -> Value {
-    json!([{"handler": "system/inbox", "operations": ["receive"], "resources": [inbox]}])
-}
-
-/// The server's identity hash.
-pub(crate) async fn server_hash(app: &TestApp) -> String {
-    let id: Value = app.http.get(app.url("/v1/identity")).send().await.unwrap().json().await.unwrap();
-    id["hash"].as_str().unwrap().to_owned()
-}
-
-/// A server-rooted caller capability for `grantee` (minted through the admin
-/// endpoint, as an operator would), merged into `included`.
-pub(crate) async fn caller_capability(app: &TestApp, grantee: &Peer, grants: Value, included: &mut Map<String, Value>) -> String {
-    let r =
-        app.http.post(app.url("/v1/admin/capabilities")).json(&json!({"grantee": grantee.hash, "grants": grants})).send().await.unwrap();
-    assert_eq!(r.status(), 200);
-    let minted: Value = r.json().await.unwrap();
-    included.extend(minted["included"].as_object().unwrap().clone());
-    minted["hash"].as_str().unwrap().to_owned()
-}
-
-/// A subscribe EXECUTE by `author`.
-pub(crate) struct Subscribe<'a> {
-    pub(crate) author: &'a Peer,
-    pub(crate) pattern: &'a str,
-    pub(crate) params: Value,
-    pub(crate) capability: Option<String>,
-    pub(crate) included: Map<String, Value>,
-}
-
-impl Subscribe<'_> {
-    pub(crate) fn envelope(mut self, operation: &str) -> Value {
-        let (kind, target) = if operation == "subscribe" {
-            ("system/subscription/request", json!({"targets": [self.pattern]}))
-        } else {
-            ("system/subscription/cancel", json!({"targets": []}))
-        };
-        let mut data = json!({
-            "request_id": hex::encode(rand::random::<[u8; 8]>()),
-            "uri": "system/subscription",
-            "operation": operation,
-            "resource": target,
-            "params": {"type": kind, "data": self.params},
-            "author": self.author.hash,
-        });
-        if let Some(c) = &self.capability {
-            data["capability"] = json!(c);
-        }
-        let execute = json!({"type": "system/protocol/execute", "data": data});
-        self.author.sign_into(&hash_of(&execute).unwrap(), &mut self.included);
-        json!({"execute": execute, "included": self.included})
-    }
-}
-
-pub(crate) async fn execute(app: &TestApp, envelope: &Value) -> (u16, Value) {
-    execute_at(&app.http, &app.base, envelope).await
-}
-
-pub(crate) async fn execute_at(http: &reqwest::Client, base: &str, envelope: &Value) -> (u16, Value) {
-    let r = http.post(format!("{base}/v1/execute")).json(envelope).send().await.unwrap();
-    let status = r.status().as_u16();
-    let body: Value = r.json().await.unwrap();
-    assert_eq!(body["status"], status, "the body carries the handler's status: {body}");
-    (status, body)
-}
-
-pub(crate) fn code(body: &Value) -> &str {
-    body["error"]["code"].as_str().unwrap_or("")
-}
-
-/// Subscribes `author` to `pattern` with delivery to `inbox` (a deliver token
-/// from the author to the server); returns the answer.
-pub(crate) async fn subscribe(app: &TestApp, server: &str, author: &Peer, pattern: &str, inbox: &str, extra: Value) -> (u16, Value) {
-    let mut included = Map::new();
-    // Every call mints a fresh token (a later expiry), as a renewing client would.
-    let token = author.grant_until(
-        server,
-        inbox_grant(inbox),
-        chrono::Utc::now().timestamp_millis() + 3_600_000 + rand::random::<u16>() as i64,
-        &mut included,
-    );
-    let mut params = json!({"deliver_to": {"uri": inbox}, "deliver_token": token});
-    params.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
-    execute(app, &Subscribe { author, pattern, params, capability: None, included }.envelope("subscribe")).await
-}
-
-/// Subscribes `author` as a relaying mirror does: into the mirror inbox
-/// `name` on its own server, entities bundled, saying it relays at
-/// `claimed`; the admin has written `author`'s endpoint as `known`.
-pub(crate) async fn subscribe_as_mirror(
-    app: &TestApp,
-    server: &str,
-    author: &Peer,
-    pattern: &str,
-    name: &str,
-    known: &str,
-    claimed: &str,
-) -> (u16, Value) {
-    let peer = json!({"type": "system/peer", "data": {"endpoint": known}});
-    let r = app.http.put(app.url(&format!("/v1/tree/system/peer/{}", author.hash))).json(&peer).send().await.unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
-    let inbox = format!("system/inbox/mirror/{name}");
-    let mut included = Map::new();
-    let token = author.grant_until(
-        server,
-        inbox_grant(&inbox),
-        chrono::Utc::now().timestamp_millis() + 3_600_000 + rand::random::<u16>() as i64,
-        &mut included,
-    );
-    let params = json!({
-        "deliver_to": {"uri": format!("entity://{}/{inbox}", author.hash)}, "deliver_token": token,
-        "include_payload": true, "relay_endpoint": claimed,
-    });
-    execute(app, &Subscribe { author, pattern, params, capability: None, included }.envelope("subscribe")).await
-}
-
-pub(crate) async fn unsubscribe(app: &TestApp, author: &Peer, id: &str) -> (u16, Value) {
-    let params = json!({"subscription_id": id});
-    execute(app, &Subscribe { author, pattern: "", params, capability: None, included: Map::new() }.envelope("unsubscribe")).await
-}
-
-pub(crate) async fn put(app: &TestApp, path: &str, data: Value, chain: Option<&str>) -> Value {
-    let mut r = app.http.put(app.url(&format!("/v1/tree/{path}"))).json(&json!({"type": "note", "data": data}));
-    if let Some(c) = chain {
-        r = r.header("x-chain-id", c);
-    }
-    let r = r.send().await.unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
-    r.json().await.unwrap()
-}
-
-pub(crate) async fn tree_status(app: &TestApp, path: &str) -> u16 {
-    app.http.get(app.url(&format!("/v1/tree/{path}"))).send().await.unwrap().status().as_u16()
-}
-
-pub(crate) async fn children(app: &TestApp, dir: &str) -> Vec<String> {
-    let list: Value = app.http.get(app.url(&format!("/v1/tree/{dir}/"))).send().await.unwrap().json().await.unwrap();
-    list["children"].as_array().map(|c| c.iter().map(|c| c["name"].as_str().unwrap().to_owned()).collect()).unwrap_or_default()
-}
-
-/// The notifications delivered to `inbox`, read as its owner would.
-pub(crate) async fn inbox(app: &TestApp, inbox: &str) -> Stream {
-    app.stream(&format!("?types=subscription.notification&targets={inbox}"), None).await
-}
-
-pub(crate) async fn next_notification(stream: &mut Stream) -> Value {
-    loop {
-        let e = stream.next().await;
-        if e.event.is_none() {
-            let envelope: Value = serde_json::from_str(&e.data).unwrap();
-            return envelope["payload"].clone();
-        }
-    }
 }
 
 async fn every_error_code_from_signed_requests(backend: Backend) {
@@ -468,7 +256,7 @@ async fn every_error_code_from_signed_requests(backend: Backend) {
 async fn capability_required_when_auth_is_on(backend: Backend) {
     use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
     let secret = "subscription-test-secret-of-enough-bytes";
-    let app = spawn_app_with(backend, |s| s.jwt_hs256_secret = Some(secret.into())).await;
+    let app = spawn_app_with(backend, |s| s.auth.jwt_hs256_secret = Some(secret.into())).await;
     let jwt = |admin: bool| {
         let claims =
             json!({"sub": "svc", "exp": chrono::Utc::now().timestamp() + 600, "admin": admin, "publish": ["**"], "subscribe": ["**"]});

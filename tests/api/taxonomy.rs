@@ -49,7 +49,7 @@ fn no_string_literal_event_names_at_emit_sites() {
 }
 
 async fn strict_mode_refuses_what_the_registry_does_not_know(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.registry_mode = tidings_server::registry::RegistryMode::Strict).await;
+    let app = spawn_app_with(backend, |s| s.publish.registry_mode = tidings_server::registry::RegistryMode::Strict).await;
     let (status, body) = app.post_events(&json!({"event_type": "hypothesis.vanished"})).await;
     assert_eq!((status, body["error"].as_str()), (422, Some("unregistered_event_type")), "{body}");
     let (status, body) = app.post_events(&json!({"event_type": "signal.upvote.recorded", "payload": {"weight": "heavy"}})).await;

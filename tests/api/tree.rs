@@ -240,7 +240,7 @@ async fn concurrent_cas_writers_keep_the_chain(backend: Backend) {
 /// writes one creates; invalid bodies are refused before they join and
 /// store nothing; every accepted write is one event, ids gap-free.
 async fn concurrent_writes_are_committed_together_each_with_its_own_outcome(backend: Backend) {
-    let server = crate::peers::Server::start_with(backend, &[("TIDINGS_PUBLISH_GROUP_DELAY", "300ms")]).await;
+    let server = crate::helpers::federation::Server::start_with(backend, &[("TIDINGS_PUBLISH_GROUP_DELAY", "300ms")]).await;
     let base = server.base().to_owned();
     let put = |path: String, body: Value, header: Option<(&'static str, String)>| {
         let (http, base) = (server.http.clone(), base.clone());

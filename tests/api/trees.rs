@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::helpers::Backend;
 use crate::helpers::eventually;
-use crate::mirrors::{PATH, entity, mirror_of, mirror_state, settle};
-use crate::peers::Server;
+use crate::helpers::federation::Server;
+use crate::helpers::mirrors::{PATH, entity, mirror_of, mirror_state, settle};
 
 both_stores!(
     six_mirrors_of_a_capacity_two_source_form_a_tree,

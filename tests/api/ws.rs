@@ -220,7 +220,7 @@ async fn every_close_code(backend: Backend) {
 /// 1013 over the stream limit; a connection's place is given back when it
 /// ends.
 async fn stream_limits_close_with_1013(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.max_streams = 1).await;
+    let app = spawn_app_with(backend, |s| s.streams.max_streams = 1).await;
     let key = Key::new();
     let first = Client::connect(&app).await;
     let mut second = Client::connect(&app).await;
@@ -243,8 +243,8 @@ async fn stream_limits_close_with_1013(backend: Backend) {
 /// a second socket of one identity gets 1013, another identity's is served.
 async fn the_per_identity_stream_limit_closes_with_1013(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.jwt_hs256_secret = Some(crate::helpers::tokens::SECRET.into());
-        s.max_streams_per_identity = 1;
+        s.auth.jwt_hs256_secret = Some(crate::helpers::tokens::SECRET.into());
+        s.streams.max_streams_per_identity = 1;
     })
     .await;
     let key = Key::new();
@@ -269,7 +269,7 @@ async fn the_per_identity_stream_limit_closes_with_1013(backend: Backend) {
 /// A ping goes out every heartbeat; a peer that answers them stays, one
 /// that answers none by the next ping is closed.
 async fn a_peer_that_answers_no_ping_is_closed(backend: Backend) {
-    let app = spawn_app_with(backend, |s| s.heartbeat = Duration::from_millis(400)).await;
+    let app = spawn_app_with(backend, |s| s.streams.heartbeat = Duration::from_millis(400)).await;
     let key = Key::new();
     // Reading answers pings (tungstenite replies as it reads): three pings
     // later the connection is still there.
@@ -310,9 +310,9 @@ async fn a_peer_that_answers_no_ping_is_closed(backend: Backend) {
 /// reconnect from the last seq it got catches up on the rest exactly once.
 async fn a_slow_consumer_is_closed_with_1013_and_resumes(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
-        s.client_queue = 8;
-        s.slow_client_timeout = Duration::from_millis(300);
-        s.eviction_grace = Duration::from_secs(30);
+        s.streams.client_queue = 8;
+        s.streams.slow_client_timeout = Duration::from_millis(300);
+        s.streams.eviction_grace = Duration::from_secs(30);
     })
     .await;
     let key = Key::new();

@@ -695,14 +695,50 @@ export async function originProof(key, method, body, nonce) {
     const signature = await crypto.subtle.sign({ name: "Ed25519" }, key.privateKey, encoder.encode(`sha256:${hex(digest)}`));
     return { identity: key.identity, signature: b64(signature) };
 }
-/** Close codes after which the same connection would be refused again. */
-const REFUSING_CLOSES = new Set([1002, 1003, 1007, 1008, 1009]);
-/**
- * JSON-RPC errors the same request would meet again (invalid request or
- * params, unauthenticated, forbidden): final. Others (the store
- * unavailable, too many streams, an internal error) are retried.
- */
-const FINAL_RPC_ERRORS = new Set([-32600, -32601, -32602, -32001, -32003]);
+// generated from crates/protocol/src/ws.rs: TIDINGS_BLESS=1 cargo test ws_protocol:: rewrites it
+/** The device protocol's methods. */
+export const METHOD = {
+    HELLO: "stream.hello",
+    AUTH: "stream.auth",
+    DELTA: "sync.delta",
+    ACK: "stream.ack",
+    REAUTH: "stream.reauth",
+    EVENT: "stream.event",
+    GAP: "stream.gap",
+    TOKEN_EXPIRED: "stream.token_expired",
+    FILTER_BUDGET_EXCEEDED: "stream.filter_budget_exceeded",
+};
+/** The JSON-RPC `error.code` of a refusal. */
+export const RPC = {
+    INVALID_REQUEST: -32600,
+    METHOD_NOT_FOUND: -32601,
+    INVALID_PARAMS: -32602,
+    INTERNAL: -32603,
+    UNAUTHENTICATED: -32001,
+    FORBIDDEN: -32003,
+    NOT_FOUND: -32004,
+    CONFLICT: -32009,
+    TRY_LATER: -32013,
+};
+/** The close codes. */
+export const CLOSE = {
+    NORMAL: 1000,
+    GOING_AWAY: 1001,
+    PROTOCOL: 1002,
+    UNSUPPORTED: 1003,
+    ABNORMAL: 1006,
+    INVALID: 1007,
+    POLICY: 1008,
+    TOO_BIG: 1009,
+    INTERNAL: 1011,
+    RESTART: 1012,
+    TRY_LATER: 1013,
+};
+/** Close codes after which the same connection would be refused again: no reconnect. */
+export const REFUSING_CLOSES = new Set([1002, 1003, 1007, 1008, 1009]);
+/** JSON-RPC errors the same request would meet again: final. Others are retried. */
+export const FINAL_RPC_ERRORS = new Set([-32600, -32601, -32602, -32001, -32003]);
+// end of the generated protocol
 /**
  * Connects a device over `GET /v1/ws` (docs/ref-websocket.md):
  * authenticates with an Ed25519 proof over the server's nonce, catches up
@@ -759,7 +795,7 @@ class DeviceConnection {
     close() {
         this.stopped = true;
         this.caughtUp = false;
-        this.socket?.close(1000);
+        this.socket?.close(CLOSE.NORMAL);
         this.setState("closed");
         this.settle(new Error("tidings: the connection was closed"));
     }
@@ -823,7 +859,7 @@ class DeviceConnection {
             try {
                 while (ackWanted > (this.cursor ?? 0) && !this.stopped) {
                     const body = { seq: ackWanted };
-                    const answer = (await rpc("stream.ack", { body, origin_proof: await originProof(this.options.key, "stream.ack", body, nonce) }));
+                    const answer = (await rpc(METHOD.ACK, { body, origin_proof: await originProof(this.options.key, METHOD.ACK, body, nonce) }));
                     this.cursor = Math.max(this.cursor ?? 0, answer.cursor);
                     this.options.onAck?.(this.cursor);
                     if (answer.cursor < body.seq)
@@ -856,7 +892,7 @@ class DeviceConnection {
             // not at the head.
             if (this.highWater > 0 || this.cursorGiven)
                 body.cursor = this.highWater;
-            const { head_seq: head, cursor } = (await rpc("stream.auth", { body, origin_proof: await originProof(this.options.key, "stream.auth", body, nonce) }));
+            const { head_seq: head, cursor } = (await rpc(METHOD.AUTH, { body, origin_proof: await originProof(this.options.key, METHOD.AUTH, body, nonce) }));
             this.cursor = cursor;
             // A high-water mark past the head (a server that lost its log, or
             // another server's ids): what comes after the head is new.
@@ -864,7 +900,7 @@ class DeviceConnection {
                 this.highWater = Math.min(cursor, head);
             let from = Math.max(cursor, 0);
             while (from < head) {
-                const page = (await rpc("sync.delta", { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 }));
+                const page = (await rpc(METHOD.DELTA, { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 }));
                 if (page.gap)
                     gap(page.gap);
                 for (const item of page.items)
@@ -903,7 +939,7 @@ class DeviceConnection {
                         for (const p of pending.values())
                             p.reject(error);
                         pending.clear();
-                        socket.close(1000);
+                        socket.close(CLOSE.NORMAL);
                     }
                     return;
                 }
@@ -918,7 +954,7 @@ class DeviceConnection {
                 return;
             }
             const params = msg.params ?? {};
-            if (msg.method === "stream.hello") {
+            if (msg.method === METHOD.HELLO) {
                 nonce = String(params.nonce);
                 hello = true;
                 // Realtime events queue behind the catch-up (the server sends none
@@ -936,7 +972,7 @@ class DeviceConnection {
                     else
                         report(error);
                     broken = true;
-                    socket.close(1000);
+                    socket.close(CLOSE.NORMAL);
                 });
                 return;
             }
@@ -944,31 +980,31 @@ class DeviceConnection {
                 .then(async () => {
                 if (broken)
                     return;
-                if (msg.method === "stream.event") {
+                if (msg.method === METHOD.EVENT) {
                     const seq = Number(params.seq);
                     await take(seq, params.event);
                     void ack(this.highWater);
                 }
-                else if (msg.method === "stream.gap") {
+                else if (msg.method === METHOD.GAP) {
                     gap(params);
                 }
-                else if (msg.method === "stream.token_expired" && typeof this.options.token === "function") {
+                else if (msg.method === METHOD.TOKEN_EXPIRED && typeof this.options.token === "function") {
                     // The same connection goes on under a fresh token; should the
                     // server refuse it, a new connection asks for one again.
                     try {
-                        await rpc("stream.reauth", { token: await currentToken(this.options) });
+                        await rpc(METHOD.REAUTH, { token: await currentToken(this.options) });
                     }
                     catch (error) {
                         if (!(error instanceof Lost))
                             report(error);
-                        socket.close(1000);
+                        socket.close(CLOSE.NORMAL);
                     }
                 }
             })
                 .catch((error) => {
                 broken = true;
                 report(error);
-                socket.close(1000);
+                socket.close(CLOSE.NORMAL);
             });
         };
         socket.onclose = (e) => {

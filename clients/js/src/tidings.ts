@@ -955,15 +955,50 @@ export interface Connection {
   close(): void;
 }
 
-/** Close codes after which the same connection would be refused again. */
-const REFUSING_CLOSES = new Set([1002, 1003, 1007, 1008, 1009]);
-
-/**
- * JSON-RPC errors the same request would meet again (invalid request or
- * params, unauthenticated, forbidden): final. Others (the store
- * unavailable, too many streams, an internal error) are retried.
- */
-const FINAL_RPC_ERRORS = new Set([-32600, -32601, -32602, -32001, -32003]);
+// generated from crates/protocol/src/ws.rs: TIDINGS_BLESS=1 cargo test ws_protocol:: rewrites it
+/** The device protocol's methods. */
+export const METHOD = {
+  HELLO: "stream.hello",
+  AUTH: "stream.auth",
+  DELTA: "sync.delta",
+  ACK: "stream.ack",
+  REAUTH: "stream.reauth",
+  EVENT: "stream.event",
+  GAP: "stream.gap",
+  TOKEN_EXPIRED: "stream.token_expired",
+  FILTER_BUDGET_EXCEEDED: "stream.filter_budget_exceeded",
+} as const;
+/** The JSON-RPC `error.code` of a refusal. */
+export const RPC = {
+  INVALID_REQUEST: -32600,
+  METHOD_NOT_FOUND: -32601,
+  INVALID_PARAMS: -32602,
+  INTERNAL: -32603,
+  UNAUTHENTICATED: -32001,
+  FORBIDDEN: -32003,
+  NOT_FOUND: -32004,
+  CONFLICT: -32009,
+  TRY_LATER: -32013,
+} as const;
+/** The close codes. */
+export const CLOSE = {
+  NORMAL: 1000,
+  GOING_AWAY: 1001,
+  PROTOCOL: 1002,
+  UNSUPPORTED: 1003,
+  ABNORMAL: 1006,
+  INVALID: 1007,
+  POLICY: 1008,
+  TOO_BIG: 1009,
+  INTERNAL: 1011,
+  RESTART: 1012,
+  TRY_LATER: 1013,
+} as const;
+/** Close codes after which the same connection would be refused again: no reconnect. */
+export const REFUSING_CLOSES: ReadonlySet<number> = new Set([1002, 1003, 1007, 1008, 1009]);
+/** JSON-RPC errors the same request would meet again: final. Others are retried. */
+export const FINAL_RPC_ERRORS: ReadonlySet<number> = new Set([-32600, -32601, -32602, -32001, -32003]);
+// end of the generated protocol
 
 /**
  * Connects a device over `GET /v1/ws` (docs/ref-websocket.md):
@@ -1026,7 +1061,7 @@ class DeviceConnection implements Connection {
   close(): void {
     this.stopped = true;
     this.caughtUp = false;
-    this.socket?.close(1000);
+    this.socket?.close(CLOSE.NORMAL);
     this.setState("closed");
     this.settle(new Error("tidings: the connection was closed"));
   }
@@ -1091,7 +1126,7 @@ class DeviceConnection implements Connection {
       try {
         while (ackWanted > (this.cursor ?? 0) && !this.stopped) {
           const body = { seq: ackWanted };
-          const answer = (await rpc("stream.ack", { body, origin_proof: await originProof(this.options.key, "stream.ack", body, nonce) })) as { cursor: number };
+          const answer = (await rpc(METHOD.ACK, { body, origin_proof: await originProof(this.options.key, METHOD.ACK, body, nonce) })) as { cursor: number };
           this.cursor = Math.max(this.cursor ?? 0, answer.cursor);
           this.options.onAck?.(this.cursor);
           if (answer.cursor < body.seq) break; // capped at the head: nothing more to confirm now
@@ -1118,7 +1153,7 @@ class DeviceConnection implements Connection {
       // A cursor given as 0 goes too: the device starts at the beginning,
       // not at the head.
       if (this.highWater > 0 || this.cursorGiven) body.cursor = this.highWater;
-      const { head_seq: head, cursor } = (await rpc("stream.auth", { body, origin_proof: await originProof(this.options.key, "stream.auth", body, nonce) })) as {
+      const { head_seq: head, cursor } = (await rpc(METHOD.AUTH, { body, origin_proof: await originProof(this.options.key, METHOD.AUTH, body, nonce) })) as {
         head_seq: number;
         cursor: number;
       };
@@ -1128,7 +1163,7 @@ class DeviceConnection implements Connection {
       if (this.highWater > head) this.highWater = Math.min(cursor, head);
       let from = Math.max(cursor, 0);
       while (from < head) {
-        const page = (await rpc("sync.delta", { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 })) as {
+        const page = (await rpc(METHOD.DELTA, { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 })) as {
           items: { seq: number; event: Envelope }[];
           next_since: number;
           has_more: boolean;
@@ -1165,7 +1200,7 @@ class DeviceConnection implements Connection {
             if (finalRpc(error)) rejection = error;
             for (const p of pending.values()) p.reject(error);
             pending.clear();
-            socket.close(1000);
+            socket.close(CLOSE.NORMAL);
           }
           return;
         }
@@ -1177,7 +1212,7 @@ class DeviceConnection implements Connection {
         return;
       }
       const params = msg.params ?? {};
-      if (msg.method === "stream.hello") {
+      if (msg.method === METHOD.HELLO) {
         nonce = String(params.nonce);
         hello = true;
         // Realtime events queue behind the catch-up (the server sends none
@@ -1192,34 +1227,34 @@ class DeviceConnection implements Connection {
             if (error instanceof TidingsError && finalRpc(error)) rejection = error;
             else report(error);
             broken = true;
-            socket.close(1000);
+            socket.close(CLOSE.NORMAL);
           });
         return;
       }
       this.chain = this.chain
         .then(async () => {
           if (broken) return;
-          if (msg.method === "stream.event") {
+          if (msg.method === METHOD.EVENT) {
             const seq = Number(params.seq);
             await take(seq, params.event as Envelope);
             void ack(this.highWater);
-          } else if (msg.method === "stream.gap") {
+          } else if (msg.method === METHOD.GAP) {
             gap(params as unknown as ReplayGap);
-          } else if (msg.method === "stream.token_expired" && typeof this.options.token === "function") {
+          } else if (msg.method === METHOD.TOKEN_EXPIRED && typeof this.options.token === "function") {
             // The same connection goes on under a fresh token; should the
             // server refuse it, a new connection asks for one again.
             try {
-              await rpc("stream.reauth", { token: await currentToken(this.options) });
+              await rpc(METHOD.REAUTH, { token: await currentToken(this.options) });
             } catch (error) {
               if (!(error instanceof Lost)) report(error);
-              socket.close(1000);
+              socket.close(CLOSE.NORMAL);
             }
           }
         })
         .catch((error) => {
           broken = true;
           report(error);
-          socket.close(1000);
+          socket.close(CLOSE.NORMAL);
         });
     };
     socket.onclose = (e: CloseEvent) => {

@@ -83,29 +83,29 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
 /// only allowed on a loopback address: anyone who can reach the port could
 /// otherwise publish as anyone and read everything.
 pub fn resolve_auth(settings: &Settings) -> anyhow::Result<AuthMode> {
-    let verifier = match (&settings.jwt_hs256_secret, &settings.jwt_public_key_file) {
+    let verifier = match (&settings.auth.jwt_hs256_secret, &settings.auth.jwt_public_key_file) {
         (Some(_), Some(_)) => anyhow::bail!("set only one of TIDINGS_JWT_HS256_SECRET and TIDINGS_JWT_PUBLIC_KEY_FILE"),
         (Some(secret), None) => Some(Verifier::hs256(secret.expose().as_bytes())?),
         (None, Some(path)) => Some(Verifier::public_key_file(path)?),
         (None, None) => None,
     }
-    .map(|v| v.expect(settings.jwt_audience.as_deref(), settings.jwt_issuer.as_deref()));
-    match (settings.auth, verifier) {
+    .map(|v| v.expect(settings.auth.jwt_audience.as_deref(), settings.auth.jwt_issuer.as_deref()));
+    match (settings.auth.auth, verifier) {
         (Some(AuthSetting::Jwt), None) => {
             anyhow::bail!("TIDINGS_AUTH=jwt needs a key: set TIDINGS_JWT_HS256_SECRET or TIDINGS_JWT_PUBLIC_KEY_FILE")
         }
         (Some(AuthSetting::Jwt) | None, Some(verifier)) => Ok(AuthMode::Jwt(Arc::new(verifier))),
         (Some(AuthSetting::Off), _) | (None, None) => {
-            if !settings.listen.ip().is_loopback() {
+            if !settings.http.listen.ip().is_loopback() {
                 anyhow::bail!(
                     "refusing to listen on {} with authentication off: anyone who reaches this address could publish as any agent and \
                      read every event. Configure TIDINGS_JWT_HS256_SECRET or TIDINGS_JWT_PUBLIC_KEY_FILE, or listen on a loopback \
                      address (127.0.0.1 or ::1) for local development",
-                    settings.listen
+                    settings.http.listen
                 );
             }
             tracing::warn!(
-                listen = %settings.listen,
+                listen = %settings.http.listen,
                 "authentication is off: every local caller may publish and read everything (development only; configure a JWT key for anything else)"
             );
             Ok(AuthMode::Off)
@@ -174,51 +174,44 @@ impl Application {
     /// Builds every subsystem and binds the listen address.
     pub async fn build(mut settings: Settings) -> anyhow::Result<Self> {
         let auth = resolve_auth(&settings)?;
-        crate::http::cors(&settings.cors_origins)?;
+        crate::http::cors(&settings.http.cors_origins)?;
         let metrics = crate::metrics::install();
         let store = open_store(&settings).await?;
-        let registry = Arc::new(Registry::load(&settings.registry, settings.registry_mode).context("loading the event-type registry")?);
+        let registry = Arc::new(
+            Registry::load(&settings.publish.registry, settings.publish.registry_mode).context("loading the event-type registry")?,
+        );
         crate::metrics::register_types(registry.docs().map(|d| d.name.as_str()));
         tracing::info!(
             source = registry.source(),
             types = registry.len(),
-            mode = ?settings.registry_mode,
+            mode = ?settings.publish.registry_mode,
             "event-type registry in force (TIDINGS_REGISTRY names a directory of <type>.json files to bring your own)"
         );
         let head = store.head().await.context("reading the head of the event log")?;
-        tracing::info!(store = store.kind().as_str(), head, registered_types = registry.len(), mode = ?settings.registry_mode, "store opened");
+        tracing::info!(store = store.kind().as_str(), head, registered_types = registry.len(), mode = ?settings.publish.registry_mode, "store opened");
 
-        let broker = Broker::new(
-            store.clone(),
-            head,
-            BrokerSettings {
-                client_queue: settings.client_queue as usize,
-                slow_client_timeout: settings.slow_client_timeout,
-                eviction_grace: settings.eviction_grace,
-                read_batch: settings.read_batch as usize,
-            },
-        );
+        let broker = Broker::new(store.clone(), head, BrokerSettings::from_settings(&settings.streams));
         let shutdown = CancellationToken::new();
         let draining = CancellationToken::new();
-        let (drain_delay, drain_window) = (settings.drain_delay, settings.drain);
-        let listener = TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
+        let (drain_delay, drain_window) = (settings.lifecycle.drain_delay, settings.lifecycle.drain);
+        let listener = TcpListener::bind(settings.http.listen).await.with_context(|| format!("binding {}", settings.http.listen))?;
         let addr = listener.local_addr()?;
         // What peers are told to reach this server at.
-        if settings.public_url.is_empty() {
-            let scheme = if settings.tls_cert_file.is_some() { "https" } else { "http" };
-            settings.public_url = format!("{scheme}://{addr}");
+        if settings.http.public_url.is_empty() {
+            let scheme = if settings.http.tls_cert_file.is_some() { "https" } else { "http" };
+            settings.http.public_url = format!("{scheme}://{addr}");
         }
-        settings.public_url = settings.public_url.trim_end_matches('/').to_owned();
-        tidings_protocol::peer::check_endpoint(&settings.public_url).map_err(|e| anyhow::anyhow!("TIDINGS_PUBLIC_URL: {e}"))?;
+        settings.http.public_url = settings.http.public_url.trim_end_matches('/').to_owned();
+        tidings_protocol::peer::check_endpoint(&settings.http.public_url).map_err(|e| anyhow::anyhow!("TIDINGS_PUBLIC_URL: {e}"))?;
         let options = ServeOptions {
-            header_timeout: settings.header_timeout,
-            shutdown_timeout: settings.shutdown_timeout,
+            header_timeout: settings.http.header_timeout,
+            shutdown_timeout: settings.lifecycle.shutdown_timeout,
             direct: crate::http::streams,
             // The broker's own bound for a stuck live client: dropped after
             // the slow-client timeout, closed by force after the grace.
-            write_timeout: settings.slow_client_timeout + settings.eviction_grace,
+            write_timeout: settings.streams.slow_client_timeout + settings.streams.eviction_grace,
             refuse: crate::http::head_refusal,
-            tls: match (&settings.tls_cert_file, &settings.tls_key_file) {
+            tls: match (&settings.http.tls_cert_file, &settings.http.tls_key_file) {
                 (Some(cert), Some(key)) => {
                     let (config, certificates) = crate::server::tls::load(cert, key).context("loading the TLS certificate")?;
                     tokio::spawn(reload_on_hangup(certificates, shutdown.clone()));
@@ -230,8 +223,8 @@ impl Application {
         let history = settings.history.clone();
         let consumer_ttl = settings.poll.consumer_ttl;
         let background = Background {
-            health_probe: settings.health_probe_interval,
-            engine: crate::federation::engine::EngineSettings::from_settings(&settings.federation, &settings.public_url),
+            health_probe: settings.lifecycle.health_probe_interval,
+            engine: crate::federation::engine::EngineSettings::from_settings(&settings.federation, &settings.http.public_url),
         };
         let server = Arc::new(crate::keyfile::load_or_create(settings.server_key_file.as_deref(), &settings.data_dir)?);
         tracing::info!(identity = server.hash(), "server identity");
@@ -253,7 +246,10 @@ impl Application {
         // What tidings.publish (SQL) checks names against: this registry.
         let names = core.registry().docs().flat_map(|d| std::iter::once(d.name.clone()).chain(d.renamed_from.iter().cloned())).collect();
         let strict = core.registry().mode() == crate::registry::RegistryMode::Strict;
-        core.store().registry_sync(names, strict, core.settings().max_payload).await.context("writing the registry for tidings.publish")?;
+        core.store()
+            .registry_sync(names, strict, core.settings().publish.max_payload)
+            .await
+            .context("writing the registry for tidings.publish")?;
         let state = AppState::new(core.clone(), auth, metrics);
         Ok(Self {
             core,

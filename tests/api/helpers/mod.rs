@@ -1,7 +1,13 @@
 //! The test harness: a real server on a random loopback port, on a fresh
-//! PostgreSQL database or a fresh embedded data directory per test.
+//! PostgreSQL database or a fresh embedded data directory per test; and,
+//! one file per concern, the helpers more than one test file uses:
+//! `tokens`, `device` (a WebSocket device), `federation` (peers, signed
+//! EXECUTEs, server processes), `mirrors`, `epochs` (backups, promotions).
 
 pub(crate) mod device;
+pub(crate) mod epochs;
+pub(crate) mod federation;
+pub(crate) mod mirrors;
 pub(crate) mod tokens;
 
 use std::ops::ControlFlow;
@@ -64,12 +70,12 @@ pub(crate) async fn fresh_database_on(admin: &str) -> (String, String) {
 /// variables), loopback port 0, short timeouts.
 pub(crate) fn test_settings() -> Settings {
     let mut s = Settings::defaults();
-    s.listen = "127.0.0.1:0".parse().unwrap();
+    s.http.listen = "127.0.0.1:0".parse().unwrap();
     s.database_url = None;
     s.data_dir = std::env::temp_dir().join(format!("tidings-test-{}", rand::random::<u64>()));
-    s.registry = concat!(env!("CARGO_MANIFEST_DIR"), "/registry").into();
-    s.registry_mode = tidings_server::registry::RegistryMode::Warn;
-    s.shutdown_timeout = Duration::from_secs(3);
+    s.publish.registry = concat!(env!("CARGO_MANIFEST_DIR"), "/registry").into();
+    s.publish.registry_mode = tidings_server::registry::RegistryMode::Warn;
+    s.lifecycle.shutdown_timeout = Duration::from_secs(3);
     s
 }
 
@@ -527,4 +533,22 @@ pub(crate) async fn terminate_listeners(client: &tokio_postgres::Client, name: &
         .await
         .unwrap()
         .get(0)
+}
+
+/// Replaces what lies between the line `begin` starts and the line `end`
+/// starts in the file at `path` (from the repository's root) with
+/// `generated`, when `TIDINGS_BLESS` is set; otherwise fails when they
+/// differ: what the code generates (a table in the book, the clients'
+/// protocol constants) cannot drift from it.
+pub(crate) fn generated_in(path: &str, begin: &str, end: &str, generated: &str) {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let (head, rest) = text.split_once(begin).unwrap_or_else(|| panic!("{path} has {begin:?}"));
+    let (marker_line, rest) = rest.split_once('\n').unwrap();
+    let (committed, tail) = rest.split_once(end).unwrap_or_else(|| panic!("{path} has {end:?}"));
+    if std::env::var_os("TIDINGS_BLESS").is_some() {
+        std::fs::write(&file, format!("{head}{begin}{marker_line}\n{generated}{end}{tail}")).unwrap();
+        return;
+    }
+    assert_eq!(committed, generated, "{path} differs from what the code generates: run TIDINGS_BLESS=1 with this test");
 }

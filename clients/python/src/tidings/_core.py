@@ -11,7 +11,7 @@ import logging
 import random
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Final, Literal, Mapping, Sequence
 
 import httpx
 import rfc8785
@@ -212,10 +212,41 @@ class DeviceKey:
         return {"identity": self.identity, "signature": base64.b64encode(signature).decode()}
 
 
-#: Close codes after which the same connection would be refused again.
-REFUSING_CLOSES = frozenset({1002, 1003, 1007, 1008, 1009})
-#: JSON-RPC errors the same request would meet again: final.
-FINAL_RPC_ERRORS = frozenset({-32600, -32601, -32602, -32001, -32003})
+# generated from crates/protocol/src/ws.rs: TIDINGS_BLESS=1 cargo test ws_protocol:: rewrites it
+METHOD_HELLO: Final = "stream.hello"
+METHOD_AUTH: Final = "stream.auth"
+METHOD_DELTA: Final = "sync.delta"
+METHOD_ACK: Final = "stream.ack"
+METHOD_REAUTH: Final = "stream.reauth"
+METHOD_EVENT: Final = "stream.event"
+METHOD_GAP: Final = "stream.gap"
+METHOD_TOKEN_EXPIRED: Final = "stream.token_expired"
+METHOD_FILTER_BUDGET_EXCEEDED: Final = "stream.filter_budget_exceeded"
+RPC_INVALID_REQUEST: Final = -32600
+RPC_METHOD_NOT_FOUND: Final = -32601
+RPC_INVALID_PARAMS: Final = -32602
+RPC_INTERNAL: Final = -32603
+RPC_UNAUTHENTICATED: Final = -32001
+RPC_FORBIDDEN: Final = -32003
+RPC_NOT_FOUND: Final = -32004
+RPC_CONFLICT: Final = -32009
+RPC_TRY_LATER: Final = -32013
+CLOSE_NORMAL: Final = 1000
+CLOSE_GOING_AWAY: Final = 1001
+CLOSE_PROTOCOL: Final = 1002
+CLOSE_UNSUPPORTED: Final = 1003
+CLOSE_ABNORMAL: Final = 1006
+CLOSE_INVALID: Final = 1007
+CLOSE_POLICY: Final = 1008
+CLOSE_TOO_BIG: Final = 1009
+CLOSE_INTERNAL: Final = 1011
+CLOSE_RESTART: Final = 1012
+CLOSE_TRY_LATER: Final = 1013
+#: Close codes after which the same connection would be refused again: no reconnect.
+REFUSING_CLOSES: Final = frozenset({1002, 1003, 1007, 1008, 1009})
+#: JSON-RPC errors the same request would meet again: final. Others are retried.
+FINAL_RPC_ERRORS: Final = frozenset({-32600, -32601, -32602, -32001, -32003})
+# end of the generated protocol
 
 
 def rpc_refusal(error: Mapping[str, Any]) -> Refused:

@@ -15,6 +15,14 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from ._core import (
+    CLOSE_ABNORMAL,
+    METHOD_ACK,
+    METHOD_AUTH,
+    METHOD_DELTA,
+    METHOD_EVENT,
+    METHOD_GAP,
+    METHOD_HELLO,
+    METHOD_TOKEN_EXPIRED,
     POLL_SLACK,
     REFUSING_CLOSES,
     RETRIED_STATUSES,
@@ -399,7 +407,7 @@ class Device:
                     body = error.response.body or b""
                     raise refusal_of_upgrade(status, body) from error
             except ConnectionClosed as closed:
-                code = closed.rcvd.code if closed.rcvd is not None else 1006
+                code = closed.rcvd.code if closed.rcvd is not None else CLOSE_ABNORMAL
                 if code in REFUSING_CLOSES:
                     reason = closed.rcvd.reason if closed.rcvd is not None else ""
                     raise Refused(0, reason or "protocol_error", f"closed with {code}", close_code=code) from closed
@@ -452,7 +460,7 @@ class _Session:
         if seq <= (self.state.cursor or 0) or seq <= 0:
             return
         body = {"seq": seq}
-        self.acks_pending.add(self.send("stream.ack", {"body": body, "origin_proof": self.state.key.proof("stream.ack", body, self.nonce)}))
+        self.acks_pending.add(self.send(METHOD_ACK, {"body": body, "origin_proof": self.state.key.proof(METHOD_ACK, body, self.nonce)}))
 
     def confirm(self, timeout: float) -> None:
         target = max(self.state.high_water, self.state.handed_out)
@@ -464,12 +472,12 @@ class _Session:
 
     def run(self, backoff: Backoff) -> Generator[tuple[int, Envelope], None, None]:
         hello = self.receive(timeout=30)
-        if hello.get("method") != "stream.hello":
+        if hello.get("method") != METHOD_HELLO:
             raise Lost()
         self.nonce = str(hello["params"]["nonce"])
         state = self.state
         body = state.auth_body()
-        answer = self.call("stream.auth", {"body": body, "origin_proof": state.key.proof("stream.auth", body, self.nonce)})
+        answer = self.call(METHOD_AUTH, {"body": body, "origin_proof": state.key.proof(METHOD_AUTH, body, self.nonce)})
         head, cursor = int(answer["head_seq"]), int(answer["cursor"])
         state.cursor = cursor
         state.connections += 1
@@ -477,7 +485,7 @@ class _Session:
             state.high_water = min(cursor, head)
         since = max(cursor, 0)
         while since < head:
-            page = self.call("sync.delta", {"device_id": state.device_id, "since": since, "limit": state.page_size})
+            page = self.call(METHOD_DELTA, {"device_id": state.device_id, "since": since, "limit": state.page_size})
             if isinstance(page.get("gap"), dict):
                 state.gaps.append(Gap.from_json(page["gap"]))
             for item in page["items"]:
@@ -503,16 +511,16 @@ class _Session:
                 message = self.receive()
             method = message.get("method")
             params = message.get("params") or {}
-            if method == "stream.event":
+            if method == METHOD_EVENT:
                 seq = int(params["seq"])
                 if seq <= state.high_water:
                     continue
                 state.handed_out = seq
                 yield seq, Envelope.from_json(params["event"])
                 state.high_water = seq
-            elif method == "stream.gap":
+            elif method == METHOD_GAP:
                 state.gaps.append(Gap.from_json(params))
-            elif method == "stream.token_expired":
+            elif method == METHOD_TOKEN_EXPIRED:
                 raise Lost()  # the next connection asks the token function again
 
 

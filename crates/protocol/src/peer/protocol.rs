@@ -3,7 +3,8 @@
 //! for every caller: the courier's deliveries, the mirrors' subscriptions
 //! and `tidings subscribe`.
 //! - [`Execute`]: the signed `system/protocol/execute` envelope a peer's
-//!   `POST /v1/execute` takes, built one way;
+//!   `POST /v1/execute` takes, built one way ([`SignedExecute`]: nothing
+//!   else makes one);
 //! - [`receive_token`]: the capability a subscriber grants its upstream to
 //!   deliver into an inbox;
 //! - [`Subscribed::from_answer`]: what a subscribe's answer says (`200`
@@ -96,10 +97,56 @@ impl Execute {
     /// The envelope `{execute, included}`: `key`'s signature over the
     /// EXECUTE's hash and `key`'s identity join what `included` carries
     /// (capability chains, bundled entities).
-    pub fn signed(self, key: &ServerIdentity, mut included: Map<String, Value>) -> Value {
+    pub fn signed(self, key: &ServerIdentity, mut included: Map<String, Value>) -> SignedExecute {
         let execute = Entity { kind: EXECUTE.into(), data: Value::Object(self.data) };
         key.sign_into(&execute.canonical().1, &mut included);
-        json!({"execute": execute, "included": included})
+        SignedExecute(json!({"execute": execute, "included": included}))
+    }
+}
+
+/// A signed EXECUTE envelope, `{execute, included}`, as a peer's
+/// `POST /v1/execute` takes it. [`Execute::signed`] is the only way to make
+/// one, so whatever sends a `SignedExecute` (the courier, the mirrors,
+/// `tidings subscribe`, the peer benches) sends what the one builder made;
+/// it reads as JSON ([`Deref`](std::ops::Deref)) and serializes as it.
+///
+/// ```
+/// use tidings_protocol::identity::ServerIdentity;
+/// use tidings_protocol::peer::protocol::{Execute, SignedExecute};
+///
+/// let key = ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&[7; 32]));
+/// let signed: SignedExecute = Execute::new("system/subscription", "subscribe", key.hash()).signed(&key, Default::default());
+/// assert_eq!(signed["execute"]["type"], "system/protocol/execute");
+/// ```
+///
+/// Nothing else makes one: not from a JSON value,
+///
+/// ```compile_fail
+/// let forged = tidings_protocol::peer::protocol::SignedExecute(serde_json::json!({}));
+/// ```
+///
+/// nor by parsing.
+///
+/// ```compile_fail
+/// let forged: tidings_protocol::peer::protocol::SignedExecute = serde_json::from_str("{}").unwrap();
+/// ```
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(transparent)]
+pub struct SignedExecute(Value);
+
+impl SignedExecute {
+    /// The envelope as JSON, to inspect or change (a changed one is a
+    /// `Value`, no longer a `SignedExecute`).
+    pub fn into_value(self) -> Value {
+        self.0
+    }
+}
+
+impl std::ops::Deref for SignedExecute {
+    type Target = Value;
+
+    fn deref(&self) -> &Value {
+        &self.0
     }
 }
 

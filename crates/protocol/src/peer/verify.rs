@@ -164,6 +164,7 @@ mod tests {
             .sequence(7)
             .epochs(&[(2, 3, 5)])
             .signed(&author, Map::new());
+        let built = built.into_value();
         let verified = verify(envelope(built.clone())).unwrap();
         assert_eq!((verified.data.operation.as_str(), verified.data.sequence), ("subscribe", Some(7)));
         assert_eq!(verified.data.epochs, vec![SenderEpoch { number: 2, fork: 3, base: 5 }]);
@@ -195,7 +196,7 @@ mod tests {
             included.insert(format!("sha256:{i}"), json!({"type": "note", "data": {}}));
         }
         let built = Execute::new("system/subscription", "subscribe", author.hash()).signed(&author, included);
-        assert!(matches!(verify(envelope(built)), Err(VerifyError::Included(_))));
+        assert!(matches!(verify(envelope(built.into_value())), Err(VerifyError::Included(_))));
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! (KurrentDB's drop-to-catch-up) instead of being dropped.
 
 mod ending;
+mod fanout;
 mod frame;
 pub mod index;
 mod queue;
@@ -29,16 +30,14 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use opentelemetry::KeyValue;
-use opentelemetry::trace::{Span as _, SpanKind};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::filter::{Filter, MatchInput};
+use crate::filter::Filter;
 use crate::metrics as m;
-use crate::store::{EventLog, HandOff, Record};
-use tidings_protocol::event::{Event, EventId};
+use crate::store::{EventLog, HandOff};
+use tidings_protocol::event::EventId;
 
 /// How often a drain ends its next share of clients.
 const DRAIN_TICK: Duration = Duration::from_millis(50);
@@ -55,6 +54,18 @@ pub struct BrokerSettings {
     pub eviction_grace: Duration,
     /// Rows read from the store per round.
     pub read_batch: usize,
+}
+
+impl BrokerSettings {
+    /// The broker's part of the streams' section.
+    pub fn from_settings(streams: &crate::config::StreamSettings) -> Self {
+        Self {
+            client_queue: streams.client_queue as usize,
+            slow_client_timeout: streams.slow_client_timeout,
+            eviction_grace: streams.eviction_grace,
+            read_batch: streams.read_batch as usize,
+        }
+    }
 }
 
 /// What a transport tells the broker about a new client.
@@ -338,138 +349,6 @@ impl Broker {
         })
     }
 
-    /// Fans `rows` (in id order) out to every matching client. Rows at or
-    /// below the position went out already (handed off while the broker
-    /// read them) and are skipped. With `next_only` the rows are taken only
-    /// if they leave no id out (the first is at most the next one): whether
-    /// they were.
-    fn fan_out(&self, rows: Vec<Record>, next_only: bool) -> bool {
-        let (Some(first), Some(last)) = (rows.first().map(|r| r.id), rows.last().map(|r| r.id)) else { return true };
-        let now_wall = chrono::Utc::now().timestamp_millis();
-        let lag_of = |row: &Record| (now_wall - row.recorded_ms).max(0) as f64 / 1000.0;
-        let lags = m::broker_lag();
-        {
-            let mut clients = self.lock();
-            if next_only && first > clients.position + 1 {
-                return false;
-            }
-            if last <= clients.position {
-                return true;
-            }
-            if clients.map.is_empty() {
-                // Nobody to match: nothing is parsed, and the position moves
-                // on under the lock (a client registering now learns it).
-                rows.iter().for_each(|row| lags.record(lag_of(row)));
-                self.shared.lag_ms.store((lag_of(&rows[rows.len() - 1]) * 1000.0) as u64, Ordering::Relaxed);
-                self.advance(&mut clients, last);
-                return true;
-            }
-        }
-        let mut events = Vec::with_capacity(rows.len());
-        for row in rows {
-            let lag = lag_of(&row);
-            lags.record(lag);
-            self.shared.lag_ms.store((lag * 1000.0) as u64, Ordering::Relaxed);
-            match Event::from_stored(row.id, &row.body, row.recorded_ms) {
-                Ok(event) => events.push(event),
-                // A row that does not parse was not written by this version of
-                // tidings; skipping it keeps every other client live.
-                Err(e) => tracing::error!(id = row.id, error = %crate::report::chain(&e), "skipping an unreadable event row"),
-            }
-        }
-        let mut guard = self.lock();
-        let clients = &mut *guard;
-        // Checked again: the broker's own read may have gone out meanwhile.
-        if next_only && first > clients.position + 1 {
-            return false;
-        }
-        if last <= clients.position {
-            return true;
-        }
-        let position = clients.position;
-        events.retain(|e| e.id > position);
-        // Evicted clients get no later frame of this round; they are removed
-        // once the round is over (the index is borrowed until then).
-        let mut evict: Vec<(u64, Detached)> = Vec::new();
-        clients.rounds += 1;
-        let round = clients.rounds;
-        let bound = self.shared.settings.client_queue;
-        // Read once per round, and only if a queue needs it.
-        let mut now = None;
-        {
-            let mut candidates = Vec::new();
-            for event in &events {
-                // Only clients the index names are checked, with the full filter
-                // (minus the type check when the index already settled it).
-                let input = MatchInput::new(&event.body);
-                clients.index.candidates(&input, &mut candidates);
-                let mut frame = None;
-                // The event's fan-out span, when spans are exported and it
-                // is traced: how many clients it was queued for.
-                let span = frame::trace_of(event).and_then(|parent| {
-                    crate::telemetry::start(
-                        "fan-out",
-                        SpanKind::Internal,
-                        Some(&parent),
-                        &[],
-                        vec![KeyValue::new("messaging.message.id", event.id)],
-                    )
-                });
-                let mut queued = 0i64;
-                for &(id, slot, type_matched) in &candidates {
-                    if !slot.filter.matches_after_types(&input, type_matched) || evict.iter().any(|(e, _)| *e == id) {
-                        continue;
-                    }
-                    // Built once per event, and only if someone wants it.
-                    let frame = frame.get_or_insert_with(|| Frame::of(event));
-                    match slot.state.queue.push(frame.clone(), bound) {
-                        Ok(was_empty) => {
-                            queued += 1;
-                            let state = &slot.state;
-                            if was_empty {
-                                // A client that had taken everything is not
-                                // behind: the no-progress clock starts with
-                                // this frame, not at its last take (which,
-                                // for an idle client, may be long ago).
-                                state.last_progress_ms.store(*now.get_or_insert_with(|| self.now_ms()), Ordering::Relaxed);
-                            }
-                            if state.round.swap(round, Ordering::Relaxed) == round {
-                                state.round_pushed.fetch_add(1, Ordering::Relaxed);
-                            } else {
-                                state.round_pushed.store(1, Ordering::Relaxed);
-                            }
-                        }
-                        Err(queue::Refused::Full) => {
-                            let state = &slot.state;
-                            // Behind, not slow: still replaying, or the whole
-                            // queue was filled by this round (a burst larger
-                            // than the queue). Such a client catches up from
-                            // the store; one whose queue was already backed up
-                            // before this round is slow and is dropped.
-                            let burst =
-                                state.round.load(Ordering::Relaxed) == round && state.round_pushed.load(Ordering::Relaxed) >= bound as u64;
-                            let reason =
-                                if burst || state.catching_up.load(Ordering::Acquire) { Detached::Lagged } else { Detached::QueueFull };
-                            evict.push((id, reason));
-                        }
-                        Err(queue::Refused::Closed) => {}
-                    }
-                }
-                if let Some(mut span) = span {
-                    span.set_attribute(KeyValue::new("tidings.clients", queued));
-                    span.set_attribute(KeyValue::new("tidings.bytes", queued * event.envelope.len() as i64));
-                }
-            }
-        }
-        for (id, reason) in evict {
-            if let Some(slot) = clients.remove(id) {
-                self.detach(&slot, reason);
-            }
-        }
-        self.advance(clients, last);
-        true
-    }
-
     /// Every event up to `last` has gone out (called under the lock).
     fn advance(&self, clients: &mut Clients, last: EventId) {
         clients.position = last;
@@ -542,8 +421,8 @@ pub(crate) mod tests {
         .expect("a sample body")
     }
 
-    fn row(id: EventId) -> Record {
-        Record { id, body: sample_body().to_json(), recorded_ms: 0 }
+    fn row(id: EventId) -> crate::store::Record {
+        crate::store::Record { id, body: sample_body().to_json(), recorded_ms: 0 }
     }
 
     fn ids(sub: &mut Subscription) -> Vec<EventId> {

@@ -15,8 +15,8 @@ use serde::Deserialize;
 
 use super::{Caller, EVENTS, ExecuteError, Executed, HANDLER, Limits, SubscribeRequest, Subscriptions};
 use tidings_protocol::glob::Glob;
-use tidings_protocol::peer::verify::{Envelope, Verified, VerifyError, verify};
-use tidings_protocol::tree::capability;
+use tidings_protocol::peer::verify::{Envelope, ExecuteData, Resource, Verified, VerifyError, verify};
+use tidings_protocol::tree::capability::{self, Included, Token};
 use tidings_protocol::tree::validate_path;
 
 /// How the HTTP layer calls [`execute`].
@@ -64,21 +64,11 @@ struct CancelData {
     subscription_id: String,
 }
 
-/// Runs one EXECUTE.
+/// Runs one EXECUTE: reads and verifies it, routes it (one of this
+/// server's inboxes, or the subscription handler), checks the caller
+/// capability, then runs the operation with its parameters.
 pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result<Executed, ExecuteError> {
-    let envelope: Envelope = match crate::json::from_object_slice(body) {
-        Ok(e) => e,
-        Err(e) => {
-            return Err(ExecuteError::InvalidExecute(format!(
-                "the body must be {{\"execute\": {{type, data}}, \"included\": {{hash: entity}}}}: {e}"
-            )));
-        }
-    };
-    let Verified { data, included } = verify(envelope).map_err(|e| match e {
-        VerifyError::Execute(m) => ExecuteError::InvalidExecute(m),
-        VerifyError::Included(m) => ExecuteError::InvalidIncluded(m),
-        VerifyError::Signature(m) => ExecuteError::SignatureInvalid(m),
-    })?;
+    let Verified { data, included } = read(body)?;
     if let Some(inbox) = super::inbox::local_inbox(&data.uri, handler.identity().hash()) {
         let targets = data.resource.map(|r| r.targets).unwrap_or_default();
         let delivery = super::inbox::Delivery {
@@ -99,43 +89,8 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
     if data.operation != "subscribe" && data.operation != "unsubscribe" {
         return Err(ExecuteError::UnknownOperation(format!("{HANDLER} has subscribe and unsubscribe, not {:?}", data.operation)));
     }
-    let targets = data.resource.map(|r| r.targets).unwrap_or_default();
-    let mut patterns = Vec::with_capacity(targets.len());
-    for t in &targets {
-        match Glob::new_path(t) {
-            Ok(g) => patterns.push(g),
-            Err(e) => return Err(ExecuteError::InvalidResource(format!("resource target {t:?}: {e}"))),
-        }
-    }
-    // The caller capability: rooted at this server, granted to the author,
-    // allowing the operation on every target.
-    let chain = match &data.capability {
-        None if call.auth_on => {
-            return Err(ExecuteError::CapabilityRequired("an EXECUTE needs a caller capability when authentication is on".into()));
-        }
-        None => None,
-        Some(cap) => {
-            let chain = match capability::resolve_chain(&included, cap, call.now_ms) {
-                Ok(chain) => chain,
-                Err(e) => return Err(ExecuteError::CapabilityInvalid(format!("caller capability: {e}"))),
-            };
-            let server = handler.identity().hash();
-            if chain.last().is_none_or(|root| root.granter != server) {
-                return Err(ExecuteError::CapabilityInvalid("the caller capability is not rooted at this server".into()));
-            }
-            if chain[0].grantee != data.author {
-                return Err(ExecuteError::CapabilityInvalid("the caller capability is not granted to the EXECUTE's author".into()));
-            }
-            if let Some(p) = patterns.iter().find(|p| !capability::chain_covers(&chain, HANDLER, &data.operation, p)) {
-                return Err(ExecuteError::CapabilityInsufficient(format!(
-                    "the caller capability does not grant {} on {}",
-                    data.operation,
-                    p.as_str()
-                )));
-            }
-            Some(chain)
-        }
-    };
+    let patterns = targets(data.resource.as_ref())?;
+    let chain = caller_chain(handler, &data, &included, &patterns, &call)?;
     let caller = Caller {
         author: &data.author,
         capability: chain.as_deref(),
@@ -160,10 +115,69 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
     let Some(pattern) = patterns.into_iter().next() else {
         return Err(ExecuteError::InvalidResource("subscribe needs resource.targets[0], the pattern to watch".into()));
     };
-    let request: RequestData = match crate::json::from_object(params.data) {
-        Ok(r) => r,
-        Err(e) => return Err(ExecuteError::InvalidParams(e.to_string())),
+    let request = subscribe_request(handler, pattern, params.data)?;
+    handler.subscribe(&caller, request).await
+}
+
+/// The envelope, parsed, with its included entities named by their hashes
+/// and the author's signature checked.
+fn read(body: &[u8]) -> Result<Verified, ExecuteError> {
+    let envelope: Envelope = crate::json::from_object_slice(body).map_err(|e| {
+        ExecuteError::InvalidExecute(format!("the body must be {{\"execute\": {{type, data}}, \"included\": {{hash: entity}}}}: {e}"))
+    })?;
+    verify(envelope).map_err(|e| match e {
+        VerifyError::Execute(m) => ExecuteError::InvalidExecute(m),
+        VerifyError::Included(m) => ExecuteError::InvalidIncluded(m),
+        VerifyError::Signature(m) => ExecuteError::SignatureInvalid(m),
+    })
+}
+
+/// The resource targets, each a path pattern.
+fn targets(resource: Option<&Resource>) -> Result<Vec<Glob>, ExecuteError> {
+    let targets = resource.map(|r| r.targets.as_slice()).unwrap_or_default();
+    targets.iter().map(|t| Glob::new_path(t).map_err(|e| ExecuteError::InvalidResource(format!("resource target {t:?}: {e}")))).collect()
+}
+
+/// The caller capability's chain: rooted at this server, granted to the
+/// author, allowing the operation on every target. `None` when the EXECUTE
+/// carries none and authentication is off.
+fn caller_chain(
+    handler: &Subscriptions,
+    data: &ExecuteData,
+    included: &Included,
+    patterns: &[Glob],
+    call: &Call,
+) -> Result<Option<Vec<Token>>, ExecuteError> {
+    let Some(cap) = &data.capability else {
+        if call.auth_on {
+            return Err(ExecuteError::CapabilityRequired("an EXECUTE needs a caller capability when authentication is on".into()));
+        }
+        return Ok(None);
     };
+    let chain = capability::resolve_chain(included, cap, call.now_ms)
+        .map_err(|e| ExecuteError::CapabilityInvalid(format!("caller capability: {e}")))?;
+    let server = handler.identity().hash();
+    if chain.last().is_none_or(|root| root.granter != server) {
+        return Err(ExecuteError::CapabilityInvalid("the caller capability is not rooted at this server".into()));
+    }
+    if chain[0].grantee != data.author {
+        return Err(ExecuteError::CapabilityInvalid("the caller capability is not granted to the EXECUTE's author".into()));
+    }
+    if let Some(p) = patterns.iter().find(|p| !capability::chain_covers(&chain, HANDLER, &data.operation, p)) {
+        return Err(ExecuteError::CapabilityInsufficient(format!(
+            "the caller capability does not grant {} on {}",
+            data.operation,
+            p.as_str()
+        )));
+    }
+    Ok(Some(chain))
+}
+
+/// A subscribe's parameters (`system/subscription/request`), checked: the
+/// events it asks for, where notifications go (an inbox here, or on a
+/// peer), and the relay it may name.
+fn subscribe_request(handler: &Subscriptions, pattern: Glob, params: serde_json::Value) -> Result<SubscribeRequest, ExecuteError> {
+    let request: RequestData = crate::json::from_object(params).map_err(|e| ExecuteError::InvalidParams(e.to_string()))?;
     let mut events = request.events.unwrap_or_else(|| EVENTS.iter().map(|e| (*e).to_owned()).collect());
     if events.is_empty() || events.iter().any(|e| !EVENTS.contains(&e.as_str())) {
         return Err(ExecuteError::InvalidParams("events must be a non-empty subset of created, updated, deleted".into()));
@@ -190,7 +204,7 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
     }
     // An inbox of this server named by its full URI is stored as the path.
     let deliver_uri = if deliver_peer.is_some() { request.deliver_to.uri } else { deliver_path.clone() };
-    let request = SubscribeRequest {
+    Ok(SubscribeRequest {
         pattern,
         events,
         deliver_uri,
@@ -201,6 +215,5 @@ pub async fn execute(handler: &Subscriptions, body: &[u8], call: Call) -> Result
         include_payload: request.include_payload.unwrap_or(false),
         limits: request.limits,
         relay_endpoint: request.relay_endpoint.map(|e| e.trim_end_matches('/').to_owned()),
-    };
-    handler.subscribe(&caller, request).await
+    })
 }

@@ -9,17 +9,68 @@ use super::*;
 
 impl Subscriptions {
     /// `subscribe`, with renewal (docs/ref-subscriptions.md, "Subscribe" and
-    /// "Renewal").
+    /// "Renewal"): the checks, in order; the room, once more under the gate
+    /// after a new peer is proven; then a renewal or a new entity.
     pub async fn subscribe(&self, caller: &Caller<'_>, request: SubscribeRequest) -> Result<Executed, ExecuteError> {
+        let Delivery { token_hash, chain, learn } = self.delivery(caller, &request).await?;
+        // 6. Bundling content needs read access, not only subscribe.
+        if let Some(refused) = payload_check(caller, request.include_payload, &request.pattern) {
+            return Err(refused);
+        }
+        // Room is counted against the identity this server granted the
+        // caller capability to (the chain's root grantee), whoever it was
+        // delegated to; without a capability, against the subscriber.
+        let accountable = caller.capability.and_then(<[_]>::last).map_or(caller.author, |root| root.grantee.as_str()).to_owned();
+        // A new peer is proven by a call to its endpoint: only once the
+        // request is accepted (every check above, and room for it), and
+        // outside the gate (a slow endpoint holds up no other subscribe).
+        // The room is checked again under the gate before anything is
+        // stored.
+        if let Some((peer, endpoint)) = &learn {
+            {
+                let _gate = self.gate.lock().await;
+                let existing = self.list().await?;
+                if !self.renews(&existing, caller.author, &request)
+                    && let Room::Full(redirect) = self.room(&existing, caller.author, &accountable, request.pattern.as_str()).await?
+                {
+                    return Ok(redirect);
+                }
+            }
+            self.prove_peer(peer, endpoint).await?;
+        }
+        // Keep the chain (tokens, their signatures, their granters) so
+        // the engine can resolve the token by hash later; stored once the
+        // subscription is, so a refused request stores nothing.
+        let content = chain_content(&chain, caller.included);
+        let deliver_chain: Vec<String> =
+            if request.deliver_peer.is_some() { content.iter().map(|(hash, _)| hash.clone()).collect() } else { Vec::new() };
+        let terms = Terms { token_hash, deliver_chain, content, learn, accountable };
+        let _gate = self.gate.lock().await;
+        let existing = self.list().await?;
+        if let Some(held) = existing.iter().find(|h| renewal_of(&h.subscription, caller.author, &request)) {
+            return self.renew(caller, request, terms, &existing, held).await;
+        }
+        if let Room::Full(redirect) = self.room(&existing, caller.author, &terms.accountable, request.pattern.as_str()).await? {
+            return Ok(redirect);
+        }
+        let subscription = self.create(caller, request, terms, &existing).await?;
+        drop(_gate);
+        self.refresh_config_logged().await;
+        Ok(Executed::Done(result(&subscription, false)))
+    }
+
+    /// Checks 1 to 5: the deliver token travels with the request, grants
+    /// this server the delivery, and its chain resolves with the subscriber
+    /// in it, rooted at the inbox's server when that is a peer (which this
+    /// server must know, or be able to learn).
+    async fn delivery(&self, caller: &Caller<'_>, request: &SubscribeRequest) -> Result<Delivery, ExecuteError> {
         // 1. The deliver token must travel with the request.
         let Some(token_hash) = request.deliver_token.as_deref().filter(|h| caller.included.contains_key(*h)) else {
             return Err(ExecuteError::MissingDeliverToken("the deliver token is not among the included entities".into()));
         };
         // 2. It must grant this server delivery to the inbox.
-        let leaf = match capability::read_token(caller.included, token_hash) {
-            Ok(t) => t,
-            Err(e) => return Err(ExecuteError::DeliverTokenInsufficient(e.to_string())),
-        };
+        let leaf =
+            capability::read_token(caller.included, token_hash).map_err(|e| ExecuteError::DeliverTokenInsufficient(e.to_string()))?;
         if leaf.grantee != self.server.hash() || !leaf.grants("system/inbox", &request.deliver_operation, &request.deliver_path) {
             return Err(ExecuteError::DeliverTokenInsufficient(format!(
                 "the deliver token does not grant this server {} on {}",
@@ -55,99 +106,77 @@ impl Subscriptions {
         if !capability::in_chain(&chain, caller.author) {
             return Err(ExecuteError::EmbeddedCapUnauthorized("subscriber identity not in deliver_token authority chain".into()));
         }
-        // 6. Bundling content needs read access, not only subscribe.
-        if let Some(refused) = payload_check(caller, request.include_payload, &request.pattern) {
-            return Err(refused);
+        Ok(Delivery { token_hash: token_hash.to_owned(), chain, learn })
+    }
+
+    /// Renewal: same subscriber, pattern, inbox and operation. The token
+    /// rotates (it was just checked for that operation) and the request's
+    /// terms (events, include_payload, limits) replace the stored ones,
+    /// checked as for a new subscription; the id, the creation time (so
+    /// max_duration_ms) and the delivered count stay. Runs under the gate.
+    async fn renew(
+        &self,
+        caller: &Caller<'_>,
+        request: SubscribeRequest,
+        terms: Terms,
+        existing: &[Held],
+        held: &Held,
+    ) -> Result<Executed, ExecuteError> {
+        let renewed = PathSubscription {
+            deliver_token: terms.token_hash,
+            deliver_chain: terms.deliver_chain,
+            relay_endpoint: request.relay_endpoint,
+            events: request.events,
+            include_payload: request.include_payload,
+            limits: request.limits,
+            ..held.subscription.clone()
+        };
+        if let Some((peer, endpoint)) = &terms.learn {
+            self.store.tree_write(learned_peer(peer, endpoint, self.agent(), caller.chain_id.to_owned())).await?;
         }
-        // Keep the chain (tokens, their signatures, their granters) so
-        // the engine can resolve the token by hash later; stored once the
-        // subscription is, so a refused request stores nothing.
-        let content = chain_content(&chain, caller.included);
-        let deliver_chain: Vec<String> =
-            if request.deliver_peer.is_some() { content.iter().map(|(hash, _)| hash.clone()).collect() } else { Vec::new() };
-        let pattern = request.pattern.as_str();
-        // Room is counted against the identity this server granted the
-        // caller capability to (the chain's root grantee), whoever it was
-        // delegated to; without a capability, against the subscriber.
-        let accountable = caller.capability.and_then(<[_]>::last).map_or(caller.author, |root| root.grantee.as_str()).to_owned();
-        // A new peer is proven by a call to its endpoint: only once the
-        // request is accepted (every check above, and room for it), and
-        // outside the gate (a slow endpoint holds up no other subscribe).
-        // The room is checked again under the gate before anything is
-        // stored.
-        if let Some((peer, endpoint)) = &learn {
-            {
-                let _gate = self.gate.lock().await;
-                let existing = self.list().await?;
-                if !self.renews(&existing, caller.author, &request)
-                    && let Room::Full(redirect) = self.room(&existing, caller.author, &accountable, pattern).await?
-                {
-                    return Ok(redirect);
-                }
-            }
-            self.prove_peer(peer, endpoint).await?;
-        }
-        let _gate = self.gate.lock().await;
-        let existing = self.list().await?;
-        // Renewal: same subscriber, pattern, inbox and operation. The token
-        // rotates (it was just checked for that operation) and the request's
-        // terms (events, include_payload, limits) replace the stored ones,
-        // checked as for a new subscription; the id, the creation time (so
-        // max_duration_ms) and the delivered count stay.
-        if let Some((entry, found)) =
-            existing.iter().find(|h| renewal_of(&h.subscription, caller.author, &request)).map(|h| (&h.entry, &h.subscription))
-        {
-            let renewed = PathSubscription {
-                deliver_token: token_hash.to_owned(),
-                deliver_chain,
-                relay_endpoint: request.relay_endpoint,
-                events: request.events,
-                include_payload: request.include_payload,
-                limits: request.limits,
-                ..found.clone()
-            };
-            if let Some((peer, endpoint)) = &learn {
-                self.store.tree_write(learned_peer(peer, endpoint, self.agent(), caller.chain_id.to_owned())).await?;
-            }
-            let Some(stored) = self.write(&renewed, Condition::IfMatch(entry.hash.clone()), caller.chain_id).await? else {
-                return Err(ExecuteError::SubscriptionChanged("the subscription changed during renewal; retry".into()));
-            };
-            self.wrote(&existing, Some(entry), stored, renewed.clone());
-            self.store.content_put(content).await?;
-            return Ok(Executed::Done(result(&renewed, true)));
-        }
-        if let Room::Full(redirect) = self.room(&existing, caller.author, &accountable, pattern).await? {
-            return Ok(redirect);
-        }
-        // Store the entity: the engine registers it when it reaches the
-        // change in the log.
+        let Some(stored) = self.write(&renewed, Condition::IfMatch(held.entry.hash.clone()), caller.chain_id).await? else {
+            return Err(ExecuteError::SubscriptionChanged("the subscription changed during renewal; retry".into()));
+        };
+        self.wrote(existing, Some(&held.entry), stored, renewed.clone());
+        self.store.content_put(terms.content).await?;
+        Ok(Executed::Done(result(&renewed, true)))
+    }
+
+    /// A new subscription: stores the learned peer, the chain's content and
+    /// the entity (the engine registers it when it reaches the change in
+    /// the log). Runs under the gate, after the room was checked.
+    async fn create(
+        &self,
+        caller: &Caller<'_>,
+        request: SubscribeRequest,
+        terms: Terms,
+        existing: &[Held],
+    ) -> Result<PathSubscription, ExecuteError> {
         let subscription = PathSubscription {
             subscription_id: generate_id(),
-            pattern: pattern.to_owned(),
+            pattern: request.pattern.as_str().to_owned(),
             events: request.events,
             deliver_uri: request.deliver_uri,
             deliver_operation: request.deliver_operation,
             subscriber_identity: caller.author.to_owned(),
-            deliver_token: token_hash.to_owned(),
+            deliver_token: terms.token_hash,
             include_payload: request.include_payload,
             created_at: caller.now_ms,
             limits: request.limits,
-            deliver_chain,
+            deliver_chain: terms.deliver_chain,
             relay_endpoint: request.relay_endpoint,
-            accountable: (accountable != caller.author).then_some(accountable),
+            accountable: (terms.accountable != caller.author).then_some(terms.accountable),
         };
-        if let Some((peer, endpoint)) = &learn {
+        if let Some((peer, endpoint)) = &terms.learn {
             // Lost to a concurrent write of the same peer: that one stands.
             self.store.tree_write(learned_peer(peer, endpoint, self.agent(), caller.chain_id.to_owned())).await?;
             tracing::info!(peer, endpoint, "learned a peer's endpoint, proven by its identity");
         }
-        self.store.content_put(content).await?;
+        self.store.content_put(terms.content).await?;
         if let Some(stored) = self.write(&subscription, Condition::IfAbsent, caller.chain_id).await? {
-            self.wrote(&existing, None, stored, subscription.clone());
+            self.wrote(existing, None, stored, subscription.clone());
         }
-        drop(_gate);
-        self.refresh_config_logged().await;
-        Ok(Executed::Done(result(&subscription, false)))
+        Ok(subscription)
     }
 
     /// Whether `request` renews one of `existing`.
@@ -247,4 +276,27 @@ enum Room {
     Fits,
     /// The prefix is at capacity: the redirect to answer with.
     Full(Executed),
+}
+
+/// What checks 1 to 5 found: the deliver token, its chain, and a peer to
+/// learn (its hash and the endpoint to prove) when the inbox is on a peer
+/// this server does not know yet.
+struct Delivery {
+    token_hash: String,
+    chain: Vec<Token>,
+    learn: Option<(String, String)>,
+}
+
+/// What a subscribe stores beside the request's own terms.
+struct Terms {
+    /// The deliver token's hash.
+    token_hash: String,
+    /// For a peer's inbox, the hashes of the chain the peer verifies.
+    deliver_chain: Vec<String>,
+    /// The chain's entities, stored with the subscription.
+    content: Vec<(String, String)>,
+    /// A peer proven just now, stored with the subscription.
+    learn: Option<(String, String)>,
+    /// Who the room is counted against.
+    accountable: String,
 }

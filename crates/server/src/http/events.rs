@@ -19,18 +19,18 @@ use crate::service::publish::PublishError;
 /// body_timeout`, and the connection closes): a client that announces more
 /// than it sends, or trickles, holds a task only that long.
 pub(crate) async fn read_body(settings: &Settings, headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
-    let limit = settings.max_body;
+    let limit = settings.http.max_body;
     let too_large = || ApiError::too_large("body_too_large", format!("request body is over the limit of {limit} bytes"));
     if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
         && len > limit as u64
     {
         return Err(too_large());
     }
-    let read = tokio::time::timeout(settings.body_timeout, axum::body::to_bytes(body, limit)).await.map_err(|_| {
+    let read = tokio::time::timeout(settings.http.body_timeout, axum::body::to_bytes(body, limit)).await.map_err(|_| {
         ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "body_timeout",
-            format!("the request body did not arrive within {}", humantime::format_duration(settings.body_timeout)),
+            format!("the request body did not arrive within {}", humantime::format_duration(settings.http.body_timeout)),
         )
         .closing()
     })?;

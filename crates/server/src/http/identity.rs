@@ -52,7 +52,7 @@ pub(crate) async fn me(Caller(caller): Caller) -> Json<Value> {
 )]
 pub(crate) async fn get(State(app): State<AppState>) -> Json<Value> {
     let server = app.core().identity();
-    Json(json!({ "hash": server.hash(), "identity": server.entity(), "endpoint": app.settings().public_url }))
+    Json(json!({ "hash": server.hash(), "identity": server.entity(), "endpoint": app.settings().http.public_url }))
 }
 
 #[derive(Debug, Deserialize)]

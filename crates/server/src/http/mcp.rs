@@ -81,7 +81,7 @@ pub(crate) async fn post(State(app): State<AppState>, Caller(caller): Caller, re
     // detached, as every non-`GET` does).
     let gone = parts.extensions.get::<ClientGone>().map(|g| g.0.clone()).unwrap_or_default();
     let request = Request::from_parts(parts, Body::from(bytes));
-    let max_body = app.settings().max_body;
+    let max_body = app.settings().http.max_body;
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)

@@ -153,8 +153,8 @@ pub fn router(state: AppState) -> Router {
     use utoipa::OpenApi as _;
     use utoipa_axum::router::OpenApiRouter;
     use utoipa_axum::routes;
-    let cors = cors(&state.settings().cors_origins).ok().flatten();
-    let guard = guard::Guard::new(&state.settings().cors_origins, matches!(state.auth(), AuthMode::Off));
+    let cors = cors(&state.settings().http.cors_origins).ok().flatten();
+    let guard = guard::Guard::new(&state.settings().http.cors_origins, matches!(state.auth(), AuthMode::Off));
     let (router, api) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(ops::live_page))
         .routes(routes!(ops::client_module))

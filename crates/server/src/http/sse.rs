@@ -92,7 +92,7 @@ pub(crate) async fn stream(
     let start = resume.map_or(Start::Now, Start::Resume);
     let session = Session::open(core, filter, start, options).await?;
 
-    let retry_ms = u32::try_from(app.settings().sse_retry.as_millis()).unwrap_or(u32::MAX);
+    let retry_ms = u32::try_from(app.settings().streams.sse_retry.as_millis()).unwrap_or(u32::MAX);
     let state = SseState { session, retry_ms, phase: Phase::Start, pending: Vec::new().into_iter() };
     // The session is awaited right in the stream's step, with no helper
     // future in between: an idle stream is this one future.

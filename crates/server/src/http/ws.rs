@@ -77,7 +77,7 @@ pub(crate) async fn upgrade(
         Ok(ws) => ws,
         Err(refusal) => return refusal.into_response(),
     };
-    let max_message = app.settings().ws_max_message;
+    let max_message = app.settings().ws.ws_max_message;
     // A refused token is answered on the socket (one error frame, then
     // close 1000), as the protocol says, rather than as an HTTP refusal.
     let caller = caller.map(|c| c.0).map_err(|_| "unauthorized");
@@ -210,7 +210,7 @@ impl Ws {
             }
             let shutdown = self.app.core().shutdown_token();
             let kill = self.kill.clone().unwrap_or_default();
-            let mut ping = tokio::time::interval(self.app.settings().heartbeat);
+            let mut ping = tokio::time::interval(self.app.settings().streams.heartbeat);
             ping.tick().await;
             // One deadline at a time, boxed so a connection without one
             // carries no timer: until the device authenticates,
@@ -218,7 +218,7 @@ impl Ws {
             // place in the stream limits); then its token's expiry; then,
             // once told, the grace for `stream.reauth`.
             let mut timer: Option<(i64, Pin<Box<tokio::time::Sleep>>)> =
-                Some((UNAUTHENTICATED, Box::pin(tokio::time::sleep(self.app.settings().ws_auth_timeout))));
+                Some((UNAUTHENTICATED, Box::pin(tokio::time::sleep(self.app.settings().ws.ws_auth_timeout))));
             loop {
                 let want = match self.device.as_deref() {
                     None => Some(UNAUTHENTICATED),
@@ -513,7 +513,7 @@ impl Ws {
     /// (`stream.token_expired`), with `TIDINGS_REAUTH_GRACE` to send
     /// `stream.reauth`; after that, it closes (1000).
     async fn on_deadline(&mut self) -> Next {
-        let grace = self.app.settings().reauth_grace;
+        let grace = self.app.settings().ws.reauth_grace;
         let Some(dev) = self.device.as_deref_mut() else {
             let _ = self.send_error(&Value::Null, rpc::UNAUTHENTICATED, "auth_timeout", "stream.auth was not sent in time").await;
             return Next::Close(close::POLICY, "auth_timeout");

@@ -90,10 +90,14 @@ impl Services {
     /// and tree writes (so it is called inside the runtime).
     pub fn new(parts: ServiceParts) -> Self {
         let ServiceParts { settings, store, broker, registry, identity, subscriptions, shutdown, draining } = parts;
-        let limits = Arc::new(limits::Limits::new(settings.max_streams, settings.max_streams_per_identity, settings.publish_rate));
+        let limits = Arc::new(limits::Limits::new(
+            settings.streams.max_streams,
+            settings.streams.max_streams_per_identity,
+            settings.publish.publish_rate,
+        ));
         let group = crate::store::group::GroupSettings {
-            max_events: settings.publish_group_events as usize,
-            max_delay: settings.publish_group_delay,
+            max_events: settings.publish.publish_group_events as usize,
+            max_delay: settings.publish.publish_group_delay,
         };
         let appender = crate::store::group::GroupCommit::start(store.clone(), group);
         // Tree writes are grouped within the same bounds.

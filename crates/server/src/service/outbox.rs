@@ -47,7 +47,7 @@ pub async fn run_mover(core: Services, cancel: CancellationToken) {
         }
         while !cancel.is_cancelled() {
             // The payload's limit, and room for the other fields.
-            let max_bytes = core.settings().max_payload + 64 * 1024;
+            let max_bytes = core.settings().publish.max_payload + 64 * 1024;
             // The rows' trace contexts, when spans are exported: the move's
             // span is under the first and linked to each.
             let traced = crate::telemetry::tracer().map(|_| (std::time::SystemTime::now(), std::sync::Mutex::new(Vec::new())));
@@ -109,7 +109,7 @@ fn prepare(core: &Services, row: &OutboxRow) -> Result<Publish, PublishError> {
     // Checked when the call was made; again here, as for any row.
     let trace = tidings_protocol::trace::TraceContext::parse(row.traceparent.as_deref(), row.tracestate.as_deref())?;
     let body = request
-        .into_body(core.settings().max_payload, now)
+        .into_body(core.settings().publish.max_payload, now)
         .map_err(|e| match e {
             EventError::InvalidName(_) => PublishError::InvalidEventName(e.to_string()),
             EventError::InvalidField(_) => PublishError::InvalidEvent(e.to_string()),

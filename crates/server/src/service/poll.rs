@@ -176,7 +176,10 @@ pub fn until_expiry(caller: &Identity) -> Duration {
     }
 }
 
-/// Answers one poll for `caller`.
+/// Answers one poll for `caller`: checks the request, finds where the page
+/// starts (after `since`, the head, or a durable consumer's cursor), reads
+/// the page through a session, and says what the client must know of a
+/// newer epoch.
 pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> Result<PollPage, PollError> {
     if let Some(id) = &request.consumer_id {
         check_consumer_id(id)?;
@@ -202,53 +205,7 @@ pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> R
     // the stream limits (taken before a consumer is stored, so a refusal
     // stores nothing).
     let permit = if wait.is_zero() && !request.own_place { None } else { Some(core.limits().acquire_stream(caller)?) };
-    // A durable consumer's first read in a newer epoch may be told that
-    // history it was shown is gone, at its opening or, for an epoch begun
-    // while the poll waits, with the page (`waited_in`: its cursor and the
-    // epoch it was opened in).
-    let (mut told, mut waited_in) = (None, None);
-    let (filter_json, after) = match &request.consumer_id {
-        None => (
-            request.filter_json.clone(),
-            match since {
-                Some(since) => since,
-                None => core.store().head().await?,
-            },
-        ),
-        Some(id) => {
-            let key = key(&caller.sub, id);
-            let opened = core
-                .store()
-                .consumer_open(ConsumerOpen {
-                    id: &key,
-                    max_owned: settings.poll.max_consumers_per_identity,
-                    filter_json: request.filter_json.as_deref().map(Some),
-                    since,
-                    expire_before_ms: now_ms() - core.consumer_ttl_ms(),
-                    now_ms: now_ms(),
-                    actor: actor(caller),
-                })
-                .await?;
-            match opened {
-                Opened::Expired => return Err(PollError::Expired),
-                Opened::Forbidden => return Err(PollError::NotOwner(id.clone())),
-                Opened::TooMany => return Err(PollError::TooManyConsumers(settings.poll.max_consumers_per_identity)),
-                // `since` (already confirmed) wins; otherwise resume after the cursor.
-                Opened::Ready(consumer) => {
-                    if since.is_none() && consumer.read_epoch < consumer.epoch {
-                        // The store may have lost what this consumer was
-                        // shown past its cursor since its last read.
-                        let epochs = core.store().epochs(consumer.epoch).await?;
-                        told = told_at_epoch_change(&epochs, consumer.cursor, consumer.read_epoch, core.store().head().await?);
-                    }
-                    if since.is_none() && told.is_none() {
-                        waited_in = Some((consumer.cursor, consumer.epoch));
-                    }
-                    (consumer.filter_json, since.unwrap_or(consumer.cursor))
-                }
-            }
-        }
-    };
+    let PageStart { filter_json, after, told, waited_in } = page_start(core, caller, &request, since).await?;
     // Whatever was asked for, the caller receives only what its grants and
     // visibility allow.
     let filter = match &filter_json {
@@ -266,13 +223,99 @@ pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> R
     // The wait ends at the token's expiry, whatever was asked: nothing is
     // delivered under a token past its life.
     let deadline = tokio::time::Instant::now() + wait.min(until_expiry(caller));
-    let (mut events, mut has_more, mut caught_up, mut gap) = (Vec::new(), false, false, told);
+    let bounds = PageBounds { limit, max_bytes: settings.poll.poll_max_bytes, deadline };
+    let (events, has_more, found) = read_page(&mut session, &request.gone, bounds).await;
+    // The first gap is the one the client asked about.
+    let mut gap = told.or(found);
+    m::delivered("poll", events.len() as u64);
+    let next_since = events.last().map_or_else(|| session.cursor(), |e| e.id);
+    // The page's end (matching events or not: what the consumer confirms
+    // next) may lie in an epoch begun while it waited.
+    if let (Some((cursor, epoch)), None) = (waited_in, gap)
+        && next_since > cursor
+    {
+        gap = begun_while_waiting(core, cursor, epoch, next_since).await;
+    }
+    Ok(PollPage { events, next_since, has_more, gap })
+}
+
+/// Where a page starts, and what it must say of a newer epoch.
+struct PageStart {
+    /// The filter asked for, or a durable consumer's stored one.
+    filter_json: Option<String>,
+    /// The page reads after this id.
+    after: EventId,
+    /// A durable consumer's first read in a newer epoch may be told, at its
+    /// opening, that history it was shown is gone.
+    told: Option<Gap>,
+    /// A durable consumer's cursor and the epoch it was opened in: told of
+    /// an epoch begun while the poll waits, with the page.
+    waited_in: Option<(EventId, i32)>,
+}
+
+/// After `since`, else the head for a plain poll, else the consumer's
+/// cursor (opening it, or creating it with the request's filter).
+async fn page_start(core: &Services, caller: &Identity, request: &PollRequest, since: Option<EventId>) -> Result<PageStart, PollError> {
+    let Some(id) = &request.consumer_id else {
+        let after = match since {
+            Some(since) => since,
+            None => core.store().head().await?,
+        };
+        return Ok(PageStart { filter_json: request.filter_json.clone(), after, told: None, waited_in: None });
+    };
+    let max_owned = core.settings().poll.max_consumers_per_identity;
+    let key = key(&caller.sub, id);
+    let opened = core
+        .store()
+        .consumer_open(ConsumerOpen {
+            id: &key,
+            max_owned,
+            filter_json: request.filter_json.as_deref().map(Some),
+            since,
+            expire_before_ms: now_ms() - core.consumer_ttl_ms(),
+            now_ms: now_ms(),
+            actor: actor(caller),
+        })
+        .await?;
+    let consumer = match opened {
+        Opened::Expired => return Err(PollError::Expired),
+        Opened::Forbidden => return Err(PollError::NotOwner(id.clone())),
+        Opened::TooMany => return Err(PollError::TooManyConsumers(max_owned)),
+        Opened::Ready(consumer) => consumer,
+    };
+    let mut told = None;
+    if since.is_none() && consumer.read_epoch < consumer.epoch {
+        // The store may have lost what this consumer was shown past its
+        // cursor since its last read.
+        let epochs = core.store().epochs(consumer.epoch).await?;
+        told = told_at_epoch_change(&epochs, consumer.cursor, consumer.read_epoch, core.store().head().await?);
+    }
+    let waited_in = (since.is_none() && told.is_none()).then_some((consumer.cursor, consumer.epoch));
+    // `since` (already confirmed) wins; otherwise resume after the cursor.
+    Ok(PageStart { filter_json: consumer.filter_json, after: since.unwrap_or(consumer.cursor), told, waited_in })
+}
+
+/// How much one page holds, and how long it waits for a first match.
+struct PageBounds {
+    limit: usize,
+    max_bytes: usize,
+    deadline: tokio::time::Instant,
+}
+
+/// Reads one page from `session`: up to `limit` events and `max_bytes`
+/// (one at least), history to the end of the page, and a live match at
+/// once; waiting for a first match ends at the deadline or when nobody is
+/// left to answer. Answers the events, whether there is more, and the
+/// first gap met.
+async fn read_page(session: &mut Session, gone: &CancellationToken, bounds: PageBounds) -> (Vec<Frame>, bool, Option<Gap>) {
+    let PageBounds { limit, max_bytes, deadline } = bounds;
+    let (mut events, mut has_more, mut caught_up, mut gap) = (Vec::new(), false, false, None);
     // Bytes of the envelopes in `events`: a page is bounded in bytes too.
     let mut bytes = 0usize;
     loop {
         let item = tokio::select! {
             // Nobody is left to answer: end, and give the permit back.
-            _ = request.gone.cancelled() => break,
+            _ = gone.cancelled() => break,
             item = session.next() => item,
             // Only waiting for a first match is bounded by wait_ms; history
             // is read to the end of the page regardless.
@@ -283,12 +326,12 @@ pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> R
                 let before = events.len();
                 events.extend(frames);
                 bytes += events[before..].iter().map(|e| e.envelope.len()).sum::<usize>();
-                if bytes > settings.poll.poll_max_bytes && events.len() > 1 {
+                if bytes > max_bytes && events.len() > 1 {
                     // Past the byte bound: as many as fit (one at least).
                     let mut kept = 0usize;
                     let fit = events.iter().take_while(|e| {
                         kept += e.envelope.len();
-                        kept <= settings.poll.poll_max_bytes
+                        kept <= max_bytes
                     });
                     let fit = fit.count().max(1);
                     events.truncate(fit.min(limit));
@@ -324,16 +367,7 @@ pub async fn poll(core: &Services, caller: &Identity, request: PollRequest) -> R
             Item::Dropped(_) | Item::Expired { .. } | Item::End(End::Over | End::Shutdown | End::Failed) => break,
         }
     }
-    m::delivered("poll", events.len() as u64);
-    let next_since = events.last().map_or_else(|| session.cursor(), |e| e.id);
-    // The page's end (matching events or not: what the consumer confirms
-    // next) may lie in an epoch begun while it waited.
-    if let (Some((cursor, epoch)), None) = (waited_in, gap)
-        && next_since > cursor
-    {
-        gap = begun_while_waiting(core, cursor, epoch, next_since).await;
-    }
-    Ok(PollPage { events, next_since, has_more, gap })
+    (events, has_more, gap)
 }
 
 /// What a consumer opened at `cursor` in `epoch` is told when its page

@@ -253,7 +253,7 @@ async fn publish_as(
     if items.is_empty() {
         return Err(PublishError::InvalidEvent("events must not be empty".into()));
     }
-    let max_batch = core.settings().max_batch;
+    let max_batch = core.settings().publish.max_batch;
     if items.len() > max_batch {
         return Err(PublishError::BatchTooLarge { max: max_batch, got: items.len() });
     }
@@ -281,7 +281,7 @@ async fn publish_as(
             _ => {}
         }
         let body = request
-            .into_body(core.settings().max_payload, now)
+            .into_body(core.settings().publish.max_payload, now)
             .map_err(|e| match e {
                 EventError::InvalidName(_) => PublishError::InvalidEventName(at(e.to_string())),
                 EventError::InvalidField(_) => PublishError::InvalidEvent(at(e.to_string())),

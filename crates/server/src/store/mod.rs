@@ -15,15 +15,23 @@
 //! machine with nothing installed). Only the composition root (`app`) names a
 //! concrete store. [`epoch`]: what survives a store that lost a suffix of its
 //! log (a failover, a restore), and where a new epoch's ids begin.
+//!
+//! This file holds the four traits and the failures; what they carry is
+//! beside it, one file per idea: `record` (the log's records), `tree_write`
+//! (tree writes and engine steps), `consumer`, `idempotency`, `outbox`,
+//! `status`; and `housekeeping` (retention and the health probe).
 
 pub mod consumer;
 pub mod embedded;
 pub mod epoch;
 pub mod group;
+mod housekeeping;
 pub mod idempotency;
 pub mod outbox;
 pub mod postgres;
+mod record;
 pub mod status;
+mod tree_write;
 
 use std::sync::Arc;
 
@@ -34,199 +42,14 @@ use tokio_util::sync::CancellationToken;
 
 pub use consumer::{Acked, Actor, Consumer, ConsumerOpen, DeviceRead, Moved, Opened};
 pub use epoch::{Epoch, EpochReason, Epochs};
+pub use housekeeping::{run_health_probe, run_retention};
 pub use idempotency::{IdempotencyKey, Publish, Published};
 pub use outbox::{Decide, OutboxDecision, OutboxMoved, OutboxRow, OutboxStatus};
+pub use record::{Bounds, HandOff, NewRecord, Record};
 pub use status::{DeliveryStatus, DeviceCursor, Listener, ListenerState, ReplicaStatus, Replicas};
-use tidings_protocol::event::{EventBody, EventId};
+use tidings_protocol::event::EventId;
 pub use tidings_protocol::tree::{ChangeEvent, ChangeKind};
-
-/// One record to append.
-#[derive(Debug, Clone)]
-pub struct NewRecord {
-    /// Type name, stored in its own column for operators and indexes.
-    pub event_type: String,
-    /// The JSON body.
-    pub body: String,
-}
-
-impl NewRecord {
-    /// The record of an event body.
-    pub fn event(body: &EventBody) -> Self {
-        Self { event_type: body.event_type.clone(), body: body.to_json() }
-    }
-}
-
-/// One stored record.
-#[derive(Debug, Clone)]
-pub struct Record {
-    /// Its id.
-    pub id: EventId,
-    /// The JSON body as appended.
-    pub body: String,
-    /// When it was committed, in Unix milliseconds.
-    pub recorded_ms: i64,
-}
-
-/// Where an append hands the records it has just committed: the broker,
-/// which fans them out at once when they are the next ids it owes its
-/// clients, and answers whether it took them. When it did not (a commit of
-/// another writer, or of another process, is still to be read first) the
-/// store wakes it to read the log, as after any other commit. Handing off
-/// spares a delivery the broker's wake-up and its read of the log: under
-/// load each of those waits its turn behind every stream task.
-#[derive(Clone)]
-pub struct HandOff(Arc<dyn Fn(Vec<Record>) -> bool + Send + Sync>);
-
-impl HandOff {
-    /// A hand-off to `take`, which answers whether it took the records.
-    pub fn new(take: impl Fn(Vec<Record>) -> bool + Send + Sync + 'static) -> Self {
-        Self(Arc::new(take))
-    }
-
-    /// Hands `records` (committed, in id order) over; whether they were taken.
-    pub fn give(&self, records: Vec<Record>) -> bool {
-        (self.0)(records)
-    }
-}
-
-impl std::fmt::Debug for HandOff {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HandOff")
-    }
-}
-
-/// A stored tree entity.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TreeEntry {
-    /// Its path.
-    pub path: String,
-    /// Its canonical JSON.
-    pub entity: String,
-    /// `sha256:<hex>` of that JSON.
-    pub hash: String,
-    /// The log id of the change that put it there.
-    pub changed_event: EventId,
-}
-
-/// The precondition of a tree write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Condition {
-    /// None: write whatever is there.
-    Always,
-    /// Only if the current entity has this hash (`If-Match`).
-    IfMatch(String),
-    /// Only if an entity is there, whatever it is (`If-Match: *`).
-    IfPresent,
-    /// Only if nothing is there (`If-None-Match: *`).
-    IfAbsent,
-}
-
-/// A tree write: a put (`entity` is the canonical JSON and its hash) or a
-/// delete (`entity` is `None`).
-#[derive(Clone)]
-pub struct TreeWrite {
-    /// The path.
-    pub path: String,
-    /// What to store, or `None` to delete.
-    pub entity: Option<(String, String)>,
-    /// The precondition.
-    pub condition: Condition,
-    /// The change event to append with it.
-    pub event: ChangeEvent,
-}
-
-impl std::fmt::Debug for TreeWrite {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TreeWrite").field("path", &self.path).field("condition", &self.condition).finish_non_exhaustive()
-    }
-}
-
-/// One effect of a subscription-engine step, applied in its commit.
-#[derive(Debug)]
-pub enum EngineEffect {
-    /// Append a record (a notification).
-    Append(NewRecord),
-    /// A tree write (a chain-error marker, or deleting a terminated
-    /// subscription). A write whose precondition does not hold is skipped.
-    Tree(TreeWrite),
-}
-
-/// One step of the subscription engine: everything it produced for the tree
-/// changes in `(from, to]`, committed together with its cursor, so a crash
-/// neither loses nor repeats a notification.
-#[derive(Debug)]
-pub struct EngineCommit {
-    /// The cursor this step started from; the commit fails if it moved.
-    pub from: EventId,
-    /// The cursor after this step.
-    pub to: EventId,
-    /// Notifications, markers and terminations, in order.
-    pub effects: Vec<EngineEffect>,
-    /// Tallies per subscription to store (`None` forgets one).
-    pub counts: Vec<(String, Option<Tally>)>,
-}
-
-/// What the subscription engine keeps per subscription between steps,
-/// committed with its cursor.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tally {
-    /// Notifications delivered so far (for `max_events`).
-    pub delivered: i64,
-    /// The `rate_limit` window: deliveries per second of commit time,
-    /// `(second, count)` oldest first, over at most the last minute.
-    pub window: Vec<(i64, u32)>,
-}
-
-impl Tally {
-    /// The window as stored: JSON `[[second, count], ...]`.
-    pub fn window_json(&self) -> String {
-        serde_json::to_string(&self.window).expect("pairs of integers serialise")
-    }
-
-    /// A tally read back; an unreadable window (never written so) is empty.
-    pub fn from_stored(delivered: i64, window: &str) -> Self {
-        Self { delivered, window: serde_json::from_str(window).unwrap_or_default() }
-    }
-}
-
-/// What a tree write found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TreeOutcome {
-    /// Written; the change event has this id.
-    Done {
-        /// What happened.
-        kind: ChangeKind,
-        /// The hash before the write.
-        previous_hash: Option<String>,
-        /// The change event.
-        event_id: EventId,
-    },
-    /// The precondition failed; this is what is there now.
-    Mismatch {
-        /// The current hash (`None`: nothing there).
-        current: Option<String>,
-    },
-    /// A delete found nothing to delete.
-    Missing,
-}
-
-impl TreeWrite {
-    /// Decides the outcome from the current hash, before anything is written.
-    pub fn decide(&self, current: Option<&str>) -> Result<ChangeKind, TreeOutcome> {
-        let mismatch = || TreeOutcome::Mismatch { current: current.map(str::to_owned) };
-        match (&self.condition, current) {
-            (Condition::IfMatch(h), Some(c)) if h != c => return Err(mismatch()),
-            (Condition::IfMatch(_) | Condition::IfPresent, None) | (Condition::IfAbsent, Some(_)) => return Err(mismatch()),
-            _ => {}
-        }
-        match (&self.entity, current) {
-            (Some(_), None) => Ok(ChangeKind::Created),
-            (Some(_), Some(_)) => Ok(ChangeKind::Updated),
-            (None, Some(_)) => Ok(ChangeKind::Deleted),
-            (None, None) => Err(TreeOutcome::Missing),
-        }
-    }
-}
+pub use tree_write::{Condition, EngineCommit, EngineEffect, Tally, TreeEntry, TreeOutcome, TreeWrite};
 
 /// Which store backs this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -267,17 +90,6 @@ pub enum StoreError {
 /// cursors in the device cursor table (not an identity hash, so no device
 /// collides with it). Retention never prunes past the lowest of them.
 pub const COURIER_CURSORS: &str = "tidings:courier";
-
-/// The retained stretch of the log, read at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bounds {
-    /// The oldest resume point served without a gap ([`EventLog::floor`]).
-    pub floor: EventId,
-    /// The highest committed id ([`EventLog::head`]).
-    pub head: EventId,
-    /// The current epoch's number ([`EventLog::epochs`]).
-    pub epoch: i32,
-}
 
 /// The event log: append with gap-free, commit-ordered ids, read after an
 /// id, the head and the floor, retention, and the wake-ups after commits.
@@ -559,64 +371,3 @@ pub trait FederationStore: Send + Sync + std::fmt::Debug + 'static {
 pub trait Store: EventLog + ConsumerStore + TreeStore + FederationStore {}
 
 impl<T: EventLog + ConsumerStore + TreeStore + FederationStore> Store for T {}
-
-/// Prunes history by `retention` every `every` until `cancel` (the
-/// background half of `TIDINGS_RETENTION`), and the idempotency keys older
-/// than `idempotency_window`. Failures are logged and retried at the next
-/// tick: retention is housekeeping, never a reason to stop.
-pub async fn run_retention(store: Arc<dyn Store>, settings: crate::config::HistorySettings, cancel: CancellationToken) {
-    let crate::config::HistorySettings {
-        retention,
-        idempotency_window,
-        outbox_set_aside_retention: set_aside_retention,
-        retention_interval: every,
-    } = settings;
-    // The first pass one interval after start, not at once: a server that
-    // starts and stops at once has nothing to prune.
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let now = chrono::Utc::now().timestamp_millis();
-        let window = i64::try_from(idempotency_window.as_millis()).unwrap_or(i64::MAX);
-        match store.prune_idempotency(now.saturating_sub(window)).await {
-            Ok(0) => {}
-            Ok(deleted) => tracing::debug!(deleted, "forgot expired idempotency keys"),
-            Err(e) => tracing::warn!(error = %crate::report::chain(&e), "could not prune idempotency keys; retrying at the next interval"),
-        }
-        let kept = i64::try_from(set_aside_retention.as_millis()).unwrap_or(i64::MAX);
-        match store.prune_set_aside(now.saturating_sub(kept)).await {
-            Ok(0) => {}
-            Ok(deleted) => tracing::info!(deleted, "forgot set-aside rows of the SQL outbox past TIDINGS_OUTBOX_SET_ASIDE_RETENTION"),
-            Err(e) => {
-                tracing::warn!(error = %crate::report::chain(&e), "could not prune the outbox's set-aside rows; retrying at the next interval")
-            }
-        }
-        if !retention.is_on() {
-            continue;
-        }
-        let before = retention.max_age.map(|age| now - age.as_millis().min(i64::MAX as u128) as i64);
-        match store.prune(before, retention.max_events).await {
-            Ok(0) => {}
-            Ok(deleted) => tracing::info!(deleted, "retention pruned history"),
-            Err(e) => tracing::warn!(error = %crate::report::chain(&e), "retention could not prune history; retrying at the next interval"),
-        }
-    }
-}
-
-/// Probes the store every `every` and publishes `tidings_database_up` and
-/// `tidings_listener_up`, so alerts see an outage without a request failing.
-pub async fn run_health_probe(store: Arc<dyn Store>, every: std::time::Duration, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let up = tokio::time::timeout(every, store.ping()).await.is_ok_and(|r| r.is_ok());
-        let listening = store.listener().state == ListenerState::Listening;
-        crate::metrics::store_health(up, listening);
-    }
-}

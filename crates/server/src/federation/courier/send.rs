@@ -3,6 +3,7 @@
 //! `POST /v1/execute`, retries with backoff, and giving up with a marker.
 
 use super::*;
+use tidings_protocol::peer::protocol::SignedExecute;
 use tidings_protocol::trace::TraceContext;
 
 /// A lane's sending side, with the deliver token's chain cached (it is
@@ -131,7 +132,7 @@ impl<'a> Sender<'a> {
     }
 
     /// One POST to the peer's `/v1/execute`.
-    async fn attempt(&mut self, envelope: &Value, chain_id: &str, trace: Option<&TraceContext>) -> Attempt {
+    async fn attempt(&mut self, envelope: &SignedExecute, chain_id: &str, trace: Option<&TraceContext>) -> Attempt {
         let endpoint = match self.endpoint().await {
             Ok(endpoint) => endpoint,
             Err(why) => return Attempt::Failed(why),
@@ -166,7 +167,7 @@ impl<'a> Sender<'a> {
     /// `include_payload`) the changed entity in `included`. It lists the
     /// epochs of this server's log after the first: a receiver that holds
     /// notifications of a lost stretch tells its readers.
-    async fn envelope(&mut self, seq: EventId, stored: &Stored) -> Result<Value, StoreError> {
+    async fn envelope(&mut self, seq: EventId, stored: &Stored) -> Result<SignedExecute, StoreError> {
         let (courier, lane) = (self.courier, self.lane);
         let epochs = courier.store.epochs(0).await?;
         let epochs: Vec<(i32, i64, i64)> = epochs.all().iter().skip(1).map(|e| (e.number, e.fork, e.base)).collect();

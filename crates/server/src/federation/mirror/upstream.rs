@@ -3,7 +3,7 @@
 //! endpoint, and re-reading a path at the peer.
 
 use super::*;
-use tidings_protocol::peer::protocol::{Execute, PeerError, receive_token};
+use tidings_protocol::peer::protocol::{Execute, PeerError, SignedExecute, receive_token};
 
 impl Mirrors {
     pub(super) async fn endpoint(&self, peer: &str) -> Result<String, PeerError> {
@@ -17,7 +17,7 @@ impl Mirrors {
 
     /// A signed EXECUTE on `upstream`'s `system/subscription` (the caller
     /// capability, minted by the peer, only travels to the peer).
-    pub(super) fn execute(&self, spec: &Spec, upstream: &str, execute: Execute, mut included: Map<String, Value>) -> Value {
+    pub(super) fn execute(&self, spec: &Spec, upstream: &str, execute: Execute, mut included: Map<String, Value>) -> SignedExecute {
         let mut execute = execute;
         if let Some((hash, bundle)) = spec.capability.as_ref().filter(|_| upstream == spec.peer) {
             execute = execute.capability(hash);
@@ -26,7 +26,7 @@ impl Mirrors {
         execute.signed(&self.server, included)
     }
 
-    pub(super) async fn post(&self, upstream: &str, envelope: &Value) -> Result<(u16, Value), PeerError> {
+    pub(super) async fn post(&self, upstream: &str, envelope: &SignedExecute) -> Result<(u16, Value), PeerError> {
         let endpoint = self.endpoint(upstream).await?;
         let r = self.http.post(&format!("{endpoint}/v1/execute"))?.json(envelope).send().await.map_err(tidings_outbound::unreachable)?;
         let status = r.status().as_u16();

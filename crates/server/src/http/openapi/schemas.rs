@@ -157,7 +157,7 @@ fn body_schema(method: &str, path: &str, settings: &Settings) -> Option<Value> {
         ("post", "/v1/events") => json!({"oneOf": [
             event_schema(),
             {"type": "object", "additionalProperties": false, "required": ["events"], "properties": {
-                "events": {"type": "array", "minItems": 1, "maxItems": settings.max_batch, "items": event_schema()},
+                "events": {"type": "array", "minItems": 1, "maxItems": settings.publish.max_batch, "items": event_schema()},
             }},
         ]}),
         ("post", "/v1/poll") => json!({"type": "object", "additionalProperties": false, "properties": {

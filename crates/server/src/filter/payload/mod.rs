@@ -17,73 +17,29 @@
 //! argument count must be within its documented arity, and the rule's depth
 //! and size are bounded. A rule that fails any of these is refused with a
 //! message naming the offending part; it never silently matches everything.
+//!
+//! This file compiles and evaluates a rule; beside it, one file per idea:
+//! `validate` (operators, arity, limits), `budget` (what one evaluation may
+//! spend) and `index` (the equality the broker files a client under).
 
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
-use datalogic_rs::{DataValue, Engine, Logic, ParsedData};
+use datalogic_rs::{Engine, Logic, ParsedData};
 use serde_json::Value;
 
 use super::FilterError;
 
-/// Operators and their arity (min, max arguments; `None` = unbounded).
-pub(crate) const OPERATORS: &[(&str, usize, Option<usize>)] = &[
-    ("var", 0, Some(2)),
-    ("missing", 0, None),
-    ("missing_some", 2, Some(2)),
-    ("if", 0, None),
-    ("?:", 0, None),
-    ("==", 2, Some(2)),
-    ("===", 2, Some(2)),
-    ("!=", 2, Some(2)),
-    ("!==", 2, Some(2)),
-    ("!", 1, Some(1)),
-    ("!!", 1, Some(1)),
-    ("or", 1, None),
-    ("and", 1, None),
-    (">", 2, Some(2)),
-    (">=", 2, Some(2)),
-    ("<", 2, Some(3)),
-    ("<=", 2, Some(3)),
-    ("max", 0, None),
-    ("min", 0, None),
-    ("+", 0, None),
-    ("-", 1, Some(2)),
-    ("*", 1, None),
-    ("/", 2, Some(2)),
-    ("%", 2, Some(2)),
-    ("map", 2, Some(2)),
-    ("filter", 2, Some(2)),
-    ("reduce", 2, Some(3)),
-    ("all", 2, Some(2)),
-    ("none", 2, Some(2)),
-    ("some", 2, Some(2)),
-    ("merge", 0, None),
-    ("in", 2, Some(2)),
-    ("cat", 0, None),
-    ("substr", 2, Some(3)),
-];
+mod budget;
+mod index;
+mod validate;
 
-/// Limits on a rule; each is a setting.
-#[derive(Debug, Clone, Copy)]
-pub struct RuleLimits {
-    /// Deepest nesting of objects and arrays.
-    pub max_depth: usize,
-    /// Most nodes (objects, arrays and scalars) in the rule.
-    pub max_nodes: usize,
-    /// Most bytes one evaluation may build (`TIDINGS_RULE_BUDGET`): over
-    /// it the event does not match, and it is counted.
-    pub budget: usize,
-}
-
-impl Default for RuleLimits {
-    fn default() -> Self {
-        Self { max_depth: 32, max_nodes: 1024, budget: 1 << 20 }
-    }
-}
-
-/// The iterating operators: their body runs once per element.
-const LOOPS: &[&str] = &["map", "filter", "reduce", "all", "some", "none"];
+use budget::{accumulator_reads, is_budget_stop, loop_nodes, quiet_budget_stops};
+use index::equality;
+pub use index::{Equality, PathProbe, ValueKey, value_keys};
+pub(crate) use validate::OPERATORS;
+pub use validate::RuleLimits;
+use validate::validate;
 
 /// A validated, compiled rule.
 #[derive(Clone)]
@@ -108,178 +64,6 @@ pub struct PayloadRule {
     told: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// A payload field a rule requires to equal a constant: the rule is
-/// `{"==": [{"var": path}, constant]}` (or `===`, either order), alone or as
-/// one conjunct of a top-level `and`. Such a rule can only be true for an
-/// event whose field has one of the constant's [`ValueKey`]s, so the broker
-/// files the client under those keys and evaluates the rule only for the
-/// events whose field has one of them: 10,000 clients told apart by a user
-/// id cost one lookup per event, not 10,000 evaluations.
-#[derive(Debug)]
-pub struct Equality {
-    /// The `var` path, as written.
-    pub path: Box<str>,
-    /// The constant's keys ([`value_keys`]).
-    pub keys: Vec<ValueKey>,
-    /// Reads the field from an event's payload.
-    pub probe: Arc<PathProbe>,
-}
-
-/// A class of JSON scalars for the equality index. [`value_keys`] gives
-/// every value a few keys such that two values that are equal under
-/// JsonLogic's `==` (as the evaluator coerces: a number equals a string that
-/// parses to it, `true` equals `1` and `"true"`, `null` equals `0`, `false`
-/// and `""`) share at least one key. Sharing a key says nothing more: the
-/// rule itself decides.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum ValueKey {
-    /// `null`, and what equals it (`false`, `""`).
-    Null,
-    /// A boolean, and the string naming it.
-    Bool(bool),
-    /// A number's bits (`-0` as `0`), and what coerces to it.
-    Num(u64),
-    /// A string.
-    Str(Box<str>),
-}
-
-/// A JSON scalar, from either side: the rule's constant or the event's field.
-#[derive(Debug, Clone, Copy)]
-enum Scalar<'a> {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(&'a str),
-}
-
-fn num_key(n: f64) -> Option<ValueKey> {
-    // NaN equals nothing; -0 equals 0.
-    (!n.is_nan()).then(|| ValueKey::Num(if n == 0.0 { 0.0f64.to_bits() } else { n.to_bits() }))
-}
-
-/// The keys of a scalar. Pairwise, for the evaluator's loose equality:
-/// null–null, bool–bool, string–string and number–number share their own
-/// key; number–string share `Num` (the evaluator parses the string as an
-/// `f64`, as here); number–bool share `Num(0 or 1)`; string–bool share
-/// `Bool` (`"true"`, `"false"`); null–number share `Num(0)`; null–`false`
-/// and null–`""` share `Null`. Strict equality implies loose equality.
-fn scalar_keys(value: Scalar<'_>) -> Vec<ValueKey> {
-    match value {
-        Scalar::Null => vec![ValueKey::Null, ValueKey::Num(0.0f64.to_bits())],
-        Scalar::Bool(b) => {
-            let mut keys = vec![ValueKey::Bool(b), ValueKey::Num(if b { 1.0f64 } else { 0.0 }.to_bits())];
-            if !b {
-                keys.push(ValueKey::Null);
-            }
-            keys
-        }
-        Scalar::Num(n) => num_key(n).into_iter().collect(),
-        Scalar::Str(s) => {
-            let mut keys = vec![ValueKey::Str(s.into())];
-            keys.extend(s.parse::<f64>().ok().and_then(num_key));
-            match s {
-                "true" => keys.push(ValueKey::Bool(true)),
-                "false" => keys.push(ValueKey::Bool(false)),
-                "" => keys.push(ValueKey::Null),
-                _ => {}
-            }
-            keys
-        }
-    }
-}
-
-/// The keys of a JSON value: none for an array or object, which equals no
-/// scalar.
-pub fn value_keys(value: &Value) -> Vec<ValueKey> {
-    let scalar = match value {
-        Value::Null => Scalar::Null,
-        Value::Bool(b) => Scalar::Bool(*b),
-        Value::Number(n) => Scalar::Num(n.as_f64().unwrap_or(f64::NAN)),
-        Value::String(s) => Scalar::Str(s),
-        Value::Array(_) | Value::Object(_) => return Vec::new(),
-    };
-    scalar_keys(scalar)
-}
-
-fn data_keys(value: &DataValue<'_>) -> Vec<ValueKey> {
-    let scalar = match value {
-        DataValue::Null => Scalar::Null,
-        DataValue::Bool(b) => Scalar::Bool(*b),
-        DataValue::Number(n) => Scalar::Num(n.as_f64()),
-        DataValue::String(s) => Scalar::Str(s),
-        _ => return Vec::new(),
-    };
-    scalar_keys(scalar)
-}
-
-/// The equality `rule` requires, if it is of the indexable form.
-fn equality(rule: &Value) -> Option<Equality> {
-    let (op, args) = rule.as_object().filter(|m| m.len() == 1)?.iter().next()?;
-    match (op.as_str(), args) {
-        ("==" | "===", Value::Array(pair)) if pair.len() == 2 => {
-            let (path, constant) = match (var_path(&pair[0]), var_path(&pair[1])) {
-                (Some(path), None) => (path, &pair[1]),
-                (None, Some(path)) => (path, &pair[0]),
-                _ => return None,
-            };
-            // An object is an operation, an array a list of them: only a
-            // literal scalar is a constant.
-            if constant.is_object() || constant.is_array() {
-                return None;
-            }
-            let probe = PathProbe::new(path)?;
-            Some(Equality { path: path.into(), keys: value_keys(constant), probe: Arc::new(probe) })
-        }
-        ("and", Value::Array(conjuncts)) => conjuncts.iter().find_map(equality),
-        _ => None,
-    }
-}
-
-/// `{"var": "a.b"}` or `{"var": ["a.b"]}` (no default): the path.
-fn var_path(value: &Value) -> Option<&str> {
-    let (op, arg) = value.as_object().filter(|m| m.len() == 1)?.iter().next()?;
-    if op != "var" {
-        return None;
-    }
-    match arg {
-        Value::String(path) => Some(path),
-        Value::Array(a) if a.len() == 1 => a[0].as_str(),
-        _ => None,
-    }
-}
-
-/// Reads one payload field the way rules read it (`{"var": path}`,
-/// evaluated by the same engine), once per event for every rule filed under
-/// that path.
-pub struct PathProbe {
-    logic: Logic,
-}
-
-impl std::fmt::Debug for PathProbe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PathProbe")
-    }
-}
-
-impl PathProbe {
-    /// The probe of `path`.
-    fn new(path: &str) -> Option<Self> {
-        let logic = engine().compile(&serde_json::json!({ "var": path })).ok()?;
-        Some(Self { logic })
-    }
-
-    /// The keys of the field in `payload`; `None` if it could not be read
-    /// (then any rule on it might match).
-    pub fn keys(&self, payload: &Prepared) -> Option<Vec<ValueKey>> {
-        ARENA.with(|arena| {
-            let mut arena = arena.borrow_mut();
-            let keys = engine().evaluate(&self.logic, &payload.data, &arena).ok().map(data_keys);
-            arena.reset();
-            keys
-        })
-    }
-}
-
 impl std::fmt::Debug for PayloadRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "PayloadRule({})", self.source)
@@ -299,79 +83,6 @@ thread_local! {
     // past the budget unwinds out of the evaluator (bumpalo panics with
     // "out of memory"), which is a budget stop, not a fault to report.
     static EVALUATING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// How many nodes of `value` sit inside a loop's body.
-fn loop_nodes(value: &Value, in_loop: bool) -> usize {
-    let here = usize::from(in_loop);
-    match value {
-        Value::Array(items) => here + items.iter().map(|i| loop_nodes(i, in_loop)).sum::<usize>(),
-        Value::Object(map) => match map.iter().next() {
-            Some((op, Value::Array(args))) if LOOPS.contains(&op.as_str()) => {
-                here + args.iter().enumerate().map(|(i, a)| loop_nodes(a, in_loop || i == 1)).sum::<usize>()
-            }
-            Some((_, args)) => here + loop_nodes(args, in_loop),
-            None => here,
-        },
-        _ => here,
-    }
-}
-
-/// How many `{"var": "accumulator…"}` sit in the bodies of `reduce`s whose
-/// initial value is not a literal.
-fn accumulator_reads(value: &Value) -> usize {
-    fn reads(value: &Value) -> usize {
-        match value {
-            Value::Array(items) => items.iter().map(reads).sum(),
-            Value::Object(map) => match map.iter().next() {
-                Some((op, Value::String(path))) if op == "var" && path.starts_with("accumulator") => 1,
-                Some((op, Value::Array(args)))
-                    if op == "var" && args.first().and_then(Value::as_str).is_some_and(|p| p.starts_with("accumulator")) =>
-                {
-                    1
-                }
-                Some((_, args)) => reads(args),
-                None => 0,
-            },
-            _ => 0,
-        }
-    }
-    match value {
-        Value::Array(items) => items.iter().map(accumulator_reads).sum(),
-        Value::Object(map) => match map.iter().next() {
-            Some((op, Value::Array(args))) if op == "reduce" => {
-                let body = args.get(1).map_or(0, reads);
-                let literal = args.get(2).is_none_or(|initial| !initial.is_object() && !initial.is_array());
-                (if literal { 0 } else { body }) + args.iter().map(accumulator_reads).sum::<usize>()
-            }
-            Some((_, args)) => accumulator_reads(args),
-            None => 0,
-        },
-        _ => 0,
-    }
-}
-
-/// Whether a panic is the arena refusing to grow past the budget (bumpalo
-/// says "out of memory" for its own allocations, "encountered allocation
-/// error" for a growing collection's).
-fn is_budget_stop(payload: &(dyn std::any::Any + Send)) -> bool {
-    let message = payload.downcast_ref::<&str>().copied().or_else(|| payload.downcast_ref::<String>().map(String::as_str));
-    message.is_some_and(|m| m == "out of memory" || m.starts_with("encountered allocation error"))
-}
-
-/// Installs (once) a panic hook that keeps budget stops out of the log and
-/// passes every other panic to the hook that was there.
-fn quiet_budget_stops() {
-    static INSTALLED: std::sync::Once = std::sync::Once::new();
-    INSTALLED.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let budget_stop = EVALUATING.with(|e| e.get()) && is_budget_stop(info.payload());
-            if !budget_stop {
-                previous(info);
-            }
-        }));
-    });
 }
 
 impl PayloadRule {
@@ -500,69 +211,6 @@ impl std::fmt::Debug for Prepared {
 pub fn prepare(payload: &Value) -> Option<Prepared> {
     let text = payload.to_string();
     Some(Prepared { bytes: text.len(), data: ParsedData::from_json(&text).ok()? })
-}
-
-/// Walks the rule: operators known, one key per object, arity in range,
-/// bounded depth and size. `at` names the current place for messages.
-///
-/// A loop (`map`, `filter`, `reduce`, `all`, `some`, `none`) may not sit in
-/// another loop's body: nested, their work grows with the square of the
-/// event (a rule of a few nodes could spend seconds on one large event).
-fn validate(value: &Value, at: &str, depth: usize, limits: RuleLimits, nodes: &mut usize, in_loop: bool) -> Result<(), FilterError> {
-    *nodes += 1;
-    if *nodes > limits.max_nodes {
-        return Err(FilterError(format!("payload rule has more than {} nodes", limits.max_nodes)));
-    }
-    if depth > limits.max_depth {
-        return Err(FilterError(format!("payload rule is nested deeper than {} levels (at {at})", limits.max_depth)));
-    }
-    match value {
-        Value::Array(items) => {
-            for (i, item) in items.iter().enumerate() {
-                validate(item, &format!("{at}[{i}]"), depth + 1, limits, nodes, in_loop)?;
-            }
-            Ok(())
-        }
-        Value::Object(map) => {
-            let mut keys = map.keys();
-            let (Some(op), None) = (keys.next(), keys.next()) else {
-                return Err(FilterError(format!("{at}: an operation is an object with exactly one operator key, got {} keys", map.len())));
-            };
-            let Some(&(_, min, max)) = OPERATORS.iter().find(|(name, _, _)| name == op) else {
-                return Err(FilterError(format!("{at}: unknown operator {op:?}")));
-            };
-            let args = &map[op];
-            let count = match args {
-                Value::Array(a) => a.len(),
-                _ => 1,
-            };
-            if count < min || max.is_some_and(|m| count > m) {
-                let expected = match max {
-                    Some(m) if m == min => format!("{min}"),
-                    Some(m) => format!("{min} to {m}"),
-                    None => format!("at least {min}"),
-                };
-                return Err(FilterError(format!("{at}: operator {op:?} takes {expected} arguments, got {count}")));
-            }
-            if LOOPS.contains(&op.as_str()) {
-                if in_loop {
-                    return Err(FilterError(format!(
-                        "{at}: {op:?} inside another loop's body is refused (its cost grows with the square of the event)"
-                    )));
-                }
-                // The body (the second argument) runs per element; the
-                // list and `reduce`'s initial value run once.
-                let Value::Array(items) = args else { return validate(args, &format!("{at}.{op}"), depth + 1, limits, nodes, false) };
-                *nodes += 1;
-                for (i, item) in items.iter().enumerate() {
-                    validate(item, &format!("{at}.{op}[{i}]"), depth + 2, limits, nodes, i == 1)?;
-                }
-                return Ok(());
-            }
-            validate(args, &format!("{at}.{op}"), depth + 1, limits, nodes, in_loop)
-        }
-        _ => Ok(()),
-    }
 }
 
 #[cfg(test)]
