@@ -191,6 +191,17 @@ fn nothing_below_the_service_layer_imports_it_or_a_transport() {
     for transport in ["http", "server"] {
         assert!(!graph[transport].contains("federation"), "{transport} calls federation past the service layer: {:?}", graph[transport]);
     }
+    // And within the service layer only its entry names it (the handle in
+    // `service/mod.rs`, `POST /v1/execute` in `service/execute.rs`): the
+    // path publish → store → broker → session, and the tree's writes (whose
+    // rules on entities the composition root hands over), read without it.
+    let mut naming: Vec<String> = sources(Path::new(SRC))
+        .into_iter()
+        .filter(|(file, code)| file.starts_with("service/") && code.contains("crate::federation"))
+        .map(|(file, _)| file)
+        .collect();
+    naming.sort();
+    assert_eq!(naming, ["service/execute.rs", "service/mod.rs"], "service files that name federation");
 }
 
 /// The tools (the client, the CLI, the load generators) are clients of a

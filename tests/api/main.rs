@@ -45,6 +45,7 @@ mod readers;
 mod relays;
 mod replicas;
 mod rolling;
+mod rust_client;
 mod scripts;
 mod security;
 mod store;

@@ -154,7 +154,15 @@ export interface PublishOptions extends ClientOptions {
  * retry carries the same `Idempotency-Key`, so the server stores them once
  * and answers the retry with the original ids either way.
  */
-export declare function publish(events: NewEvent | NewEvent[], options?: PublishOptions): Promise<number[]>;
+/**
+ * The ids a publish was assigned, in order; `replayed` is true when the
+ * server had stored it before under the same `Idempotency-Key` (a retry
+ * whose first answer was lost) and stored nothing now.
+ */
+export type Published = number[] & {
+    readonly replayed: boolean;
+};
+export declare function publish(events: NewEvent | NewEvent[], options?: PublishOptions): Promise<Published>;
 /** How {@link stream} is told what happens. */
 export interface StreamOptions extends ClientOptions {
     /**

@@ -140,11 +140,11 @@ function newKey() {
     return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 /**
- * Publishes one event or a batch (all or nothing); resolves to the assigned
- * ids. A `503` or a lost connection may have stored the events or not; the
- * retry carries the same `Idempotency-Key`, so the server stores them once
- * and answers the retry with the original ids either way.
+ * The answers a publish retries under its key: the store unavailable
+ * (503), a proxy's passing failures (502, 504), a request timeout (408) and a
+ * rate limit (429, after its Retry-After), as the Python client does. Any other refusal is final.
  */
+const RETRIED_STATUSES = new Set([408, 429, 502, 503, 504]);
 export async function publish(events, options = {}) {
     const body = JSON.stringify(Array.isArray(events) ? { events } : events);
     const key = options.idempotencyKey ?? newKey();
@@ -160,16 +160,18 @@ export async function publish(events, options = {}) {
                 headers: await headers(options, { "content-type": "application/json", "idempotency-key": key }),
                 body,
             });
-            if (response.ok)
-                return (await response.json()).event_ids;
+            if (response.ok) {
+                const ids = (await response.json()).event_ids;
+                return Object.assign(ids, { replayed: response.headers.get("idempotent-replayed") === "true" });
+            }
             const refused = await refusal(response);
-            if (response.status !== 503)
+            if (!RETRIED_STATUSES.has(response.status))
                 throw refused;
             failure = refused;
             atLeastMs = 1000 * Math.min(Number(response.headers.get("retry-after")) || 0, 30);
         }
         catch (e) {
-            if (e instanceof TidingsError && e.status !== 503)
+            if (e instanceof TidingsError && !RETRIED_STATUSES.has(e.status))
                 throw e;
             // A lost connection (or an answer cut short): the same key again.
             failure = e;

@@ -274,7 +274,21 @@ function newKey(): string {
  * retry carries the same `Idempotency-Key`, so the server stores them once
  * and answers the retry with the original ids either way.
  */
-export async function publish(events: NewEvent | NewEvent[], options: PublishOptions = {}): Promise<number[]> {
+/**
+ * The ids a publish was assigned, in order; `replayed` is true when the
+ * server had stored it before under the same `Idempotency-Key` (a retry
+ * whose first answer was lost) and stored nothing now.
+ */
+export type Published = number[] & { readonly replayed: boolean };
+
+/**
+ * The answers a publish retries under its key: the store unavailable
+ * (503), a proxy's passing failures (502, 504), a request timeout (408) and a
+ * rate limit (429, after its Retry-After), as the Python client does. Any other refusal is final.
+ */
+const RETRIED_STATUSES: ReadonlySet<number> = new Set([408, 429, 502, 503, 504]);
+
+export async function publish(events: NewEvent | NewEvent[], options: PublishOptions = {}): Promise<Published> {
   const body = JSON.stringify(Array.isArray(events) ? { events } : events);
   const key = options.idempotencyKey ?? newKey();
   const retries = options.retries ?? 5;
@@ -289,13 +303,16 @@ export async function publish(events: NewEvent | NewEvent[], options: PublishOpt
         headers: await headers(options, { "content-type": "application/json", "idempotency-key": key }),
         body,
       });
-      if (response.ok) return ((await response.json()) as { event_ids: number[] }).event_ids;
+      if (response.ok) {
+        const ids = ((await response.json()) as { event_ids: number[] }).event_ids;
+        return Object.assign(ids, { replayed: response.headers.get("idempotent-replayed") === "true" });
+      }
       const refused = await refusal(response);
-      if (response.status !== 503) throw refused;
+      if (!RETRIED_STATUSES.has(response.status)) throw refused;
       failure = refused;
       atLeastMs = 1000 * Math.min(Number(response.headers.get("retry-after")) || 0, 30);
     } catch (e) {
-      if (e instanceof TidingsError && e.status !== 503) throw e;
+      if (e instanceof TidingsError && !RETRIED_STATUSES.has(e.status)) throw e;
       // A lost connection (or an answer cut short): the same key again.
       failure = e;
     }

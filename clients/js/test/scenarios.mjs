@@ -661,6 +661,39 @@ async function deviceTokenRefreshed(lib, env) {
   }
 }
 
+/**
+ * A proxy's passing refusals (408, 429 with Retry-After, 502, 504) are retried
+ * under the same key, as the Python client retries them; a 400 is not.
+ */
+async function publishRetriesPassingRefusals(lib, env) {
+  const run = tag();
+  for (const status of [408, 429, 502, 504]) {
+    const keys = [];
+    const flaky = async (url, init) => {
+      keys.push(init.headers["idempotency-key"]);
+      if (keys.length === 1) return new Response(JSON.stringify({ error: "passing", message: "a proxy" }), { status, headers: { "retry-after": "0" } });
+      return fetch(url, init);
+    };
+    const ids = await lib.publish({ event_type: "comment.posted", payload: { run, status } }, { url: env.url, fetch: flaky, backoff: { initialMs: 10, maxMs: 20 } });
+    equal(keys.length, 2, `${status} is retried once`);
+    equal(keys[1], keys[0], "under the same key");
+    equal(ids.length, 1);
+  }
+  const keys = [];
+  const refusing = async (url, init) => {
+    keys.push(init.headers["idempotency-key"]);
+    return new Response(JSON.stringify({ error: "invalid_body", message: "no" }), { status: 400 });
+  };
+  let refused;
+  try {
+    await lib.publish({ event_type: "comment.posted" }, { url: env.url, fetch: refusing });
+  } catch (e) {
+    refused = e;
+  }
+  ok(refused instanceof lib.TidingsError && refused.status === 400, `a refusal: ${refused}`);
+  equal(keys.length, 1, "a 400 is not retried");
+}
+
 /** Canonical JSON as RFC 8785 has it (the form every proof signs). */
 /**
  * A publish whose answer is lost after the server stored it is retried with
@@ -686,6 +719,8 @@ async function publishRetriesALostAnswer(lib, env) {
   const page = await (await fetch(new URL(`/v1/poll?since=${ids[0] - 1}&types=comment.posted&limit=1000`, env.url))).json();
   const stored = page.events.filter((e) => e.payload.run === run).map((e) => e.event_id);
   equal(JSON.stringify(stored), JSON.stringify(ids), "stored once, under the ids the retry was answered");
+  equal(ids.replayed, true, "the retry's answer says the first attempt stored it");
+  equal((await lib.publish({ event_type: "comment.posted", payload: { run, fresh: true } }, { url: env.url })).replayed, false, "a first answer is no replay");
   keys.length = 0;
   let refused;
   try {
@@ -705,6 +740,7 @@ async function canonicalJson(lib) {
 // Node only.
 export const scenarios = [
   { name: "canonical JSON follows RFC 8785", server: "main", run: (lib) => canonicalJson(lib) },
+  { name: "publish retries a proxy's passing refusals, not a 400", server: "main", run: (lib, env) => publishRetriesPassingRefusals(lib, env) },
   { name: "stream (fetch): replay from since, then live, typed envelopes", server: "main", run: (lib, env) => replayThenLive(lib, env, "fetch") },
   { name: "stream (EventSource): replay from since, then live", server: "main", browser: true, run: (lib, env) => replayThenLive(lib, env, "eventsource") },
   { name: "stream (default transport): replay from since, then live", server: "main", run: (lib, env) => replayThenLive(lib, env, undefined) },

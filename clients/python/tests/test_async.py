@@ -34,7 +34,10 @@ def test_publish_retried_after_a_lost_answer_stores_once(main: Server) -> None:
         try:
             async with tidings.AsyncClient(proxy.url) as client:
                 published = await client.publish(event(tagged))
-            assert proxy.count("POST /v1/events") == 2
+                fresh = await client.publish(event(tag()))
+            assert proxy.count("POST /v1/events") == 3
+            assert published.replayed, "the retry's answer says the first stored it"
+            assert not fresh.replayed
         finally:
             proxy.close()
         async with tidings.AsyncClient(main.url) as client:

@@ -30,8 +30,11 @@ def test_publish_retried_after_a_lost_answer_stores_once(main: Server) -> None:
     try:
         with tidings.Client(proxy.url) as client:
             published = client.publish([event(run, i=0), event(run, i=1)])
-        # The first answer was lost; the retry carried the same key.
-        assert proxy.count("POST /v1/events") == 2
+            fresh = client.publish(event(tag()))
+        # The first answer was lost; the retry carried the same key, and
+        # its answer says the first stored the events.
+        assert proxy.count("POST /v1/events") == 3
+        assert published.replayed and not fresh.replayed
     finally:
         proxy.close()
     with tidings.Client(main.url) as client:

@@ -12,7 +12,6 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use tidings_client::sse::{self as client, SseEvent};
 use tidings_protocol::retry::Backoff;
 use tidings_server::registry::{Registry, RegistryMode};
 
@@ -129,78 +128,71 @@ fn summary(e: &Value) -> String {
     line
 }
 
-/// Follows a stream, reconnecting with the last id it printed.
+/// Follows a stream: a thin user of [`tidings_client::Client::stream`],
+/// which resumes after the last id it yielded.
 pub async fn tail(tail: TailArgs) -> anyhow::Result<()> {
+    use futures_util::StreamExt as _;
+    use tidings_client::{Item, StreamQuery};
     let args = &tail.follow;
-    let http = reqwest::Client::new();
-    let mut query = vec![];
-    for (name, value) in [("filter", &args.filter), ("types", &args.types), ("agents", &args.agents), ("targets", &args.targets)] {
-        if let Some(value) = value {
-            query.push((name, value.clone()));
-        }
+    let mut client = tidings_client::Client::new(&args.url);
+    if let Some(token) = &args.token {
+        // The token travels as a header, never in the URL (which proxies
+        // log and errors quote).
+        client = client.with_token(token.clone());
     }
-    let mut url = reqwest::Url::parse(&format!("{}/v1/stream", args.url.trim_end_matches('/'))).context("--url")?;
-    url.query_pairs_mut().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
-    let mut last = tail.since;
+    let query = StreamQuery {
+        filter: args.filter.clone(),
+        types: args.types.clone(),
+        agents: args.agents.clone(),
+        targets: args.targets.clone(),
+        since: tail.since,
+    };
     let mut printed = 0u64;
-    // As before the one backoff: 500 ms doubling to 10 s.
-    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
     // On a terminal, a spinner says what it waits for; to a pipe or a log,
     // a line per attempt does (a spinner draws nothing there).
     let terminal = std::io::stderr().is_terminal();
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_draw_target(if terminal { indicatif::ProgressDrawTarget::stderr() } else { indicatif::ProgressDrawTarget::hidden() });
-    loop {
-        spinner.set_message(format!("connecting to {}", args.url));
-        spinner.enable_steady_tick(Duration::from_millis(120));
-        // The token travels as a header, never in the URL (which proxies
-        // log and errors quote).
-        let mut reader = match client::open(&http, url.as_str(), last, args.token.as_deref()).await {
-            Ok(reader) => reader,
-            Err(e) if e.is_final() => {
-                spinner.finish_and_clear();
-                anyhow::bail!("the server refused the stream: {e}");
+    spinner.set_message(format!("connecting to {}", args.url));
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let mut stream = std::pin::pin!(client.stream(query));
+    let mut last = tail.since;
+    while let Some(item) = stream.next().await {
+        match item.map_err(|e| {
+            spinner.finish_and_clear();
+            anyhow::anyhow!(e)
+        })? {
+            Item::Open => spinner.finish_and_clear(),
+            Item::Event { id, envelope } => {
+                last = Some(id);
+                let mut out = std::io::stdout().lock();
+                if args.json {
+                    writeln!(out, "{envelope}")?;
+                } else {
+                    writeln!(out, "{}", summary(&envelope))?;
+                }
+                printed += 1;
+                if args.count.is_some_and(|c| printed >= c) {
+                    return Ok(());
+                }
             }
-            Err(e) => {
-                let wait = backoff.next_delay();
-                let line = format!("{e}; retrying in {}", seconds(wait));
+            Item::Gap(data) => eprintln!("{}: {data}", tidings_protocol::event::names::SYSTEM_REPLAY_GAP),
+            Item::Notice { name, data } => eprintln!("{name}: {data}"),
+            Item::Ended { .. } => {
+                eprintln!("stream ended; resuming after {}", last.map_or("the live head".to_owned(), |l| l.to_string()));
+            }
+            Item::Reconnecting { reason, wait } => {
+                let line = format!("{reason}; retrying in {}", seconds(wait));
                 if terminal {
+                    spinner.enable_steady_tick(Duration::from_millis(120));
                     spinner.set_message(line);
                 } else {
                     eprintln!("tidings tail: {line}");
                 }
-                tokio::time::sleep(wait).await;
-                continue;
-            }
-        };
-        spinner.finish_and_clear();
-        backoff.reset();
-        while let Some(SseEvent { id, event, data }) = reader.next_event().await {
-            match event.as_deref() {
-                None => {
-                    if let Some(id) = id.as_deref().and_then(|i| i.parse().ok()) {
-                        last = Some(id);
-                    }
-                    let mut out = std::io::stdout().lock();
-                    if args.json {
-                        writeln!(out, "{data}")?;
-                    } else {
-                        let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-                        writeln!(out, "{}", summary(&v))?;
-                    }
-                    printed += 1;
-                    if args.count.is_some_and(|c| printed >= c) {
-                        return Ok(());
-                    }
-                }
-                Some(name) => eprintln!("{name}: {data}"),
             }
         }
-        // The stream ended (server restart, slow-client drop): resume after the last id.
-        eprintln!("stream ended; resuming after {}", last.map_or("the live head".to_owned(), |l| l.to_string()));
-        let wait = reader.parser().retry_ms.map_or(backoff.peek(), Duration::from_millis).min(Duration::from_secs(10));
-        tokio::time::sleep(wait).await;
     }
+    Ok(())
 }
 
 /// A delay as a person reads it: `0.5 s`, `10 s`.
@@ -286,192 +278,47 @@ pub fn registry_check(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Why a `listen` connection ended.
-enum Ended {
-    /// Printed `--count` events.
-    Done,
-    /// Dropped: reconnect with backoff, carrying the cursor.
-    Retry(String),
-}
-
-/// Follows the WebSocket transport as a device: catches up from its cursor
-/// with `sync.delta`, then takes realtime events; prints each seq once (a
-/// high-water mark drops what a reconnect sends again) and acks what it
-/// printed. A dropped connection is retried with backoff and jitter; a
-/// rejection (bad key, bad token, bad filter, a protocol error) is not,
-/// since the same request would be rejected again.
+/// Follows the WebSocket transport as a device: a thin user of
+/// [`tidings_client::listen::Listener`], which catches up from the stored
+/// cursor, takes realtime events, hands out each seq once and acks what
+/// was taken; a dropped connection is retried, a rejection is not.
 pub async fn listen(args: ListenArgs) -> anyhow::Result<()> {
-    let key = tidings_server::keyfile::open(&args.key)?;
+    use tidings_client::listen::{Heard, ListenOptions, Listener};
+    let key = std::sync::Arc::new(tidings_server::keyfile::open(&args.key)?);
     let follow = &args.follow;
-    let filter = follow_filter(follow)?;
-    let url = tidings_client::device::ws_url(&follow.url, None);
-    let mut state = Listening { printed: 0, high_water: None, since: args.since };
-    let mut backoff = Backoff::CLIENT;
-    loop {
-        let reason = match state.connect(&args, &key, &url, filter.as_ref()).await {
-            Ok(Ended::Done) => return Ok(()),
-            Ok(Ended::Retry(reason)) => reason,
-            Err(e) => return Err(e),
-        };
-        if state.printed > 0 {
-            backoff.reset();
-        }
-        // Jittered: reconnecting devices spread out after a restart.
-        let wait = backoff.next_delay();
-        eprintln!("{reason}; reconnecting in {} ms", wait.as_millis());
-        tokio::time::sleep(wait).await;
-    }
-}
-
-/// `stream.auth`'s body. What was printed goes along as the cursor: a
-/// device whose acks never landed has no stored cursor, and would otherwise
-/// start at the head, past what was published while it was away (a stored
-/// cursor still wins).
-fn auth_body(device: &str, filter: Option<&Value>, high_water: Option<i64>) -> Value {
-    let mut body = json!({"device_id": device});
-    if let Some(hw) = high_water {
-        body["cursor"] = json!(hw);
-    }
-    if let Some(f) = filter {
-        body["filter"] = f.clone();
-    }
-    body
-}
-
-struct Listening {
-    printed: u64,
-    /// The highest seq printed.
-    high_water: Option<i64>,
-    /// `--since`, for the first connection only.
-    since: Option<i64>,
-}
-
-impl Listening {
-    async fn connect(
-        &mut self,
-        args: &ListenArgs,
-        key: &tidings_protocol::identity::ServerIdentity,
-        url: &str,
-        filter: Option<&Value>,
-    ) -> anyhow::Result<Ended> {
-        use tidings_client::device::{DeviceClient, DeviceClientError as E, Pushed};
-        // Transport failures and the server's "going away / try later"
-        // closes are retried; anything else is a rejection.
-        let retry = |e: E| -> anyhow::Result<Ended> {
-            match e {
-                E::Transport(_) => Ok(Ended::Retry(e.to_string())),
-                E::Closed { code, .. } if tidings_protocol::ws::close::reconnects(code) => Ok(Ended::Retry(e.to_string())),
-                e => Err(anyhow::anyhow!("the server rejected this device: {e}")),
-            }
-        };
-        let mut client = match DeviceClient::connect_as(url, args.follow.token.as_deref()).await {
-            Ok(c) => c,
-            Err(E::Transport(tokio_tungstenite::tungstenite::Error::Http(response))) => {
-                // The server's stable code and message, when it gave them.
-                let answer: Value = response.body().as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
-                // Bounded, and no control character reaches the terminal.
-                let text =
-                    |field: &str| answer[field].as_str().unwrap_or("").chars().take(500).flat_map(char::escape_default).collect::<String>();
-                anyhow::bail!("the server refused the upgrade: {}: {} ({})", response.status().as_u16(), text("error"), text("message"))
-            }
-            Err(e) => return retry(e),
-        };
-        let answer = match client.auth(key, auth_body(&args.device, filter, self.high_water)).await {
-            Ok(a) => a,
-            // An error frame is a rejection even though a close follows.
-            Err(e @ E::Refused { .. }) => anyhow::bail!("the server rejected this device: {e}"),
-            Err(e) => return retry(e),
-        };
-        let head = answer["head_seq"].as_i64().unwrap_or(0);
-        let cursor = answer["cursor"].as_i64().unwrap_or(0);
-        // Catch up from the stored cursor (or this run's --since), not from
-        // what was printed: an ack that did not land is re-sent and dropped
-        // by the high-water mark.
-        let mut since = self.since.take().unwrap_or(cursor);
-        // Realtime starts once a page reaches the head: page whenever the
-        // device's cursor is behind it.
-        if since < head || cursor < head {
-            loop {
-                let page = match client
-                    .call(tidings_protocol::ws::method::DELTA, json!({"device_id": args.device, "since": since, "limit": 500}))
-                    .await
-                {
-                    Ok(p) => p,
-                    Err(e @ E::Refused { .. }) => anyhow::bail!("the server rejected catch-up: {e}"),
-                    Err(e) => return retry(e),
-                };
-                if let Some(gap) = page.get("gap") {
-                    eprintln!("replay gap: {gap}");
+    let options = ListenOptions {
+        url: follow.url.clone(),
+        token: follow.token.clone(),
+        device_id: args.device.clone(),
+        filter: follow_filter(follow)?,
+        since: args.since,
+        page_size: 500,
+    };
+    let mut listener = Listener::new(key, options);
+    let mut printed = 0u64;
+    while let Some(heard) = listener.next().await {
+        match heard? {
+            Heard::Event { event, .. } => {
+                let mut out = std::io::stdout().lock();
+                if follow.json {
+                    writeln!(out, "{event}")?;
+                } else {
+                    writeln!(out, "{}", summary(&event))?;
                 }
-                for item in page["items"].as_array().into_iter().flatten() {
-                    if let Some(seq) = item["seq"].as_i64()
-                        && self.print(args, seq, &item["event"])?
-                    {
-                        let _ = client.ack(key, seq).await;
-                        return Ok(Ended::Done);
-                    }
-                }
-                if let Some(hw) = self.high_water
-                    && let Err(e) = client.ack(key, hw).await
-                {
-                    return retry(e);
-                }
-                since = page["next_since"].as_i64().unwrap_or(since);
-                if !page["has_more"].as_bool().unwrap_or(false) && since >= head {
-                    break;
+                out.flush()?;
+                printed += 1;
+                if follow.count.is_some_and(|c| printed >= c) {
+                    listener.finish().await;
+                    return Ok(());
                 }
             }
-        }
-        loop {
-            match client.next().await {
-                Ok(Pushed::Event { seq, event }) => {
-                    let done = self.print(args, seq, &event)?;
-                    if let Err(e) = client.ack(key, seq).await {
-                        return retry(e);
-                    }
-                    if done {
-                        return Ok(Ended::Done);
-                    }
-                }
-                Ok(Pushed::Answer(answer)) => {
-                    if let Some(error) = answer.get("error") {
-                        eprintln!("ack refused: {error}");
-                    }
-                }
-                Ok(Pushed::Notice(notice)) => eprintln!("{}: {}", notice["method"].as_str().unwrap_or("notice"), notice["params"]),
-                Err(e) => return retry(e),
-            }
+            Heard::Gap(gap) => eprintln!("replay gap: {gap}"),
+            Heard::Notice(notice) => match notice.get("error") {
+                Some(error) => eprintln!("ack refused: {error}"),
+                None => eprintln!("{}: {}", notice["method"].as_str().unwrap_or("notice"), notice["params"]),
+            },
+            Heard::Reconnecting { reason, wait } => eprintln!("{reason}; reconnecting in {} ms", wait.as_millis()),
         }
     }
-
-    /// Prints the event unless it is at or below the high-water mark;
-    /// `true` once `--count` events are printed.
-    fn print(&mut self, args: &ListenArgs, seq: i64, event: &Value) -> anyhow::Result<bool> {
-        let args = &args.follow;
-        if self.high_water.is_some_and(|hw| seq <= hw) {
-            return Ok(false);
-        }
-        self.high_water = Some(seq);
-        let mut out = std::io::stdout().lock();
-        if args.json {
-            writeln!(out, "{event}")?;
-        } else {
-            writeln!(out, "{}", summary(event))?;
-        }
-        out.flush()?;
-        self.printed += 1;
-        Ok(args.count.is_some_and(|c| self.printed >= c))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_reconnect_carries_what_was_printed_as_the_cursor() {
-        let filter = json!({"types": ["a.*"]});
-        assert_eq!(auth_body("d", None, None), json!({"device_id": "d"}), "a first connection starts where the server says");
-        assert_eq!(auth_body("d", Some(&filter), Some(41)), json!({"device_id": "d", "cursor": 41, "filter": filter}));
-    }
+    Ok(())
 }

@@ -2,6 +2,11 @@
 //! public protocol like any other client. It owns:
 //! - [`sse`]: the Server-Sent Events frame parser and a reader over an HTTP
 //!   response, for streams that resume by `Last-Event-ID`;
+//! - [`stream`]: [`Client`] and its stream that resumes by itself
+//!   ([`Client::stream`]: every event once, in order, across any
+//!   disconnect, with gaps surfaced);
+//! - [`listen`]: [`listen::Listener`], a device that resumes by itself
+//!   (catch-up from its cursor, realtime, each seq once, acks, reconnects);
 //! - [`device`]: the device side of the WebSocket transport
 //!   (docs/ref-websocket.md): `stream.hello`, signed `stream.auth` and
 //!   `stream.ack`, `sync.delta` pages and pushed events.
@@ -12,4 +17,8 @@
 //! use it; the server never does.
 
 pub mod device;
+pub mod listen;
 pub mod sse;
+pub mod stream;
+
+pub use stream::{Client, Item, StreamError, StreamQuery};

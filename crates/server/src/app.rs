@@ -239,6 +239,7 @@ impl Application {
             registry,
             identity: server,
             subscriptions: subscriptions.clone(),
+            entity_rules: vec![tidings_protocol::peer::check, crate::federation::mirror::check],
             shutdown: shutdown.clone(),
             draining: draining.clone(),
         });

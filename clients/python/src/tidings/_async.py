@@ -48,7 +48,7 @@ from ._core import (
     SseReader,
     ws_connect_args,
 )
-from ._model import Deliveries, Envelope, Event, Filter, Gap, Page, Refused, ReplayGap, Unavailable
+from ._model import Deliveries, Envelope, Event, Filter, Gap, Page, Published, Refused, ReplayGap, Unavailable
 
 #: A bearer token, or a function (plain or async) returning one, called
 #: before every request and (re)connect.
@@ -102,7 +102,7 @@ class AsyncClient:
             return None if response.status_code == 204 else response.json()
         raise AssertionError("unreachable")
 
-    async def publish(self, events: Event | Sequence[Event], idempotency_key: str | None = None, *, retries: int = 5) -> list[int]:
+    async def publish(self, events: Event | Sequence[Event], idempotency_key: str | None = None, *, retries: int = 5) -> Published:
         """As :meth:`tidings.Client.publish`."""
         body = publish_body(events)
         key = idempotency_key or new_key()
@@ -118,7 +118,8 @@ class AsyncClient:
                     headers=auth_headers(await self.token(), {"content-type": "application/json", "idempotency-key": key}),
                 )
                 if response.is_success:
-                    return [int(i) for i in response.json()["event_ids"]]
+                    ids = [int(i) for i in response.json()["event_ids"]]
+                    return Published(ids, response.headers.get("idempotent-replayed") == "true")
                 refused = refusal(response)
                 if response.status_code == 401 and fresh_token:
                     fresh_token = False

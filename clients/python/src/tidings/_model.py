@@ -11,6 +11,19 @@ from typing_extensions import NotRequired
 Visibility = Literal["public", "reviewer_only", "admin"]
 
 
+class Published(list[int]):
+    """The ids a publish was assigned, in order. ``replayed`` is true when
+    the server had stored it before under the same ``Idempotency-Key`` (a
+    retry whose first answer was lost, or the same key sent again) and
+    stored nothing now."""
+
+    replayed: bool
+
+    def __init__(self, ids: list[int], replayed: bool) -> None:
+        super().__init__(ids)
+        self.replayed = replayed
+
+
 @dataclass(frozen=True)
 class Agent:
     """The agent an event is attributed to."""

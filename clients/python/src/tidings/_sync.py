@@ -46,7 +46,7 @@ from ._core import (
     SseReader,
     ws_connect_args,
 )
-from ._model import Deliveries, Envelope, Event, Filter, Gap, Page, Refused, ReplayGap, Unavailable
+from ._model import Deliveries, Envelope, Event, Filter, Gap, Page, Published, Refused, ReplayGap, Unavailable
 
 #: A bearer token, or a function returning one, called before every request
 #: and (re)connect so that a stream whose token expired goes on under a fresh one.
@@ -98,12 +98,12 @@ class Client:
             return None if response.status_code == 204 else response.json()
         raise AssertionError("unreachable")
 
-    def publish(self, events: Event | Sequence[Event], idempotency_key: str | None = None, *, retries: int = 5) -> list[int]:
+    def publish(self, events: Event | Sequence[Event], idempotency_key: str | None = None, *, retries: int = 5) -> Published:
         """Publishes one event or a batch (all or nothing) and returns the
         assigned ids. A `503` or a lost connection may have stored the events
         or not; each retry carries the same `Idempotency-Key` (a new random
         one unless given), so the server stores them once and answers the
-        retry with the original ids. A refusal raises :class:`Refused` at once."""
+        retry with the original ids (:class:`Published`, ``replayed`` true). A refusal raises :class:`Refused` at once."""
         body = publish_body(events)
         key = idempotency_key or new_key()
         backoff = Backoff()
@@ -118,7 +118,8 @@ class Client:
                     headers=auth_headers(self.token(), {"content-type": "application/json", "idempotency-key": key}),
                 )
                 if response.is_success:
-                    return [int(i) for i in response.json()["event_ids"]]
+                    ids = [int(i) for i in response.json()["event_ids"]]
+                    return Published(ids, response.headers.get("idempotent-replayed") == "true")
                 refused = refusal(response)
                 if response.status_code == 401 and fresh_token:
                     fresh_token = False

@@ -60,9 +60,16 @@ struct Inner {
     limits: Arc<limits::Limits>,
     identity: Arc<ServerIdentity>,
     subscriptions: Arc<Subscriptions>,
+    entity_rules: Vec<EntityRule>,
     shutdown: CancellationToken,
     draining: CancellationToken,
 }
+
+/// A rule on the entities written under some paths of the tree: `Err` with
+/// what is wrong refuses the write (`400 invalid_entity`). The composition
+/// root hands the service layer the rules of the parts that read the tree
+/// (peers, mirrors), so the tree's write path names none of them.
+pub type EntityRule = fn(&str, &tidings_protocol::tree::Entity) -> Result<(), tidings_protocol::tree::EntityError>;
 
 /// What the services are built from (the composition root fills it).
 #[derive(Debug)]
@@ -79,6 +86,9 @@ pub struct ServiceParts {
     pub identity: Arc<ServerIdentity>,
     /// The `system/subscription` handler.
     pub subscriptions: Arc<Subscriptions>,
+    /// What an entity written into the tree must be, beyond being an
+    /// entity, where a part of tidings reads it ([`EntityRule`]).
+    pub entity_rules: Vec<EntityRule>,
     /// Cancelled on shutdown: sessions end on it.
     pub shutdown: CancellationToken,
     /// Cancelled when a drain begins (`/health/ready` answers `503`).
@@ -89,7 +99,7 @@ impl Services {
     /// Bundles the handles and starts the group committers of publishes
     /// and tree writes (so it is called inside the runtime).
     pub fn new(parts: ServiceParts) -> Self {
-        let ServiceParts { settings, store, broker, registry, identity, subscriptions, shutdown, draining } = parts;
+        let ServiceParts { settings, store, broker, registry, identity, subscriptions, entity_rules, shutdown, draining } = parts;
         let limits = Arc::new(limits::Limits::new(
             settings.streams.max_streams,
             settings.streams.max_streams_per_identity,
@@ -113,10 +123,17 @@ impl Services {
                 limits,
                 identity,
                 subscriptions,
+                entity_rules,
                 shutdown,
                 draining,
             }),
         }
+    }
+
+    /// Checks an entity written at `path` against every rule of the
+    /// parts of tidings that read the tree (a peer's entry, a mirror).
+    pub fn check_entity(&self, path: &str, entity: &tidings_protocol::tree::Entity) -> Result<(), tidings_protocol::tree::EntityError> {
+        self.inner.entity_rules.iter().try_for_each(|rule| rule(path, entity))
     }
 
     /// Settings.

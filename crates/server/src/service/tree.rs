@@ -198,8 +198,7 @@ pub async fn put(
     let entity: Entity = crate::json::from_object_slice(body)
         .map_err(|e| TreeError::InvalidEntity(format!("the body must be {{\"type\", \"data\"}}: {e}")))?;
     entity.check().map_err(|e| TreeError::InvalidEntity(e.0))?;
-    tidings_protocol::peer::check(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
-    crate::federation::mirror::check(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
+    core.check_entity(path, &entity).map_err(|e| TreeError::InvalidEntity(e.0))?;
     let (canonical, hash) = entity.canonical();
     let entering = entering(path, trace.as_ref());
     let trace = entering.stored.clone().or(trace);
