@@ -46,6 +46,7 @@ mod relays;
 mod replicas;
 mod rolling;
 mod rust_client;
+mod schemas;
 mod scripts;
 mod security;
 mod store;

@@ -91,7 +91,7 @@ pub fn is_valid_segment(segment: &str) -> bool {
 }
 
 /// Who may see an event (the visibility levels of docs/events.md, ordered).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Visibility {
     /// Everyone allowed to subscribe.
@@ -104,7 +104,7 @@ pub enum Visibility {
 }
 
 /// The agent that caused an event.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Agent {
     /// Stable agent identifier (`persona:mendel`, `human:u-jane`).
@@ -123,7 +123,7 @@ impl Agent {
 }
 
 /// A typed relation from the event to another reference.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Link {
     /// Relation name (`target`, `cites`, ...).
@@ -165,7 +165,7 @@ pub struct PublishRequest {
 
 /// A stored event: the envelope body without `envelope_version`/`event_id`.
 /// Field order is the wire order of the envelope after those two fields.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct EventBody {
     /// The event type.
     pub event_type: String,
@@ -313,6 +313,26 @@ impl Event {
         let body: EventBody = serde_json::from_str(body_json)?;
         Ok(Self { id, body, envelope: encode_envelope(id, body_json), recorded_ms })
     }
+}
+
+/// An event as every transport delivers it (envelope version 1): what
+/// [`encode_envelope`] writes, described for the clients in other
+/// languages ([`envelope_schema`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Envelope {
+    /// The envelope's version ([`CURRENT_ENVELOPE_VERSION`]).
+    pub envelope_version: u32,
+    /// The event's id: increasing, the resume point of every transport.
+    pub event_id: EventId,
+    /// The rest, as stored.
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+/// The JSON Schema of [`Envelope`]: what the JavaScript and Python
+/// clients' envelope types are checked against (`tests/api/schemas.rs`).
+pub fn envelope_schema() -> Value {
+    schemars::schema_for!(Envelope).to_value()
 }
 
 /// The envelope JSON for a stored body: `envelope_version` and `event_id`
