@@ -164,3 +164,36 @@ def test_an_async_token_function_replaces_an_expired_token(auth: Server) -> None
             assert calls >= 2
 
     asyncio.run(run())
+
+
+def test_a_stream_and_a_consumer_stop_from_another_task(main: Server) -> None:
+    async def run() -> None:
+        tagged = tag()
+        async with tidings.AsyncClient(main.url) as client:
+            stream = client.stream(only(tagged))
+
+            async def drain() -> list[tidings.Envelope]:
+                return [e async for e in stream]
+
+            loop = asyncio.create_task(drain())
+            while stream.state.connections < 1:
+                await asyncio.sleep(0.02)
+            stream.stop()
+            assert await asyncio.wait_for(loop, 5) == []
+
+            consumer = client.consumer(f"stopper-{tagged}", only(tagged))
+            await consumer.poll()
+            published = await client.publish([event(tagged, i=0), event(tagged, i=1)])
+            consumer.wait = 1.0
+            seen: list[int] = []
+
+            async def body() -> None:
+                async for envelope in consumer:
+                    seen.append(envelope.event_id)
+                    if len(seen) == 2:
+                        asyncio.get_running_loop().call_soon(consumer.stop)
+
+            await asyncio.wait_for(body(), 10)
+            assert seen == published
+
+    asyncio.run(asyncio.wait_for(run(), 60))

@@ -415,3 +415,50 @@ def test_the_reader_bounds_lines_and_events() -> None:
         line = "data: " + "w" * 65536 + "\n"
         for _ in range(MAX_EVENT // 65536 + 2):
             many.feed(line)
+
+
+def test_a_stream_and_a_consumer_stop_from_another_thread(main: Server) -> None:
+    """`stop()` from another thread ends a loop blocked on a quiet stream at
+    once, and a consumer's loop once its poll answers; a page the body did
+    not finish comes again to the next loop."""
+    run = tag()
+    with tidings.Client(main.url) as client:
+        stream = client.stream(only(run))
+        got: list[list[tidings.Envelope]] = []
+        loop = threading.Thread(target=lambda: got.append(list(stream)))
+        loop.start()
+        until(lambda: stream.state.connections >= 1, "the stream is open")
+        started = time.monotonic()
+        stream.stop()
+        loop.join(10)
+        assert not loop.is_alive() and got == [[]], "the loop ended with nothing handed out"
+        assert time.monotonic() - started < 5, "at once, not at the next heartbeat"
+
+        consumer = client.consumer(f"stopper-{run}", only(run))
+        consumer.poll()  # created at the head, before what it should see
+        published = client.publish([event(run, i=0), event(run, i=1)])
+        consumer.wait = 1.0
+        seen: list[int] = []
+
+        def body() -> None:
+            for envelope in consumer:
+                seen.append(envelope.event_id)
+                consumer.stop()  # from its own body: the page is not finished
+
+        worker = threading.Thread(target=body)
+        worker.start()
+        worker.join(10)
+        assert not worker.is_alive() and seen == published[:1]
+        # Stopped from another thread while it waits for more.
+        again: list[int] = []
+
+        def more() -> None:
+            for envelope in consumer:
+                again.append(envelope.event_id)
+
+        worker = threading.Thread(target=more)
+        worker.start()
+        until(lambda: len(again) == 2, "the unfinished page comes again")
+        consumer.stop()
+        worker.join(10)
+        assert not worker.is_alive() and again == published

@@ -46,6 +46,7 @@ from ._core import (
     retry_after,
     Oversized,
     SseReader,
+    Stop,
     ws_connect_args,
 )
 from ._model import Deliveries, Envelope, Event, Filter, Gap, Page, Published, Refused, ReplayGap, Unavailable
@@ -186,6 +187,7 @@ class AsyncStream:
     def __init__(self, client: AsyncClient, state: StreamState) -> None:
         self._client = client
         self.state = state
+        self._stop = Stop()
         self._events = self._run()
 
     @property
@@ -207,10 +209,15 @@ class AsyncStream:
     async def aclose(self) -> None:
         await self._events.aclose()
 
+    def stop(self) -> None:
+        """As :meth:`tidings.Stream.stop`: ends the `async for` from any
+        task or thread. (Cancelling the task that iterates also ends it.)"""
+        self._stop()
+
     async def _run(self) -> AsyncGenerator[Envelope, None]:
         client, state, backoff = self._client, self.state, Backoff()
         fresh_token = callable(client._token)
-        while True:
+        while not self._stop.is_set():
             try:
                 async with client._http.stream(
                     "GET",
@@ -219,6 +226,9 @@ class AsyncStream:
                     headers=auth_headers(await client.token(), {"accept": "text/event-stream", "cache-control": "no-store"}),
                     timeout=httpx.Timeout(client._timeout, read=STREAM_READ_TIMEOUT),
                 ) as response:
+                    self._stop.response = response
+                    if self._stop.is_set():
+                        return
                     if response.status_code != 200:
                         await response.aread()
                         refused = refusal(response)
@@ -248,7 +258,14 @@ class AsyncStream:
                 wait = backoff.take()
             except Again as again:
                 wait = max(backoff.take(), again.at_least)
-            await asyncio.sleep(wait)
+            except Exception:
+                # A stop shuts the connection under a read: whatever that
+                # raised, the stream ends.
+                if self._stop.is_set():
+                    return
+                raise
+            if await stopped_within(self._stop, wait):
+                return
 
 
 class AsyncConsumer:
@@ -266,6 +283,7 @@ class AsyncConsumer:
         self.limit: int | None = None
         self._since: int | None = None
         self._pending: Page | None = None
+        self._stop = Stop()
 
     async def poll(self, wait: float | None = None, limit: int | None = None, *, since: int | None = None) -> Page:
         page = await self._client.poll(self.filter, since, consumer_id=self.id, wait=wait, limit=limit)
@@ -286,9 +304,13 @@ class AsyncConsumer:
     async def delete(self) -> None:
         await self._client._request("DELETE", f"/v1/consumers/{quote(self.id, safe='')}")
 
+    def stop(self) -> None:
+        """As :meth:`tidings.Consumer.stop`, from any task or thread."""
+        self._stop()
+
     async def __aiter__(self) -> AsyncIterator[Envelope]:
         backoff: Backoff = Backoff()
-        while True:
+        while not self._stop.is_set():
             page, self._pending = self._pending, None
             if page is None:
                 try:
@@ -296,18 +318,24 @@ class AsyncConsumer:
                 except Refused as refused:
                     if is_final(refused.status):
                         raise
-                    await asyncio.sleep(backoff.take())
+                    await stopped_within(self._stop, backoff.take())
                     continue
                 except httpx.TransportError:
-                    await asyncio.sleep(backoff.take())
+                    await stopped_within(self._stop, backoff.take())
                     continue
                 backoff.reset()
                 if page.gap is not None and self.on_gap == "raise":
                     self._pending = page
                     raise ReplayGap(page.gap)
             for event in page.events:
+                if self._stop.is_set():
+                    # Not finished: the page comes again.
+                    self._pending, self._stop = page, Stop()
+                    return
                 yield event
             self._since = page.next_since
+        # Stopped: a later iteration starts afresh.
+        self._stop = Stop()
 
 
 
@@ -479,3 +507,16 @@ class _AsyncSession:
                 state.gaps.append(Gap.from_json(params))
             elif method == METHOD_TOKEN_EXPIRED:
                 raise Lost()
+
+
+async def stopped_within(stop: Stop, seconds: float) -> bool:
+    """Sleeps `seconds` or until `stop` (looked at every 50 ms, as a stop
+    may come from another thread): whether it was stopped."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not stop.is_set():
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return False
+        await asyncio.sleep(min(left, 0.05))
+    return True
+

@@ -10,6 +10,8 @@ import json
 import logging
 import random
 import secrets
+import socket
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Mapping, Sequence
 
@@ -210,6 +212,35 @@ class DeviceKey:
         digest = hashlib.sha256(rfc8785.dumps({"method": method, "body": body, "nonce": nonce})).hexdigest()
         signature = self.private_key.sign(f"sha256:{digest}".encode())
         return {"identity": self.identity, "signature": base64.b64encode(signature).decode()}
+
+
+class Stop:
+    """A stop asked from any thread or task: a flag, and the connection it
+    shuts so that a read blocked on it ends at once (closing a connection
+    from another thread does not wake a read; shutting its socket does)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.response: httpx.Response | None = None
+
+    def __call__(self) -> None:
+        self._event.set()
+        stream = self.response.extensions.get("network_stream") if self.response is not None else None
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        # A socket, or asyncio's view of one (which allows shutdown too).
+        shutdown = getattr(sock, "shutdown", None)
+        if callable(shutdown):
+            try:
+                shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleeps `seconds` or until stopped: whether it was stopped."""
+        return self._event.wait(seconds)
 
 
 # generated from crates/protocol/src/ws.rs: TIDINGS_BLESS=1 cargo test ws_protocol:: rewrites it

@@ -44,6 +44,7 @@ from ._core import (
     retry_after,
     Oversized,
     SseReader,
+    Stop,
     ws_connect_args,
 )
 from ._model import Deliveries, Envelope, Event, Filter, Gap, Page, Published, Refused, ReplayGap, Unavailable
@@ -194,6 +195,7 @@ class Stream:
     def __init__(self, client: Client, state: StreamState) -> None:
         self._client = client
         self.state = state
+        self._stop = Stop()
         self._events = self._run()
 
     @property
@@ -214,13 +216,19 @@ class Stream:
         self.close()
 
     def close(self) -> None:
-        """Ends the stream and its connection."""
+        """Ends the stream and its connection (from the thread iterating it)."""
         self._events.close()
+
+    def stop(self) -> None:
+        """Ends the stream from any thread: the loop iterating it ends at
+        once (a `next()` blocked on the connection raises `StopIteration`),
+        whether it waits for an event or between connections."""
+        self._stop()
 
     def _run(self) -> Generator[Envelope, None, None]:
         client, state, backoff = self._client, self.state, Backoff()
         fresh_token = callable(client._token)
-        while True:
+        while not self._stop.is_set():
             try:
                 with client._http.stream(
                     "GET",
@@ -229,6 +237,9 @@ class Stream:
                     headers=auth_headers(client.token(), {"accept": "text/event-stream", "cache-control": "no-store"}),
                     timeout=httpx.Timeout(client._timeout, read=STREAM_READ_TIMEOUT),
                 ) as response:
+                    self._stop.response = response
+                    if self._stop.is_set():
+                        return
                     if response.status_code != 200:
                         response.read()
                         refused = refusal(response)
@@ -260,7 +271,14 @@ class Stream:
                 wait = backoff.take()
             except Again as again:
                 wait = max(backoff.take(), again.at_least)
-            time.sleep(wait)
+            except Exception:
+                # A stop shuts the connection under a read: whatever that
+                # raised, the stream ends.
+                if self._stop.is_set():
+                    return
+                raise
+            if self._stop.wait(wait):
+                return
 
 
 
@@ -290,6 +308,14 @@ class Consumer:
         self.limit: int | None = None
         self._since: int | None = None
         self._pending: Page | None = None
+        self._stop = Stop()
+
+    def stop(self) -> None:
+        """Ends the iteration from any thread (or from its own body): it
+        ends before the next event it would hand out, or once the poll in
+        flight answers (at most `wait` seconds). A page not finished is not
+        acknowledged: it comes again to the next iteration."""
+        self._stop()
 
     def poll(self, wait: float | None = None, limit: int | None = None, *, since: int | None = None) -> Page:
         """The next page after the stored cursor (or after `since`, which also confirms it)."""
@@ -319,7 +345,7 @@ class Consumer:
 
     def __iter__(self) -> Generator[Envelope, None, None]:
         backoff = Backoff()
-        while True:
+        while not self._stop.is_set():
             page, self._pending = self._pending, None
             if page is None:
                 try:
@@ -327,19 +353,26 @@ class Consumer:
                 except Refused as refused:
                     if is_final(refused.status):
                         raise
-                    time.sleep(backoff.take())
+                    self._stop.wait(backoff.take())
                     continue
                 except httpx.TransportError:
-                    time.sleep(backoff.take())
+                    self._stop.wait(backoff.take())
                     continue
                 backoff.reset()
                 if page.gap is not None and self.on_gap == "raise":
                     # Its events come when the caller iterates again.
                     self._pending = page
                     raise ReplayGap(page.gap)
-            yield from page.events
+            for event in page.events:
+                if self._stop.is_set():
+                    # Not finished: the page comes again.
+                    self._pending, self._stop = page, Stop()
+                    return
+                yield event
             # The body finished with the page: the next poll confirms it.
             self._since = page.next_since
+        # Stopped: a later iteration starts afresh.
+        self._stop = Stop()
 
 
 def _quote(segment: str) -> str:
