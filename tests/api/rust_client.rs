@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use serde_json::json;
+use tidings_client::consumer::Delivered;
 use tidings_client::{Client, Item, StreamError, StreamQuery};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::both_stores;
 use crate::helpers::{Backend, spawn_app_with};
 
-both_stores!(a_gap_is_surfaced_and_delivery_goes_on_after_it);
+both_stores!(a_gap_is_surfaced_and_delivery_goes_on_after_it, a_consumer_acknowledges_a_page_only_once_the_caller_came_back);
 
 /// The next item within 10 s.
 async fn next<S: futures_util::Stream<Item = Result<Item, StreamError>> + Unpin>(stream: &mut S) -> Result<Item, StreamError> {
@@ -101,4 +102,39 @@ async fn what_a_server_repeats_or_garbles_moves_nothing_and_a_refusal_ends_the_s
     assert!(heads[0].contains("last-event-id: 4") && heads[0].contains("authorization: bearer a-token"), "{}", heads[0]);
     assert!(heads[1].contains("last-event-id: 7"), "resumed after the last event yielded: {}", heads[1]);
     assert!(!heads[0].contains("a-token ") && !heads[0].lines().next().unwrap_or("").contains("a-token"), "the token is in no URL");
+}
+
+/// A durable consumer hands out a page's events in order; the page is
+/// acknowledged by the poll that follows it, so a worker that stopped
+/// mid-page gets it again, and one that came back for more does not.
+async fn a_consumer_acknowledges_a_page_only_once_the_caller_came_back(backend: Backend) {
+    let app = spawn_app_with(backend, |_| {}).await;
+    let client = Client::new(&app.base);
+    let filter = Some(json!({"types": ["comment.*"]}).to_string());
+    let mut worker = client.consumer("rust-worker", filter.clone());
+    worker.wait = Duration::from_millis(200);
+    assert_eq!(worker.next().await.unwrap(), None, "a new consumer starts at the head");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(app.publish("comment.posted", json!({"i": i})).await);
+    }
+    let event = |d: Option<Delivered>| match d {
+        Some(Delivered::Event { id, .. }) => id,
+        other => panic!("an event, not {other:?}"),
+    };
+    assert_eq!(event(worker.next().await.unwrap()), ids[0]);
+    // Stopped mid-page: a new worker with the same id gets the page again.
+    let mut again = client.consumer("rust-worker", filter.clone());
+    again.wait = Duration::from_millis(200);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(event(again.next().await.unwrap()));
+    }
+    assert_eq!(got, ids, "the unfinished page, whole and in order");
+    // Coming back for more confirms it.
+    assert_eq!(again.next().await.unwrap(), None);
+    let later = app.publish("comment.posted", json!({"i": 3})).await;
+    let mut third = client.consumer("rust-worker", filter);
+    third.wait = Duration::from_secs(5);
+    assert_eq!(event(third.next().await.unwrap()), later, "only what came after the confirmed page");
 }

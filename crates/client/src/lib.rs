@@ -5,6 +5,9 @@
 //! - [`stream`]: [`Client`] and its stream that resumes by itself
 //!   ([`Client::stream`]: every event once, in order, across any
 //!   disconnect, with gaps surfaced);
+//! - [`consumer`]: [`Client::consumer`], a durable consumer that
+//!   acknowledges a page only once the caller came back after its last
+//!   event;
 //! - [`listen`]: [`listen::Listener`], a device that resumes by itself
 //!   (catch-up from its cursor, realtime, each seq once, acks, reconnects);
 //! - [`device`]: the device side of the WebSocket transport
@@ -16,6 +19,7 @@
 //! The CLI (`tidings-cli`), the load generators and the integration tests
 //! use it; the server never does.
 
+pub mod consumer;
 pub mod device;
 pub mod listen;
 pub mod sse;

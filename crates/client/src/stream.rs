@@ -120,6 +120,14 @@ impl Client {
         &self.base
     }
 
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    pub(crate) fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// The events `query` asks for, resuming after any disconnect. Backoff
     /// runs from 500 ms to 10 s (or the server's `retry:`, at most 10 s)
     /// and starts again once a connection opens.
