@@ -15,7 +15,11 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use crate::both_stores;
 use crate::helpers::{Backend, spawn_app_with};
 
-both_stores!(a_gap_is_surfaced_and_delivery_goes_on_after_it, a_consumer_acknowledges_a_page_only_once_the_caller_came_back);
+both_stores!(
+    a_gap_is_surfaced_and_delivery_goes_on_after_it,
+    a_consumer_acknowledges_a_page_only_once_the_caller_came_back,
+    a_publish_says_whether_it_was_replayed_and_a_refusal_is_not_retried,
+);
 
 /// The next item within 10 s.
 async fn next<S: futures_util::Stream<Item = Result<Item, StreamError>> + Unpin>(stream: &mut S) -> Result<Item, StreamError> {
@@ -137,4 +141,23 @@ async fn a_consumer_acknowledges_a_page_only_once_the_caller_came_back(backend: 
     let mut third = client.consumer("rust-worker", filter);
     third.wait = Duration::from_secs(5);
     assert_eq!(event(third.next().await.unwrap()), later, "only what came after the confirmed page");
+}
+
+/// `Client::publish` answers the ids and whether the server had them under
+/// the key already; a refusal is returned after one attempt.
+async fn a_publish_says_whether_it_was_replayed_and_a_refusal_is_not_retried(backend: Backend) {
+    use tidings_client::publish::{PublishError, PublishOptions};
+    let app = spawn_app_with(backend, |_| {}).await;
+    let client = Client::new(&app.base);
+    let body = json!({"event_type": "comment.posted", "payload": {"n": 1}});
+    let keyed = || PublishOptions { key: Some("rust-client-key".into()), retries: 2 };
+    let first = client.publish(&body, keyed(), |_| panic!("nothing to retry")).await.unwrap();
+    let again = client.publish(&body, keyed(), |_| panic!("nothing to retry")).await.unwrap();
+    assert!(!first.replayed && again.replayed, "{first:?} {again:?}");
+    assert_eq!((first.ids.len(), &first.ids), (1, &again.ids), "the same ids, stored once");
+    assert_eq!(app.head().await, first.ids[0]);
+    let mut retried = 0;
+    let refused = client.publish(&json!({"event_type": "Not-A-Name"}), PublishOptions::default(), |_| retried += 1).await;
+    assert!(matches!(&refused, Err(PublishError::Refused { status: 422, code, .. }) if code == "invalid_event_name"), "{refused:?}");
+    assert_eq!(retried, 0);
 }

@@ -12,7 +12,6 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use tidings_protocol::retry::Backoff;
 use tidings_server::registry::{Registry, RegistryMode};
 
 /// What `tail` and `listen` follow, and how they print it.
@@ -226,48 +225,17 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     if let Some(a) = args.agent {
         body["agent"] = json!({"id": a});
     }
-    let key = args.idempotency_key.clone().unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let url = format!("{}/v1/events", args.url.trim_end_matches('/'));
-    let mut backoff = Backoff::CLIENT;
-    let mut attempt = 0;
-    loop {
-        let mut request = http.post(&url).header("idempotency-key", &key).json(&body);
-        if let Some(t) = &args.token {
-            request = request.bearer_auth(t);
-        }
-        // A lost connection or a 503 may have committed or not: the retry
-        // carries the same key, so it is stored once either way.
-        let failure = match request.send().await {
-            Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
-                let after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-                if let Some(seconds) = after {
-                    backoff.at_least(Duration::from_secs(seconds.min(30)));
-                }
-                format!("503: {}", response.text().await.unwrap_or_default())
-            }
-            Ok(response) => {
-                let status = response.status();
-                let answer: Value = response.json().await.unwrap_or(Value::Null);
-                if !status.is_success() {
-                    anyhow::bail!(
-                        "{status}: {} ({})",
-                        answer["error"].as_str().unwrap_or("error"),
-                        answer["message"].as_str().unwrap_or("")
-                    );
-                }
-                println!("{}", answer["event_ids"][0]);
-                return Ok(());
-            }
-            Err(e) => format!("{e}"),
-        };
-        if attempt >= args.retries {
-            anyhow::bail!("publishing failed after {} attempts: {failure}", attempt + 1);
-        }
-        attempt += 1;
-        eprintln!("tidings publish: {failure}; retrying with the same Idempotency-Key");
-        tokio::time::sleep(backoff.next_delay()).await;
+    let mut client = tidings_client::Client::new(&args.url);
+    if let Some(token) = &args.token {
+        client = client.with_token(token.clone());
     }
+    let options = tidings_client::publish::PublishOptions { key: args.idempotency_key.clone(), retries: args.retries };
+    let published = client
+        .publish(&body, options, |failure| eprintln!("tidings publish: {failure}; retrying with the same Idempotency-Key"))
+        .await
+        .map_err(anyhow::Error::new)?;
+    println!("{}", published.ids.first().map_or_else(|| "null".to_owned(), ToString::to_string));
+    Ok(())
 }
 
 /// Validates a registry directory (the directory itself, never the built-in copy).

@@ -5,6 +5,8 @@
 //! - [`stream`]: [`Client`] and its stream that resumes by itself
 //!   ([`Client::stream`]: every event once, in order, across any
 //!   disconnect, with gaps surfaced);
+//! - [`publish`]: [`Client::publish`], retried under one `Idempotency-Key`,
+//!   saying whether the server had it already;
 //! - [`consumer`]: [`Client::consumer`], a durable consumer that
 //!   acknowledges a page only once the caller came back after its last
 //!   event;
@@ -22,6 +24,7 @@
 pub mod consumer;
 pub mod device;
 pub mod listen;
+pub mod publish;
 pub mod sse;
 pub mod stream;
 
