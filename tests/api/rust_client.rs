@@ -19,6 +19,7 @@ both_stores!(
     a_gap_is_surfaced_and_delivery_goes_on_after_it,
     a_consumer_acknowledges_a_page_only_once_the_caller_came_back,
     a_publish_says_whether_it_was_replayed_and_a_refusal_is_not_retried,
+    a_stream_goes_on_under_a_fresh_token_from_its_source,
 );
 
 /// The next item within 10 s.
@@ -160,4 +161,50 @@ async fn a_publish_says_whether_it_was_replayed_and_a_refusal_is_not_retried(bac
     let refused = client.publish(&json!({"event_type": "Not-A-Name"}), PublishOptions::default(), |_| retried += 1).await;
     assert!(matches!(&refused, Err(PublishError::Refused { status: 422, code, .. }) if code == "invalid_event_name"), "{refused:?}");
     assert_eq!(retried, 0);
+}
+
+/// With a token source, a stream whose token expires (the server ends it
+/// with `system.token_expired`) goes on from its last event under a fresh
+/// token; with a fixed token it would be refused.
+async fn a_stream_goes_on_under_a_fresh_token_from_its_source(backend: Backend) {
+    use crate::helpers::tokens::{SECRET, token, token_with};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let app = spawn_app_with(backend, |s| s.auth.jwt_hs256_secret = Some(SECRET.into())).await;
+    let publisher = token("publisher", json!({"publish": ["**"]}));
+    let publish = |n: i64| {
+        let request = app
+            .http
+            .post(app.url("/v1/events"))
+            .bearer_auth(&publisher)
+            .json(&json!({"event_type": "comment.posted", "payload": {"n": n}}));
+        async move {
+            let answer: serde_json::Value = request.send().await.unwrap().json().await.unwrap();
+            answer["event_ids"][0].as_i64().unwrap()
+        }
+    };
+    let minted = Arc::new(AtomicUsize::new(0));
+    let counter = minted.clone();
+    let client = Client::new(&app.base).with_token_source(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+        // Short-lived: it expires while the stream is open.
+        token_with(json!({"sub": "reader", "exp": chrono::Utc::now().timestamp() + 2, "subscribe": ["**"]}), SECRET)
+    });
+    let mut stream = std::pin::pin!(client.stream(StreamQuery { types: Some("comment.*".into()), ..StreamQuery::default() }));
+    assert_eq!(next(&mut stream).await.unwrap(), Item::Open);
+    let first = publish(1).await;
+    assert!(matches!(next(&mut stream).await.unwrap(), Item::Event { id, .. } if id == first));
+    let mut expired = false;
+    loop {
+        match next(&mut stream).await.unwrap() {
+            Item::Notice { name, .. } if name == "system.token_expired" => expired = true,
+            Item::Open => break,
+            Item::Ended { .. } | Item::Reconnecting { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(expired, "the first token expired");
+    let second = publish(2).await;
+    assert!(matches!(next(&mut stream).await.unwrap(), Item::Event { id, .. } if id == second), "then the next event, under a fresh token");
+    assert!(minted.load(Ordering::SeqCst) >= 2);
 }

@@ -25,7 +25,24 @@ use crate::sse::{self, BodyStream, OpenError, SseReader};
 pub struct Client {
     http: reqwest::Client,
     base: String,
-    token: Option<String>,
+    token: Option<Token>,
+}
+
+/// A bearer token, or where fresh ones come from.
+#[derive(Clone)]
+enum Token {
+    Fixed(String),
+    Source(std::sync::Arc<dyn Fn() -> String + Send + Sync>),
+}
+
+impl std::fmt::Debug for Token {
+    /// Never the token itself.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Token::Fixed(_) => "Token(fixed)",
+            Token::Source(_) => "Token(source)",
+        })
+    }
 }
 
 /// What a stream asks for (docs/streams.md): a filter, or the lists that
@@ -105,7 +122,16 @@ impl Client {
 
     /// Sends `token` as a bearer header on every request.
     pub fn with_token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+        self.token = Some(Token::Fixed(token.into()));
+        self
+    }
+
+    /// Asks `source` for the token before every request and reconnection
+    /// (a token refreshed before it expires), and once more, at once, when
+    /// the server answers `401`: a stream whose token expired
+    /// (`system.token_expired`) goes on from its last event under a fresh one.
+    pub fn with_token_source(mut self, source: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        self.token = Some(Token::Source(std::sync::Arc::new(source)));
         self
     }
 
@@ -124,8 +150,16 @@ impl Client {
         &self.http
     }
 
-    pub(crate) fn token(&self) -> Option<&str> {
-        self.token.as_deref()
+    pub(crate) fn token(&self) -> Option<String> {
+        match &self.token {
+            None => None,
+            Some(Token::Fixed(token)) => Some(token.clone()),
+            Some(Token::Source(source)) => Some(source()),
+        }
+    }
+
+    fn refreshes(&self) -> bool {
+        matches!(self.token, Some(Token::Source(_)))
     }
 
     /// The events `query` asks for, resuming after any disconnect. Backoff
@@ -140,6 +174,7 @@ impl Client {
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(10)),
             wait: None,
             done: false,
+            refreshed: false,
         };
         futures_util::stream::unfold(state, |mut state| async move {
             let item = state.next().await?;
@@ -169,6 +204,8 @@ struct State {
     /// A wait owed before the next attempt (announced by `Reconnecting`).
     wait: Option<Duration>,
     done: bool,
+    /// A `401` was already met with a fresh token since the last open.
+    refreshed: bool,
 }
 
 impl State {
@@ -188,11 +225,17 @@ impl State {
                         return Some(Err(StreamError::Url(e.to_string())));
                     }
                 };
-                match sse::open(&self.client.http, &url, self.last, self.client.token.as_deref()).await {
+                match sse::open(&self.client.http, &url, self.last, self.client.token().as_deref()).await {
                     Ok(reader) => {
                         self.backoff.reset();
+                        self.refreshed = false;
                         self.reader = Some(reader);
                         return Some(Ok(Item::Open));
+                    }
+                    Err(OpenError::Answered { status: 401, .. }) if self.client.refreshes() && !self.refreshed => {
+                        // Once, at once, under a fresh token.
+                        self.refreshed = true;
+                        continue;
                     }
                     Err(e) if e.is_final() => {
                         self.done = true;
