@@ -16,6 +16,35 @@ use crate::helpers::{Backend, Process, free_port, process_store, spawn_process};
 
 both_stores!(the_shipped_nginx_config_carries_every_transport);
 
+/// The pids of `pid` and its children.
+fn family(pid: u32) -> Vec<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    std::iter::once(pid).chain(children.split_whitespace().filter_map(|c| c.parse().ok())).collect()
+}
+
+/// Whether `pid` runs (a zombie waiting to be reaped does not).
+fn runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(|c| c != 'Z' && c != 'X')))
+        .unwrap_or(false)
+}
+
+/// nginx started for a test leaves no process behind when the test ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_leaves_no_process_behind() {
+    let (envs, _dir) = process_store(Backend::Embedded).await;
+    let server = spawn_process(&envs).await;
+    let proxy = Nginx::start(&server.base).await;
+    let started = family(proxy.child.id().expect("nginx runs"));
+    drop(proxy);
+    crate::helpers::eventually("every nginx process is gone", || {
+        let started = started.clone();
+        async move { !started.iter().any(|pid| runs(*pid)) }
+    })
+    .await;
+}
+
 /// nginx running the shipped config in front of `upstream` (a base URL).
 struct Nginx {
     child: tokio::process::Child,
@@ -41,11 +70,14 @@ impl Nginx {
         }
         std::fs::write(dir.path().join("tidings.conf"), conf).unwrap();
         let p = |name: &str| dir.path().join(name).display().to_string();
+        // One process, no master: killing it when the test ends leaves
+        // nothing behind (a killed master's workers would live on,
+        // orphaned, after every run of the suite).
         // Run as root (a container's CI), nginx's workers would be `nobody`
         // and could not write the temporary directories.
         let user = if nix_uid_is_root() { "user root root;" } else { "" };
         let main = format!(
-            "{user}\nworker_processes 1;\ndaemon off;\npid {pid};\nerror_log {error} error;\nevents {{ worker_connections 256; }}\n\
+            "{user}\nmaster_process off;\ndaemon off;\npid {pid};\nerror_log {error} error;\nevents {{ worker_connections 256; }}\n\
              http {{\n  client_body_temp_path {body};\n  proxy_temp_path {proxy};\n  fastcgi_temp_path {fcgi};\n  uwsgi_temp_path {uwsgi};\n  \
              scgi_temp_path {scgi};\n  include {conf};\n}}\n",
             pid = p("nginx.pid"),
