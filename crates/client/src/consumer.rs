@@ -15,6 +15,7 @@ use serde_json::Value;
 use tidings_protocol::event::EventId;
 use tidings_protocol::retry::Backoff;
 
+use crate::sse::said;
 use crate::stream::Client;
 
 /// What a consumer hands out.
@@ -129,8 +130,7 @@ impl Consumer {
         if status >= 500 || status == 408 || status == 429 {
             return Err(Poll::Again);
         }
-        let text = |field: &str| body[field].as_str().unwrap_or("").chars().take(500).flat_map(char::escape_default).collect::<String>();
-        Err(Poll::Final(ConsumerError::Refused { status, code: text("error"), message: text("message") }))
+        Err(Poll::Final(ConsumerError::Refused { status, code: said(&body, "error", ""), message: said(&body, "message", "") }))
     }
 }
 

@@ -18,6 +18,7 @@ use tidings_protocol::retry::Backoff;
 use tidings_protocol::ws::{close, method};
 
 use crate::device::{DeviceClient, DeviceClientError as E, Pushed, ws_url};
+use crate::sse::said;
 
 /// Who the device is and what it follows.
 #[derive(Debug, Clone)]
@@ -235,14 +236,12 @@ impl Listener {
                 // The server's stable code and message, when it gave them;
                 // bounded, and no control character reaches a terminal.
                 let answer: Value = response.body().as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
-                let text =
-                    |field: &str| answer[field].as_str().unwrap_or("").chars().take(500).flat_map(char::escape_default).collect::<String>();
                 let status = response.status().as_u16();
-                let said = format!("{status}: {} ({})", text("error"), text("message"));
+                let refused = format!("{status}: {} ({})", said(&answer, "error", ""), said(&answer, "message", ""));
                 return Err(if (500..600).contains(&status) || status == 429 {
-                    Failed::Retry(format!("the server refused the upgrade: {said}"))
+                    Failed::Retry(format!("the server refused the upgrade: {refused}"))
                 } else {
-                    Failed::Stop(ListenError::Upgrade(said))
+                    Failed::Stop(ListenError::Upgrade(refused))
                 });
             }
             Err(e) => return Err(e.into()),

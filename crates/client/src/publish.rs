@@ -12,7 +12,7 @@ use serde_json::Value;
 use tidings_protocol::event::EventId;
 use tidings_protocol::retry::Backoff;
 
-use crate::sse::describe;
+use crate::sse::{describe, said};
 use crate::stream::Client;
 
 /// The answers a publish retries under its key.
@@ -90,20 +90,21 @@ impl Client {
                     let replayed = response.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
                     let after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
                     let answer: Value = response.json().await.unwrap_or(Value::Null);
-                    let text = |field: &str| {
-                        answer[field].as_str().unwrap_or("").chars().take(500).flat_map(char::escape_default).collect::<String>()
-                    };
                     if (200..300).contains(&status) {
                         let ids = answer["event_ids"].as_array().into_iter().flatten().filter_map(Value::as_i64).collect();
                         return Ok(Published { ids, replayed });
                     }
                     if !RETRIED_STATUSES.contains(&status) {
-                        return Err(PublishError::Refused { status, code: text("error"), message: text("message") });
+                        return Err(PublishError::Refused {
+                            status,
+                            code: said(&answer, "error", ""),
+                            message: said(&answer, "message", ""),
+                        });
                     }
                     if let Some(seconds) = after {
                         backoff.at_least(Duration::from_secs(seconds.min(30)));
                     }
-                    format!("{status}: {} ({})", text("error"), text("message"))
+                    format!("{status}: {} ({})", said(&answer, "error", ""), said(&answer, "message", ""))
                 }
                 Err(e) => describe(&e),
             };

@@ -167,6 +167,13 @@ impl OpenError {
     }
 }
 
+/// A field of a server's answer, as a person may be shown it: at most
+/// 500 characters, and no control character (a hostile server's answer
+/// reaches a terminal); `fallback` when the field is not a string.
+pub fn said(answer: &serde_json::Value, field: &str, fallback: &str) -> String {
+    answer[field].as_str().unwrap_or(fallback).chars().take(500).flat_map(char::escape_default).collect()
+}
+
 /// What went wrong with a request, in words a terminal user reads: the
 /// innermost cause (`Connection refused (os error 111)`), never the URL,
 /// which may carry a token.
@@ -212,14 +219,10 @@ pub async fn open(
         };
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), read).await;
         let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        // Bounded, and no control character reaches the user's terminal.
-        let text = |field: &str, fallback: &str| {
-            answer[field].as_str().unwrap_or(fallback).chars().take(500).flat_map(char::escape_default).collect::<String>()
-        };
         return Err(OpenError::Answered {
             status: status.as_u16(),
-            code: text("error", "error"),
-            message: text("message", status.canonical_reason().unwrap_or("")),
+            code: said(&answer, "error", "error"),
+            message: said(&answer, "message", status.canonical_reason().unwrap_or("")),
         });
     }
     Ok(SseReader::new(Box::pin(response.bytes_stream())))
