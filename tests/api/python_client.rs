@@ -6,16 +6,21 @@
 //! not read, an `async for` not awaited) and a replay gap, durable
 //! consumers that acknowledge only what the loop body finished, the
 //! WebSocket device, and expired tokens replaced through the `token`
-//! function. The package passes `mypy --strict`. `scripts/test` makes the
-//! virtual environment (`TIDINGS_TEST_PYCLIENT`) with the pinned
-//! `clients/python/requirements-test.txt` and the client installed editable.
+//! function; and unit tests that need no server (`httpx.MockTransport`),
+//! written for asyncio and generated for the blocking client. The package
+//! passes `mypy --strict` and `ruff`; its blocking client is what
+//! `tools/generate_sync.py` writes from the asyncio one; its wheel installs
+//! into a clean virtual environment with no index and works there.
+//! `scripts/test` makes the virtual environment (`TIDINGS_TEST_PYCLIENT`)
+//! with the pinned `clients/python/requirements-test.txt` (the lock), the
+//! client installed editable, and a wheelhouse of its runtime dependencies.
 
 use std::time::Duration;
 
 use crate::both_stores;
 use crate::helpers::{Backend, process_store};
 
-both_stores!(client_scenarios_pass, the_books_example_runs_as_written);
+both_stores!(client_scenarios_pass, the_books_example_runs_as_written, the_wheel_installs_into_a_clean_environment_and_works);
 
 /// The MCP server's tests (`clients/python/tests/test_mcp.py`, through the
 /// official MCP Python SDK) run from `tests/api/mcp.rs`; the client's tests
@@ -25,9 +30,35 @@ const MCP_TESTS: &str = "tests/test_mcp.py";
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/python");
 const SECRET: &str = "python-client-scenarios-secret-of-enough-bytes";
 
+fn venv() -> String {
+    std::env::var("TIDINGS_TEST_PYCLIENT").expect("run scripts/test, which makes the Python client's virtual environment")
+}
+
 fn python() -> String {
-    let venv = std::env::var("TIDINGS_TEST_PYCLIENT").expect("run scripts/test, which makes the Python client's virtual environment");
-    format!("{venv}/bin/python")
+    format!("{}/bin/python", venv())
+}
+
+/// Runs `program` with `args` in `dir` (with `envs`), within two minutes:
+/// its status and what it wrote.
+fn run_in(dir: &std::path::Path, program: &str, args: &[&str], envs: &[(&str, &str)]) -> (bool, String) {
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("{program} {args:?} ends within two minutes");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
 /// The environment of one server of the pytest suite: its store, plus what
@@ -85,12 +116,125 @@ pub(crate) async fn run_pytest(backend: Backend, args: &[&str]) {
     assert!(!summary.contains("skipped") && !summary.contains("deselected") && !summary.contains("xfail"), "{stdout}");
 }
 
-/// The package and its tests pass `mypy --strict` (the settings in
-/// `clients/python/pyproject.toml`).
+/// The package, its tests and tools pass `mypy --strict`, `ruff check` and
+/// `ruff format --check` (the settings in `clients/python/pyproject.toml`).
 #[test]
-fn the_client_is_typed() {
-    let out = std::process::Command::new(python()).args(["-m", "mypy", "src", "tests", "bench"]).current_dir(CLIENT).output().unwrap();
-    assert!(out.status.success(), "mypy --strict: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+fn the_client_is_typed_and_linted() {
+    let dir = std::path::Path::new(CLIENT);
+    for (program, args) in [
+        (python(), &["-m", "mypy", "src", "tests", "bench", "tools"][..]),
+        (format!("{}/bin/ruff", venv()), &["check", "--no-cache", "src", "tests", "bench", "tools"][..]),
+        (format!("{}/bin/ruff", venv()), &["format", "--no-cache", "--check", "src", "tests", "bench", "tools"][..]),
+    ] {
+        let (ok, said) = run_in(dir, &program, args, &[]);
+        assert!(ok, "{program} {args:?}: {said}");
+    }
+}
+
+/// The blocking client (and its unit tests) are what `tools/generate_sync.py`
+/// writes from the asyncio ones; and its check fails on drift: in a copy
+/// whose blocking client was edited by hand, it names the file.
+#[test]
+fn the_blocking_client_is_generated_from_the_asyncio_one() {
+    let dir = std::path::Path::new(CLIENT);
+    let (ok, said) = run_in(dir, &python(), &["tools/generate_sync.py", "--check"], &[]);
+    assert!(ok, "tools/generate_sync.py --check: {said}");
+
+    let copy = tempfile::tempdir().unwrap();
+    for sub in ["tools", "tests", "src/tidings/_async", "src/tidings/_sync"] {
+        std::fs::create_dir_all(copy.path().join(sub)).unwrap();
+        for entry in std::fs::read_dir(dir.join(sub)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "py") {
+                std::fs::copy(&path, copy.path().join(sub).join(path.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    let (ok, said) = run_in(copy.path(), &python(), &["tools/generate_sync.py", "--check"], &[]);
+    assert!(ok, "the copy is as generated: {said}");
+    let edited = copy.path().join("src/tidings/_sync/client.py");
+    let text = std::fs::read_to_string(&edited).unwrap();
+    std::fs::write(&edited, text.replacen("def publish(", "def publish_by_hand(", 1)).unwrap();
+    let (ok, said) = run_in(copy.path(), &python(), &["tools/generate_sync.py", "--check"], &[]);
+    assert!(!ok && said.contains("src/tidings/_sync/client.py is stale"), "{said}");
+}
+
+/// The wheel built from `clients/python` (with its declared backend)
+/// installs into a clean virtual environment from nothing but itself and a
+/// wheelhouse of its runtime dependencies (no index: what it declares must
+/// be enough), and a program there, outside the source tree, uses it in
+/// both flavours: a blocking publish and stream, then an asyncio one.
+async fn the_wheel_installs_into_a_clean_environment_and_works(backend: Backend) {
+    let scratch = tempfile::tempdir().unwrap();
+    let wheels = scratch.path().join("wheels");
+    let scratch_path = scratch.path().to_owned();
+    let (envs, _dir) = process_store(backend).await;
+    let server = crate::helpers::spawn_process(&envs).await;
+    let base = server.base.clone();
+    let said = tokio::task::spawn_blocking(move || {
+        let here = std::path::Path::new(CLIENT);
+        let wheel_dir = wheels.to_str().unwrap();
+        let (ok, said) = run_in(
+            here,
+            &python(),
+            &["-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "--no-build-isolation", "-w", wheel_dir, "."],
+            &[],
+        );
+        assert!(ok, "pip wheel: {said}");
+        let wheel = std::fs::read_dir(&wheels)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "whl"))
+            .expect("a wheel");
+        let clean = scratch_path.join("clean");
+        let (ok, said) = run_in(&scratch_path, &python(), &["-m", "venv", clean.to_str().unwrap()], &[]);
+        assert!(ok, "venv: {said}");
+        let pip = clean.join("bin/pip");
+        let house = format!("{}/wheelhouse", venv());
+        let (ok, said) = run_in(
+            &scratch_path,
+            pip.to_str().unwrap(),
+            &["install", "--quiet", "--disable-pip-version-check", "--no-index", "--find-links", &house, wheel.to_str().unwrap()],
+            &[],
+        );
+        assert!(ok, "pip install the wheel: {said}");
+        std::fs::write(
+            scratch_path.join("use.py"),
+            r#"import asyncio, json, os, tidings
+
+url = os.environ["TIDINGS_URL"]
+only = {"types": ["wheel.*"]}
+with tidings.Client(url) as client:
+    ids = client.publish([{"event_type": "wheel.one"}, {"event_type": "wheel.two"}])
+    stream = client.stream(only, since=0)
+    blocking = [(next(stream).event_id) for _ in range(2)]
+    stream.close()
+
+async def main() -> list[int]:
+    async with tidings.AsyncClient(url) as client:
+        await client.publish({"event_type": "wheel.three"})
+        async with client.stream(only, since=0) as stream:
+            return [(await stream.__anext__()).event_id for _ in range(3)]
+
+print(json.dumps({"ids": list(ids), "blocking": blocking, "asyncio": asyncio.run(main()), "from": tidings.__file__}))
+"#,
+        )
+        .unwrap();
+        let (ok, said) = run_in(&scratch_path, clean.join("bin/python").to_str().unwrap(), &["use.py"], &[("TIDINGS_URL", &base)]);
+        assert!(ok, "the program in the clean environment: {said}");
+        said
+    })
+    .await
+    .unwrap();
+    let said: serde_json::Value = serde_json::from_str(said.trim()).unwrap_or_else(|e| panic!("{e}: {said}"));
+    let ids = said["ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 2, "{said}");
+    assert_eq!(said["blocking"], serde_json::json!(ids));
+    let asyncio = said["asyncio"].as_array().unwrap();
+    assert_eq!(&asyncio[..2], &ids[..], "{said}");
+    assert!(asyncio[2].as_u64().unwrap() > ids[1].as_u64().unwrap());
+    let from = said["from"].as_str().unwrap();
+    assert!(from.contains("/clean/lib/") && !from.contains("clients/python"), "imported from the wheel, not the source: {from}");
 }
 
 /// Runs the first Python block of the book's chapter `doc` (a path under

@@ -84,7 +84,7 @@ const TS: &str = "clients/js/src/codes.ts";
 /// The JavaScript client's modules, each checked for methods spelled by hand.
 const TS_SOURCES: &str = "clients/js/src";
 const PY_CORE: &str = "clients/python/src/tidings/_core.py";
-const PY_CLIENTS: [&str; 2] = ["clients/python/src/tidings/_async.py", "clients/python/src/tidings/_sync.py"];
+const PY_CLIENTS: [&str; 2] = ["clients/python/src/tidings/_async/client.py", "clients/python/src/tidings/_sync/client.py"];
 
 #[test]
 fn the_clients_protocol_constants_are_generated_from_the_protocol_crate() {

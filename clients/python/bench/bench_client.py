@@ -15,7 +15,8 @@ import asyncio
 import json
 import statistics
 import time
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import httpx
 import httpx2

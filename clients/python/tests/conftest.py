@@ -18,7 +18,8 @@ import subprocess
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import httpx
 import jwt

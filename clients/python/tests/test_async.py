@@ -6,7 +6,8 @@ resumes it losslessly."""
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, TypeVar
+from collections.abc import AsyncIterator
+from typing import TypeVar
 
 import pytest
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 import tidings
-from tidings._core import StreamState
 from conftest import Proxy, Reader, Server, event, free_port, mint, only, tag, take, until
+from tidings._core import StreamState
 
 
 def ids(envelopes: list[tidings.Envelope]) -> list[int]:

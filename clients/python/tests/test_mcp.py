@@ -15,6 +15,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
 from conftest import Server, event, mint, only, tag
@@ -163,8 +164,9 @@ def test_tools_follow_the_token_grants(auth: Server) -> None:
             assert refused(await mcp.call_tool("publish", {"events": [{"event_type": "comment.posted"}]})) == "forbidden_event_type"
         assert auth.head() == head
         # No token: refused before the protocol starts, as every route.
-        answer = httpx.post(auth.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
-                            headers={"accept": "application/json, text/event-stream"}, timeout=10)
+        answer = httpx.post(
+            auth.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers={"accept": "application/json, text/event-stream"}, timeout=10
+        )
         assert answer.status_code == 401 and answer.json()["error"] == "unauthorized"
 
     asyncio.run(run())
@@ -178,7 +180,7 @@ def test_bad_calls_store_nothing_and_the_server_keeps_serving(main: Server) -> N
             assert refused(await mcp.call_tool("publish", {"events": [], "extra": 1})) == "invalid_arguments"
             assert refused(await mcp.call_tool("poll", {"filter": {"payload": {"no_such_operator": [1]}}})) == "invalid_filter"
             assert refused(await mcp.call_tool("tree_put", {"path": "../up", "entity": {"type": "note", "data": {}}})) == "invalid_path"
-            with pytest.raises(Exception):
+            with pytest.raises(MCPError):
                 await mcp.call_tool("no_such_tool", {})
         assert main.head() == head
         headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}

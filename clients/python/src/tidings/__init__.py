@@ -3,7 +3,8 @@ after any disconnect, durable consumers acknowledged only once handled, and
 the WebSocket device, as a blocking :class:`Client` and an asyncio
 :class:`AsyncClient` with the same methods."""
 
-from ._async import AsyncClient, AsyncConsumer, AsyncDevice, AsyncStream, AsyncTokenSource
+from ._async._io import TokenSource as AsyncTokenSource
+from ._async.client import AsyncClient, AsyncConsumer, AsyncDevice, AsyncStream
 from ._core import Backoff, DeviceKey
 from ._model import (
     Agent,
@@ -25,7 +26,8 @@ from ._model import (
     Unavailable,
     Visibility,
 )
-from ._sync import Client, Consumer, Device, Stream, TokenSource
+from ._sync._io import TokenSource
+from ._sync.client import Client, Consumer, Device, Stream
 
 __all__ = [
     "Agent",

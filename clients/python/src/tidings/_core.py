@@ -12,8 +12,9 @@ import random
 import secrets
 import socket
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Mapping, Sequence
+from typing import Any, Final, Literal
 
 import httpx
 import rfc8785
@@ -86,7 +87,9 @@ def retry_after(response: httpx.Response) -> float:
 
 @dataclass
 class Backoff:
-    """Doubles from `initial` up to `maximum` seconds, with jitter in [½, 1]."""
+    """Full jitter: each wait is anywhere in [0, ceiling], the ceiling
+    doubling from `initial` up to `maximum` seconds, so clients a restart
+    disconnected together come back spread over the whole window."""
 
     initial: float = 0.25
     maximum: float = 10.0
@@ -96,7 +99,7 @@ class Backoff:
         self._next = self.initial
 
     def take(self) -> float:
-        wait = self._next * (0.5 + random.random() / 2)
+        wait = random.random() * self._next
         self._next = min(self._next * 2, self.maximum)
         return wait
 
@@ -202,9 +205,7 @@ class DeviceKey:
         return cls(key)
 
     def to_pem(self) -> bytes:
-        return self.private_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        return self.private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
     def proof(self, method: str, body: Any, nonce: str) -> dict[str, Any]:
         """The `origin_proof` of a signed call: the signature over
@@ -511,9 +512,7 @@ class DeviceState:
         return body
 
 
-def poll_body(
-    flt: Filter | Mapping[str, Any] | None, since: int | None, consumer_id: str | None, wait: float | None, limit: int | None
-) -> dict[str, Any]:
+def poll_body(flt: Filter | Mapping[str, Any] | None, since: int | None, consumer_id: str | None, wait: float | None, limit: int | None) -> dict[str, Any]:
     """The body of `POST /v1/poll`; `wait` is in seconds."""
     body: dict[str, Any] = {}
     if flt:

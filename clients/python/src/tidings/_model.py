@@ -3,8 +3,9 @@ replay gaps and the errors a caller can catch."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, TypedDict, Union
+from typing import Any, Literal, TypedDict
 
 from typing_extensions import NotRequired
 
@@ -109,7 +110,7 @@ class NewEvent(TypedDict):
     occurred_at: NotRequired[str]
 
 
-Event = Union[NewEvent, Mapping[str, Any]]
+Event = NewEvent | Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -212,10 +213,7 @@ class Deliveries:
     def from_json(cls, value: Mapping[str, Any]) -> Deliveries:
         return cls(
             event=Envelope.from_json(value["event"]),
-            consumers=[
-                ConsumerDelivery(str(c["consumer_id"]), str(c["owner"]), int(c["cursor"]), str(c["state"]))
-                for c in value.get("consumers") or []
-            ],
+            consumers=[ConsumerDelivery(str(c["consumer_id"]), str(c["owner"]), int(c["cursor"]), str(c["state"])) for c in value.get("consumers") or []],
             devices=[
                 DeviceDelivery(
                     str(d["owner"]),

@@ -1,22 +1,25 @@
-"""The asyncio client: :class:`AsyncClient`, with the methods of
-:class:`~tidings.Client`, and its resuming :class:`AsyncStream`, durable
-:class:`AsyncConsumer` and WebSocket :class:`AsyncDevice`
-(`async with`, `async for`)."""
+# Generated from src/tidings/_async/client.py by tools/generate_sync.py: edit
+# that file and run `python tools/generate_sync.py`; the suite fails when this
+# file is not what it writes.
+"""The client, written once: :class:`AsyncClient` and what it hands out (a
+resuming :class:`AsyncStream`, a durable :class:`AsyncConsumer`, a WebSocket
+:class:`AsyncDevice`). ``tools/generate_sync.py`` writes the blocking
+:class:`~tidings.Client` from this module (``_sync/client.py``, checked by
+the suite); where the two differ in more than ``async`` and ``await`` they
+call ``_io``, which each flavour has of its own."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 from collections import deque
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import quote
 
 import httpx
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from ._core import (
+from .._core import (
     CLOSE_ABNORMAL,
     METHOD_ACK,
     METHOD_AUTH,
@@ -33,10 +36,13 @@ from ._core import (
     Backoff,
     DeviceKey,
     DeviceState,
+    Lost,
     OnGap,
+    Oversized,
+    SseReader,
+    Stop,
     StreamState,
     auth_headers,
-    Lost,
     is_final,
     new_key,
     poll_body,
@@ -44,58 +50,48 @@ from ._core import (
     refusal,
     refusal_of_upgrade,
     retry_after,
-    Oversized,
-    SseReader,
-    Stop,
     ws_connect_args,
 )
-from ._model import Deliveries, Envelope, Event, Filter, Gap, Page, Published, Refused, ReplayGap, Unavailable
-
-#: A bearer token, or a function (plain or async) returning one, called
-#: before every request and (re)connect.
-AsyncTokenSource = Union[str, Callable[[], Union[str, Awaitable[str]]], None]
+from .._model import Deliveries, Envelope, Event, Filter, Gap, Page, Published, Refused, ReplayGap, Unavailable
+from ._io import ClientConnection, Events, HttpClient, TokenSource, connect, recv, resolve, sleep, stopped_within
 
 
-class AsyncClient:
-    """A tidings server, reached over HTTP from asyncio.
+class Client:
+    """A tidings server, reached over HTTP: `url`, and `token` (a bearer
+    token, or a function returning one, asked before every request and
+    reconnection). Use it as a context manager, or close it when done
+    (README.md shows both flavours)."""
 
-    >>> async with AsyncClient("http://127.0.0.1:8080") as client:
-    ...     await client.publish({"event_type": "comment.posted"})
-    ...     async for envelope in client.stream({"types": ["comment.*"]}):
-    ...         print(envelope.event_id)
-    """
-
-    def __init__(self, url: str, token: AsyncTokenSource = None, *, timeout: float = 30.0, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, url: str, token: TokenSource = None, *, timeout: float = 30.0, http: HttpClient | None = None) -> None:
         self.url = url.rstrip("/")
         self._token = token
         self._timeout = timeout
-        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._http = http or HttpClient(timeout=timeout)
 
-    async def __aenter__(self) -> AsyncClient:
+    def __enter__(self) -> Client:
         return self
 
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
-    async def aclose(self) -> None:
-        await self._http.aclose()
+    def close(self) -> None:
+        """Closes the HTTP connections."""
+        self._http.close()
 
-    async def token(self) -> str | None:
+    def token(self) -> str | None:
         """The token to send now: the fixed one, or a fresh one from the function."""
-        if not callable(self._token):
-            return self._token
-        value = self._token()
-        return await value if inspect.isawaitable(value) else value
+        return resolve(self._token()) if callable(self._token) else self._token
 
-    async def _request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+    def _request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
         for attempt in (0, 1):
-            response = await self._http.request(
+            response = self._http.request(
                 method,
                 self.url + path,
                 content=None if body is None else json.dumps(body).encode(),
-                headers=auth_headers(await self.token(), {"content-type": "application/json"} if body is not None else None),
+                headers=auth_headers(self.token(), {"content-type": "application/json"} if body is not None else None),
                 timeout=timeout if timeout is not None else self._timeout,
             )
+            # An expired token: once more with a fresh one from the function.
             if response.status_code == 401 and callable(self._token) and attempt == 0:
                 continue
             if response.is_error:
@@ -103,8 +99,13 @@ class AsyncClient:
             return None if response.status_code == 204 else response.json()
         raise AssertionError("unreachable")
 
-    async def publish(self, events: Event | Sequence[Event], idempotency_key: str | None = None, *, retries: int = 5) -> Published:
-        """As :meth:`tidings.Client.publish`."""
+    def publish(self, events: Event | Sequence[Event], idempotency_key: str | None = None, *, retries: int = 5) -> Published:
+        """Publishes one event or a batch (all or nothing) and returns the
+        assigned ids. A `503` or a lost connection may have stored the events
+        or not; each retry carries the same `Idempotency-Key` (a new random
+        one unless given), so the server stores them once and answers the
+        retry with the original ids (:class:`Published`, ``replayed`` true).
+        A refusal raises :class:`Refused` at once."""
         body = publish_body(events)
         key = idempotency_key or new_key()
         backoff = Backoff()
@@ -113,10 +114,10 @@ class AsyncClient:
         for attempt in range(retries + 1):
             at_least = 0.0
             try:
-                response = await self._http.post(
+                response = self._http.post(
                     self.url + "/v1/events",
                     content=body,
-                    headers=auth_headers(await self.token(), {"content-type": "application/json", "idempotency-key": key}),
+                    headers=auth_headers(self.token(), {"content-type": "application/json", "idempotency-key": key}),
                 )
                 if response.is_success:
                     ids = [int(i) for i in response.json()["event_ids"]]
@@ -130,14 +131,15 @@ class AsyncClient:
                     raise refused
                 failure, at_least = refused, retry_after(response)
             except httpx.TransportError as error:
+                # A lost connection, or an answer cut short: the same key again.
                 failure = error
             if attempt < retries:
-                await asyncio.sleep(max(backoff.take(), at_least))
+                sleep(max(backoff.take(), at_least))
         if isinstance(failure, Refused) and is_final(failure.status):
             raise failure
         raise Unavailable(f"publishing failed after {retries + 1} attempts: {failure}") from failure
 
-    async def poll(
+    def poll(
         self,
         filter: Filter | Mapping[str, Any] | None = None,
         since: int | None = None,
@@ -146,45 +148,49 @@ class AsyncClient:
         wait: float | None = None,
         limit: int | None = None,
     ) -> Page:
-        """As :meth:`tidings.Client.poll`."""
+        """One poll: events after `since` (or after a durable consumer's
+        stored cursor, or from the head), holding the request open up to
+        `wait` seconds until one matches."""
         timeout = self._timeout + (wait or 0) + POLL_SLACK
         body = poll_body(filter, since, consumer_id, wait, limit)
-        return Page.from_json(await self._request("POST", "/v1/poll", body, timeout=timeout))
+        return Page.from_json(self._request("POST", "/v1/poll", body, timeout=timeout))
 
-    async def deliveries(self, event_id: int) -> Deliveries:
+    def deliveries(self, event_id: int) -> Deliveries:
         """Event `event_id` and who has it (``GET /v1/events/{id}``): which
         durable consumers (and, for an admin, which devices) have
         acknowledged it and which have not. An event the caller could not
         receive raises :class:`Refused` (`404 event_not_found`)."""
         if isinstance(event_id, bool) or not isinstance(event_id, int) or event_id < 1:
             raise ValueError(f"an event id is a positive integer, not {event_id!r}")
-        return Deliveries.from_json(await self._request("GET", f"/v1/events/{event_id}"))
+        return Deliveries.from_json(self._request("GET", f"/v1/events/{event_id}"))
 
-    def stream(self, filter: Filter | Mapping[str, Any] | None = None, since: int | None = None, *, on_gap: OnGap = "raise") -> AsyncStream:
-        """As :meth:`tidings.Client.stream`: an async iterator that resumes by itself."""
-        return AsyncStream(self, StreamState(filter, since, on_gap))
+    def stream(self, filter: Filter | Mapping[str, Any] | None = None, since: int | None = None, *, on_gap: OnGap = "raise") -> Stream:
+        """The events that match `filter`, live (after `since`, replayed
+        first, when given), as an iterator that resumes from the last event
+        it handed out after any disconnect, slow drop or server restart:
+        nothing missed, nothing twice."""
+        return Stream(self, StreamState(filter, since, on_gap))
 
-    def consumer(
-        self, consumer_id: str, filter: Filter | Mapping[str, Any] | None = None, *, on_gap: OnGap = "raise"
-    ) -> AsyncConsumer:
-        """As :meth:`tidings.Client.consumer`."""
-        return AsyncConsumer(self, consumer_id, filter, on_gap)
+    def consumer(self, consumer_id: str, filter: Filter | Mapping[str, Any] | None = None, *, on_gap: OnGap = "raise") -> Consumer:
+        """A durable consumer: the server keeps its filter and a cursor that
+        moves only when a page is acknowledged."""
+        return Consumer(self, consumer_id, filter, on_gap)
 
-    def device(
-        self, device_id: str, key: DeviceKey, filter: Filter | Mapping[str, Any] | None = None, *, cursor: int | None = None
-    ) -> AsyncDevice:
-        """As :meth:`tidings.Client.device`."""
-        return AsyncDevice(self, DeviceState(device_id, key, filter, high_water=cursor or 0, cursor_given=cursor is not None))
-
+    def device(self, device_id: str, key: DeviceKey, filter: Filter | Mapping[str, Any] | None = None, *, cursor: int | None = None) -> Device:
+        """A WebSocket device (docs/ref-websocket.md) whose cursor the server
+        keeps for (`key`, `device_id`); `cursor` is where a new device
+        starts."""
+        return Device(self, DeviceState(device_id, key, filter, high_water=cursor or 0, cursor_given=cursor is not None))
 
 
-class AsyncStream:
-    """An async iterator of :class:`Envelope` that resumes by itself. An
-    `async for` whose body does not come back for 30 s (docs/streams.md) is
-    closed by the server as slow; the next `await` resumes it from the last
-    event handed out, with nothing lost."""
+class Stream:
+    """An iterator of :class:`Envelope` over `GET /v1/stream` that resumes
+    by itself. Not reading it holds the server's queue: past its limit (or
+    30 s without progress) the server drops the connection as slow, and the
+    next step of the loop resumes from the last event handed out, losing
+    nothing."""
 
-    def __init__(self, client: AsyncClient, state: StreamState) -> None:
+    def __init__(self, client: Client, state: StreamState) -> None:
         self._client = client
         self.state = state
         self._stop = Stop()
@@ -192,45 +198,49 @@ class AsyncStream:
 
     @property
     def last_event_id(self) -> int | None:
+        """The id of the last event handed out: where a reconnect resumes."""
         return self.state.last_event_id
 
-    def __aiter__(self) -> AsyncStream:
+    def __iter__(self) -> Stream:
         return self
 
-    async def __anext__(self) -> Envelope:
-        return await self._events.__anext__()
+    def __next__(self) -> Envelope:
+        return self._events.__next__()
 
-    async def __aenter__(self) -> AsyncStream:
+    def __enter__(self) -> Stream:
         return self
 
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
-    async def aclose(self) -> None:
-        await self._events.aclose()
+    def close(self) -> None:
+        """Ends the stream and its connection (from the loop's own thread or task)."""
+        self._events.close()
 
     def stop(self) -> None:
-        """As :meth:`tidings.Stream.stop`: ends the `async for` from any
-        task or thread. (Cancelling the task that iterates also ends it.)"""
+        """Ends the stream from any thread or task: the loop iterating it
+        ends at once (a step blocked on the connection ends the iteration),
+        whether it waits for an event or between connections. (Cancelling
+        the asyncio task that iterates also ends it.)"""
         self._stop()
 
-    async def _run(self) -> AsyncGenerator[Envelope, None]:
+    def _run(self) -> Events[Envelope]:
         client, state, backoff = self._client, self.state, Backoff()
         fresh_token = callable(client._token)
         while not self._stop.is_set():
             try:
-                async with client._http.stream(
+                with client._http.stream(
                     "GET",
                     client.url + "/v1/stream",
                     params=state.params(),
-                    headers=auth_headers(await client.token(), {"accept": "text/event-stream", "cache-control": "no-store"}),
+                    headers=auth_headers(client.token(), {"accept": "text/event-stream", "cache-control": "no-store"}),
                     timeout=httpx.Timeout(client._timeout, read=STREAM_READ_TIMEOUT),
                 ) as response:
                     self._stop.response = response
                     if self._stop.is_set():
                         return
                     if response.status_code != 200:
-                        await response.aread()
+                        response.read()
                         refused = refusal(response)
                         if response.status_code == 401 and fresh_token:
                             fresh_token = False
@@ -242,13 +252,15 @@ class AsyncStream:
                     fresh_token = callable(client._token)
                     backoff.reset()
                     reader = SseReader()
-                    async for text in response.aiter_text():
+                    for text in response.iter_text():
                         for sse in reader.feed(text):
                             if sse.retry is not None:
                                 state.retry_ms = sse.retry
                             envelope = state.frame(sse.event, sse.data, sse.id)
                             if envelope is not None:
                                 yield envelope
+                # The server ended the stream (a drop, a shutdown, an expired
+                # token): back after its `retry:` hint.
                 wait = state.retry_ms / 1000 if state.retry_ms is not None else backoff.take()
                 if state.token_expired:
                     state.token_expired, wait = False, 0.0
@@ -264,20 +276,29 @@ class AsyncStream:
                 if self._stop.is_set():
                     return
                 raise
-            if await stopped_within(self._stop, wait):
+            if stopped_within(self._stop, wait):
                 return
 
 
-class AsyncConsumer:
-    """As :class:`tidings.Consumer`, for `async for`."""
+class Consumer:
+    """A durable consumer (`consumer_id`): a worker that stops resumes where
+    its last acknowledgement left it. Iterating it long-polls and hands out
+    every event; a page is acknowledged only once the loop body has finished
+    with its last event (the next poll confirms it), so an exception or a
+    crash in the body leaves the page to come again.
 
-    def __init__(
-        self, client: AsyncClient, consumer_id: str, filter: Filter | Mapping[str, Any] | None, on_gap: OnGap = "raise"
-    ) -> None:
+    The object carries its place from page to page (as `since`), so after a
+    failover that rolled the server's cursor back it resumes where it is,
+    and is told if that point was lost. A page that says a resume point
+    could not be served whole raises :class:`ReplayGap` before its events
+    (unless `on_gap="skip"`); iterating again goes on with them."""
+
+    def __init__(self, client: Client, consumer_id: str, filter: Filter | Mapping[str, Any] | None, on_gap: OnGap = "raise") -> None:
         self._client = client
         self.id = consumer_id
         self.filter = filter
         self.on_gap: OnGap = on_gap
+        #: Acknowledged up to here, as far as this object knows.
         self.cursor: int | None = None
         self.wait = 25.0
         self.limit: int | None = None
@@ -285,46 +306,55 @@ class AsyncConsumer:
         self._pending: Page | None = None
         self._stop = Stop()
 
-    async def poll(self, wait: float | None = None, limit: int | None = None, *, since: int | None = None) -> Page:
-        page = await self._client.poll(self.filter, since, consumer_id=self.id, wait=wait, limit=limit)
+    def poll(self, wait: float | None = None, limit: int | None = None, *, since: int | None = None) -> Page:
+        """The next page after the stored cursor (or after `since`, which also confirms it)."""
+        page = self._client.poll(self.filter, since, consumer_id=self.id, wait=wait, limit=limit)
         if since is not None:
             self.cursor = max(self.cursor or 0, min(since, page.next_since))
         return page
 
-    async def ack(self, cursor: int) -> int:
-        answer = await self._client._request("POST", f"/v1/consumers/{quote(self.id, safe='')}/ack", {"cursor": cursor})
+    def ack(self, cursor: int) -> int:
+        """Confirms everything up to `cursor`; the server never moves it
+        backwards or past the head. Iterating goes on from there."""
+        answer = self._client._request("POST", f"/v1/consumers/{_quote(self.id)}/ack", {"cursor": cursor})
         self.cursor = int(answer["cursor"])
-        # As :meth:`tidings.Consumer.ack`: iterating goes on from there.
+        # A place confirmed by hand is where iterating goes on (a page held
+        # back for it that ends there is done with).
         if self._since is not None and self.cursor > self._since:
             self._since = self.cursor
             if self._pending is not None and self._pending.next_since <= self.cursor:
                 self._pending = None
         return self.cursor
 
-    async def delete(self) -> None:
-        await self._client._request("DELETE", f"/v1/consumers/{quote(self.id, safe='')}")
+    def delete(self) -> None:
+        """Removes the consumer and its cursor from the server."""
+        self._client._request("DELETE", f"/v1/consumers/{_quote(self.id)}")
 
     def stop(self) -> None:
-        """As :meth:`tidings.Consumer.stop`, from any task or thread."""
+        """Ends the iteration from any thread or task (or from its own body):
+        it ends before the next event it would hand out, or once the poll in
+        flight answers (at most `wait` seconds). A page not finished is not
+        acknowledged: it comes again to the next iteration."""
         self._stop()
 
-    async def __aiter__(self) -> AsyncIterator[Envelope]:
+    def __iter__(self) -> Events[Envelope]:
         backoff: Backoff = Backoff()
         while not self._stop.is_set():
             page, self._pending = self._pending, None
             if page is None:
                 try:
-                    page = await self.poll(self.wait, self.limit, since=self._since)
+                    page = self.poll(self.wait, self.limit, since=self._since)
                 except Refused as refused:
                     if is_final(refused.status):
                         raise
-                    await stopped_within(self._stop, backoff.take())
+                    stopped_within(self._stop, backoff.take())
                     continue
                 except httpx.TransportError:
-                    await stopped_within(self._stop, backoff.take())
+                    stopped_within(self._stop, backoff.take())
                     continue
                 backoff.reset()
                 if page.gap is not None and self.on_gap == "raise":
+                    # Its events come when the caller iterates again.
                     self._pending = page
                     raise ReplayGap(page.gap)
             for event in page.events:
@@ -333,20 +363,24 @@ class AsyncConsumer:
                     self._pending, self._stop = page, Stop()
                     return
                 yield event
+            # The body finished with the page: the next poll confirms it.
             self._since = page.next_since
         # Stopped: a later iteration starts afresh.
         self._stop = Stop()
 
 
+class Device:
+    """The WebSocket device transport (`GET /v1/ws`, JSON-RPC 2.0):
+    iterating yields `(seq, envelope)`, catching up from the server's
+    cursor and then live; each event is acknowledged once the loop body has
+    finished with it. Lost connections, slow-consumer closes and shutdowns
+    reconnect with backoff; a rejection raises :class:`Refused`."""
 
-class AsyncDevice:
-    """As :class:`tidings.Device`, for `async for`."""
-
-    def __init__(self, client: AsyncClient, state: DeviceState) -> None:
+    def __init__(self, client: Client, state: DeviceState) -> None:
         self._client = client
         self.state = state
         self._socket: ClientConnection | None = None
-        self._session: _AsyncSession | None = None
+        self._session: _Session | None = None
         self._items = self._run()
 
     @property
@@ -357,38 +391,41 @@ class AsyncDevice:
     def high_water(self) -> int:
         return self.state.high_water
 
-    def __aiter__(self) -> AsyncDevice:
+    def __iter__(self) -> Device:
         return self
 
-    async def __anext__(self) -> tuple[int, Envelope]:
-        return await self._items.__anext__()
+    def __next__(self) -> tuple[int, Envelope]:
+        return self._items.__next__()
 
-    async def __aenter__(self) -> AsyncDevice:
+    def __enter__(self) -> Device:
         return self
 
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
-    async def aclose(self) -> None:
-        await self._items.aclose()
+    def close(self) -> None:
+        """Ends the device and its connection."""
+        self._items.close()
         if self._socket is not None:
-            await self._socket.close()
+            self._socket.close()
 
-    async def ack(self, timeout: float = 30.0) -> int | None:
-        """As :meth:`tidings.Device.ack`."""
+    def ack(self, timeout: float = 30.0) -> int | None:
+        """Confirms now what the loop body has finished (rather than before
+        the next wait) and waits for the server's answer: the cursor it
+        stored. Call it before stopping a device that will not read again."""
         if self._session is not None:
-            await asyncio.wait_for(self._session.confirm(), timeout)
+            self._session.confirm(timeout)
         return self.state.cursor
 
-    async def _run(self) -> AsyncGenerator[tuple[int, Envelope], None]:
+    def _run(self) -> Events[tuple[int, Envelope]]:
         backoff = Backoff()
         while True:
             try:
-                token = await self._client.token()
-                async with connect(**ws_connect_args(self._client.url, token, self._client._timeout)) as socket:
+                token = self._client.token()
+                with connect(**ws_connect_args(self._client.url, token, self._client._timeout)) as socket:
                     self._socket = socket
-                    self._session = _AsyncSession(socket, self.state)
-                    async for item in self._session.run(backoff):
+                    self._session = _Session(socket, self.state)
+                    for item in self._session.run(backoff):
                         yield item
             except InvalidStatus as error:
                 status = error.response.status_code
@@ -403,10 +440,12 @@ class AsyncDevice:
                 pass
             finally:
                 self._session = None
-            await asyncio.sleep(backoff.take())
+            sleep(backoff.take())
 
 
-class _AsyncSession:
+class _Session:
+    """One WebSocket connection of a device."""
+
     def __init__(self, socket: ClientConnection, state: DeviceState) -> None:
         self.socket = socket
         self.state = state
@@ -415,54 +454,54 @@ class _AsyncSession:
         self.inbox: deque[dict[str, Any]] = deque()
         self.acks_pending: set[int] = set()
 
-    async def send(self, method: str, params: Any) -> int:
+    def send(self, method: str, params: Any) -> int:
         self.next_id += 1
-        await self.socket.send(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}))
+        self.socket.send(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}))
         return self.next_id
 
-    async def receive(self) -> dict[str, Any]:
+    def receive(self, timeout: float | None = None) -> dict[str, Any]:
         """The next message that is not the answer to an ack."""
         while True:
-            message = await self.receive_any()
+            message = self.receive_any(timeout)
             if message is not None:
                 return message
 
-    async def receive_any(self) -> dict[str, Any] | None:
+    def receive_any(self, timeout: float | None = None) -> dict[str, Any] | None:
         """The next message, or None for the answer to an ack (which moves the cursor)."""
-        return self.state.absorb(json.loads(await self.socket.recv()), self.acks_pending)
+        return self.state.absorb(json.loads(recv(self.socket, timeout)), self.acks_pending)
 
-    async def call(self, method: str, params: Any) -> Any:
-        request = await self.send(method, params)
+    def call(self, method: str, params: Any) -> Any:
+        request = self.send(method, params)
         while True:
-            message = await self.receive()
+            message = self.receive()
             if "method" in message:
                 self.inbox.append(message)
                 continue
             if message.get("id") == request:
                 return self.state.answer(message)
 
-    async def ack(self, seq: int) -> None:
+    def ack(self, seq: int) -> None:
         if seq <= (self.state.cursor or 0) or seq <= 0:
             return
         body = {"seq": seq}
-        self.acks_pending.add(await self.send(METHOD_ACK, {"body": body, "origin_proof": self.state.key.proof(METHOD_ACK, body, self.nonce)}))
+        self.acks_pending.add(self.send(METHOD_ACK, {"body": body, "origin_proof": self.state.key.proof(METHOD_ACK, body, self.nonce)}))
 
-    async def confirm(self) -> None:
+    def confirm(self, timeout: float) -> None:
         target = max(self.state.high_water, self.state.handed_out)
-        await self.ack(target)
+        self.ack(target)
         while (self.state.cursor or 0) < target and self.acks_pending:
-            message = await self.receive_any()
+            message = self.receive_any(timeout)
             if message is not None:
                 self.inbox.append(message)
 
-    async def run(self, backoff: Backoff) -> AsyncIterator[tuple[int, Envelope]]:
-        hello = await asyncio.wait_for(self.receive(), 30)
+    def run(self, backoff: Backoff) -> Events[tuple[int, Envelope]]:
+        hello = self.receive(timeout=30)
         if hello.get("method") != METHOD_HELLO:
             raise Lost()
         self.nonce = str(hello["params"]["nonce"])
         state = self.state
         body = state.auth_body()
-        answer = await self.call(METHOD_AUTH, {"body": body, "origin_proof": state.key.proof(METHOD_AUTH, body, self.nonce)})
+        answer = self.call(METHOD_AUTH, {"body": body, "origin_proof": state.key.proof(METHOD_AUTH, body, self.nonce)})
         head, cursor = int(answer["head_seq"]), int(answer["cursor"])
         state.cursor = cursor
         state.connections += 1
@@ -470,7 +509,7 @@ class _AsyncSession:
             state.high_water = min(cursor, head)
         since = max(cursor, 0)
         while since < head:
-            page = await self.call(METHOD_DELTA, {"device_id": state.device_id, "since": since, "limit": state.page_size})
+            page = self.call(METHOD_DELTA, {"device_id": state.device_id, "since": since, "limit": state.page_size})
             if isinstance(page.get("gap"), dict):
                 state.gaps.append(Gap.from_json(page["gap"]))
             for item in page["items"]:
@@ -480,7 +519,7 @@ class _AsyncSession:
                 state.handed_out = seq
                 yield seq, Envelope.from_json(item["event"])
                 state.high_water = seq
-            await self.ack(state.high_water)
+            self.ack(state.high_water)
             next_since = int(page["next_since"])
             if next_since <= since and not page["has_more"]:
                 break
@@ -492,8 +531,9 @@ class _AsyncSession:
             if self.inbox:
                 message = self.inbox.popleft()
             else:
-                await self.ack(state.high_water)
-                message = await self.receive()
+                # Nothing waiting: confirm what was handled before blocking.
+                self.ack(state.high_water)
+                message = self.receive()
             method = message.get("method")
             params = message.get("params") or {}
             if method == METHOD_EVENT:
@@ -506,17 +546,8 @@ class _AsyncSession:
             elif method == METHOD_GAP:
                 state.gaps.append(Gap.from_json(params))
             elif method == METHOD_TOKEN_EXPIRED:
-                raise Lost()
+                raise Lost()  # the next connection asks the token function again
 
 
-async def stopped_within(stop: Stop, seconds: float) -> bool:
-    """Sleeps `seconds` or until `stop` (looked at every 50 ms, as a stop
-    may come from another thread): whether it was stopped."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not stop.is_set():
-        left = deadline - asyncio.get_running_loop().time()
-        if left <= 0:
-            return False
-        await asyncio.sleep(min(left, 0.05))
-    return True
-
+def _quote(segment: str) -> str:
+    return quote(segment, safe="")
