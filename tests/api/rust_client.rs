@@ -2,7 +2,8 @@
 //! `tidings tail` is a thin user of (its resume across a restart is
 //! `cli::publish_and_tail_resume_across_a_restart`): a gap is surfaced and
 //! delivery goes on after it; what a server repeats or garbles moves
-//! nothing; a refusal ends the stream, and the resume carries the last id.
+//! nothing; a refusal ends the stream, and the resume carries the last id;
+//! dropping the stream is how a caller stops it, and closes its connection.
 
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ both_stores!(
     a_consumer_acknowledges_a_page_only_once_the_caller_came_back,
     a_publish_says_whether_it_was_replayed_and_a_refusal_is_not_retried,
     a_stream_goes_on_under_a_fresh_token_from_its_source,
+    dropping_a_stream_closes_its_connection,
 );
 
 /// The next item within 10 s.
@@ -207,4 +209,28 @@ async fn a_stream_goes_on_under_a_fresh_token_from_its_source(backend: Backend) 
     let second = publish(2).await;
     assert!(matches!(next(&mut stream).await.unwrap(), Item::Event { id, .. } if id == second), "then the next event, under a fresh token");
     assert!(minted.load(Ordering::SeqCst) >= 2);
+}
+
+/// Dropping a stream (how a caller stops it, from any task that owns it)
+/// closes its connection: the server's subscription goes away.
+async fn dropping_a_stream_closes_its_connection(backend: Backend) {
+    let app = spawn_app_with(backend, |_| {}).await;
+    let id = app.publish("comment.posted", json!({})).await;
+    let query = StreamQuery { types: Some("comment.*".into()), since: Some(id - 1), ..StreamQuery::default() };
+    let mut stream = Box::pin(Client::new(&app.base).stream(query));
+    assert_eq!(next(&mut stream).await.unwrap(), Item::Open);
+    assert!(matches!(next(&mut stream).await.unwrap(), Item::Event { id: got, .. } if got == id));
+    let subscriptions = |want: i64, what: &'static str| {
+        let app = &app;
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while app.clients().await != want {
+                assert!(tokio::time::Instant::now() < deadline, "{what} within 10 s");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    subscriptions(1, "the stream's subscription").await;
+    drop(stream);
+    subscriptions(0, "the connection closed after the drop").await;
 }

@@ -46,6 +46,40 @@ export declare function originProof(key: DeviceKey, method: string, body: unknow
     identity: Identity;
     signature: string;
 }>;
+/** `stream.hello`'s params: the server's first message on a device connection. */
+export interface Hello {
+    server_did: string;
+    head_seq: number;
+    profiles: string[];
+    /** What the device's `stream.auth` proof signs. */
+    nonce: string;
+}
+/** `stream.auth`'s result: catch up from `cursor` to `head_seq`. */
+export interface AuthAnswer {
+    head_seq: number;
+    cursor: number;
+}
+/** One event of a catch-up page, and `stream.event`'s params. */
+export interface DeviceEvent {
+    seq: number;
+    event: Envelope;
+}
+/** `sync.delta`'s result: one catch-up page. */
+export interface DeltaPage {
+    items: DeviceEvent[];
+    next_since: number;
+    has_more: boolean;
+    gap?: ReplayGap;
+}
+/** `stream.ack`'s result: the cursor the server stored. */
+export interface AckAnswer {
+    cursor: number;
+}
+/** `stream.token_expired`'s params: live delivery stops until a `stream.reauth`. */
+export interface DeviceTokenExpired {
+    last_seq: number;
+    reauth_by_ms: number;
+}
 /** How {@link connect} is told what happens. */
 export interface ConnectOptions extends ClientOptions {
     /** This device's id: with the key's identity, it names the cursor on the server. */

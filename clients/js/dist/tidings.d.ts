@@ -25,7 +25,7 @@
  *
  * @module
  */
-export type { Agent, DroppedNotice, Envelope, Filter, Link, NewEvent, ReplayGap, State, Visibility } from "./types.js";
+export type { Agent, DroppedNotice, Envelope, Filter, FilterBudgetExceeded, Link, NewEvent, ReplayGap, State, TokenExpiredNotice, Visibility, } from "./types.js";
 export { CLOSE, FINAL_RPC_ERRORS, METHOD, REFUSING_CLOSES, RPC, TidingsError } from "./codes.js";
 export type { ClientOptions } from "./http.js";
 export type { Backoff } from "./backoff.js";
@@ -33,5 +33,5 @@ export { publish, type Published, type PublishOptions } from "./publish.js";
 export { stream, type Stream, type StreamOptions } from "./stream.js";
 export { SseParser, type Frame } from "./sse.js";
 export { Consumer, poll, type PollPage, type PollRequest, type RunOptions } from "./poll.js";
-export { canonicalJson, connect, createDeviceKey, importDeviceKey, originProof, type Connection, type ConnectOptions, type DeviceKey, type DeviceKeyJwk, type Identity, } from "./device.js";
+export { canonicalJson, connect, createDeviceKey, importDeviceKey, originProof, type AckAnswer, type AuthAnswer, type Connection, type ConnectOptions, type DeltaPage, type DeviceEvent, type DeviceTokenExpired, type Hello, type DeviceKey, type DeviceKeyJwk, type Identity, } from "./device.js";
 export { createClient, type Client } from "./client.js";

@@ -862,8 +862,9 @@ var DeviceConnection = class {
       this.chain = this.chain.then(async () => {
         if (broken) return;
         if (msg.method === METHOD.EVENT) {
-          const seq = Number(params.seq);
-          await take(seq, params.event);
+          const event = params;
+          const seq = Number(event.seq);
+          await take(seq, event.event);
           void ack(this.highWater);
         } else if (msg.method === METHOD.GAP) {
           gap(params);

@@ -82,6 +82,46 @@ export async function originProof(key: DeviceKey, method: string, body: unknown,
   return { identity: key.identity, signature: b64(signature) };
 }
 
+/** `stream.hello`'s params: the server's first message on a device connection. */
+export interface Hello {
+  server_did: string;
+  head_seq: number;
+  profiles: string[];
+  /** What the device's `stream.auth` proof signs. */
+  nonce: string;
+}
+
+/** `stream.auth`'s result: catch up from `cursor` to `head_seq`. */
+export interface AuthAnswer {
+  head_seq: number;
+  cursor: number;
+}
+
+/** One event of a catch-up page, and `stream.event`'s params. */
+export interface DeviceEvent {
+  seq: number;
+  event: Envelope;
+}
+
+/** `sync.delta`'s result: one catch-up page. */
+export interface DeltaPage {
+  items: DeviceEvent[];
+  next_since: number;
+  has_more: boolean;
+  gap?: ReplayGap;
+}
+
+/** `stream.ack`'s result: the cursor the server stored. */
+export interface AckAnswer {
+  cursor: number;
+}
+
+/** `stream.token_expired`'s params: live delivery stops until a `stream.reauth`. */
+export interface DeviceTokenExpired {
+  last_seq: number;
+  reauth_by_ms: number;
+}
+
 /** How {@link connect} is told what happens. */
 export interface ConnectOptions extends ClientOptions {
   /** This device's id: with the key's identity, it names the cursor on the server. */
@@ -254,7 +294,7 @@ class DeviceConnection implements Connection {
       try {
         while (ackWanted > (this.cursor ?? 0) && !this.stopped) {
           const body = { seq: ackWanted };
-          const answer = (await rpc(METHOD.ACK, { body, origin_proof: await originProof(this.options.key, METHOD.ACK, body, nonce) })) as { cursor: number };
+          const answer = (await rpc(METHOD.ACK, { body, origin_proof: await originProof(this.options.key, METHOD.ACK, body, nonce) })) as AckAnswer;
           this.cursor = Math.max(this.cursor ?? 0, answer.cursor);
           this.options.onAck?.(this.cursor);
           if (answer.cursor < body.seq) break; // capped at the head: nothing more to confirm now
@@ -281,22 +321,14 @@ class DeviceConnection implements Connection {
       // A cursor given as 0 goes too: the device starts at the beginning,
       // not at the head.
       if (this.highWater > 0 || this.cursorGiven) body.cursor = this.highWater;
-      const { head_seq: head, cursor } = (await rpc(METHOD.AUTH, { body, origin_proof: await originProof(this.options.key, METHOD.AUTH, body, nonce) })) as {
-        head_seq: number;
-        cursor: number;
-      };
+      const { head_seq: head, cursor } = (await rpc(METHOD.AUTH, { body, origin_proof: await originProof(this.options.key, METHOD.AUTH, body, nonce) })) as AuthAnswer;
       this.cursor = cursor;
       // A high-water mark past the head (a server that lost its log, or
       // another server's ids): what comes after the head is new.
       if (this.highWater > head) this.highWater = Math.min(cursor, head);
       let from = Math.max(cursor, 0);
       while (from < head) {
-        const page = (await rpc(METHOD.DELTA, { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 })) as {
-          items: { seq: number; event: Envelope }[];
-          next_since: number;
-          has_more: boolean;
-          gap?: ReplayGap;
-        };
+        const page = (await rpc(METHOD.DELTA, { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 })) as DeltaPage;
         if (page.gap) gap(page.gap);
         for (const item of page.items) await take(item.seq, item.event);
         void ack(this.highWater);
@@ -341,7 +373,7 @@ class DeviceConnection implements Connection {
       }
       const params = msg.params ?? {};
       if (msg.method === METHOD.HELLO) {
-        nonce = String(params.nonce);
+        nonce = String((params as unknown as Hello).nonce);
         hello = true;
         // Realtime events queue behind the catch-up (the server sends none
         // before it, but the order holds either way).
@@ -363,8 +395,9 @@ class DeviceConnection implements Connection {
         .then(async () => {
           if (broken) return;
           if (msg.method === METHOD.EVENT) {
-            const seq = Number(params.seq);
-            await take(seq, params.event as Envelope);
+            const event = params as unknown as DeviceEvent;
+            const seq = Number(event.seq);
+            await take(seq, event.event);
             void ack(this.highWater);
           } else if (msg.method === METHOD.GAP) {
             gap(params as unknown as ReplayGap);

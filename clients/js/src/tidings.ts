@@ -26,7 +26,19 @@
  * @module
  */
 
-export type { Agent, DroppedNotice, Envelope, Filter, Link, NewEvent, ReplayGap, State, Visibility } from "./types.js";
+export type {
+  Agent,
+  DroppedNotice,
+  Envelope,
+  Filter,
+  FilterBudgetExceeded,
+  Link,
+  NewEvent,
+  ReplayGap,
+  State,
+  TokenExpiredNotice,
+  Visibility,
+} from "./types.js";
 export { CLOSE, FINAL_RPC_ERRORS, METHOD, REFUSING_CLOSES, RPC, TidingsError } from "./codes.js";
 export type { ClientOptions } from "./http.js";
 export type { Backoff } from "./backoff.js";
@@ -40,8 +52,14 @@ export {
   createDeviceKey,
   importDeviceKey,
   originProof,
+  type AckAnswer,
+  type AuthAnswer,
   type Connection,
   type ConnectOptions,
+  type DeltaPage,
+  type DeviceEvent,
+  type DeviceTokenExpired,
+  type Hello,
   type DeviceKey,
   type DeviceKeyJwk,
   type Identity,

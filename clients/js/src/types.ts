@@ -87,5 +87,15 @@ export interface DroppedNotice {
   queue: number;
 }
 
+/** The stream's token expired (`system.token_expired`): it ends, and resumes under a fresh token. */
+export interface TokenExpiredNotice {
+  last_event_id: number | null;
+}
+
+/** Once per stream, the payload rule went over its budget on an event, which did not match. */
+export interface FilterBudgetExceeded {
+  budget: number;
+}
+
 /** Where a stream or connection is. */
 export type State = "connecting" | "open" | "closed";

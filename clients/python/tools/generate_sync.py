@@ -2,7 +2,8 @@
 
 ``src/tidings/_async/client.py`` is the only source of the client's logic;
 this script turns it into ``src/tidings/_sync/client.py`` (and the asyncio
-unit tests, ``tests/test_unit_async.py``, into ``tests/test_unit_sync.py``)
+tests, ``tests/test_unit_async.py`` and ``tests/test_scenarios_async.py``,
+into their ``_sync`` twins)
 with unasync (the
 token rewriting supabase's clients use): ``async`` and ``await`` go, the
 ``Async`` names become the blocking ones, and ``_io`` (which each flavour
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRS = {
     ROOT / "src/tidings/_async/client.py": ROOT / "src/tidings/_sync/client.py",
     ROOT / "tests/test_unit_async.py": ROOT / "tests/test_unit_sync.py",
+    ROOT / "tests/test_scenarios_async.py": ROOT / "tests/test_scenarios_sync.py",
 }
 
 #: The asyncio names and their blocking twins, beyond unasync's own

@@ -31,4 +31,5 @@ pub mod peer;
 pub mod retry;
 pub mod trace;
 pub mod tree;
+pub mod wire;
 pub mod ws;

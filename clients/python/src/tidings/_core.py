@@ -168,9 +168,7 @@ class StreamState:
             if self.on_gap == "raise":
                 raise ReplayGap(gap)
         elif event == "system.client_dropped_slow":
-            notice = json.loads(data)
-            last = notice.get("last_event_id")
-            self.drops.append(Dropped(str(notice.get("reason", "")), None if last is None else int(last), int(notice.get("queue", 0))))
+            self.drops.append(Dropped.from_json(json.loads(data)))
         elif event == "system.token_expired":
             self.token_expired = True
         return None

@@ -148,6 +148,11 @@ class Dropped:
     last_event_id: int | None
     queue: int
 
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Dropped:
+        last = value.get("last_event_id")
+        return cls(str(value.get("reason", "")), None if last is None else int(last), int(value.get("queue", 0)))
+
 
 @dataclass(frozen=True)
 class Page:

@@ -108,6 +108,16 @@ pub enum Detached {
 }
 
 impl Detached {
+    /// The `reason` of the notice that ends a stream dropped as slow, for
+    /// the two ways a client is (none for the others).
+    pub fn drop_reason(self) -> Option<tidings_protocol::wire::DropReason> {
+        match self {
+            Self::QueueFull => Some(tidings_protocol::wire::DropReason::QueueFull),
+            Self::NoProgress => Some(tidings_protocol::wire::DropReason::NoProgress),
+            Self::Lagged | Self::Closed => None,
+        }
+    }
+
     /// The `reason` label of `tidings_clients_dropped_total`.
     pub fn label(self) -> &'static str {
         match self {

@@ -22,7 +22,6 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use bytes::{BufMut as _, Bytes, BytesMut};
 use serde::Deserialize;
-use serde_json::json;
 
 use super::AppState;
 use super::caller::{Caller, Params};
@@ -33,6 +32,7 @@ use crate::server::Connection;
 use crate::service::error::{check_envelope, parse_cursor};
 use crate::service::session::{Dropped, End, Gap, Item, Session, Start, record_delivery};
 use tidings_protocol::event::{EventId, names};
+use tidings_protocol::wire;
 
 /// Query parameters of `/v1/stream`.
 #[derive(Debug, Deserialize)]
@@ -175,12 +175,12 @@ impl SseState {
                 Some(dropped_frame(dropped))
             }
             Item::FilterBudgetExceeded { budget } => {
-                let data = json!({ "budget": budget }).to_string();
+                let data = wire_json(&wire::FilterBudgetExceeded { budget: u64::try_from(budget).unwrap_or(u64::MAX) });
                 Some(sse_frame(None, Some(names::SYSTEM_FILTER_BUDGET_EXCEEDED), data.as_bytes()))
             }
             Item::Expired { last_event_id } => {
                 self.phase = Phase::Done;
-                let data = json!({ "last_event_id": last_event_id }).to_string();
+                let data = wire_json(&wire::TokenExpiredNotice { last_event_id });
                 Some(sse_frame(None, Some(names::SYSTEM_TOKEN_EXPIRED), data.as_bytes()))
             }
             Item::End(End::Shutdown) => {
@@ -220,8 +220,17 @@ fn gap_frame(gap: Gap) -> Bytes {
 }
 
 fn dropped_frame(dropped: Dropped) -> Bytes {
-    let data = json!({ "reason": dropped.reason, "last_event_id": dropped.last_event_id, "queue": dropped.queue }).to_string();
+    let data = wire_json(&wire::DroppedNotice {
+        reason: dropped.reason,
+        last_event_id: dropped.last_event_id,
+        queue: u64::try_from(dropped.queue).unwrap_or(u64::MAX),
+    });
     sse_frame(None, Some(names::SYSTEM_CLIENT_DROPPED_SLOW), data.as_bytes())
+}
+
+/// A notice's data: its protocol type (`tidings_protocol::wire`) as compact JSON.
+fn wire_json(notice: &impl serde::Serialize) -> String {
+    serde_json::to_string(notice).expect("a notice is plain JSON")
 }
 
 /// One SSE frame. `data` must not contain a newline: compact JSON never does.

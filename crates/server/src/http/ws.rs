@@ -26,6 +26,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use tidings_protocol::wire;
 use tidings_protocol::ws::{close, method, rpc};
 
 use axum::Extension;
@@ -190,10 +191,13 @@ impl Ws {
             let head = self.app.core().broker().position();
             // Written as text and dropped at once: a `Value` kept in this
             // function's state would cost every connection its map nodes.
-            let hello = json!({"jsonrpc": "2.0", "method": method::HELLO, "params": {
-                "server_did": self.app.core().identity().hash(), "head_seq": head, "profiles": PROFILES, "nonce": self.nonce,
-            }})
-            .to_string();
+            let hello = wire::Hello {
+                server_did: self.app.core().identity().hash().to_string(),
+                head_seq: head,
+                profiles: PROFILES.iter().map(|p| (*p).to_owned()).collect(),
+                nonce: self.nonce.clone(),
+            };
+            let hello = json!({"jsonrpc": "2.0", "method": method::HELLO, "params": hello}).to_string();
             if self.socket.send_text(hello.as_bytes()).await.is_err() {
                 return;
             }
@@ -418,7 +422,7 @@ impl Ws {
             reauth_by: None,
             live_at_expiry: false,
         }));
-        let next = self.answer(id, json!({"head_seq": head, "cursor": cursor})).await;
+        let next = self.answer(id, json!(wire::AuthAnswer { head_seq: head, cursor })).await;
         match told {
             // The store lost history this device may have been shown past
             // its stored cursor: said once, right after the answer.
@@ -503,7 +507,7 @@ impl Ws {
         };
         let core = self.app.core().clone();
         match device::ack(&core, &owner, &device_id, seq).await {
-            Ok(cursor) => self.answer(id, json!({"cursor": cursor})).await,
+            Ok(cursor) => self.answer(id, json!(wire::AckAnswer { cursor })).await,
             Err(e) => self.send_refusal(id, &e).await,
         }
     }
@@ -527,7 +531,7 @@ impl Ws {
         dev.live_at_expiry = dev.session.take().is_some();
         let by = now_ms().saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
         dev.reauth_by = Some(by);
-        let notice = json!({"jsonrpc": "2.0", "method": method::TOKEN_EXPIRED, "params": {"last_seq": dev.delivered, "reauth_by_ms": by}});
+        let notice = json!({"jsonrpc": "2.0", "method": method::TOKEN_EXPIRED, "params": wire::DeviceTokenExpired { last_seq: dev.delivered, reauth_by_ms: by }});
         match self.send_json(&notice).await {
             Ok(()) => Next::Go,
             Err(_) => Next::Close(close::INTERNAL, "write_failed"),
@@ -622,7 +626,8 @@ impl Ws {
                 }
             }
             Item::FilterBudgetExceeded { budget } => {
-                let notice = json!({"jsonrpc": "2.0", "method": method::FILTER_BUDGET_EXCEEDED, "params": {"budget": budget}});
+                let budget = wire::FilterBudgetExceeded { budget: u64::try_from(budget).unwrap_or(u64::MAX) };
+                let notice = json!({"jsonrpc": "2.0", "method": method::FILTER_BUDGET_EXCEEDED, "params": budget});
                 match self.send_json(&notice).await {
                     Ok(()) => Next::Go,
                     Err(_) => Next::Close(close::INTERNAL, "write_failed"),

@@ -5,6 +5,7 @@
 //! `stream.gap`.
 
 use tidings_protocol::event::EventId;
+use tidings_protocol::wire;
 
 /// A resume point that the log cannot serve without a gap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,16 +55,18 @@ impl Gap {
     /// The gap as its JSON object (`system.replay_gap`, a poll's `gap`,
     /// WebSocket's `stream.gap`).
     pub fn to_json(&self) -> serde_json::Value {
-        let mut gap = serde_json::json!({
-            "requested": self.requested,
-            "available_from": self.available_from,
-            "head": self.head,
-            "reason": self.reason.as_str(),
-        });
-        if let Some(fork) = self.fork {
-            gap["fork"] = fork.into();
-        }
-        gap
+        serde_json::to_value(self.wire()).expect("a gap is plain JSON")
+    }
+
+    /// The gap as the protocol describes it to clients.
+    pub fn wire(&self) -> wire::ReplayGap {
+        let reason = match self.reason {
+            GapReason::Pruned => wire::GapReason::Pruned,
+            GapReason::ReplayLimit => wire::GapReason::ReplayLimit,
+            GapReason::BeyondHead => wire::GapReason::BeyondHead,
+            GapReason::HistoryLost => wire::GapReason::HistoryLost,
+        };
+        wire::ReplayGap { requested: self.requested, available_from: self.available_from, head: self.head, reason, fork: self.fork }
     }
 }
 

@@ -82,8 +82,8 @@ pub struct SessionOptions {
 /// from `last_event_id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dropped {
-    /// `queue_full` or `no_progress`.
-    pub reason: &'static str,
+    /// Why.
+    pub reason: tidings_protocol::wire::DropReason,
     /// The last id delivered.
     pub last_event_id: Option<EventId>,
     /// The queue length.
@@ -615,7 +615,7 @@ impl Session {
                 }
                 reason @ (Detached::QueueFull | Detached::NoProgress) => {
                     self.phase = Phase::Done(End::Over);
-                    Some(Item::Dropped(Dropped { reason: reason.label(), last_event_id: self.last_sent, queue: self.queue_len() }))
+                    Some(Item::Dropped(Dropped { reason: reason.drop_reason()?, last_event_id: self.last_sent, queue: self.queue_len() }))
                 }
                 Detached::Closed => Some(self.end(End::Shutdown)),
             };

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
@@ -50,6 +50,7 @@ from .._core import (
     ws_connect_args,
 )
 from .._model import Deliveries, Envelope, Event, Filter, Gap, Page, Published, Refused, ReplayGap, Unavailable
+from .._wire import AuthAnswer, DeltaPage
 from ._io import ClientConnection, Events, HttpClient, TokenSource, connect, recv, resolve, sleep, stopped_within
 
 
@@ -498,7 +499,7 @@ class _AsyncSession:
         self.nonce = str(hello["params"]["nonce"])
         state = self.state
         body = state.auth_body()
-        answer = await self.call(METHOD_AUTH, {"body": body, "origin_proof": state.key.proof(METHOD_AUTH, body, self.nonce)})
+        answer = cast(AuthAnswer, await self.call(METHOD_AUTH, {"body": body, "origin_proof": state.key.proof(METHOD_AUTH, body, self.nonce)}))
         head, cursor = int(answer["head_seq"]), int(answer["cursor"])
         state.cursor = cursor
         state.connections += 1
@@ -506,7 +507,7 @@ class _AsyncSession:
             state.high_water = min(cursor, head)
         since = max(cursor, 0)
         while since < head:
-            page = await self.call(METHOD_DELTA, {"device_id": state.device_id, "since": since, "limit": state.page_size})
+            page = cast(DeltaPage, await self.call(METHOD_DELTA, {"device_id": state.device_id, "since": since, "limit": state.page_size}))
             if isinstance(page.get("gap"), dict):
                 state.gaps.append(Gap.from_json(page["gap"]))
             for item in page["items"]:

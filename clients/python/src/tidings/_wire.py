@@ -1,0 +1,71 @@
+"""What the server sends besides envelopes and pages, as ``TypedDict``s:
+a stream's other notices and the WebSocket device protocol's messages.
+Each matches the protocol crate's schema of the same name
+(``crates/protocol/src/wire.rs``): tests/api/schemas.rs checks the required
+and optional keys of every one.
+
+(No ``from __future__ import annotations`` here: a ``TypedDict`` knows its
+optional keys only from annotations evaluated at runtime.)"""
+
+from typing import Any, TypedDict
+
+from typing_extensions import NotRequired
+
+__all__ = ["AckAnswer", "AuthAnswer", "DeltaPage", "DeviceEvent", "DeviceTokenExpired", "FilterBudgetExceeded", "Hello", "TokenExpiredNotice"]
+
+
+class TokenExpiredNotice(TypedDict):
+    """``system.token_expired``: the stream ends; resume under a fresh token."""
+
+    last_event_id: int | None
+
+
+class FilterBudgetExceeded(TypedDict):
+    """Once per stream: the payload rule went over its budget on an event."""
+
+    budget: int
+
+
+class Hello(TypedDict):
+    """``stream.hello``'s params: the server's first message."""
+
+    server_did: str
+    head_seq: int
+    profiles: list[str]
+    nonce: str
+
+
+class AuthAnswer(TypedDict):
+    """``stream.auth``'s result: catch up from ``cursor`` to ``head_seq``."""
+
+    head_seq: int
+    cursor: int
+
+
+class DeviceEvent(TypedDict):
+    """One event of a catch-up page, and ``stream.event``'s params."""
+
+    seq: int
+    event: dict[str, Any]
+
+
+class DeltaPage(TypedDict):
+    """``sync.delta``'s result: one catch-up page."""
+
+    items: list[DeviceEvent]
+    next_since: int
+    has_more: bool
+    gap: NotRequired[dict[str, Any]]
+
+
+class AckAnswer(TypedDict):
+    """``stream.ack``'s result: the cursor the server stored."""
+
+    cursor: int
+
+
+class DeviceTokenExpired(TypedDict):
+    """``stream.token_expired``'s params: live delivery stops until ``stream.reauth``."""
+
+    last_seq: int
+    reauth_by_ms: int
