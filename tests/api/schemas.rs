@@ -1,12 +1,13 @@
 //! What the server sends has one description: the JSON Schemas the
 //! protocol crate derives from its types (`tidings_protocol::wire::schemas`:
 //! the envelope, a stream's notices, a poll's page, the WebSocket device
-//! protocol's answers and notifications). Checked three ways, so a field
+//! protocol's messages both ways). Checked three ways, so a field
 //! added, dropped or made optional in Rust fails here until the clients
 //! follow:
 //! - the server writes what they describe: a real server's poll pages, gap
 //!   frame and WebSocket messages parse into the protocol types, which know
-//!   every field (`deny_unknown_fields`) and miss none;
+//!   every field (`deny_unknown_fields`) and miss none; and it takes the
+//!   device requests built from them;
 //! - JavaScript: `clients/js/test/protocol.ts` is generated from them (for
 //!   each shape a value with only what the server always sends, typed with
 //!   the client's type, and one with everything it may send, typed
@@ -29,7 +30,7 @@ const BEGIN: &str = "// generated from crates/protocol/src/wire.rs";
 const END: &str = "// end of the generated shapes";
 
 /// Each shape's TypeScript type in the JavaScript client.
-const TS_TYPES: [(&str, &str); 12] = [
+const TS_TYPES: [(&str, &str); 20] = [
     ("Envelope", "Envelope"),
     ("ReplayGap", "ReplayGap"),
     ("DroppedNotice", "DroppedNotice"),
@@ -42,10 +43,18 @@ const TS_TYPES: [(&str, &str); 12] = [
     ("DeltaPage", "DeltaPage"),
     ("AckAnswer", "AckAnswer"),
     ("DeviceTokenExpired", "DeviceTokenExpired"),
+    ("Identity", "Identity"),
+    ("OriginProof", "OriginProof"),
+    ("AuthBody", "AuthBody"),
+    ("AuthParams", "AuthParams"),
+    ("DeltaParams", "DeltaParams"),
+    ("AckBody", "AckBody"),
+    ("AckParams", "AckParams"),
+    ("ReauthParams", "ReauthParams"),
 ];
 
 /// Each shape's Python type: a dataclass with `from_json`, or a `TypedDict`.
-const PY_TYPES: [(&str, &str, bool); 12] = [
+const PY_TYPES: [(&str, &str, bool); 20] = [
     ("Envelope", "Envelope", true),
     ("ReplayGap", "Gap", true),
     ("DroppedNotice", "Dropped", true),
@@ -58,6 +67,14 @@ const PY_TYPES: [(&str, &str, bool); 12] = [
     ("DeltaPage", "DeltaPage", false),
     ("AckAnswer", "AckAnswer", false),
     ("DeviceTokenExpired", "DeviceTokenExpired", false),
+    ("Identity", "Identity", false),
+    ("OriginProof", "OriginProof", false),
+    ("AuthBody", "AuthBody", false),
+    ("AuthParams", "AuthParams", false),
+    ("DeltaParams", "DeltaParams", false),
+    ("AckBody", "AckBody", false),
+    ("AckParams", "AckParams", false),
+    ("ReauthParams", "ReauthParams", false),
 ];
 
 /// A value `schema` takes: with every property of each object when `full`,
@@ -146,7 +163,8 @@ fn strict<T: serde::de::DeserializeOwned>(what: &str, value: &Value) -> T {
 
 /// A real server's answers, parsed into the protocol's types: two poll
 /// pages (one with a gap), a stream's gap frame, and a device's hello,
-/// auth answer, catch-up page, realtime event and ack answer.
+/// auth answer, catch-up page, realtime event and ack answer; and the
+/// device's requests, built from the protocol's types, taken.
 async fn the_server_writes_what_the_schemas_describe(backend: Backend) {
     let app = spawn_app(backend).await;
     let first = app.publish("schema.checked", json!({"n": 1})).await;
@@ -168,10 +186,15 @@ async fn the_server_writes_what_the_schemas_describe(backend: Backend) {
     assert_eq!(device.hello["method"], "stream.hello");
     let hello: wire::Hello = strict("stream.hello", &device.hello["params"]);
     assert_eq!(hello.nonce, device.nonce);
-    let auth: wire::AuthAnswer =
-        strict("stream.auth's result", &device.auth(&key, json!({"device_id": "schema-1", "cursor": 0})).await["result"]);
+    // The device's requests, built from the protocol's types: the server takes them.
+    let body = wire::AuthBody { device_id: "schema-1".into(), cursor: Some(0), filter: Some(json!({"types": ["schema.*"]})) };
+    let body_json = serde_json::to_value(&body).unwrap();
+    let origin_proof: wire::OriginProof = strict("a device proof", &key.proof("stream.auth", &body_json, &device.nonce));
+    let params = serde_json::to_value(wire::AuthParams { body, origin_proof }).unwrap();
+    let auth: wire::AuthAnswer = strict("stream.auth's result", &device.call("stream.auth", params).await["result"]);
     assert_eq!(auth.head_seq, first);
-    let delta = device.call("sync.delta", json!({"device_id": "schema-1", "since": 0})).await;
+    let params = serde_json::to_value(wire::DeltaParams { device_id: "schema-1".into(), since: 0, limit: Some(10) }).unwrap();
+    let delta = device.call("sync.delta", params).await;
     let delta: wire::DeltaPage = strict("sync.delta's result", &delta["result"]);
     assert_eq!(delta.items.last().map(|i| i.seq), Some(first));
     let next = app.publish("schema.checked", json!({"n": 2})).await;
@@ -179,7 +202,11 @@ async fn the_server_writes_what_the_schemas_describe(backend: Backend) {
     assert_eq!(event["method"], "stream.event", "{event}");
     let event: wire::DeviceEvent = strict("stream.event's params", &event["params"]);
     assert_eq!((event.seq, event.event.event_id), (next, next));
-    let ack: wire::AckAnswer = strict("stream.ack's result", &device.ack(&key, next).await["result"]);
+    let body = wire::AckBody { seq: next };
+    let origin_proof: wire::OriginProof =
+        strict("a device proof", &key.proof("stream.ack", &serde_json::to_value(&body).unwrap(), &device.nonce));
+    let params = serde_json::to_value(wire::AckParams { body, origin_proof }).unwrap();
+    let ack: wire::AckAnswer = strict("stream.ack's result", &device.call("stream.ack", params).await["result"]);
     assert_eq!(ack.cursor, next);
 }
 

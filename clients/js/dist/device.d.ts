@@ -42,10 +42,43 @@ export declare function importDeviceKey(jwk: DeviceKeyJwk): Promise<DeviceKey>;
  */
 export declare function canonicalJson(value: unknown): string;
 /** The `origin_proof` of a signed call: the key's signature over `sha256:<hex>` of the canonical `{method, body, nonce}`. */
-export declare function originProof(key: DeviceKey, method: string, body: unknown, nonce: string): Promise<{
+export declare function originProof(key: DeviceKey, method: string, body: unknown, nonce: string): Promise<OriginProof>;
+/** A device's signature over one call (`origin_proof`). */
+export interface OriginProof {
     identity: Identity;
     signature: string;
-}>;
+}
+/** What a device's `stream.auth` signs. */
+export interface AuthBody {
+    device_id: string;
+    /** Where a device the server does not know starts (exclusive); the high-water mark of a known one. */
+    cursor?: number;
+    filter?: Filter;
+}
+/** `stream.auth`'s params. */
+export interface AuthParams {
+    body: AuthBody;
+    origin_proof: OriginProof;
+}
+/** `sync.delta`'s params: the page after `since`. */
+export interface DeltaParams {
+    device_id: string;
+    since: number;
+    limit?: number;
+}
+/** What a device's `stream.ack` signs. */
+export interface AckBody {
+    seq: number;
+}
+/** `stream.ack`'s params. */
+export interface AckParams {
+    body: AckBody;
+    origin_proof: OriginProof;
+}
+/** `stream.reauth`'s params: a fresh token for the same subject. */
+export interface ReauthParams {
+    token: string;
+}
 /** `stream.hello`'s params: the server's first message on a device connection. */
 export interface Hello {
     server_did: string;

@@ -33,5 +33,5 @@ export { publish, type Published, type PublishOptions } from "./publish.js";
 export { stream, type Stream, type StreamOptions } from "./stream.js";
 export { SseParser, type Frame } from "./sse.js";
 export { Consumer, poll, type PollPage, type PollRequest, type RunOptions } from "./poll.js";
-export { canonicalJson, connect, createDeviceKey, importDeviceKey, originProof, type AckAnswer, type AuthAnswer, type Connection, type ConnectOptions, type DeltaPage, type DeviceEvent, type DeviceTokenExpired, type Hello, type DeviceKey, type DeviceKeyJwk, type Identity, } from "./device.js";
+export { canonicalJson, connect, createDeviceKey, importDeviceKey, originProof, type AckAnswer, type AckBody, type AckParams, type AuthAnswer, type AuthBody, type AuthParams, type Connection, type ConnectOptions, type DeltaPage, type DeltaParams, type DeviceEvent, type DeviceTokenExpired, type Hello, type OriginProof, type ReauthParams, type DeviceKey, type DeviceKeyJwk, type Identity, } from "./device.js";
 export { createClient, type Client } from "./client.js";

@@ -782,7 +782,8 @@ var DeviceConnection = class {
       try {
         while (ackWanted > (this.cursor ?? 0) && !this.stopped) {
           const body = { seq: ackWanted };
-          const answer = await rpc(METHOD.ACK, { body, origin_proof: await originProof(this.options.key, METHOD.ACK, body, nonce) });
+          const params = { body, origin_proof: await originProof(this.options.key, METHOD.ACK, body, nonce) };
+          const answer = await rpc(METHOD.ACK, params);
           this.cursor = Math.max(this.cursor ?? 0, answer.cursor);
           this.options.onAck?.(this.cursor);
           if (answer.cursor < body.seq) break;
@@ -802,12 +803,14 @@ var DeviceConnection = class {
       const body = { device_id: this.options.deviceId };
       if (this.options.filter && Object.keys(this.options.filter).length) body.filter = this.options.filter;
       if (this.highWater > 0 || this.cursorGiven) body.cursor = this.highWater;
-      const { head_seq: head, cursor } = await rpc(METHOD.AUTH, { body, origin_proof: await originProof(this.options.key, METHOD.AUTH, body, nonce) });
+      const auth = { body, origin_proof: await originProof(this.options.key, METHOD.AUTH, body, nonce) };
+      const { head_seq: head, cursor } = await rpc(METHOD.AUTH, auth);
       this.cursor = cursor;
       if (this.highWater > head) this.highWater = Math.min(cursor, head);
       let from = Math.max(cursor, 0);
       while (from < head) {
-        const page = await rpc(METHOD.DELTA, { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 });
+        const delta = { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 };
+        const page = await rpc(METHOD.DELTA, delta);
         if (page.gap) gap(page.gap);
         for (const item of page.items) await take(item.seq, item.event);
         void ack(this.highWater);
@@ -870,7 +873,8 @@ var DeviceConnection = class {
           gap(params);
         } else if (msg.method === METHOD.TOKEN_EXPIRED && typeof this.options.token === "function") {
           try {
-            await rpc(METHOD.REAUTH, { token: await currentToken(this.options) });
+            const reauth = { token: await currentToken(this.options) ?? "" };
+            await rpc(METHOD.REAUTH, reauth);
           } catch (error) {
             if (!(error instanceof Lost)) report(error);
             socket.close(CLOSE.NORMAL);

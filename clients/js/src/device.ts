@@ -75,11 +75,54 @@ export function canonicalJson(value: unknown): string {
 }
 
 /** The `origin_proof` of a signed call: the key's signature over `sha256:<hex>` of the canonical `{method, body, nonce}`. */
-export async function originProof(key: DeviceKey, method: string, body: unknown, nonce: string): Promise<{ identity: Identity; signature: string }> {
+export async function originProof(key: DeviceKey, method: string, body: unknown, nonce: string): Promise<OriginProof> {
   const encoder = new TextEncoder();
   const digest = await crypto.subtle.digest("SHA-256", encoder.encode(canonicalJson({ method, body, nonce })));
   const signature = await crypto.subtle.sign({ name: "Ed25519" }, key.privateKey, encoder.encode(`sha256:${hex(digest)}`));
   return { identity: key.identity, signature: b64(signature) };
+}
+
+/** A device's signature over one call (`origin_proof`). */
+export interface OriginProof {
+  identity: Identity;
+  signature: string;
+}
+
+/** What a device's `stream.auth` signs. */
+export interface AuthBody {
+  device_id: string;
+  /** Where a device the server does not know starts (exclusive); the high-water mark of a known one. */
+  cursor?: number;
+  filter?: Filter;
+}
+
+/** `stream.auth`'s params. */
+export interface AuthParams {
+  body: AuthBody;
+  origin_proof: OriginProof;
+}
+
+/** `sync.delta`'s params: the page after `since`. */
+export interface DeltaParams {
+  device_id: string;
+  since: number;
+  limit?: number;
+}
+
+/** What a device's `stream.ack` signs. */
+export interface AckBody {
+  seq: number;
+}
+
+/** `stream.ack`'s params. */
+export interface AckParams {
+  body: AckBody;
+  origin_proof: OriginProof;
+}
+
+/** `stream.reauth`'s params: a fresh token for the same subject. */
+export interface ReauthParams {
+  token: string;
 }
 
 /** `stream.hello`'s params: the server's first message on a device connection. */
@@ -293,8 +336,9 @@ class DeviceConnection implements Connection {
       acking = true;
       try {
         while (ackWanted > (this.cursor ?? 0) && !this.stopped) {
-          const body = { seq: ackWanted };
-          const answer = (await rpc(METHOD.ACK, { body, origin_proof: await originProof(this.options.key, METHOD.ACK, body, nonce) })) as AckAnswer;
+          const body: AckBody = { seq: ackWanted };
+          const params: AckParams = { body, origin_proof: await originProof(this.options.key, METHOD.ACK, body, nonce) };
+          const answer = (await rpc(METHOD.ACK, params)) as AckAnswer;
           this.cursor = Math.max(this.cursor ?? 0, answer.cursor);
           this.options.onAck?.(this.cursor);
           if (answer.cursor < body.seq) break; // capped at the head: nothing more to confirm now
@@ -314,21 +358,23 @@ class DeviceConnection implements Connection {
     };
     const gap = (g: ReplayGap) => this.options.onGap?.(g);
     const handshake = async () => {
-      const body: Record<string, unknown> = { device_id: this.options.deviceId };
+      const body: AuthBody = { device_id: this.options.deviceId };
       if (this.options.filter && Object.keys(this.options.filter).length) body.filter = this.options.filter;
       // The high-water mark goes along: a device whose acks never landed
       // would otherwise start at the head, past what came while it was away.
       // A cursor given as 0 goes too: the device starts at the beginning,
       // not at the head.
       if (this.highWater > 0 || this.cursorGiven) body.cursor = this.highWater;
-      const { head_seq: head, cursor } = (await rpc(METHOD.AUTH, { body, origin_proof: await originProof(this.options.key, METHOD.AUTH, body, nonce) })) as AuthAnswer;
+      const auth: AuthParams = { body, origin_proof: await originProof(this.options.key, METHOD.AUTH, body, nonce) };
+      const { head_seq: head, cursor } = (await rpc(METHOD.AUTH, auth)) as AuthAnswer;
       this.cursor = cursor;
       // A high-water mark past the head (a server that lost its log, or
       // another server's ids): what comes after the head is new.
       if (this.highWater > head) this.highWater = Math.min(cursor, head);
       let from = Math.max(cursor, 0);
       while (from < head) {
-        const page = (await rpc(METHOD.DELTA, { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 })) as DeltaPage;
+        const delta: DeltaParams = { device_id: this.options.deviceId, since: from, limit: this.options.pageSize ?? 500 };
+        const page = (await rpc(METHOD.DELTA, delta)) as DeltaPage;
         if (page.gap) gap(page.gap);
         for (const item of page.items) await take(item.seq, item.event);
         void ack(this.highWater);
@@ -405,7 +451,8 @@ class DeviceConnection implements Connection {
             // The same connection goes on under a fresh token; should the
             // server refuse it, a new connection asks for one again.
             try {
-              await rpc(METHOD.REAUTH, { token: await currentToken(this.options) });
+              const reauth: ReauthParams = { token: (await currentToken(this.options)) ?? "" };
+              await rpc(METHOD.REAUTH, reauth);
             } catch (error) {
               if (!(error instanceof Lost)) report(error);
               socket.close(CLOSE.NORMAL);

@@ -16,6 +16,14 @@ import type {
   DeltaPage,
   AckAnswer,
   DeviceTokenExpired,
+  Identity,
+  OriginProof,
+  AuthBody,
+  AuthParams,
+  DeltaParams,
+  AckBody,
+  AckParams,
+  ReauthParams,
 } from "../src/tidings.js";
 
 /** Envelope: what the server always sends (the type takes it), and everything it may send (the type has each field, and no other). */
@@ -65,4 +73,36 @@ export const fullAckAnswer: Required<AckAnswer> = {"cursor":1};
 /** DeviceTokenExpired: what the server always sends (the type takes it), and everything it may send (the type has each field, and no other). */
 export const minimalDeviceTokenExpired: DeviceTokenExpired = {"last_seq":1,"reauth_by_ms":1};
 export const fullDeviceTokenExpired: Required<DeviceTokenExpired> = {"last_seq":1,"reauth_by_ms":1};
+
+/** Identity: what the server always sends (the type takes it), and everything it may send (the type has each field, and no other). */
+export const minimalIdentity: Identity = {"data":{"algorithm":"ed25519","public_key":"x"},"type":"system/identity"};
+export const fullIdentity: Required<Identity> = {"data":{"algorithm":"ed25519","public_key":"x"},"type":"system/identity"};
+
+/** OriginProof: what the server always sends (the type takes it), and everything it may send (the type has each field, and no other). */
+export const minimalOriginProof: OriginProof = {"identity":{"data":{"algorithm":"ed25519","public_key":"x"},"type":"system/identity"},"signature":"x"};
+export const fullOriginProof: Required<OriginProof> = {"identity":{"data":{"algorithm":"ed25519","public_key":"x"},"type":"system/identity"},"signature":"x"};
+
+/** AuthBody: what the server always sends (the type takes it), and everything it may send (the type has each field, and no other). */
+export const minimalAuthBody: AuthBody = {"device_id":"x"};
+export const fullAuthBody: Required<AuthBody> = {"cursor":1,"device_id":"x","filter":{}};
+
+/** AuthParams: what the server always sends (the type takes it), and everything it may send (the type has each field, and no other). */
+export const minimalAuthParams: AuthParams = {"body":{"device_id":"x"},"origin_proof":{"identity":{"data":{"algorithm":"ed25519","public_key":"x"},"type":"system/identity"},"signature":"x"}};
+export const fullAuthParams: Required<AuthParams> = {"body":{"cursor":1,"device_id":"x","filter":{}},"origin_proof":{"identity":{"data":{"algorithm":"ed25519","public_key":"x"},"type":"system/identity"},"signature":"x"}};
+
+/** DeltaParams: what the server always sends (the type takes it), and everything it may send (the type has each field, and no other). */
+export const minimalDeltaParams: DeltaParams = {"device_id":"x","since":1};
+export const fullDeltaParams: Required<DeltaParams> = {"device_id":"x","limit":1,"since":1};
+
+/** AckBody: what the server always sends (the type takes it), and everything it may send (the type has each field, and no other). */
+export const minimalAckBody: AckBody = {"seq":1};
+export const fullAckBody: Required<AckBody> = {"seq":1};
+
+/** AckParams: what the server always sends (the type takes it), and everything it may send (the type has each field, and no other). */
+export const minimalAckParams: AckParams = {"body":{"seq":1},"origin_proof":{"identity":{"data":{"algorithm":"ed25519","public_key":"x"},"type":"system/identity"},"signature":"x"}};
+export const fullAckParams: Required<AckParams> = {"body":{"seq":1},"origin_proof":{"identity":{"data":{"algorithm":"ed25519","public_key":"x"},"type":"system/identity"},"signature":"x"}};
+
+/** ReauthParams: what the server always sends (the type takes it), and everything it may send (the type has each field, and no other). */
+export const minimalReauthParams: ReauthParams = {"token":"x"};
+export const fullReauthParams: Required<ReauthParams> = {"token":"x"};
 // end of the generated shapes

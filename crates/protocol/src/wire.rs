@@ -2,7 +2,9 @@
 //! clients in other languages: a stream's notices (`system.replay_gap`,
 //! `system.client_dropped_slow`, `system.token_expired`,
 //! `system.filter_budget_exceeded`), a poll's page, and the WebSocket
-//! device protocol's answers and notifications (docs/ref-websocket.md).
+//! device protocol's messages both ways (docs/ref-websocket.md): what a
+//! device sends (`stream.auth`, `sync.delta`, `stream.ack`,
+//! `stream.reauth`) and what it is answered and told.
 //!
 //! Each type derives its JSON Schema ([`schemas`]); `tests/api/schemas.rs`
 //! checks what the server writes against these types (every field known,
@@ -179,6 +181,118 @@ pub struct DeviceTokenExpired {
     pub reauth_by_ms: i64,
 }
 
+/// The kind of a device's identity entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum IdentityKind {
+    /// The only one.
+    #[serde(rename = "system/identity")]
+    SystemIdentity,
+}
+
+/// The signature scheme of a device key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum KeyAlgorithm {
+    /// The only one.
+    #[serde(rename = "ed25519")]
+    Ed25519,
+}
+
+/// The public half of a device key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityData {
+    /// The scheme.
+    pub algorithm: KeyAlgorithm,
+    /// The raw public key, base64.
+    pub public_key: String,
+}
+
+/// A `system/identity` entity: who a device is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    /// Always `system/identity`.
+    #[serde(rename = "type")]
+    pub kind: IdentityKind,
+    /// The key.
+    pub data: IdentityData,
+}
+
+/// A device's signature over one call: the key's Ed25519 signature over
+/// `sha256:<hex>` of the canonical `{method, body, nonce}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OriginProof {
+    /// Whose key signed.
+    pub identity: Identity,
+    /// The signature, base64.
+    pub signature: String,
+}
+
+/// What a device's `stream.auth` signs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuthBody {
+    /// The device's id: with its key, it names its cursor.
+    pub device_id: String,
+    /// Where a device the server does not know starts (exclusive), and the
+    /// high-water mark a known one carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<EventId>,
+    /// What the device receives (a filter, as `POST /v1/poll` takes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<Value>,
+}
+
+/// `stream.auth`'s params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuthParams {
+    /// What is signed.
+    pub body: AuthBody,
+    /// The signature over it and the hello's nonce.
+    pub origin_proof: OriginProof,
+}
+
+/// `sync.delta`'s params: the page after `since`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeltaParams {
+    /// The authenticated device.
+    pub device_id: String,
+    /// Exclusive.
+    pub since: EventId,
+    /// At most this many events (the server caps it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+/// What a device's `stream.ack` signs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckBody {
+    /// Everything up to here is handled.
+    pub seq: EventId,
+}
+
+/// `stream.ack`'s params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckParams {
+    /// What is signed.
+    pub body: AckBody,
+    /// The signature over it and the hello's nonce.
+    pub origin_proof: OriginProof,
+}
+
+/// `stream.reauth`'s params: a fresh token for the same subject.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReauthParams {
+    /// The bearer token.
+    pub token: String,
+}
+
 /// An event id or `null`, and required: a field the server always sends,
 /// null when there is no id (schemars takes an `Option` as one it may leave out).
 fn always_sent_nullable_id(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -203,5 +317,13 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
         ("DeltaPage", schema::<DeltaPage>()),
         ("AckAnswer", schema::<AckAnswer>()),
         ("DeviceTokenExpired", schema::<DeviceTokenExpired>()),
+        ("Identity", schema::<Identity>()),
+        ("OriginProof", schema::<OriginProof>()),
+        ("AuthBody", schema::<AuthBody>()),
+        ("AuthParams", schema::<AuthParams>()),
+        ("DeltaParams", schema::<DeltaParams>()),
+        ("AckBody", schema::<AckBody>()),
+        ("AckParams", schema::<AckParams>()),
+        ("ReauthParams", schema::<ReauthParams>()),
     ]
 }

@@ -14,7 +14,7 @@ import socket
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import httpx
 import rfc8785
@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ._model import Dropped, Envelope, Event, Filter, Gap, Refused, ReplayGap
+from ._wire import AuthBody, Identity, OriginProof
 
 OnGap = Literal["raise", "skip"]
 
@@ -205,12 +206,12 @@ class DeviceKey:
     def to_pem(self) -> bytes:
         return self.private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
-    def proof(self, method: str, body: Any, nonce: str) -> dict[str, Any]:
+    def proof(self, method: str, body: Any, nonce: str) -> OriginProof:
         """The `origin_proof` of a signed call: the signature over
         `sha256:<hex>` of the RFC 8785 canonical `{method, body, nonce}`."""
         digest = hashlib.sha256(rfc8785.dumps({"method": method, "body": body, "nonce": nonce})).hexdigest()
         signature = self.private_key.sign(f"sha256:{digest}".encode())
-        return {"identity": self.identity, "signature": base64.b64encode(signature).decode()}
+        return {"identity": cast(Identity, self.identity), "signature": base64.b64encode(signature).decode()}
 
 
 class Stop:
@@ -497,8 +498,8 @@ class DeviceState:
             raise Lost()
         return message["result"]
 
-    def auth_body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"device_id": self.device_id}
+    def auth_body(self) -> AuthBody:
+        body: AuthBody = {"device_id": self.device_id}
         if self.filter:
             body["filter"] = dict(self.filter)
         # The high-water mark goes along: a device whose acks never landed

@@ -1,5 +1,6 @@
-"""What the server sends besides envelopes and pages, as ``TypedDict``s:
-a stream's other notices and the WebSocket device protocol's messages.
+"""What the server sends besides envelopes and pages, and what a device
+sends it, as ``TypedDict``s: a stream's other notices and the WebSocket
+device protocol's messages both ways.
 Each matches the protocol crate's schema of the same name
 (``crates/protocol/src/wire.rs``): tests/api/schemas.rs checks the required
 and optional keys of every one.
@@ -11,7 +12,24 @@ from typing import Any, TypedDict
 
 from typing_extensions import NotRequired
 
-__all__ = ["AckAnswer", "AuthAnswer", "DeltaPage", "DeviceEvent", "DeviceTokenExpired", "FilterBudgetExceeded", "Hello", "TokenExpiredNotice"]
+__all__ = [
+    "AckAnswer",
+    "AckBody",
+    "AckParams",
+    "AuthAnswer",
+    "AuthBody",
+    "AuthParams",
+    "DeltaPage",
+    "DeltaParams",
+    "DeviceEvent",
+    "DeviceTokenExpired",
+    "FilterBudgetExceeded",
+    "Hello",
+    "Identity",
+    "OriginProof",
+    "ReauthParams",
+    "TokenExpiredNotice",
+]
 
 
 class TokenExpiredNotice(TypedDict):
@@ -69,3 +87,66 @@ class DeviceTokenExpired(TypedDict):
 
     last_seq: int
     reauth_by_ms: int
+
+
+class IdentityData(TypedDict):
+    """The public half of a device key."""
+
+    algorithm: str
+    public_key: str
+
+
+class Identity(TypedDict):
+    """A ``system/identity`` entity: who a device is."""
+
+    type: str
+    data: IdentityData
+
+
+class OriginProof(TypedDict):
+    """A device's signature over one call."""
+
+    identity: Identity
+    signature: str
+
+
+class AuthBody(TypedDict):
+    """What a device's ``stream.auth`` signs."""
+
+    device_id: str
+    cursor: NotRequired[int]
+    filter: NotRequired[dict[str, Any]]
+
+
+class AuthParams(TypedDict):
+    """``stream.auth``'s params."""
+
+    body: AuthBody
+    origin_proof: OriginProof
+
+
+class DeltaParams(TypedDict):
+    """``sync.delta``'s params: the page after ``since``."""
+
+    device_id: str
+    since: int
+    limit: NotRequired[int]
+
+
+class AckBody(TypedDict):
+    """What a device's ``stream.ack`` signs."""
+
+    seq: int
+
+
+class AckParams(TypedDict):
+    """``stream.ack``'s params."""
+
+    body: AckBody
+    origin_proof: OriginProof
+
+
+class ReauthParams(TypedDict):
+    """``stream.reauth``'s params: a fresh token for the same subject."""
+
+    token: str

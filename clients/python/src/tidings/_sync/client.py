@@ -53,7 +53,7 @@ from .._core import (
     ws_connect_args,
 )
 from .._model import Deliveries, Envelope, Event, Filter, Gap, Page, Published, Refused, ReplayGap, Unavailable
-from .._wire import AuthAnswer, DeltaPage
+from .._wire import AckBody, AckParams, AuthAnswer, AuthParams, DeltaPage, DeltaParams
 from ._io import ClientConnection, Events, HttpClient, TokenSource, connect, recv, resolve, sleep, stopped_within
 
 
@@ -484,8 +484,9 @@ class _Session:
     def ack(self, seq: int) -> None:
         if seq <= (self.state.cursor or 0) or seq <= 0:
             return
-        body = {"seq": seq}
-        self.acks_pending.add(self.send(METHOD_ACK, {"body": body, "origin_proof": self.state.key.proof(METHOD_ACK, body, self.nonce)}))
+        body: AckBody = {"seq": seq}
+        params: AckParams = {"body": body, "origin_proof": self.state.key.proof(METHOD_ACK, body, self.nonce)}
+        self.acks_pending.add(self.send(METHOD_ACK, params))
 
     def confirm(self, timeout: float) -> None:
         target = max(self.state.high_water, self.state.handed_out)
@@ -502,7 +503,8 @@ class _Session:
         self.nonce = str(hello["params"]["nonce"])
         state = self.state
         body = state.auth_body()
-        answer = cast(AuthAnswer, self.call(METHOD_AUTH, {"body": body, "origin_proof": state.key.proof(METHOD_AUTH, body, self.nonce)}))
+        auth: AuthParams = {"body": body, "origin_proof": state.key.proof(METHOD_AUTH, body, self.nonce)}
+        answer = cast(AuthAnswer, self.call(METHOD_AUTH, auth))
         head, cursor = int(answer["head_seq"]), int(answer["cursor"])
         state.cursor = cursor
         state.connections += 1
@@ -510,7 +512,8 @@ class _Session:
             state.high_water = min(cursor, head)
         since = max(cursor, 0)
         while since < head:
-            page = cast(DeltaPage, self.call(METHOD_DELTA, {"device_id": state.device_id, "since": since, "limit": state.page_size}))
+            delta: DeltaParams = {"device_id": state.device_id, "since": since, "limit": state.page_size}
+            page = cast(DeltaPage, self.call(METHOD_DELTA, delta))
             if isinstance(page.get("gap"), dict):
                 state.gaps.append(Gap.from_json(page["gap"]))
             for item in page["items"]:
