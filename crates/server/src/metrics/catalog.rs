@@ -120,7 +120,7 @@ pub const CATALOG: &[Family] = &[
         kind: Kind::Histogram,
         unit: Unit::Seconds,
         labels: "",
-        help: "Commit to the frame being written (sampled once per write).",
+        help: "Commit to the frame being written: sampled, one live write in 16 on each worker thread.",
     },
     Family { name: LISTENER_RECONNECTS, kind: Kind::Counter, unit: Unit::Count, labels: "", help: "LISTEN reconnects." },
     Family { name: REPLAYED_EVENTS, kind: Kind::Counter, unit: Unit::Count, labels: "", help: "Events sent from history." },

@@ -8,6 +8,8 @@
 //! - [`session`]: one subscriber's delivery: register, read the head, replay
 //!   up to the live seam, then live, with the gap notices, the replay cap,
 //!   the lagged-to-catch-up loop and the slow-client drop;
+//! - [`delivered`]: what a stream's writes count (deliveries, and a sample
+//!   of their latency);
 //! - [`poll`]: long-poll as a bounded session, and the durable consumers
 //!   (open, ack, list, delete);
 //! - [`tree`]: compare-and-swap writes, reads and listings of the entity tree;
@@ -19,6 +21,7 @@
 //! (broker, store, filter, tree vocabulary) imports it.
 
 pub mod audit;
+pub mod delivered;
 pub mod device;
 pub mod error;
 pub mod execute;

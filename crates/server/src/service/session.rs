@@ -26,6 +26,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Services;
+pub use super::delivered::record_delivery;
 pub use super::gap::{Gap, GapReason};
 use super::limits::StreamPermit;
 use crate::broker::{Broker, Detached, Frame, SubscribeOptions, Subscription};
@@ -657,33 +658,6 @@ impl Session {
 
 fn subscribe(kill: &Option<CancellationToken>, transport: &'static str, catching_up: bool) -> SubscribeOptions {
     SubscribeOptions { kill: kill.clone(), transport, catching_up }
-}
-
-/// The series every write of a stream updates, looked up once. A
-/// `counter!` or `histogram!` call hashes its name and labels and searches
-/// the registry each time: with the handles' drops, 2.5% of the server's
-/// CPU in a 1,000-stream fan-out (`perf`, `cpu-clock`); a handle is an
-/// atomic add. Taken at the first write, after the recorder is installed.
-static DELIVERY_SERIES: std::sync::LazyLock<m::Delivery> = std::sync::LazyLock::new(m::delivery);
-
-/// Counts `frames` as delivered on `transport` once written: replayed ones
-/// as replayed, live ones with their publish-to-send latency, sampled once
-/// per write (a histogram sample per frame would cost more than the frame).
-pub fn record_delivery(transport: &'static str, frames: &[Frame], replayed: bool) {
-    let Some(first) = frames.first() else { return };
-    let series = &*DELIVERY_SERIES;
-    let n = frames.len() as u64;
-    match transport {
-        "sse" => series.sse.increment(n),
-        "ws" => series.ws.increment(n),
-        other => m::delivered(other, n),
-    }
-    if replayed {
-        series.replayed.increment(n);
-    } else {
-        let latency = (chrono::Utc::now().timestamp_millis() - first.recorded_ms).max(0) as f64 / 1000.0;
-        series.latency.record(latency);
-    }
 }
 
 #[cfg(test)]
