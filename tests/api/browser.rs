@@ -33,6 +33,8 @@ async fn twelve_event_sources_on_one_origin_all_receive_over_http2(backend: Back
     let (cert, key) = crate::tls::certificate(certs.path());
     tls_envs.push(("TIDINGS_TLS_CERT_FILE", cert));
     tls_envs.push(("TIDINGS_TLS_KEY_FILE", key));
+    // Compressed, over HTTP/2: each EventSource reads its gzip stream.
+    tls_envs.push(("TIDINGS_COMPRESSION", "on".to_owned()));
     let tls = spawn_process_at(&tls_envs, free_port()).await;
     let (plain_envs, _plain_dir) = process_store(backend).await;
     let plain = spawn_process_at(&plain_envs, free_port()).await;
@@ -49,6 +51,7 @@ async fn twelve_event_sources_on_one_origin_all_receive_over_http2(backend: Back
     let seen: serde_json::Value = serde_json::from_str(summary).unwrap();
     assert_eq!(seen["tls"], serde_json::json!({"opened": 12, "published": true, "receivedBy": 12}), "{seen}");
     assert_eq!((&seen["plain"]["opened"], &seen["plain"]["published"]), (&serde_json::json!(6), &serde_json::json!(false)), "{seen}");
+    assert!(tls.metric("tidings_streams_compressed_total").await >= 12.0, "the twelve streams were compressed");
 }
 
 /// The operator console with tokens on (`tests/browser/console.mjs`): as
@@ -65,6 +68,8 @@ async fn console_shows_real_values_and_is_read_only_for_non_admins(backend: Back
     envs.push(("TIDINGS_JWT_HS256_SECRET", crate::helpers::tokens::SECRET.to_owned()));
     // A peer known from the settings: the peers panel shows it.
     envs.push(("TIDINGS_PEERS", format!("sha256:{}=http://127.0.0.1:9", "ab".repeat(32))));
+    // The console's streams compressed: Chromium's EventSource reads gzip.
+    envs.push(("TIDINGS_COMPRESSION", "on".to_owned()));
     let server = spawn_process_at(&envs, free_port()).await;
     let admin = crate::helpers::tokens::token(
         "ops",
@@ -78,6 +83,7 @@ async fn console_shows_real_values_and_is_read_only_for_non_admins(backend: Back
         node.env("TIDINGS_SCREENSHOT", shot);
     }
     let out = tokio::time::timeout(Duration::from_secs(120), node.output()).await.expect("the browser run ends").unwrap();
+    let compressed = server.metric("tidings_streams_compressed_total").await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.lines().any(|l| l.starts_with("OK ")),
@@ -85,6 +91,7 @@ async fn console_shows_real_values_and_is_read_only_for_non_admins(backend: Back
         String::from_utf8_lossy(&out.stderr),
         server.kill_and_log().await
     );
+    assert!(compressed > 0.0, "the console's streams were compressed");
 }
 
 async fn live_page_shows_events_and_resumes_after_restart_and_reload(backend: Backend) {

@@ -30,7 +30,10 @@ const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/js");
 
 async fn client_scenarios_pass_in_node_and_in_chromium(backend: Backend) {
     assert!(Path::new(CLIENT).join("node_modules/typescript").is_dir(), "run scripts/test, which installs the client's node modules");
-    let (main_envs, _main_dir) = process_store(backend).await;
+    // Streams compressed: Node's fetch and Chromium ask for gzip, and the
+    // scenarios read it as they read a plain stream.
+    let (mut main_envs, _main_dir) = process_store(backend).await;
+    main_envs.push(("TIDINGS_COMPRESSION", "on".to_owned()));
     let main = spawn_process_at(&main_envs, free_port()).await;
     // The slow-client scenarios need a small queue and a short timeout; the
     // eviction grace is long so the notice is still there once the client reads.
@@ -50,6 +53,7 @@ async fn client_scenarios_pass_in_node_and_in_chromium(backend: Backend) {
     auth_envs.push(("TIDINGS_JWT_HS256_SECRET", secret.to_owned()));
     let auth = spawn_process_at(&auth_envs, free_port()).await;
     for (runner, flags) in [("test/node.test.mjs", &["--experimental-websocket"][..]), ("test/browser.test.mjs", &[][..])] {
+        let compressed = main.metric(COMPRESSED).await;
         let out = tokio::time::timeout(
             Duration::from_secs(240),
             tokio::process::Command::new("node")
@@ -73,8 +77,11 @@ async fn client_scenarios_pass_in_node_and_in_chromium(backend: Backend) {
         // Every scenario ran (none skipped, none left out of the count).
         assert!(stdout.contains("# fail 0") && stdout.contains("# skipped 0"), "{stdout}");
         assert!(!stdout.contains("# pass 0"), "{stdout}");
+        assert!(main.metric(COMPRESSED).await > compressed, "{runner}: the scenarios' streams were compressed");
     }
 }
+
+const COMPRESSED: &str = "tidings_streams_compressed_total";
 
 /// The client's types take what the server takes (`clients/js/test/types.ts`,
 /// type-checked strictly): an agent without a kind, say.

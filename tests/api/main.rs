@@ -11,6 +11,7 @@ mod chaos;
 mod chaos_peers;
 mod checker;
 mod cli;
+mod compression;
 mod delivery;
 mod deploy;
 mod docs;

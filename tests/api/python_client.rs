@@ -88,7 +88,9 @@ pub(crate) async fn run_pytest(backend: Backend, args: &[&str]) {
     let (slow, _slow_dir) = process_store(backend).await;
     let (auth, _auth_dir) = process_store(backend).await;
     let servers = serde_json::json!({
-        "main": server(&main, &[]),
+        // Streams compressed: httpx asks for gzip, and every scenario on
+        // this server reads its streams through it.
+        "main": server(&main, &[("TIDINGS_COMPRESSION", "on")]),
         // The slow-drop scenarios need a small queue and a short timeout; the
         // eviction grace is long so the notice is still there once the client reads.
         "slow": server(&slow, &[("TIDINGS_CLIENT_QUEUE", "8"), ("TIDINGS_SLOW_CLIENT_TIMEOUT", "300ms"), ("TIDINGS_EVICTION_GRACE", "30s")]),

@@ -53,6 +53,33 @@ def test_a_stream_not_read_is_dropped_as_slow_and_resumes_losslessly(slow: Serve
         stream.close()
 
 
+def compressed_streams(server: Server) -> float:
+    """The server's ``tidings_streams_compressed_total``."""
+    for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("tidings_streams_compressed_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_a_compressed_stream_reads_as_a_plain_one(main: Server) -> None:
+    # The main server compresses streams (TIDINGS_COMPRESSION=on, in
+    # tests/api/python_client.rs) and httpx asks for gzip: the stream is
+    # sent compressed, and its events arrive through it, live.
+    before = compressed_streams(main)
+    run = tag()
+    with tidings.Client(main.url) as client:
+        stream = client.stream(only(run), since=main.head())
+        got: list[tidings.Envelope] = []
+        reader = threading.Thread(target=lambda: got.extend(take(stream.__next__, 2)), daemon=True)
+        reader.start()
+        until(lambda: compressed_streams(main) > before, "the stream to open compressed")
+        published = client.publish(event(run, i=0))
+        published += client.publish(event(run, i=1))
+        reader.join(30)
+        assert ids(got) == published
+        stream.close()
+
+
 def test_history_lost_goes_on_after_the_fork() -> None:
     # What the server sends a stream that saw history its store lost (the
     # server side is tests/api/epochs.rs): the gap is raised with its

@@ -35,6 +35,8 @@ const EVENTS_DELIVERED: &str = "tidings_events_delivered_total";
 const CLIENTS_CONNECTED: &str = "tidings_clients_connected";
 /// Clients ended by the server, by reason.
 const CLIENTS_DROPPED: &str = "tidings_clients_dropped_total";
+/// SSE streams opened gzip-compressed.
+const STREAMS_COMPRESSED: &str = "tidings_streams_compressed_total";
 /// Depth of client queues that hold events, sampled once per sweep.
 const QUEUE_DEPTH: &str = "tidings_queue_depth";
 /// Commit-to-broker time: from `recorded_at` order to fan-out.
@@ -207,6 +209,7 @@ fn describe() {
         counter!(REGISTRY_VIOLATIONS, "kind" => kind).increment(0);
     }
     counter!(LISTENER_RECONNECTS).increment(0);
+    counter!(STREAMS_COMPRESSED).increment(0);
     counter!(REPLAYED_EVENTS).increment(0);
     for reason in ["pruned", "replay_limit", "beyond_head", "history_lost"] {
         counter!(REPLAY_GAPS, "reason" => reason).increment(0);
@@ -288,6 +291,11 @@ pub fn client_disconnected(transport: &'static str) {
 /// The server ended a client (`reason`: one of [`DROP_REASONS`]).
 pub fn client_dropped(reason: &'static str) {
     counter!(CLIENTS_DROPPED, "reason" => reason).increment(1);
+}
+
+/// An SSE stream was opened gzip-compressed.
+pub fn stream_compressed() {
+    counter!(STREAMS_COMPRESSED).increment(1);
 }
 
 /// An HTTP request was answered (`route`: its template, or `unmatched`).

@@ -303,6 +303,16 @@ impl Process {
         self.log.lock().unwrap().clone()
     }
 
+    /// Value of a metric line (exact name with labels) in its `/metrics`
+    /// (over HTTPS without checking the certificate, for a TLS server).
+    pub(crate) async fn metric(&self, series: &str) -> f64 {
+        let http = reqwest::Client::builder().danger_accept_invalid_certs(true).build().unwrap();
+        let text = http.get(format!("{}/metrics", self.base)).send().await.unwrap().text().await.unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
     /// Stops it (SIGKILL) and returns everything it logged.
     pub(crate) async fn kill_and_log(mut self) -> String {
         let _ = self.child.kill().await;

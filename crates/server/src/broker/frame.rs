@@ -39,6 +39,9 @@ pub struct FrameData {
     /// SSE frame is spliced around nothing, so every stream writes the
     /// same shared bytes.
     sse: OnceLock<Bytes>,
+    /// Its SSE frame compressed on its own, built by its first compressed
+    /// stream and shared by all of them (docs/streams.md#compression).
+    sse_compressed: OnceLock<Bytes>,
 }
 
 impl Frame {
@@ -48,7 +51,15 @@ impl Frame {
     }
 
     fn traced(id: EventId, envelope: Bytes, recorded_ms: i64, trace: Option<opentelemetry::trace::SpanContext>) -> Self {
-        Self(Arc::new(FrameData { id, envelope, recorded_ms, trace, rendered: OnceLock::new(), sse: OnceLock::new() }))
+        Self(Arc::new(FrameData {
+            id,
+            envelope,
+            recorded_ms,
+            trace,
+            rendered: OnceLock::new(),
+            sse: OnceLock::new(),
+            sse_compressed: OnceLock::new(),
+        }))
     }
 
     /// The event as `render` frames it, built once per event and shared by
@@ -62,6 +73,15 @@ impl Frame {
     /// event and shared by every stream it is sent to.
     pub fn sse(&self, render: fn(&FrameData) -> Bytes) -> Bytes {
         self.0.sse.get_or_init(|| render(&self.0)).clone()
+    }
+
+    /// The event's SSE frame (`render`) and that frame as `compress`
+    /// compresses it alone, each built once per event and shared by every
+    /// stream it is sent to.
+    pub fn sse_compressed(&self, render: fn(&FrameData) -> Bytes, compress: fn(&[u8]) -> Bytes) -> (Bytes, Bytes) {
+        let plain = self.sse(render);
+        let packed = self.0.sse_compressed.get_or_init(|| compress(&plain)).clone();
+        (plain, packed)
     }
 
     /// The frame of a parsed event (the envelope is shared, not copied).

@@ -18,7 +18,7 @@ pub use sections::{
     AuthSettings, FederationSettings, FilterSettings, HistorySettings, HttpSettings, LifecycleSettings, PollSettings, PostgresSettings,
     PublishSettings, StreamSettings, WebSocketSettings,
 };
-pub use values::{AuthSetting, BrokerReads, Delivery, LogFormat, Peers, Retention, Secret, duration};
+pub use values::{AuthSetting, BrokerReads, Compression, Delivery, LogFormat, Peers, Retention, Secret, duration};
 #[cfg(test)]
 use values::{byte_size, retention};
 

@@ -346,6 +346,11 @@ pub struct StreamSettings {
     #[arg(long, env = "TIDINGS_HEARTBEAT", default_value = "15s", value_parser = duration)]
     pub heartbeat: Duration,
 
+    /// `on`: SSE streams are sent gzip-compressed to clients that accept it, each event compressed once
+    /// and shared by every stream (docs/streams.md#compression).
+    #[arg(long, env = "TIDINGS_COMPRESSION", default_value = "off", value_enum)]
+    pub compression: Compression,
+
     /// Reconnect delay sent as `retry:` (shutdown sends 1x to 5x of it, jittered).
     #[arg(long, env = "TIDINGS_SSE_RETRY", default_value = "2s", value_parser = duration)]
     pub sse_retry: Duration,

@@ -36,6 +36,16 @@ pub enum Delivery {
     Replicated,
 }
 
+/// `TIDINGS_COMPRESSION`: whether streams are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Compression {
+    /// Every stream is sent as it is (the default).
+    Off,
+    /// SSE streams are gzip-compressed for clients that accept it, each
+    /// event once for every stream (docs/streams.md#compression).
+    On,
+}
+
 /// How logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {

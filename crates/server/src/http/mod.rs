@@ -6,6 +6,7 @@
 #![allow(clippy::disallowed_types, reason = "a transport speaks HTTP")]
 
 mod caller;
+mod compress;
 pub mod error;
 mod events;
 mod execute;

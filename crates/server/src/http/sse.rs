@@ -25,8 +25,10 @@ use serde::Deserialize;
 
 use super::AppState;
 use super::caller::{Caller, Params};
+use super::compress::{self, Gzip};
 use super::error::ApiError;
 use crate::broker::{Frame, FrameData};
+use crate::config::Compression;
 use crate::filter::{Filter, FilterQuery};
 use crate::server::Connection;
 use crate::service::error::{check_envelope, parse_cursor};
@@ -93,25 +95,42 @@ pub(crate) async fn stream(
     let session = Session::open(core, filter, start, options).await?;
 
     let retry_ms = u32::try_from(app.settings().streams.sse_retry.as_millis()).unwrap_or(u32::MAX);
-    let state = SseState { session, retry_ms, phase: Phase::Start, pending: Vec::new().into_iter() };
+    let compression = app.settings().streams.compression == Compression::On;
+    let gzip = (compression && compress::accepts_gzip(&headers)).then(Box::default);
+    let gzipped = gzip.is_some();
+    let state = SseState { session, retry_ms, phase: Phase::Start, pending: Vec::new().into_iter(), gzip };
     // The session is awaited right in the stream's step, with no helper
     // future in between: an idle stream is this one future.
     let body = futures_util::stream::unfold(state, |mut s| async move {
         loop {
-            // One chunk per event, each the event's shared SSE frame: the
-            // connection writes the chunks that are ready in one go.
+            // One chunk per event, each the event's shared SSE frame (or
+            // its shared compressed segment): the connection writes the
+            // chunks that are ready in one go.
             if let Some(frame) = s.pending.next() {
-                return Some((Ok(frame.sse(event_frame)), s));
+                let chunk = match s.gzip.as_deref_mut() {
+                    None => frame.sse(event_frame),
+                    Some(gzip) => {
+                        let (plain, packed) = frame.sse_compressed(event_frame, compress::segment);
+                        gzip.write(&plain, packed)
+                    }
+                };
+                return Some((Ok::<_, std::convert::Infallible>(chunk), s));
             }
-            if let Some(chunk) = s.first_or_done() {
-                return chunk.map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), s));
-            }
-            let item = s.session.next().await;
-            match s.write(item) {
-                Some(Some(chunk)) => return Some((Ok(chunk), s)),
-                Some(None) => return None,
-                None => {}
-            }
+            let chunk = match s.first_or_done() {
+                Some(chunk) => chunk,
+                None => {
+                    let item = s.session.next().await;
+                    match s.write(item) {
+                        Some(chunk) => chunk,
+                        None => continue,
+                    }
+                }
+            };
+            return match chunk {
+                Some(chunk) => Some((Ok(s.encode(chunk)), s)),
+                // A compressed stream's last chunk is its trailer.
+                None => s.gzip.take().map(|gzip| (Ok(gzip.trailer()), s)),
+            };
         }
     });
     let mut response = Response::new(Body::from_stream(body));
@@ -119,6 +138,13 @@ pub(crate) async fn stream(
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    if compression {
+        h.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    }
+    if gzipped {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        crate::metrics::stream_compressed();
+    }
     Ok(response)
 }
 
@@ -130,6 +156,9 @@ struct SseState {
     phase: Phase,
     /// The events of a delivery not written yet.
     pending: std::vec::IntoIter<Frame>,
+    /// A compressed stream's own state (`Content-Encoding: gzip`, see
+    /// [`compress`]); boxed, so a plain stream carries a pointer.
+    gzip: Option<Box<Gzip>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -141,6 +170,15 @@ enum Phase {
 }
 
 impl SseState {
+    /// A chunk of this stream's own as written: compressed on its own
+    /// when the stream is.
+    fn encode(&mut self, chunk: Bytes) -> Bytes {
+        match self.gzip.as_deref_mut() {
+            None => chunk,
+            Some(gzip) => gzip.own(&chunk),
+        }
+    }
+
     /// Before the session: the opening chunk (`retry:` and the resume gap),
     /// or the end once the stream is done (`Some(None)`); `None` to go on.
     fn first_or_done(&mut self) -> Option<Option<Bytes>> {

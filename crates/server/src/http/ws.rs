@@ -212,8 +212,10 @@ impl Ws {
                 Some(Pending { permit: Some(Err(code)), .. }) => return self.close(close::TRY_LATER, code).await,
                 _ => {}
             }
-            let shutdown = self.app.core().shutdown_token();
-            let kill = self.kill.clone().unwrap_or_default();
+            // Watched for the connection's life, each at the cost of a
+            // flag's load per wake-up (a device wakes once per delivery).
+            let mut shutdown = std::pin::pin!(crate::server::Watch::new(self.app.core().shutdown_token()));
+            let mut kill = std::pin::pin!(crate::server::Watch::new(self.kill.clone().unwrap_or_default()));
             let mut ping = tokio::time::interval(self.app.settings().streams.heartbeat);
             ping.tick().await;
             // One deadline at a time, boxed so a connection without one
@@ -232,8 +234,8 @@ impl Ws {
                     timer = want.map(|at| (at, Box::pin(tokio::time::sleep_until(instant_at(at)))));
                 }
                 let next = tokio::select! {
-                    _ = shutdown.cancelled() => Next::Close(close::GOING_AWAY, "shutdown"),
-                    _ = kill.cancelled() => return,
+                    _ = shutdown.as_mut() => Next::Close(close::GOING_AWAY, "shutdown"),
+                    _ = kill.as_mut() => return,
                     _ = async { if let Some((_, t)) = timer.as_mut() { t.await } }, if timer.is_some() => {
                         timer = None;
                         self.on_deadline().await

@@ -10,7 +10,7 @@ use super::{
     LISTENER_SILENCE, LISTENER_UP, MIRROR_APPLIES, MIRROR_HOPS, MIRROR_RELAYS_LEFT, MIRROR_REPAIRS, MIRROR_UPSTREAM, OUTBOX_DELAY,
     OUTBOX_MOVED, OUTBOX_OLDEST, OUTBOX_SET_ASIDE, PEER_BACKLOG, PEER_DELIVERIES, PEER_EVICTIONS, PEER_RECEIVED, PEER_RETRIES,
     POLL_REQUESTS, PUBLISH_GROUP_EVENTS, PUBLISH_IDEMPOTENT_REPLAYS, QUEUE_DEPTH, REGISTRY_VIOLATIONS, REPLAY_GAPS, REPLAYED_EVENTS,
-    REPLICA_LAG, REPLICA_UP, REPLICATION_STALLED, SUBSCRIPTION_NOTIFICATIONS, SUBSCRIPTIONS, TLS_RELOADS,
+    REPLICA_LAG, REPLICA_UP, REPLICATION_STALLED, STREAMS_COMPRESSED, SUBSCRIPTION_NOTIFICATIONS, SUBSCRIPTIONS, TLS_RELOADS,
 };
 
 /// A family's type, as Prometheus has it.
@@ -106,6 +106,13 @@ pub const CATALOG: &[Family] = &[
         unit: Unit::Count,
         labels: "`reason` (`queue_full`, `no_progress`: evicted by the broker; `write_stalled`: a write (a stream's, a poll page's, any answer's) made no progress for the slow-client timeout plus the grace)",
         help: "Clients ended as slow.",
+    },
+    Family {
+        name: STREAMS_COMPRESSED,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: "",
+        help: "SSE streams opened gzip-compressed (`TIDINGS_COMPRESSION=on` and a client that accepts gzip).",
     },
     Family {
         name: QUEUE_DEPTH,

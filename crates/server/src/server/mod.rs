@@ -31,6 +31,9 @@ use tower::ServiceExt as _;
 mod direct;
 mod idle;
 pub mod tls;
+mod watch;
+
+pub(crate) use watch::Watch;
 
 /// Longest request target (path and query) accepted: room for the longest
 /// filter (`TIDINGS_FILTER_MAX_BYTES`, 16 KiB) percent-encoded, and below

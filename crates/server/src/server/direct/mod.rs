@@ -98,8 +98,12 @@ pub(super) async fn serve(
         Err(e) => match e {},
     };
     let (head, body, exact) = chunked::head_of(response);
+    // The stream's task wakes once per delivery: the kill token is watched
+    // at the cost of a flag's load a wake-up (see [`super::Watch`]).
+    let killed = super::Watch::new(kill.clone());
     let _ = tokio::select! {
+        biased;
         r = chunked::write_response(&mut stream, head, body, exact, &kill, write_timeout) => r,
-        _ = kill.cancelled() => Ok(()),
+        _ = killed => Ok(()),
     };
 }
