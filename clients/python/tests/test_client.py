@@ -80,6 +80,24 @@ def test_a_compressed_stream_reads_as_a_plain_one(main: Server) -> None:
         stream.close()
 
 
+def test_a_device_connection_negotiates_compression(main: Server) -> None:
+    # The device's library (websockets) offers permessage-deflate, and the
+    # compressing main server takes it: every device scenario on it runs
+    # compressed both ways.
+    from websockets.sync.client import connect
+
+    from tidings._core import ws_connect_args
+
+    before = compressed_streams(main)
+    with connect(**ws_connect_args(main.url, None, 10)) as socket:
+        assert socket.response is not None
+        answer = socket.response.headers.get("Sec-WebSocket-Extensions", "")
+        assert answer.startswith("permessage-deflate"), answer
+        assert "client_no_context_takeover" in answer
+        socket.recv(timeout=10)  # stream.hello
+    assert compressed_streams(main) > before
+
+
 def test_history_lost_goes_on_after_the_fork() -> None:
     # What the server sends a stream that saw history its store lost (the
     # server side is tests/api/epochs.rs): the gap is raised with its

@@ -35,7 +35,7 @@ const EVENTS_DELIVERED: &str = "tidings_events_delivered_total";
 const CLIENTS_CONNECTED: &str = "tidings_clients_connected";
 /// Clients ended by the server, by reason.
 const CLIENTS_DROPPED: &str = "tidings_clients_dropped_total";
-/// SSE streams opened gzip-compressed.
+/// Streams opened compressed (SSE gzip, WebSocket permessage-deflate).
 const STREAMS_COMPRESSED: &str = "tidings_streams_compressed_total";
 /// Depth of client queues that hold events, sampled once per sweep.
 const QUEUE_DEPTH: &str = "tidings_queue_depth";
@@ -293,7 +293,7 @@ pub fn client_dropped(reason: &'static str) {
     counter!(CLIENTS_DROPPED, "reason" => reason).increment(1);
 }
 
-/// An SSE stream was opened gzip-compressed.
+/// A stream was opened compressed (SSE gzip, WebSocket permessage-deflate).
 pub fn stream_compressed() {
     counter!(STREAMS_COMPRESSED).increment(1);
 }

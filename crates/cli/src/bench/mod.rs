@@ -117,6 +117,16 @@ pub struct BenchArgs {
     /// With `--http-version 2`: streams per connection.
     #[arg(long, default_value_t = 100)]
     pub streams_per_connection: usize,
+    /// `deliver` over SSE: ask for gzip (`Accept-Encoding: gzip`, which a
+    /// server with `TIDINGS_COMPRESSION=on` answers), inflate each stream
+    /// as it arrives, and fail a stream sent otherwise.
+    #[arg(long)]
+    pub compressed: bool,
+    /// `deliver`: order lines added to each payload (`sku`, `name`, `qty`,
+    /// `price_cents` each), so an event has the size and shape of a real
+    /// one (0: the stamp alone).
+    #[arg(long, default_value_t = 0)]
+    pub payload_lines: usize,
     /// `deliver` with `--rate 0` and `resume`: create this file once every
     /// subscriber is connected, so a script can start the publisher (or the
     /// fault) only then.
@@ -200,14 +210,15 @@ impl Subscriber {
         key: &tidings_protocol::identity::ServerIdentity,
         i: usize,
         filter: &Value,
+        wire: &Arc<AtomicU64>,
     ) -> anyhow::Result<Self> {
         if let Some(url) = &args.generic_subscribe {
-            return Ok(Self::Sse(client::connect(http, url, None).await?));
+            return Ok(Self::Sse(open_sse(http, url, false, wire).await?));
         }
         match args.transport {
             Transport::Sse => {
                 let url = format!("{}/v1/stream?filter={}", args.url, urlencode(&filter.to_string()));
-                Ok(Self::Sse(client::connect(http, &url, None).await?))
+                Ok(Self::Sse(open_sse(http, &url, args.compressed, wire).await?))
             }
             Transport::Ws => {
                 let mut device = tidings_client::device::DeviceClient::connect(&tidings_client::device::ws_url(&args.url, None)).await?;
@@ -243,6 +254,45 @@ impl Subscriber {
             },
         }
     }
+}
+
+/// An SSE stream whose body bytes, as they arrive, are counted in `wire`;
+/// with `compressed`, asked for gzip and inflated (a stream that does not
+/// inflate ends).
+async fn open_sse(
+    http: &reqwest::Client,
+    url: &str,
+    compressed: bool,
+    wire: &Arc<AtomicU64>,
+) -> anyhow::Result<client::SseReader<client::BodyStream>> {
+    use futures_util::StreamExt as _;
+    use std::io::Write as _;
+    let mut request = http.get(url).header("accept", "text/event-stream");
+    if compressed {
+        request = request.header("accept-encoding", "gzip");
+    }
+    let response = request.send().await?.error_for_status()?;
+    let gzip = response.headers().get("content-encoding").is_some_and(|v| v == "gzip");
+    anyhow::ensure!(gzip == compressed, "asked for gzip: {compressed}; sent gzip: {gzip}");
+    let mut inflate = gzip.then(|| flate2::write::GzDecoder::new(Vec::new()));
+    let wire = wire.clone();
+    let body = response.bytes_stream().scan((), move |(), chunk| {
+        let out = match chunk {
+            Ok(chunk) => {
+                wire.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                match inflate.as_mut() {
+                    None => Some(Ok(chunk)),
+                    Some(decoder) => match decoder.write_all(&chunk).and_then(|()| decoder.flush()) {
+                        Ok(()) => Some(Ok(bytes::Bytes::from(std::mem::take(decoder.get_mut())))),
+                        Err(_) => None,
+                    },
+                }
+            }
+            Err(e) => Some(Err(e)),
+        };
+        std::future::ready(out)
+    });
+    Ok(client::SseReader::new(Box::pin(body)))
 }
 
 /// The publish stamp of a delivered event, every other field skipped.
@@ -345,7 +395,7 @@ pub async fn idle(args: &BenchArgs) -> anyhow::Result<IdleReport> {
     let filter = json!({"types": [args.event_type]});
     let mut held = Vec::with_capacity(args.clients);
     for i in 0..args.clients {
-        held.push(Subscriber::open(args, streams.for_stream(i), &key, i, &filter).await?);
+        held.push(Subscriber::open(args, streams.for_stream(i), &key, i, &filter, &Arc::default()).await?);
     }
     if args.warm_events > 0 {
         let events: Vec<Value> = (0..args.warm_events).map(|_| json!({"event_type": args.event_type, "payload": {}})).collect();
@@ -408,6 +458,9 @@ pub struct BenchReport {
     pub server_cpu_s: Option<f64>,
     /// Server peak RSS in KiB, when `--server-pid` was given.
     pub server_peak_rss_kib: Option<u64>,
+    /// SSE: body bytes received while publishing (heartbeats included),
+    /// per event delivered; compressed bytes with `--compressed`.
+    pub wire_bytes_per_delivery: Option<f64>,
 }
 
 pub(super) fn now_us() -> u64 {
@@ -433,6 +486,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let streams = StreamClients::new(&args)?;
     let received: Arc<Vec<AtomicU64>> = Arc::new((0..args.clients).map(|_| AtomicU64::new(0)).collect());
     let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let wire = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     let done = tokio_util::sync::CancellationToken::new();
     let key = tidings_protocol::identity::ServerIdentity::from_key(ed25519_dalek::SigningKey::from_bytes(&rand::random()));
@@ -443,7 +497,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         } else {
             json!({"types": [args.event_type]})
         };
-        let mut subscriber = Subscriber::open(&args, streams.for_stream(i), &key, i, &filter).await?;
+        let mut subscriber = Subscriber::open(&args, streams.for_stream(i), &key, i, &filter, &wire).await?;
         let received = received.clone();
         let latencies = latencies.clone();
         let done = done.clone();
@@ -467,6 +521,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         }));
     }
     let cpu_before = args.server_pid.and_then(proc_cpu_seconds);
+    let wire_before = wire.load(Ordering::Relaxed);
 
     let shards = args.shards.max(1);
     let per_shard =
@@ -479,6 +534,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cpu_after = args.server_pid.and_then(proc_cpu_seconds);
+    let wire_bytes = wire.load(Ordering::Relaxed) - wire_before;
     done.cancel();
     for t in tasks {
         let _ = t.await;
@@ -505,6 +561,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         max_ms: pct(1.0),
         server_cpu_s: cpu_before.zip(cpu_after).map(|(a, b)| b - a),
         server_peak_rss_kib: args.server_pid.and_then(proc_peak_rss_kib),
+        wire_bytes_per_delivery: (args.transport == Transport::Sse && delivered > 0).then(|| wire_bytes as f64 / delivered as f64),
     })
 }
 
@@ -523,12 +580,15 @@ async fn publish_at_rate(args: &BenchArgs, http: &reqwest::Client, shards: u64) 
         let url = generic.clone().unwrap_or_else(|| format!("{}/v1/events", args.url));
         let accepted = accepted.clone();
         let event_type = args.event_type.clone();
+        let lines = order_lines(n, args.payload_lines);
         publishes.push(tokio::spawn(async move {
             let shard = n % shards;
             let body = if generic.is_some() {
                 json!({"sent_us": now_us(), "shard": shard})
-            } else {
+            } else if lines.is_empty() {
                 json!({"event_type": event_type, "payload": {"sent_us": now_us(), "weight": 1, "shard": shard}})
+            } else {
+                json!({"event_type": event_type, "payload": {"sent_us": now_us(), "weight": 1, "shard": shard, "lines": lines}})
             };
             if let Ok(r) = http.post(url).json(&body).send().await
                 && r.status().is_success()
@@ -541,6 +601,16 @@ async fn publish_at_rate(args: &BenchArgs, http: &reqwest::Client, shards: u64) 
         let _ = p.await;
     }
     accepted.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+}
+
+/// `--payload-lines`: `count` order lines of event `n`, each different.
+fn order_lines(n: u64, count: usize) -> Vec<Value> {
+    (0..count as u64)
+        .map(|k| {
+            let item = (n * 7 + k * 13) % 997;
+            json!({"sku": format!("SKU-{item:05}"), "name": format!("Widget model {item}"), "qty": 1 + (n + k) % 9, "price_cents": 199 + item * 37})
+        })
+        .collect()
 }
 
 /// `deliver` with `--rate 0`: the subscribers of this process are one part

@@ -42,6 +42,9 @@ pub struct FrameData {
     /// Its SSE frame compressed on its own, built by its first compressed
     /// stream and shared by all of them (docs/streams.md#compression).
     sse_compressed: OnceLock<Bytes>,
+    /// Its transport rendering compressed on its own, built by its first
+    /// compressed connection and shared by all of them.
+    rendered_compressed: OnceLock<Bytes>,
 }
 
 impl Frame {
@@ -59,6 +62,7 @@ impl Frame {
             rendered: OnceLock::new(),
             sse: OnceLock::new(),
             sse_compressed: OnceLock::new(),
+            rendered_compressed: OnceLock::new(),
         }))
     }
 
@@ -73,6 +77,13 @@ impl Frame {
     /// event and shared by every stream it is sent to.
     pub fn sse(&self, render: fn(&FrameData) -> Bytes) -> Bytes {
         self.0.sse.get_or_init(|| render(&self.0)).clone()
+    }
+
+    /// The event's transport rendering ([`Frame::rendered`]) as `compress`
+    /// compresses it alone, built once per event and shared by every
+    /// connection it is sent to.
+    pub fn rendered_compressed(&self, render: fn(&FrameData) -> Bytes, compress: fn(&[u8]) -> Bytes) -> Bytes {
+        self.0.rendered_compressed.get_or_init(|| compress(&self.rendered(render))).clone()
     }
 
     /// The event's SSE frame (`render`) and that frame as `compress`

@@ -346,8 +346,9 @@ pub struct StreamSettings {
     #[arg(long, env = "TIDINGS_HEARTBEAT", default_value = "15s", value_parser = duration)]
     pub heartbeat: Duration,
 
-    /// `on`: SSE streams are sent gzip-compressed to clients that accept it, each event compressed once
-    /// and shared by every stream (docs/streams.md#compression).
+    /// `on`: SSE streams go gzip-compressed to clients that accept it, and a WebSocket that offers
+    /// `permessage-deflate` gets it; each event is compressed once and shared by every connection
+    /// (docs/streams.md#compression).
     #[arg(long, env = "TIDINGS_COMPRESSION", default_value = "off", value_enum)]
     pub compression: Compression,
 

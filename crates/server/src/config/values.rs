@@ -41,8 +41,9 @@ pub enum Delivery {
 pub enum Compression {
     /// Every stream is sent as it is (the default).
     Off,
-    /// SSE streams are gzip-compressed for clients that accept it, each
-    /// event once for every stream (docs/streams.md#compression).
+    /// SSE streams are gzip-compressed for clients that accept it, and
+    /// WebSockets use `permessage-deflate` when they offer it, each event
+    /// compressed once for every connection (docs/streams.md#compression).
     On,
 }
 

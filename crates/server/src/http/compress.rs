@@ -16,13 +16,19 @@
 //! segments shared by every stream as the plain frames are. What a stream
 //! pays on its own is the CRC-32 of its plain bytes.
 //!
+//! A WebSocket that negotiated `permessage-deflate` (RFC 7692) with no
+//! context takeover either way gets its events the same way: each event's
+//! `stream.event` message compressed once, alone, and shared
+//! ([`message`]); what a client sends compressed is inflated alone, into
+//! at most the message limit ([`inflate_message`]).
+//!
 //! The cost of sharing is the ratio: an event does not refer back to the
 //! events before it, so a stream of similar small events shrinks less than
 //! a per-client stream would (docs/benchmarks.md has the bytes).
 
 use std::cell::RefCell;
 
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use bytes::{BufMut as _, Bytes, BytesMut};
 use flate2::{Compress, Compression, FlushCompress};
 
@@ -61,8 +67,122 @@ pub(crate) fn segment(data: &[u8]) -> Bytes {
                 break;
             }
         }
+        // Kept with its event for as long as the event is queued: without
+        // the room reserved for the worst case.
+        out.shrink_to_fit();
         Bytes::from(out)
     })
+}
+
+/// `data` as one `permessage-deflate` message payload (RFC 7692 §7.2.1): a
+/// segment without its closing `00 00 ff ff`.
+pub(crate) fn message(data: &[u8]) -> Bytes {
+    let segment = segment(data);
+    segment.slice(..segment.len() - SYNC_TAIL.len())
+}
+
+/// The empty stored block a sync flush ends with.
+const SYNC_TAIL: [u8; 4] = [0, 0, 0xff, 0xff];
+
+/// Why a compressed message was refused.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum InflateError {
+    /// It inflates to more than the limit.
+    #[error("a compressed message that inflates over the limit")]
+    TooBig,
+    /// It is not deflate data.
+    #[error("a compressed message that does not inflate")]
+    Corrupt,
+}
+
+/// A `permessage-deflate` message payload inflated on its own (no context
+/// taken over from the messages before it), into at most `limit` bytes:
+/// a small message that would inflate past it (a bomb) stops there.
+pub(crate) fn inflate_message(payload: &[u8], limit: usize) -> Result<Vec<u8>, InflateError> {
+    use flate2::{Decompress, FlushDecompress, Status};
+    let mut input = Vec::with_capacity(payload.len() + SYNC_TAIL.len());
+    input.extend_from_slice(payload);
+    input.extend_from_slice(&SYNC_TAIL);
+    let mut rest = input.as_slice();
+    let mut inflate = Decompress::new(false);
+    let mut out = Vec::new();
+    loop {
+        // Room for at most one byte past the limit: that byte refuses it.
+        let want = (out.len() + 4096).min(limit + 1);
+        if out.capacity() < want {
+            out.reserve_exact(want - out.len());
+        }
+        let before = (inflate.total_in(), inflate.total_out());
+        let status = inflate.decompress_vec(rest, &mut out, FlushDecompress::None).map_err(|_| InflateError::Corrupt)?;
+        let taken = usize::try_from(inflate.total_in() - before.0).unwrap_or(rest.len());
+        rest = &rest[taken..];
+        if out.len() > limit {
+            return Err(InflateError::TooBig);
+        }
+        if status == Status::StreamEnd || (rest.is_empty() && out.len() < out.capacity()) {
+            return Ok(out);
+        }
+        if taken == 0 && inflate.total_out() == before.1 {
+            // Input left and room to write, yet nothing moves.
+            return Err(InflateError::Corrupt);
+        }
+    }
+}
+
+/// A `permessage-deflate` offer the server takes (RFC 7692 §7.1): whether
+/// it named the server's window, which the answer must then name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Offer {
+    server_window: bool,
+}
+
+impl Offer {
+    /// The first offer in `Sec-WebSocket-Extensions` the server can take:
+    /// one whose parameters are all known, each given once with a valid
+    /// value, that does not ask the server for a window under 15 bits (the
+    /// only one its compressor has). A client's own window needs no
+    /// answer: the server inflates any.
+    pub(crate) fn of(headers: &HeaderMap) -> Option<Self> {
+        let lines = headers.get_all(header::SEC_WEBSOCKET_EXTENSIONS).iter().filter_map(|line| line.to_str().ok());
+        lines.flat_map(|line| line.split(',')).find_map(Self::parse)
+    }
+
+    fn parse(offer: &str) -> Option<Self> {
+        let mut parts = offer.split(';').map(str::trim);
+        if !parts.next().is_some_and(|name| name.eq_ignore_ascii_case("permessage-deflate")) {
+            return None;
+        }
+        let bits = |v: &str| v.trim_matches('"').parse::<u8>().ok().filter(|b| (8..=15).contains(b));
+        let mut seen: Vec<String> = Vec::new();
+        for param in parts {
+            let (name, value) = match param.split_once('=') {
+                Some((name, value)) => (name.trim().to_ascii_lowercase(), Some(value.trim())),
+                None => (param.to_ascii_lowercase(), None),
+            };
+            let known = match (name.as_str(), value) {
+                ("server_no_context_takeover" | "client_no_context_takeover" | "client_max_window_bits", None) => true,
+                ("client_max_window_bits", Some(v)) => bits(v).is_some(),
+                ("server_max_window_bits", Some(v)) => bits(v) == Some(15),
+                _ => false,
+            };
+            if !known || seen.contains(&name) {
+                return None;
+            }
+            seen.push(name);
+        }
+        Some(Self { server_window: seen.iter().any(|name| name == "server_max_window_bits") })
+    }
+
+    /// The server's answer: no context taken over either way, so every
+    /// message is compressed, and inflated, alone; the server's window
+    /// named when the offer named it (§7.1.2.1).
+    pub(crate) fn answer(self) -> HeaderValue {
+        HeaderValue::from_static(if self.server_window {
+            "permessage-deflate; server_no_context_takeover; client_no_context_takeover; server_max_window_bits=15"
+        } else {
+            "permessage-deflate; server_no_context_takeover; client_no_context_takeover"
+        })
+    }
 }
 
 /// One compressed stream's own state: whether its header went out, and
@@ -95,10 +215,22 @@ impl Gzip {
         out.freeze()
     }
 
-    /// `plain` compressed on its own, as this stream writes it: for what
-    /// goes to one stream only (its first bytes, heartbeats, notices).
+    /// `plain` as this stream writes it, in stored (uncompressed) blocks:
+    /// for what goes to one stream only (its first bytes, heartbeats,
+    /// notices), a few bytes each, which would gain nothing from the
+    /// compressor and pay its reset (some 300 KiB of tables cleared).
     pub(crate) fn own(&mut self, plain: &[u8]) -> Bytes {
-        self.write(plain, segment(plain))
+        let mut stored = BytesMut::with_capacity(plain.len() + 5 * (plain.len() / 0xffff + 1));
+        for block in plain.chunks(0xffff) {
+            // BFINAL = 0, BTYPE = 00, to the byte's end; LEN and its
+            // complement.
+            let len = block.len() as u16;
+            stored.put_u8(0);
+            stored.put_u16_le(len);
+            stored.put_u16_le(!len);
+            stored.put_slice(block);
+        }
+        self.write(plain, stored.freeze())
     }
 
     /// The end of the stream: a final empty block, the CRC-32 and the
@@ -147,8 +279,6 @@ pub(crate) fn accepts_gzip(headers: &HeaderMap) -> bool {
 mod tests {
     use std::io::Read as _;
 
-    use axum::http::HeaderValue;
-
     use super::*;
 
     fn headers(lines: &[&str]) -> HeaderMap {
@@ -157,6 +287,60 @@ mod tests {
             map.append(header::ACCEPT_ENCODING, HeaderValue::from_str(line).unwrap());
         }
         map
+    }
+
+    /// The offers the server takes, and those it declines; an offer that
+    /// named the server's window is answered with it.
+    #[test]
+    fn a_deflate_offer_is_taken_only_in_a_form_the_server_can_keep() {
+        let offer = |line: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::SEC_WEBSOCKET_EXTENSIONS, HeaderValue::from_str(line).unwrap());
+            Offer::of(&headers)
+        };
+        for (line, taken) in [
+            ("permessage-deflate", true),
+            ("permessage-deflate; client_max_window_bits", true),
+            ("Permessage-Deflate; client_max_window_bits=10; server_no_context_takeover", true),
+            ("permessage-deflate; server_max_window_bits=15", true),
+            ("permessage-deflate; client_no_context_takeover; server_no_context_takeover", true),
+            ("x-webkit-deflate-frame, permessage-deflate; server_max_window_bits=10, permessage-deflate", true),
+            ("permessage-deflate; server_max_window_bits=10", false),
+            ("permessage-deflate; server_max_window_bits", false),
+            ("permessage-deflate; client_max_window_bits=16", false),
+            ("permessage-deflate; client_max_window_bits=7", false),
+            ("permessage-deflate; mystery", false),
+            ("permessage-deflate; server_no_context_takeover; server_no_context_takeover", false),
+            ("permessage-deflate; server_no_context_takeover=1", false),
+            ("x-webkit-deflate-frame", false),
+            ("", false),
+        ] {
+            assert_eq!(offer(line).is_some(), taken, "{line:?}");
+        }
+        assert!(Offer::of(&HeaderMap::new()).is_none());
+        let named = offer("permessage-deflate; server_max_window_bits=15").unwrap().answer();
+        assert!(named.to_str().unwrap().ends_with("; server_max_window_bits=15"));
+        let plain = offer("permessage-deflate; server_max_window_bits=10, permessage-deflate").unwrap().answer();
+        assert_eq!(plain, "permessage-deflate; server_no_context_takeover; client_no_context_takeover");
+    }
+
+    /// A message compressed alone inflates alone; one that would inflate
+    /// past the limit stops there; bytes that are not deflate data are
+    /// refused.
+    #[test]
+    fn a_message_inflates_alone_within_its_limit() {
+        let text = br#"{"jsonrpc":"2.0","id":7,"method":"stream.ack","params":{"body":{"seq":12}}}"#;
+        let packed = message(text);
+        assert!(!packed.ends_with(&SYNC_TAIL));
+        assert_eq!(inflate_message(&packed, text.len()).unwrap(), text);
+        assert_eq!(inflate_message(&packed, text.len() - 1), Err(InflateError::TooBig));
+        let bomb = message(&vec![b'a'; 10 << 20]);
+        assert!(bomb.len() < 20_000, "{}", bomb.len());
+        assert_eq!(inflate_message(&bomb, 64 << 10), Err(InflateError::TooBig));
+        assert_eq!(inflate_message(&message(b""), 10).unwrap(), b"");
+        for junk in [&b"\xff\xff\xff\xff"[..], b"\x07", &[0xff; 100]] {
+            assert_eq!(inflate_message(junk, 1000), Err(InflateError::Corrupt), "{junk:?}");
+        }
     }
 
     #[test]
@@ -190,7 +374,7 @@ mod tests {
     fn independent_segments_make_one_gzip_stream() {
         let frames: Vec<Vec<u8>> = (0..50)
             .map(|i| format!("id: {i}\ndata: {{\"event_type\":\"order.created\",\"payload\":{{\"n\":{}}}}}\n\n", i * 7).into_bytes())
-            .chain([vec![], vec![b'x'; 100_000], b":\n\n".to_vec()])
+            .chain([vec![b'x'; 100_000], vec![], b":\n\n".to_vec(), vec![b'y'; 70_000]])
             .collect();
         let mut body = Vec::new();
         let mut gzip = Gzip::default();
@@ -209,7 +393,7 @@ mod tests {
         let mut inflated = Vec::new();
         flate2::read::GzDecoder::new(&body[..]).read_to_end(&mut inflated).unwrap();
         assert_eq!(inflated, plain);
-        assert!(body.len() < plain.len() / 10, "the repeated bytes compress");
+        assert!(body.len() < 80_000, "the shared segments compress, the stream's own chunks are stored: {}", body.len());
 
         let mut broken = body.clone();
         let at = broken.len() - 5;

@@ -40,10 +40,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use super::caller::Caller;
+use super::compress;
 use super::error::ApiError;
 use super::ws_socket::{Incoming, NotUpgrade, ReadError, Socket, Upgrade};
 use crate::auth::Identity;
-use crate::broker::FrameData;
+use crate::broker::{Frame, FrameData};
+use crate::config::Compression;
 use crate::filter::Filter;
 use crate::server::Connection;
 use crate::service::device::{self, DeviceError};
@@ -84,9 +86,10 @@ pub(crate) async fn upgrade(
     let caller = caller.map(|c| c.0).map_err(|_| "unauthorized");
     let permit = caller.as_ref().ok().map(|c| app.core().limits().acquire_stream(c).map_err(|e| e.code()));
     let kill = connection.as_ref().map(|c| c.0.kill_token());
-    let response = ws.response();
+    let compression = app.settings().streams.compression == Compression::On;
+    let response = ws.response(compression);
     let pending = Box::new(Pending { caller, permit });
-    let task = connection_task(ws, app, kill, pending, max_message);
+    let task = connection_task(ws, app, kill, pending, max_message, compression);
     // On the server's tracker, as a stream is: a graceful shutdown waits
     // for the session's close (1001) to go out.
     match connection {
@@ -106,9 +109,13 @@ fn connection_task(
     kill: Option<CancellationToken>,
     pending: Box<Pending>,
     max_message: usize,
+    compression: bool,
 ) -> impl Future<Output = ()> + Send {
     async move {
-        let Some(socket) = ws.socket(max_message).await else { return };
+        let Some(socket) = ws.socket(max_message, compression).await else { return };
+        if socket.deflates() {
+            crate::metrics::stream_compressed();
+        }
         let nonce = tidings_protocol::tree::generate_id();
         Ws { socket, app, nonce, awaiting_pong: false, device: None, kill, pending: Some(pending) }.run().await
     }
@@ -608,10 +615,14 @@ impl Ws {
             Item::Expired { .. } => self.on_deadline().await,
             Item::Events { frames, replayed } => {
                 let floor = self.device.as_ref().map_or(0, |d| d.delivered);
-                // Each event's `stream.event` text is built once and shared;
-                // the delivery leaves in one vectored write.
-                let texts: Vec<Bytes> = frames.iter().filter(|f| f.id > floor).map(|f| f.rendered(event_frame)).collect();
-                if self.socket.send_texts(&texts).await.is_err() {
+                // Each event's `stream.event` text is built once and shared
+                // (compressed once, with permessage-deflate); the delivery
+                // leaves in one vectored write.
+                let deflate = self.socket.deflates();
+                let text =
+                    |f: &Frame| if deflate { f.rendered_compressed(event_frame, compress::message) } else { f.rendered(event_frame) };
+                let texts: Vec<Bytes> = frames.iter().filter(|f| f.id > floor).map(text).collect();
+                if self.socket.send_texts(&texts, deflate).await.is_err() {
                     return Next::Close(close::INTERNAL, "write_failed");
                 }
                 if let (Some(dev), Some(last)) = (self.device.as_deref_mut(), frames.last()) {

@@ -17,6 +17,12 @@
 //!
 //! What a client may send is bounded: a frame's length is checked against
 //! the message limit from its header, before any of its payload is read.
+//!
+//! With `TIDINGS_COMPRESSION=on`, a client that offers `permessage-deflate`
+//! (RFC 7692) gets it with no context takeover either way: each event's
+//! message is compressed once and shared ([`super::compress`]), and a
+//! compressed message from the client is inflated alone, into at most the
+//! message limit.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -31,6 +37,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
 
+use super::compress::Offer;
 use super::error::ApiError;
 
 /// The longest frame header (a masked frame with a 64-bit length).
@@ -44,6 +51,8 @@ const FIRST_READ: usize = 512;
 pub(super) struct Upgrade {
     accept: HeaderValue,
     on_upgrade: OnUpgrade,
+    /// The client's `permessage-deflate` offer the server takes, if any.
+    deflate: Option<Offer>,
 }
 
 /// The request is not a WebSocket upgrade: `426 upgrade_required`.
@@ -69,7 +78,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Upgrade {
         let key = parts.headers.get(header::SEC_WEBSOCKET_KEY).ok_or(NotUpgrade)?;
         let accept = HeaderValue::from_str(&derive_accept_key(key.as_bytes())).map_err(|_| NotUpgrade)?;
         let on_upgrade = parts.extensions.remove::<OnUpgrade>().ok_or(NotUpgrade)?;
-        Ok(Self { accept, on_upgrade })
+        Ok(Self { accept, on_upgrade, deflate: Offer::of(&parts.headers) })
     }
 }
 
@@ -84,21 +93,28 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 }
 
 impl Upgrade {
-    /// The `101` to answer with.
-    pub(super) fn response(&self) -> axum::response::Response {
+    /// The `101` to answer with; with `compression`, taking the client's
+    /// `permessage-deflate` offer if it made one the server can take.
+    pub(super) fn response(&self, compression: bool) -> axum::response::Response {
         let mut response = axum::response::Response::new(axum::body::Body::empty());
         *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         let h = response.headers_mut();
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         h.insert(header::SEC_WEBSOCKET_ACCEPT, self.accept.clone());
+        if let Some(offer) = self.deflate.filter(|_| compression) {
+            h.insert(header::SEC_WEBSOCKET_EXTENSIONS, offer.answer());
+        }
         response
     }
 
     /// The connection, once the `101` went out; `None` if it never did.
-    pub(super) async fn socket(self, max_message: usize) -> Option<Socket<TokioIo<Upgraded>>> {
+    /// `compression` as given to [`Upgrade::response`].
+    pub(super) async fn socket(self, max_message: usize, compression: bool) -> Option<Socket<TokioIo<Upgraded>>> {
         let upgraded = self.on_upgrade.await.ok()?;
-        Some(Socket::new(TokioIo::new(upgraded), max_message))
+        let mut socket = Socket::new(TokioIo::new(upgraded), max_message);
+        socket.deflate = compression && self.deflate.is_some();
+        Some(socket)
     }
 }
 
@@ -136,6 +152,10 @@ pub(super) struct Socket<Io> {
     input: Vec<u8>,
     /// The text of a fragmented message so far.
     partial: Option<Vec<u8>>,
+    /// That message is compressed (its first frame set RSV1).
+    partial_compressed: bool,
+    /// `permessage-deflate` was negotiated.
+    deflate: bool,
     max_message: usize,
     /// A write failed: a frame may have been cut short, so nothing more
     /// is written (a close frame would land inside it).
@@ -144,7 +164,12 @@ pub(super) struct Socket<Io> {
 
 impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
     pub(super) fn new(io: Io, max_message: usize) -> Self {
-        Self { io, input: Vec::new(), partial: None, max_message, broken: false }
+        Self { io, input: Vec::new(), partial: None, partial_compressed: false, deflate: false, max_message, broken: false }
+    }
+
+    /// Whether `permessage-deflate` was negotiated: events go out compressed.
+    pub(super) fn deflates(&self) -> bool {
+        self.deflate
     }
 
     /// The next message; `None` once the client closed the connection.
@@ -192,7 +217,9 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
             };
             let start = usize::try_from(cursor.position()).expect("a header is 14 bytes at most");
             let Some(mask) = header.mask else { return Err(Protocol("a client frame must be masked")) };
-            if header.rsv1 || header.rsv2 || header.rsv3 {
+            // RSV1 marks a compressed message, on its first frame only.
+            let first_data = matches!(header.opcode, OpCode::Data(Data::Text | Data::Binary));
+            if header.rsv2 || header.rsv3 || (header.rsv1 && !(self.deflate && first_data)) {
                 return Err(Protocol("reserved bits set"));
             }
             let so_far = self.partial.as_ref().map_or(0, Vec::len) as u64;
@@ -216,18 +243,32 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
             }
             payload.drain(..start);
             unmask(&mut payload, mask);
-            let text = |bytes: Vec<u8>| String::from_utf8(bytes).map(|t| Some(Incoming::Text(t))).map_err(|_| ReadError::Utf8);
+            let max_message = self.max_message;
+            let text = |bytes: Vec<u8>, compressed: bool| {
+                let bytes = if compressed {
+                    super::compress::inflate_message(&bytes, max_message).map_err(|e| match e {
+                        super::compress::InflateError::TooBig => ReadError::TooBig,
+                        super::compress::InflateError::Corrupt => Protocol("a compressed message that does not inflate"),
+                    })?
+                } else {
+                    bytes
+                };
+                String::from_utf8(bytes).map(|t| Some(Incoming::Text(t))).map_err(|_| ReadError::Utf8)
+            };
             match (header.opcode, self.partial.as_mut()) {
                 (OpCode::Control(Control::Ping), _) => return Ok(Some(Incoming::Ping(payload))),
                 (OpCode::Control(Control::Pong), _) => return Ok(Some(Incoming::Pong)),
                 (OpCode::Control(Control::Close), _) => return close_code(&payload).map(|code| Some(Incoming::Close(code))),
                 (OpCode::Data(Data::Binary), None) => return Ok(Some(Incoming::Binary)),
-                (OpCode::Data(Data::Text), None) if header.is_final => return text(payload),
-                (OpCode::Data(Data::Text), None) => self.partial = Some(payload),
+                (OpCode::Data(Data::Text), None) if header.is_final => return text(payload, header.rsv1),
+                (OpCode::Data(Data::Text), None) => {
+                    self.partial = Some(payload);
+                    self.partial_compressed = header.rsv1;
+                }
                 (OpCode::Data(Data::Continue), Some(partial)) => {
                     partial.extend_from_slice(&payload);
                     if header.is_final {
-                        return text(self.partial.take().unwrap_or_default());
+                        return text(self.partial.take().unwrap_or_default(), self.partial_compressed);
                     }
                 }
                 (OpCode::Data(Data::Continue), None) => return Err(Protocol("a continuation outside a message")),
@@ -238,24 +279,26 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
     }
 
     /// Sends `texts` as text frames, in one vectored write when the socket
-    /// takes it whole.
-    pub(super) async fn send_texts(&mut self, texts: &[impl AsRef<[u8]> + Sync]) -> io::Result<()> {
-        self.send(OpCode::Data(Data::Text), texts).await
+    /// takes it whole; `compressed`: each is a `permessage-deflate` payload
+    /// (RSV1 set), only where it was negotiated.
+    pub(super) async fn send_texts(&mut self, texts: &[impl AsRef<[u8]> + Sync], compressed: bool) -> io::Result<()> {
+        debug_assert!(self.deflate || !compressed, "compressed frames only where negotiated");
+        self.send(OpCode::Data(Data::Text), texts, compressed).await
     }
 
     /// Sends one text frame.
     pub(super) async fn send_text(&mut self, text: &[u8]) -> io::Result<()> {
-        self.send(OpCode::Data(Data::Text), &[text]).await
+        self.send(OpCode::Data(Data::Text), &[text], false).await
     }
 
     /// Sends a ping.
     pub(super) async fn send_ping(&mut self) -> io::Result<()> {
-        self.send(OpCode::Control(Control::Ping), &[[0u8; 0]]).await
+        self.send(OpCode::Control(Control::Ping), &[[0u8; 0]], false).await
     }
 
     /// Answers a ping with its payload.
     pub(super) async fn send_pong(&mut self, payload: &[u8]) -> io::Result<()> {
-        self.send(OpCode::Control(Control::Pong), &[payload]).await
+        self.send(OpCode::Control(Control::Pong), &[payload], false).await
     }
 
     /// Sends a close frame with `code` and `reason` (at most 123 bytes).
@@ -263,7 +306,7 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
         let mut payload = Vec::with_capacity(2 + reason.len());
         payload.extend_from_slice(&code.to_be_bytes());
         payload.extend_from_slice(&reason.as_bytes()[..reason.len().min(123)]);
-        self.send(OpCode::Control(Control::Close), &[&payload]).await?;
+        self.send(OpCode::Control(Control::Close), &[&payload], false).await?;
         self.io.shutdown().await
     }
 
@@ -271,17 +314,17 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
     /// buffer, all in as few writes as the socket allows, then a flush (TLS
     /// keeps what it encrypted until then). After a failed write nothing
     /// more is written.
-    async fn send(&mut self, opcode: OpCode, payloads: &[impl AsRef<[u8]> + Sync]) -> io::Result<()> {
+    async fn send(&mut self, opcode: OpCode, payloads: &[impl AsRef<[u8]> + Sync], compressed: bool) -> io::Result<()> {
         if self.broken {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        let written = self.write_frames(opcode, payloads).await;
+        let written = self.write_frames(opcode, payloads, compressed).await;
         self.broken = written.is_err();
         written
     }
 
-    async fn write_frames(&mut self, opcode: OpCode, payloads: &[impl AsRef<[u8]> + Sync]) -> io::Result<()> {
-        let frame = FrameHeader { is_final: true, rsv1: false, rsv2: false, rsv3: false, opcode, mask: None };
+    async fn write_frames(&mut self, opcode: OpCode, payloads: &[impl AsRef<[u8]> + Sync], compressed: bool) -> io::Result<()> {
+        let frame = FrameHeader { is_final: true, rsv1: compressed, rsv2: false, rsv3: false, opcode, mask: None };
         let mut heads = Vec::with_capacity(payloads.len() * 4);
         for payload in payloads {
             frame.format(payload.as_ref().len() as u64, &mut heads).map_err(io::Error::other)?;
@@ -490,13 +533,82 @@ mod tests {
         }
     }
 
+    /// A client's frame with RSV1 (a compressed message's first frame).
+    fn compressed_frame(opcode: OpCode, is_final: bool, payload: &[u8]) -> Vec<u8> {
+        let mut frame = client_frame(opcode, is_final, payload);
+        frame[0] |= 0x40;
+        frame
+    }
+
+    /// With `permessage-deflate`: a compressed message (whole, or in
+    /// fragments with RSV1 on the first) is inflated alone; one that would
+    /// inflate past the limit is refused as too big, junk as a protocol
+    /// error, and so is RSV1 where it may not be (a continuation, a
+    /// control frame, a connection that did not negotiate it).
+    #[tokio::test]
+    async fn compressed_messages_are_inflated_alone_within_the_limit() {
+        let text = br#"{"jsonrpc":"2.0","id":1,"method":"sync.delta","params":{"device_id":"d","since":0}}"#;
+        let packed = crate::http::compress::message(text);
+        let (mut socket, mut client) = socket();
+        socket.deflate = true;
+        let mut wire = compressed_frame(OpCode::Data(Data::Text), true, &packed);
+        let (head, tail) = packed.split_at(packed.len() / 2);
+        wire.extend(compressed_frame(OpCode::Data(Data::Text), false, head));
+        wire.extend(client_frame(OpCode::Data(Data::Continue), true, tail));
+        wire.extend(client_frame(OpCode::Data(Data::Text), true, b"plain"));
+        client.write_all(&wire).await.unwrap();
+        for expected in [&text[..], &text[..], b"plain"] {
+            assert_eq!(recv(&mut socket).await.unwrap().unwrap(), Incoming::Text(String::from_utf8(expected.to_vec()).unwrap()));
+        }
+
+        let bomb = crate::http::compress::message(&[b'a'; 100_000]);
+        assert!(bomb.len() < 1000, "the bomb is under the limit as sent");
+        let cases = [
+            (compressed_frame(OpCode::Data(Data::Text), true, &bomb), true, "too big"),
+            (compressed_frame(OpCode::Data(Data::Text), true, &[0xff; 20]), true, "protocol"),
+            (compressed_frame(OpCode::Control(Control::Ping), true, b""), true, "protocol"),
+            (
+                [client_frame(OpCode::Data(Data::Text), false, b"a"), compressed_frame(OpCode::Data(Data::Continue), true, b"b")].concat(),
+                true,
+                "protocol",
+            ),
+            (compressed_frame(OpCode::Data(Data::Text), true, &packed), false, "protocol"),
+        ];
+        for (i, (wire, deflate, expected)) in cases.into_iter().enumerate() {
+            let (mut socket, mut client) = self::socket();
+            socket.deflate = deflate;
+            client.write_all(&wire).await.unwrap();
+            let got = recv(&mut socket).await.unwrap();
+            let kind = match &got {
+                Err(ReadError::TooBig) => "too big",
+                Err(ReadError::Protocol(_)) => "protocol",
+                _ => "other",
+            };
+            assert_eq!(kind, expected, "case {i}: {got:?}");
+        }
+
+        // Sent compressed: RSV1 set, the payload inflating to the text.
+        let (mut socket, mut client) = self::socket();
+        socket.deflate = true;
+        socket.send_texts(&[crate::http::compress::message(text)], true).await.unwrap();
+        drop(socket);
+        let mut wire = Vec::new();
+        client.read_to_end(&mut wire).await.unwrap();
+        let mut cursor = io::Cursor::new(wire.as_slice());
+        let (header, len) = FrameHeader::parse(&mut cursor).unwrap().unwrap();
+        assert!(header.rsv1 && header.is_final);
+        let at = cursor.position() as usize;
+        let inflated = crate::http::compress::inflate_message(&wire[at..at + len as usize], 1000).unwrap();
+        assert_eq!(inflated, text);
+    }
+
     /// A delivery's frames, as the client reads them: one unmasked text
     /// frame each, of every length class, then a close with its code.
     #[tokio::test]
     async fn frames_sent_read_back_as_a_client_reads_them() {
         let (mut socket, mut client) = socket();
         let texts = [b"{}".to_vec(), vec![b'y'; 126], vec![b'z'; 70_000]];
-        socket.send_texts(&texts).await.unwrap();
+        socket.send_texts(&texts, false).await.unwrap();
         socket.send_close(1013, "slow_consumer").await.unwrap();
         let mut wire = Vec::new();
         client.read_to_end(&mut wire).await.unwrap();

@@ -112,7 +112,7 @@ pub const CATALOG: &[Family] = &[
         kind: Kind::Counter,
         unit: Unit::Count,
         labels: "",
-        help: "SSE streams opened gzip-compressed (`TIDINGS_COMPRESSION=on` and a client that accepts gzip).",
+        help: "Streams opened compressed: SSE streams sent gzip, WebSockets with `permessage-deflate` (`TIDINGS_COMPRESSION=on`).",
     },
     Family {
         name: QUEUE_DEPTH,
