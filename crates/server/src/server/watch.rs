@@ -10,6 +10,11 @@
 //! `scripts/profile`). A [`Watch`] polls the token's future with a waker of
 //! its own, which raises a flag before it wakes the task: between two
 //! wake-ups of the token, a poll reads the flag and nothing else.
+//!
+//! The same flag can watch another rare source: a stream on the direct
+//! path gives the watch's waker to its socket's read readiness (the client
+//! closing), which otherwise took the socket's lock on every wake-up too
+//! (`server/direct/chunked.rs`); one allocation watches both.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -52,24 +57,55 @@ impl Watch {
     pub(crate) fn new(token: CancellationToken) -> Self {
         Self { wait: token.cancelled_owned(), flag: Arc::default(), polled: false }
     }
+
+    /// Registers the polling task to be woken by the watch's waker, and
+    /// answers whether that waker fired since this last answered `true`
+    /// (always `true` the first time). Only then has anything watched with
+    /// [`Self::poll_token`] or [`Self::waker`] something new to say.
+    pub(crate) fn woken(self: Pin<&mut Self>, cx: &Context<'_>) -> bool {
+        let this = self.project();
+        // Before the flag is read: a wake-up after the read wakes this task.
+        this.flag.task.register(cx.waker());
+        if *this.polled && !this.flag.woken.load(Ordering::Acquire) {
+            return false;
+        }
+        *this.polled = true;
+        // Lowered before the sources are polled again: a wake-up during
+        // their polls raises it again and wakes the task.
+        this.flag.woken.store(false, Ordering::Relaxed);
+        true
+    }
+
+    /// The watch's waker: it raises the flag and wakes the task that
+    /// polled last. Another rare source (a socket's read readiness) can be
+    /// given it, and is then polled only when [`Self::woken`] says so.
+    pub(crate) fn waker(&self) -> Waker {
+        Waker::from(self.flag.clone())
+    }
+
+    /// Raises the flag as a wake-up would: the next [`Self::woken`]
+    /// answers `true` (for a source left ready on purpose).
+    pub(crate) fn raise(&self) {
+        self.flag.woken.store(true, Ordering::Release);
+    }
+
+    /// Polls the token with `cx`, which must be [`Self::waker`]'s.
+    pub(crate) fn poll_token(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.project().wait.poll(cx)
+    }
 }
 
 impl Future for Watch {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.project();
-        // Before the flag is read: a wake-up after the read wakes this task.
-        this.flag.task.register(cx.waker());
-        if *this.polled && !this.flag.woken.load(Ordering::Acquire) {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.as_mut().woken(cx) {
             return Poll::Pending;
         }
-        *this.polled = true;
-        this.flag.woken.store(false, Ordering::Relaxed);
         // The token's future checks its state first, so a cancellation
-        // between the store above and this poll is seen here.
-        let waker = Waker::from(this.flag.clone());
-        this.wait.poll(&mut Context::from_waker(&waker))
+        // between the flag's store and this poll is seen here.
+        let waker = self.waker();
+        self.poll_token(&mut Context::from_waker(&waker))
     }
 }
 

@@ -15,7 +15,8 @@ use axum::http::{Response, header};
 use bytes::{Buf as _, Bytes};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
+
+use crate::server::Watch;
 
 /// The response's head as bytes, and its body: the response itself (its
 /// header map, some 1.2 KiB) is gone before the first write, so an idle
@@ -55,7 +56,8 @@ pub(super) fn head_of(response: Response<Body>) -> (Vec<u8>, Body, Option<u64>) 
 /// largest state of this function for as long as it lives, so the loop
 /// keeps almost nothing across its wait: one poll function waits for the
 /// body's next frames (gathering every frame already ready, so one write
-/// carries a whole delivery round under load) or for the client to close;
+/// carries a whole delivery round under load), for the client to close or
+/// for `watch`'s token (the connection's kill) to be cancelled;
 /// the write is tried at once without waiting (it nearly always completes:
 /// the socket buffer has room), and only a write that has to wait becomes
 /// a boxed future with its deadline.
@@ -65,18 +67,26 @@ pub(super) fn write_response<'a>(
     head: Vec<u8>,
     body: Body,
     exact: Option<u64>,
-    kill: &'a CancellationToken,
+    watch: Watch,
     write_timeout: Duration,
 ) -> impl Future<Output = io::Result<()>> + 'a {
     // A plain function returning a block: an async function keeps its
     // arguments twice (as given and as bound), for its whole life.
     async move {
-        stream.write_all(&head).await?;
+        let mut watch = std::pin::pin!(watch);
+        tokio::select! {
+            biased;
+            _ = watch.as_mut() => return Ok(()),
+            r = stream.write_all(&head) => r?,
+        }
         drop(head);
+        // The socket's read readiness has not been given the watch's waker
+        // yet: the first step polls it.
+        watch.raise();
         let chunked = exact.is_none();
         let mut body = std::pin::pin!(body);
         loop {
-            let (frames, ended) = match std::future::poll_fn(|cx| next_step(cx, stream, body.as_mut())).await {
+            let (frames, ended) = match std::future::poll_fn(|cx| next_step(cx, stream, body.as_mut(), watch.as_mut())).await {
                 Step::Frames(frames, ended) => (frames, ended),
                 Step::End => break,
                 Step::Closed => return Ok(()),
@@ -101,7 +111,7 @@ pub(super) fn write_response<'a>(
                             return Ok(());
                         }
                     },
-                    _ = kill.cancelled() => return Ok(()),
+                    _ = watch.as_mut() => return Ok(()),
                 }
             }
             if ended {
@@ -122,29 +132,44 @@ enum Step {
     Frames(Vec<Bytes>, bool),
     /// The body ended.
     End,
-    /// The client closed its side (or the connection failed).
+    /// The client closed its side, the connection failed, or it was
+    /// killed.
     Closed,
 }
 
-/// Polls for the client closing and for the body's next frames.
-fn next_step(cx: &mut Context<'_>, stream: &TcpStream, mut body: Pin<&mut Body>) -> Poll<Step> {
-    // Anything the client sends after its request is read and ignored; the
-    // end of its side ends the stream. A client that keeps sending is read
-    // a bounded amount per poll (and the task woken to go on), so it
-    // cannot hold the task here.
-    let mut reads = 0;
-    while stream.poll_read_ready(cx).is_ready() {
-        if reads == 16 {
-            cx.waker().wake_by_ref();
-            break;
+/// Polls for the kill, the client closing, and the body's next frames.
+///
+/// The task wakes once per delivery, and the kill and the client's side
+/// rarely have news: both are polled with `watch`'s waker, and only when it
+/// fired, so a delivery's wake-up reads a flag instead of taking the
+/// token's and the socket's locks (see [`Watch`]).
+fn next_step(cx: &mut Context<'_>, stream: &TcpStream, mut body: Pin<&mut Body>, mut watch: Pin<&mut Watch>) -> Poll<Step> {
+    if watch.as_mut().woken(cx) {
+        let waker = watch.waker();
+        let mut quiet = Context::from_waker(&waker);
+        if watch.as_mut().poll_token(&mut quiet).is_ready() {
+            return Poll::Ready(Step::Closed);
         }
-        reads += 1;
-        let mut scratch = [0u8; 64];
-        match stream.try_read(&mut scratch) {
-            Ok(0) => return Poll::Ready(Step::Closed),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => return Poll::Ready(Step::Closed),
+        // Anything the client sends after its request is read and ignored;
+        // the end of its side ends the stream. A client that keeps sending
+        // is read a bounded amount per poll (the flag raised and the task
+        // woken to go on: the socket stays ready, and says so no more), so
+        // it cannot hold the task here.
+        let mut reads = 0;
+        while stream.poll_read_ready(&mut quiet).is_ready() {
+            if reads == 16 {
+                watch.raise();
+                cx.waker().wake_by_ref();
+                break;
+            }
+            reads += 1;
+            let mut scratch = [0u8; 64];
+            match stream.try_read(&mut scratch) {
+                Ok(0) => return Poll::Ready(Step::Closed),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return Poll::Ready(Step::Closed),
+            }
         }
     }
     let mut frames = Vec::new();
@@ -266,6 +291,7 @@ fn hex_size(n: usize, out: &mut [u8; 18]) -> usize {
 #[allow(clippy::disallowed_methods, reason = "tests start the tasks they drive")]
 mod tests {
     use tokio::io::AsyncReadExt as _;
+    use tokio_util::sync::CancellationToken;
 
     use super::*;
 
@@ -351,12 +377,45 @@ mod tests {
             let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
             let (mut server, _) = listener.accept().await.unwrap();
             let (head, body, exact) = head_of(response);
-            let kill = CancellationToken::new();
-            write_response(&mut server, head, body, exact, &kill, Duration::from_secs(5)).await.unwrap();
+            let watch = Watch::new(CancellationToken::new());
+            write_response(&mut server, head, body, exact, watch, Duration::from_secs(5)).await.unwrap();
             let mut read = Vec::new();
             tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut read)).await.unwrap().unwrap();
             let read = String::from_utf8(read).unwrap();
             assert_eq!(date.replace(&read, "date: D\r\n"), leaves, "{what}");
+        }
+    }
+
+    /// A stream whose body has nothing more to say ends when its client
+    /// closes its side, when the client has sent far more than one poll
+    /// reads before closing (all of it already there: the socket says
+    /// ready once, and the watch must look again by itself), and when it
+    /// is killed; a stream whose client just keeps sending goes on.
+    #[tokio::test]
+    async fn a_waiting_stream_ends_when_its_client_closes_or_it_is_killed() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent = || Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::convert::Infallible>>());
+        for (what, sent, close, kill) in [
+            ("the client closes", 0, true, false),
+            ("the client sends 64 KiB, then closes", 64 << 10, true, false),
+            ("the connection is killed", 0, false, true),
+            ("the client sends 64 KiB and stays", 64 << 10, false, false),
+        ] {
+            let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let (mut server, _) = listener.accept().await.unwrap();
+            client.write_all(&vec![b'x'; sent]).await.unwrap();
+            if close {
+                client.shutdown().await.unwrap();
+            }
+            let token = CancellationToken::new();
+            if kill {
+                token.cancel();
+            }
+            let (head, body, exact) = head_of(Response::builder().body(silent()).unwrap());
+            let written = write_response(&mut server, head, body, exact, Watch::new(token), Duration::from_secs(5));
+            let ended = tokio::time::timeout(Duration::from_secs(2), written).await;
+            assert_eq!(ended.is_ok(), close || kill, "{what}");
         }
     }
 

@@ -48,7 +48,8 @@ pub(super) use rewind::{Refusals, Rewind};
 pub(super) async fn refuse(mut stream: TcpStream, response: Response<Body>, kill: &CancellationToken, write_timeout: Duration) {
     rewind::count_refusal(response.status().as_u16());
     let (head, body, exact) = chunked::head_of(response);
-    if chunked::write_response(&mut stream, head, body, exact, kill, write_timeout).await.is_err() {
+    let watch = super::Watch::new(kill.clone());
+    if chunked::write_response(&mut stream, head, body, exact, watch, write_timeout).await.is_err() {
         return;
     }
     linger(stream).await;
@@ -98,12 +99,8 @@ pub(super) async fn serve(
         Err(e) => match e {},
     };
     let (head, body, exact) = chunked::head_of(response);
-    // The stream's task wakes once per delivery: the kill token is watched
-    // at the cost of a flag's load a wake-up (see [`super::Watch`]).
-    let killed = super::Watch::new(kill.clone());
-    let _ = tokio::select! {
-        biased;
-        r = chunked::write_response(&mut stream, head, body, exact, &kill, write_timeout) => r,
-        _ = killed => Ok(()),
-    };
+    // The stream's task wakes once per delivery: the kill token (and the
+    // client's side) are watched at the cost of a flag's load a wake-up
+    // (see [`super::Watch`]).
+    let _ = chunked::write_response(&mut stream, head, body, exact, super::Watch::new(kill), write_timeout).await;
 }
