@@ -15,7 +15,49 @@ both_stores!(
     limits_on_batches_filters_and_poll_scans,
     concurrent_publishes_are_committed_together_with_gap_free_ids,
     strict_input_is_refused_with_where_and_stores_nothing,
+    an_answer_names_where_its_publish_spent_its_time,
 );
+
+/// A `201`'s `Server-Timing` parts, in milliseconds, by name in order.
+fn server_timing(r: &reqwest::Response) -> Vec<(String, f64)> {
+    let header = r.headers().get("server-timing").expect("a 201 names its parts").to_str().unwrap();
+    header
+        .split(", ")
+        .map(|part| {
+            let (name, dur) = part.split_once(";dur=").unwrap_or_else(|| panic!("{header}"));
+            (name.to_owned(), dur.parse().unwrap_or_else(|_| panic!("{header}")))
+        })
+        .collect()
+}
+
+/// Every `201` names its parts (docs/events.md, "Where a publish's time
+/// goes"), in order; they add up to no more than the client waited; the
+/// store's commit takes time; a replay names them too.
+async fn an_answer_names_where_its_publish_spent_its_time(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let body = json!({"event_type": "comment.posted", "payload": {"text": "hi"}});
+    for key in [None, Some("k-1"), Some("k-1")] {
+        let mut request = app.http.post(app.url("/v1/events")).json(&body);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let sent = std::time::Instant::now();
+        let r = request.send().await.unwrap();
+        let waited = sent.elapsed().as_secs_f64() * 1000.0;
+        assert_eq!(r.status(), 201);
+        let parts = server_timing(&r);
+        let names: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["read", "admit", "queue", "commit", "wake"], "{key:?}");
+        assert!(parts.iter().all(|(_, d)| *d >= 0.0), "{parts:?}");
+        assert!(parts[3].1 > 0.0, "the store's commit takes time: {parts:?}");
+        let sum: f64 = parts.iter().map(|(_, d)| d).sum();
+        assert!(sum <= waited + 0.005, "the parts ({sum} ms) fit in the client's wait ({waited} ms): {parts:?}");
+    }
+    // A refusal names nothing: no part of it was a publish.
+    let r = app.http.post(app.url("/v1/events")).json(&json!({"event_type": "Not A Name"})).send().await.unwrap();
+    assert_eq!(r.status(), 422);
+    assert!(r.headers().get("server-timing").is_none());
+}
 
 async fn single_and_batch(backend: Backend) {
     let app = spawn_app(backend).await;
@@ -324,10 +366,16 @@ async fn concurrent_publishes_are_committed_together_with_gap_free_ids(backend: 
             let event_type = if i % 4 == 3 { "Not A Name" } else { "comment.posted" };
             let body = json!({"events": [{"event_type": event_type, "payload": {"n": i, "k": 0}}, {"event_type": "comment.posted", "payload": {"n": i, "k": 1}}]});
             let r = http.post(&url).json(&body).send().await.unwrap();
-            (i, r.status().as_u16(), r.json::<Value>().await.unwrap())
+            let queued = if r.status() == 201 { server_timing(&r)[2].1 } else { 0.0 };
+            (i, r.status().as_u16(), r.json::<Value>().await.unwrap(), queued)
         }
     });
     let answers = futures_util::future::join_all(requests).await;
+    // The first member of a group waited the group's delay for company,
+    // and its answer's `queue` part says so.
+    let longest = answers.iter().map(|a| a.3).fold(0.0, f64::max);
+    assert!(longest >= 250.0, "a publish waited 300 ms for its group: {longest} ms");
+    let answers: Vec<_> = answers.into_iter().map(|(i, status, body, _)| (i, status, body)).collect();
     let mut ids = Vec::new();
     let mut expected = std::collections::BTreeMap::new();
     for (i, status, body) in &answers {

@@ -62,7 +62,7 @@ pub(crate) async fn read_body(settings: &Settings, headers: &HeaderMap, body: Bo
         ("tracestate" = Option<String>, Header, description = "The W3C `tracestate` that goes with `traceparent` (ignored without one): stored and delivered with it.")
     ),
     responses(
-        (status = 201, description = "Stored: `{\"event_ids\": [...]}`; with `Idempotent-Replayed: true`, stored before under this Idempotency-Key", body = Object),
+        (status = 201, description = "Stored: `{\"event_ids\": [...]}`; with `Idempotent-Replayed: true`, stored before under this Idempotency-Key. `Server-Timing` names where the publish's time went, in milliseconds: `read`, `admit`, `queue`, `commit`, `wake` (docs/events.md)", body = Object),
         (status = 400, description = "`malformed_json` (the body is not JSON), `invalid_event` (a field is missing, of the wrong type, unknown, or too long), `malformed_body` (not a JSON object), `invalid_idempotency_key` (not 1–255 visible ASCII characters), `invalid_traceparent` (not a W3C `traceparent` of version 00 with ids that are not all zeros, or sent twice), `invalid_tracestate` (not 1 to 32 `key=value` members of the W3C grammar in at most 512 bytes, or sent twice)", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`forbidden_event_type` (outside the token's `publish` grants), `agent_spoofing` (an `agent.id` that is not the token's subject), `reserved_event_type` (a type only tidings writes: `tree.*`, `subscription.notification`, stream notices)", body = crate::http::openapi::ErrorBody),
@@ -85,13 +85,24 @@ pub(crate) async fn publish(
         Some(value) => Some(value.to_str().map_err(|_| ApiError::from(PublishError::InvalidIdempotencyKey))?),
     };
     let trace = trace_context(&headers)?;
+    let entered = std::time::Instant::now();
     let bytes = read_body(app.settings(), &headers, body).await?;
+    let read = entered.elapsed();
     let accepted = crate::service::publish::publish(app.core(), &caller, &bytes, key, trace.as_ref()).await?;
     let mut answer = HeaderMap::new();
     if accepted.replayed {
         answer.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
+    answer.insert("server-timing", server_timing(read, &accepted.timing));
     Ok((StatusCode::CREATED, answer, Json(json!({ "event_ids": accepted.event_ids }))))
+}
+
+/// A publish's parts as a `Server-Timing` header, in milliseconds: `read`
+/// (its body), then the service's ([`crate::service::publish::Timing`]).
+fn server_timing(read: std::time::Duration, timing: &crate::service::publish::Timing) -> HeaderValue {
+    let parts = [("read", read), ("admit", timing.admit), ("queue", timing.queue), ("commit", timing.commit), ("wake", timing.wake)];
+    let value = parts.iter().map(|(name, d)| format!("{name};dur={:.3}", d.as_secs_f64() * 1000.0)).collect::<Vec<_>>().join(", ");
+    HeaderValue::try_from(value).expect("names and numbers are a valid header value")
 }
 
 /// The W3C trace context of a request (`traceparent`, `tracestate`): at

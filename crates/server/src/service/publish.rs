@@ -5,6 +5,8 @@
 //! (strict or warn, and renames that fire aliases), the publish budget, the
 //! append and the broker wake-up.
 
+use std::time::{Duration, Instant};
+
 use serde_json::Value;
 
 use super::Services;
@@ -175,6 +177,22 @@ pub struct Accepted {
     /// The publish's Idempotency-Key was already recorded with this body:
     /// these are the ids of that publish, and nothing was stored now.
     pub replayed: bool,
+    /// Where the publish's time went.
+    pub timing: Timing,
+}
+
+/// Where a publish's time went, in the parts its answer's `Server-Timing`
+/// names (docs/events.md, "Where a publish's time goes").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// Parsing and checking the events, up to joining a commit group.
+    pub admit: Duration,
+    /// Waiting for the committer (the group before this one committing).
+    pub queue: Duration,
+    /// The store writing the group, durably (its fsync included).
+    pub commit: Duration,
+    /// From the group stored to the publish going on with its answer.
+    pub wake: Duration,
 }
 
 /// Whether `key` may be an `Idempotency-Key`: 1 to 255 visible ASCII
@@ -233,6 +251,7 @@ async fn publish_as(
     trace: Option<&tidings_protocol::trace::TraceContext>,
     span: Option<opentelemetry::trace::SpanContext>,
 ) -> Result<Accepted, PublishError> {
+    let entered = Instant::now();
     if idempotency_key.is_some_and(|k| !valid_idempotency_key(k)) {
         return Err(PublishError::InvalidIdempotencyKey);
     }
@@ -318,11 +337,22 @@ async fn publish_as(
             window_ms: i64::try_from(core.settings().history.idempotency_window.as_millis()).unwrap_or(i64::MAX),
         }
     });
-    let ids = match core.appender().publish(Publish { records, key }, span).await? {
+    let submitted = Instant::now();
+    let (outcome, stamps) = core.appender().publish(Publish { records, key }, span).await;
+    let timing = match stamps {
+        Some(at) => Timing {
+            admit: submitted - entered,
+            queue: at.taken.saturating_duration_since(submitted),
+            commit: at.stored.saturating_duration_since(at.taken),
+            wake: at.stored.elapsed(),
+        },
+        None => Timing { admit: submitted - entered, ..Timing::default() },
+    };
+    let ids = match outcome? {
         Published::Stored(ids) => ids,
         Published::Replayed(event_ids) => {
             m::idempotent_replays(1);
-            return Ok(Accepted { event_ids, replayed: true });
+            return Ok(Accepted { event_ids, replayed: true, timing });
         }
         Published::KeyReused => return Err(PublishError::IdempotencyKeyReused),
     };
@@ -331,5 +361,5 @@ async fn publish_as(
     }
     // Wake the local broker at once instead of waiting for the NOTIFY round trip.
     core.broker().wake();
-    Ok(Accepted { event_ids: primary.into_iter().map(|i| ids[i]).collect(), replayed: false })
+    Ok(Accepted { event_ids: primary.into_iter().map(|i| ids[i]).collect(), replayed: false, timing })
 }

@@ -22,7 +22,7 @@
 //! pressure, no unbounded memory).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -107,10 +107,24 @@ impl Grouped for TreeWrites {
     }
 }
 
+/// When the committer took a request's group up, and when the store
+/// answered for it: a publish's `queue` and `commit` parts (its
+/// `Server-Timing`, docs/events.md).
+#[derive(Debug, Clone, Copy)]
+pub struct Stamps {
+    /// The committer began the request's group.
+    pub taken: Instant,
+    /// The store answered for it (durable, when it was stored).
+    pub stored: Instant,
+}
+
+/// What a request is answered: its outcome, and when.
+type Answer<G> = (Result<<G as Grouped>::Answer, StoreError>, Stamps);
+
 /// One request and where its answer goes.
 struct Job<G: Grouped> {
     request: G::Request,
-    answer: oneshot::Sender<Result<G::Answer, StoreError>>,
+    answer: oneshot::Sender<Answer<G>>,
     /// The span of the request, when spans are exported: the group's
     /// commit span is a child of the first and links to every one.
     trace: Option<opentelemetry::trace::SpanContext>,
@@ -155,21 +169,41 @@ impl<G: Grouped> GroupCommit<G> {
         request: G::Request,
         trace: Option<opentelemetry::trace::SpanContext>,
     ) -> Result<G::Answer, StoreError> {
+        self.submit_stamped(request, trace).await.0
+    }
+
+    /// [`Self::submit_traced`], with when its group was taken up and
+    /// stored (none when the committer had stopped).
+    pub async fn submit_stamped(
+        &self,
+        request: G::Request,
+        trace: Option<opentelemetry::trace::SpanContext>,
+    ) -> (Result<G::Answer, StoreError>, Option<Stamps>) {
         let (answer, answered) = oneshot::channel();
         let stopped = || StoreError::Unavailable("the group committer has stopped".into());
-        self.jobs.send(Job { request, answer, trace }).await.map_err(|_| stopped())?;
-        answered.await.map_err(|_| stopped())?
+        if self.jobs.send(Job { request, answer, trace }).await.is_err() {
+            return (Err(stopped()), None);
+        }
+        match answered.await {
+            Ok((outcome, stamps)) => (outcome, Some(stamps)),
+            Err(_) => (Err(stopped()), None),
+        }
     }
 }
 
 impl GroupCommit<Publishes> {
     /// Publishes in the next group; what became of it once the group is
-    /// durable.
-    pub async fn publish(&self, publish: Publish, trace: Option<opentelemetry::trace::SpanContext>) -> Result<Published, StoreError> {
+    /// durable, and when (none for a publish of nothing, which waits for
+    /// no group).
+    pub async fn publish(
+        &self,
+        publish: Publish,
+        trace: Option<opentelemetry::trace::SpanContext>,
+    ) -> (Result<Published, StoreError>, Option<Stamps>) {
         if publish.records.is_empty() {
-            return Ok(Published::Stored(Vec::new()));
+            return (Ok(Published::Stored(Vec::new())), None);
         }
-        self.submit_traced(publish, trace).await
+        self.submit_stamped(publish, trace).await
     }
 }
 
@@ -207,6 +241,8 @@ async fn commit_groups<G: Grouped>(store: Arc<dyn Store>, settings: GroupSetting
 /// Commits `group` as one batch and answers each member; if the batch
 /// fails, each member is committed alone.
 async fn commit<G: Grouped>(store: &dyn Store, group: Vec<Job<G>>, events: usize) {
+    let taken = Instant::now();
+    let stamped = |outcome| (outcome, Stamps { taken, stored: Instant::now() });
     // Ends when the group is answered.
     let _span = match crate::telemetry::tracer() {
         Some(_) => crate::telemetry::batch(
@@ -223,15 +259,17 @@ async fn commit<G: Grouped>(store: &dyn Store, group: Vec<Job<G>>, events: usize
     };
     if group.len() == 1 {
         let job = group.into_iter().next().expect("one member");
-        let _ = job.answer.send(G::alone(store, job.request).await);
+        let _ = job.answer.send(stamped(G::alone(store, job.request).await));
         return;
     }
     crate::metrics::group_committed(G::KIND, events);
     let (requests, answers): (Vec<G::Request>, Vec<_>) = group.into_iter().map(|job| (job.request, job.answer)).unzip();
-    match G::together(store, requests.clone()).await {
+    let together = G::together(store, requests.clone()).await;
+    let stored = Stamps { taken, stored: Instant::now() };
+    match together {
         Ok(outcomes) if outcomes.len() == answers.len() => {
             for (outcome, answer) in outcomes.into_iter().zip(answers) {
-                let _ = answer.send(Ok(outcome));
+                let _ = answer.send((Ok(outcome), stored));
             }
         }
         Ok(outcomes) => {
@@ -239,14 +277,14 @@ async fn commit<G: Grouped>(store: &dyn Store, group: Vec<Job<G>>, events: usize
             tracing::error!(given = answers.len(), answered = outcomes.len(), "a group commit's answers do not match its requests");
             let why = "the store answered a group commit wrongly";
             for answer in answers {
-                let _ = answer.send(Err(StoreError::Unavailable(why.into())));
+                let _ = answer.send((Err(StoreError::Unavailable(why.into())), stored));
             }
         }
         // The store is down: each member would wait for it in turn; all
         // get the answer at once (503, retry later).
         Err(StoreError::Unavailable(why)) => {
             for answer in answers {
-                let _ = answer.send(Err(StoreError::Unavailable(why.clone())));
+                let _ = answer.send((Err(StoreError::Unavailable(why.clone())), stored));
             }
         }
         // The synchronous standby does not confirm: the group may be
@@ -254,13 +292,13 @@ async fn commit<G: Grouped>(store: &dyn Store, group: Vec<Job<G>>, events: usize
         // retried member by member, which would store it twice.
         Err(StoreError::Unreplicated(why)) => {
             for answer in answers {
-                let _ = answer.send(Err(StoreError::Unreplicated(why.clone())));
+                let _ = answer.send((Err(StoreError::Unreplicated(why.clone())), stored));
             }
         }
         Err(e) => {
             tracing::debug!(error = %crate::report::chain(&e), members = answers.len(), "a group commit failed; committing its members one by one");
             for (request, answer) in requests.into_iter().zip(answers) {
-                let _ = answer.send(G::alone(store, request).await);
+                let _ = answer.send(stamped(G::alone(store, request).await));
             }
         }
     }
