@@ -24,7 +24,7 @@ mod throughput;
 
 pub use poll::{PollReport, poll_bench};
 pub use recovery::{RecoveryReport, listen_loss, storm};
-pub use throughput::{ThroughputReport, publish_throughput, replay_throughput};
+pub use throughput::{AnswerPart, ThroughputReport, publish_throughput, replay_throughput};
 
 /// Options of `tidings bench`.
 #[derive(Debug, Clone, Args)]

@@ -1,5 +1,6 @@
 //! `tidings bench --mode publish`, `tree-write` and `replay`: closed-loop
-//! publish (or tree write) throughput, and one client replaying the log.
+//! publish (or tree write) throughput, with where each publish's time went
+//! (its answer's `Server-Timing`), and one client replaying the log.
 
 use std::time::Instant;
 
@@ -27,6 +28,63 @@ pub struct ThroughputReport {
     /// `publish`: the same, 99th percentile.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answer_p99_ms: Option<f64>,
+    /// `publish`: each part the answers' `Server-Timing` names (where the
+    /// server spent the time, docs/events.md), then `http`: what the
+    /// client waited beyond their sum (the request's head, the answer's
+    /// write, the network).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<AnswerPart>,
+}
+
+/// One part of the answer time, over the answers that named it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AnswerPart {
+    /// Its name.
+    pub name: String,
+    /// Median, milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile, milliseconds.
+    pub p99_ms: f64,
+    /// Mean, milliseconds.
+    pub mean_ms: f64,
+}
+
+/// The parts of a `Server-Timing` header (`name;dur=ms, ...`), or none if
+/// it is not one.
+fn timing_parts(header: &str) -> Option<Vec<(String, f64)>> {
+    header
+        .split(',')
+        .map(|part| {
+            let (name, dur) = part.trim().split_once(";dur=")?;
+            Some((name.to_owned(), dur.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Each part's percentiles, in the order the answers named them.
+fn part_stats(samples: Vec<Vec<(String, f64)>>) -> Vec<AnswerPart> {
+    let mut by_name: Vec<(String, Vec<f64>)> = Vec::new();
+    for answer in samples {
+        for (name, ms) in answer {
+            match by_name.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, values)) => values.push(ms),
+                None => by_name.push((name, vec![ms])),
+            }
+        }
+    }
+    by_name
+        .into_iter()
+        .map(|(name, mut values)| {
+            values.sort_by(f64::total_cmp);
+            let mean_ms = values.iter().sum::<f64>() / values.len() as f64;
+            AnswerPart {
+                name,
+                p50_ms: nearest_rank(&values, 0.5).unwrap_or(f64::NAN),
+                p99_ms: nearest_rank(&values, 0.99).unwrap_or(f64::NAN),
+                mean_ms,
+            }
+        })
+        .collect()
 }
 
 /// Closed-loop publish throughput: `concurrency` publishers, `batch` events
@@ -44,7 +102,7 @@ pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRe
                 let one = json!({"event_type": event_type, "payload": {"weight": 1}});
                 let body = if batch == 1 { one } else { json!({"events": vec![one; batch]}) };
                 let body = bytes::Bytes::from(serde_json::to_vec(&body).expect("serialisable"));
-                let (mut answered, mut failed) = (Vec::new(), 0u64);
+                let (mut answered, mut failed, mut parts) = (Vec::new(), 0u64, Vec::new());
                 let mut n = 0u64;
                 while Instant::now() < deadline {
                     let sent = Instant::now();
@@ -56,19 +114,29 @@ pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRe
                         http.post(&url).header("content-type", "application/json").body(body.clone()).send().await
                     };
                     match r {
-                        Ok(r) if r.status().is_success() => answered.push(sent.elapsed().as_secs_f64() * 1000.0),
+                        Ok(r) if r.status().is_success() => {
+                            let waited = sent.elapsed().as_secs_f64() * 1000.0;
+                            answered.push(waited);
+                            let named = r.headers().get("server-timing").and_then(|h| h.to_str().ok()).and_then(timing_parts);
+                            if let Some(mut named) = named {
+                                let server: f64 = named.iter().map(|(_, ms)| ms).sum();
+                                named.push(("http".to_owned(), (waited - server).max(0.0)));
+                                parts.push(named);
+                            }
+                        }
                         _ => failed += 1,
                     }
                 }
-                (answered, failed)
+                (answered, failed, parts)
             })
         })
         .collect();
-    let (mut answered, mut failed) = (Vec::new(), 0);
+    let (mut answered, mut failed, mut parts) = (Vec::new(), 0, Vec::new());
     for w in workers {
-        let (a, f) = w.await?;
+        let (a, f, p) = w.await?;
         answered.extend(a);
         failed += f;
+        parts.extend(p);
     }
     let seconds = start.elapsed().as_secs_f64();
     let events = answered.len() as u64 * args.batch as u64;
@@ -89,6 +157,7 @@ pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRe
         failed: Some(failed),
         answer_p50_ms: pct(0.5),
         answer_p99_ms: pct(0.99),
+        parts: part_stats(parts),
     })
 }
 
@@ -124,5 +193,22 @@ pub async fn replay_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRep
         failed: None,
         answer_p50_ms: None,
         answer_p99_ms: None,
+        parts: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_timing_parts_and_their_percentiles() {
+        assert_eq!(timing_parts("read;dur=0.010, commit;dur=1.5"), Some(vec![("read".into(), 0.01), ("commit".into(), 1.5)]));
+        assert_eq!(timing_parts("read;desc=x"), None);
+        assert_eq!(timing_parts("read;dur=fast"), None);
+        let answers = (1..=100).map(|i| vec![("commit".to_owned(), f64::from(i)), ("http".to_owned(), 1.0)]).collect();
+        let parts = part_stats(answers);
+        assert_eq!(parts.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["commit", "http"]);
+        assert_eq!((parts[0].p50_ms, parts[0].p99_ms, parts[0].mean_ms), (50.0, 99.0, 50.5));
+    }
 }
