@@ -18,6 +18,7 @@ use tokio::sync::Mutex;
 
 use tidings_client::sse as client;
 
+mod deflate_ws;
 mod poll;
 mod recovery;
 mod throughput;
@@ -119,7 +120,9 @@ pub struct BenchArgs {
     pub streams_per_connection: usize,
     /// `deliver` over SSE: ask for gzip (`Accept-Encoding: gzip`, which a
     /// server with `TIDINGS_COMPRESSION=on` answers), inflate each stream
-    /// as it arrives, and fail a stream sent otherwise.
+    /// as it arrives, and fail a stream sent otherwise. Over WebSocket:
+    /// offer `permessage-deflate`, inflate each message, and fail a device
+    /// whose server does not take the offer.
     #[arg(long)]
     pub compressed: bool,
     /// `deliver`: order lines added to each payload (`sku`, `name`, `qty`,
@@ -199,6 +202,8 @@ pub enum Transport {
 enum Subscriber {
     Sse(client::SseReader<client::BodyStream>),
     Ws(Box<tidings_client::device::DeviceClient>),
+    /// `--transport ws --compressed`.
+    WsDeflate(Box<deflate_ws::DeflateDevice>),
 }
 
 impl Subscriber {
@@ -219,6 +224,11 @@ impl Subscriber {
             Transport::Sse => {
                 let url = format!("{}/v1/stream?filter={}", args.url, urlencode(&filter.to_string()));
                 Ok(Self::Sse(open_sse(http, &url, args.compressed, wire).await?))
+            }
+            Transport::Ws if args.compressed => {
+                let mut device = deflate_ws::DeflateDevice::connect(&args.url, wire).await?;
+                device.auth(key, json!({"device_id": format!("bench-{i}"), "filter": filter})).await?;
+                Ok(Self::WsDeflate(Box::new(device)))
             }
             Transport::Ws => {
                 let mut device = tidings_client::device::DeviceClient::connect(&tidings_client::device::ws_url(&args.url, None)).await?;
@@ -245,15 +255,25 @@ impl Subscriber {
             },
             Self::Ws(device) => loop {
                 // The same way: `stream.event` notifications only.
-                let text = device.next_text().await.ok()?;
-                if let Ok(pushed) = serde_json::from_str::<Pushed>(&text)
-                    && pushed.method.as_deref() == Some(tidings_protocol::ws::method::EVENT)
-                {
-                    return Some(pushed.params.and_then(|p| p.event).and_then(|e| e.payload).and_then(|p| p.sent_us));
+                if let Some(stamp) = event_stamp(&device.next_text().await.ok()?) {
+                    return Some(stamp);
+                }
+            },
+            Self::WsDeflate(device) => loop {
+                if let Some(stamp) = event_stamp(&device.next_text().await.ok()?) {
+                    return Some(stamp);
                 }
             },
         }
     }
+}
+
+/// A WebSocket message's publish stamp if it is a `stream.event`
+/// (`Some(None)` for one without a stamp).
+fn event_stamp(text: &str) -> Option<Option<u64>> {
+    let pushed = serde_json::from_str::<Pushed>(text).ok()?;
+    (pushed.method.as_deref() == Some(tidings_protocol::ws::method::EVENT))
+        .then(|| pushed.params.and_then(|p| p.event).and_then(|e| e.payload).and_then(|p| p.sent_us))
 }
 
 /// An SSE stream whose body bytes, as they arrive, are counted in `wire`;
@@ -561,7 +581,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         max_ms: pct(1.0),
         server_cpu_s: cpu_before.zip(cpu_after).map(|(a, b)| b - a),
         server_peak_rss_kib: args.server_pid.and_then(proc_peak_rss_kib),
-        wire_bytes_per_delivery: (args.transport == Transport::Sse && delivered > 0).then(|| wire_bytes as f64 / delivered as f64),
+        wire_bytes_per_delivery: ((args.transport == Transport::Sse || args.compressed) && delivered > 0)
+            .then(|| wire_bytes as f64 / delivered as f64),
     })
 }
 
