@@ -11,7 +11,7 @@ use opentelemetry::KeyValue;
 use opentelemetry::trace::{Span as _, SpanKind};
 
 use super::{Broker, ClientState, Clients, Detached, Frame, Slot, frame, index, queue};
-use crate::filter::{Filter, MatchInput};
+use crate::filter::MatchInput;
 use crate::metrics as m;
 use crate::store::Record;
 use tidings_protocol::event::{Event, EventId};
@@ -116,21 +116,8 @@ impl Broker {
             )
         });
         let mut queued = 0i64;
-        // Clients that asked for the same filter share it: decided once for
-        // each run of them in the index's order (a key's clients in the
-        // order they came; a crowd of one ticker's clients is one run).
-        let mut decided: Option<(*const Filter, bool, bool)> = None;
         for &(id, slot, type_matched) in candidates.iter() {
-            let filter = Arc::as_ptr(&slot.filter);
-            let matched = match decided {
-                Some((last, known, matched)) if last == filter && known == type_matched => matched,
-                _ => {
-                    let matched = slot.filter.matches_after_types(&input, type_matched);
-                    decided = Some((filter, type_matched, matched));
-                    matched
-                }
-            };
-            if !matched || round.evict.iter().any(|(e, _)| *e == id) {
+            if !slot.filter.matches_after_types(&input, type_matched) || round.evict.iter().any(|(e, _)| *e == id) {
                 continue;
             }
             let frame = frame.get_or_insert_with(|| Frame::of(event));

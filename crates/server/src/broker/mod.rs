@@ -129,27 +129,10 @@ struct Clients {
     rounds: u64,
     /// The same slots, filed by what their filters could match.
     index: index::FilterIndex<Arc<Slot>>,
-    /// One filter for every client that asked for the same one, by
-    /// [`Filter::sharing_key`]: a fan-out decides it once per event for
-    /// all of them (and reads one filter, not one per client).
-    shared_filters: HashMap<String, std::sync::Weak<Filter>>,
 }
 
 impl Clients {
-    fn insert(&mut self, id: u64, mut slot: Slot) {
-        if let Some(key) = slot.filter.sharing_key() {
-            // Filters no client holds any more are let go before they
-            // outnumber the clients (each insert pays for its share).
-            if self.shared_filters.len() > 2 * self.map.len() + 64 {
-                self.shared_filters.retain(|_, filter| filter.strong_count() > 0);
-            }
-            match self.shared_filters.get(&key).and_then(std::sync::Weak::upgrade) {
-                Some(shared) => slot.filter = shared,
-                None => {
-                    self.shared_filters.insert(key, Arc::downgrade(&slot.filter));
-                }
-            }
-        }
+    fn insert(&mut self, id: u64, slot: Slot) {
         let slot = Arc::new(slot);
         self.index.insert(id, &slot.filter, slot.clone());
         self.map.insert(id, slot);
@@ -466,50 +449,6 @@ pub(crate) mod tests {
         let broker = Broker::new(store, 10, settings());
         let sub = broker.subscribe(Arc::new(Filter::any()), SubscribeOptions::default());
         (dir, broker, sub)
-    }
-
-    /// Clients that asked for the same filter share one, which a fan-out
-    /// decides once for a run of them; a filter that differs in anything a
-    /// match reads (here the caller's visibility), or that has a payload
-    /// rule (its budget notice is its own), is a client's own; and each
-    /// client receives exactly what its own filter matches.
-    #[tokio::test]
-    async fn identical_filters_are_shared_and_each_client_gets_what_its_own_matches() {
-        use tidings_protocol::event::Visibility;
-        let (_dir, broker, _everything) = broker_with_a_client().await;
-        let limits = crate::filter::FilterLimits::default();
-        let comments = || Filter::from_json(r#"["comment.*"]"#, limits).unwrap();
-        let public = || comments().restrict(None, Visibility::Public, None);
-        let rule = || Filter::from_json(r#"{"types": ["comment.*"], "payload": {"==": [{"var": "x"}, 1]}}"#, limits).unwrap();
-        let mut subs: Vec<Subscription> = [comments(), public(), comments(), rule(), rule(), public()]
-            .into_iter()
-            .map(|f| broker.subscribe(Arc::new(f), SubscribeOptions::default()))
-            .collect();
-        let filters: Vec<Arc<Filter>> = subs.iter().map(|s| broker.lock().map[&s.id].filter.clone()).collect();
-        assert!(Arc::ptr_eq(&filters[0], &filters[2]) && Arc::ptr_eq(&filters[1], &filters[5]), "the same filters are one");
-        assert!(!Arc::ptr_eq(&filters[0], &filters[1]), "another visibility is another filter");
-        assert!(!Arc::ptr_eq(&filters[3], &filters[4]), "a payload rule is a client's own");
-
-        let with = |visibility: &str| {
-            let mut body = serde_json::to_value(sample_body()).unwrap();
-            body["visibility"] = visibility.into();
-            serde_json::from_value::<tidings_protocol::event::EventBody>(body).unwrap().to_json()
-        };
-        let rows = vec![
-            crate::store::Record { id: 11, body: with("admin"), recorded_ms: 0 },
-            crate::store::Record { id: 12, body: with("public"), recorded_ms: 0 },
-        ];
-        assert!(broker.fan_out(rows, false));
-        let got: Vec<Vec<EventId>> = subs.iter_mut().map(ids).collect();
-        assert_eq!(got, [vec![11, 12], vec![12], vec![11, 12], vec![11, 12], vec![11, 12], vec![12]]);
-
-        // A filter no client holds is let go, and a new client of it
-        // starts a new one.
-        let first = Arc::downgrade(&filters[1]);
-        drop(filters);
-        drop(subs.remove(5));
-        drop(subs.remove(1));
-        assert_eq!(first.strong_count(), 0, "the broker keeps no filter for clients that left");
     }
 
     #[tokio::test]

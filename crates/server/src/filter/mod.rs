@@ -248,34 +248,6 @@ impl Filter {
         }
     }
 
-    /// A key two filters share exactly when they match the same events for
-    /// the same callers, so that the broker can keep one of them for every
-    /// client that asked for it (and decide it once per event); `None` for
-    /// a filter with a payload rule, whose budget notice is each client's
-    /// own ([`Self::take_budget_notice`]).
-    pub fn sharing_key(&self) -> Option<String> {
-        if self.payload.is_some() {
-            return None;
-        }
-        fn globs(globs: &[Glob]) -> Vec<&str> {
-            globs.iter().map(Glob::as_str).collect()
-        }
-        fn sorted(set: &HashSet<String>) -> Vec<&str> {
-            let mut list: Vec<&str> = set.iter().map(String::as_str).collect();
-            list.sort_unstable();
-            list
-        }
-        let key = (
-            globs(&self.types),
-            sorted(&self.agents),
-            sorted(&self.targets),
-            self.grants.as_deref().map(globs),
-            self.max_visibility,
-            self.notifications_for.as_deref(),
-        );
-        serde_json::to_string(&key).ok()
-    }
-
     /// The type globs (empty: any type).
     pub fn types(&self) -> &[Glob] {
         &self.types
