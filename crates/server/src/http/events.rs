@@ -62,7 +62,7 @@ pub(crate) async fn read_body(settings: &Settings, headers: &HeaderMap, body: Bo
         ("tracestate" = Option<String>, Header, description = "The W3C `tracestate` that goes with `traceparent` (ignored without one): stored and delivered with it.")
     ),
     responses(
-        (status = 201, description = "Stored: `{\"event_ids\": [...]}`; with `Idempotent-Replayed: true`, stored before under this Idempotency-Key. `Server-Timing` names where the publish's time went, in milliseconds: `read`, `admit`, `queue`, `commit`, `wake` (docs/events.md)", body = Object),
+        (status = 201, description = "Stored: `{\"event_ids\": [...]}`; with `Idempotent-Replayed: true`, stored before under this Idempotency-Key. To an admin (and with authentication off), `Server-Timing` names where the publish's time went, in milliseconds: `read`, `admit`, `queue`, `commit`, `wake` (docs/events.md)", body = Object),
         (status = 400, description = "`malformed_json` (the body is not JSON), `invalid_event` (a field is missing, of the wrong type, unknown, or too long), `malformed_body` (not a JSON object), `invalid_idempotency_key` (not 1–255 visible ASCII characters), `invalid_traceparent` (not a W3C `traceparent` of version 00 with ids that are not all zeros, or sent twice), `invalid_tracestate` (not 1 to 32 `key=value` members of the W3C grammar in at most 512 bytes, or sent twice)", body = crate::http::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`", body = crate::http::openapi::ErrorBody),
         (status = 403, description = "`forbidden_event_type` (outside the token's `publish` grants), `agent_spoofing` (an `agent.id` that is not the token's subject), `reserved_event_type` (a type only tidings writes: `tree.*`, `subscription.notification`, stream notices)", body = crate::http::openapi::ErrorBody),
@@ -93,7 +93,11 @@ pub(crate) async fn publish(
     if accepted.replayed {
         answer.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
-    answer.insert("server-timing", server_timing(read, &accepted.timing));
+    // Admins only: `queue` and `commit` are the commit group's, shared
+    // with everyone else's publishes in it, so they tell of others' traffic.
+    if caller.admin {
+        answer.insert("server-timing", server_timing(read, &accepted.timing));
+    }
     Ok((StatusCode::CREATED, answer, Json(json!({ "event_ids": accepted.event_ids }))))
 }
 

@@ -113,15 +113,27 @@ pub(super) fn write_response<'a>(
                     },
                     _ = watch.as_mut() => return Ok(()),
                 }
+                // The watch's own poll above looks at the token only: a
+                // wake-up for the socket's read readiness it took (the
+                // client closing meanwhile) is handed on to the next step.
+                watch.raise();
             }
             if ended {
                 break;
             }
         }
-        if chunked {
-            stream.write_all(b"0\r\n\r\n").await?;
+        // The end, like any write, within the write timeout and the kill.
+        let end = async {
+            if chunked {
+                stream.write_all(b"0\r\n\r\n").await?;
+            }
+            stream.shutdown().await
+        };
+        tokio::select! {
+            biased;
+            _ = watch.as_mut() => Ok(()),
+            r = tokio::time::timeout(write_timeout, end) => r.unwrap_or(Ok(())),
         }
-        stream.shutdown().await
     }
 }
 
