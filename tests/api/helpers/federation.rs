@@ -266,6 +266,13 @@ impl Server {
         self.process.child.kill().await.unwrap();
     }
 
+    /// Sends `signal` (`-STOP`, `-CONT`, …) to the process.
+    pub(crate) async fn signal(&self, signal: &str) {
+        let pid = self.process.child.id().expect("a running process").to_string();
+        let status = tokio::process::Command::new("kill").args([signal, &pid]).status().await.unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     pub(crate) async fn restart(&mut self) {
         self.process = spawn_process_at(&self.envs, self.port).await;
     }

@@ -63,7 +63,11 @@ impl Mirrors {
 
     /// Attaches again after `dead` stopped answering: at one of the cached
     /// `alternatives` (the dead relay's siblings, at its depth `hops`,
-    /// following their redirects), else at the peer, which redirects anew.
+    /// following their redirects), else at the peer, which redirects anew;
+    /// and when none of those accepts but `dead` answers again (it was
+    /// slow, or restarted), back at it: the subscription left there is
+    /// renewed, keeping its place. (Without that, a mirror whose relay was
+    /// the peer's only offer waited on a slot it already held.)
     pub(super) async fn reattach(
         &self,
         spec: &Spec,
@@ -87,7 +91,13 @@ impl Mirrors {
                 return Ok(a.below(hops));
             }
         }
-        self.attach(spec, &spec.peer, inbox, &avoid).await
+        match self.attach(spec, &spec.peer, inbox, &avoid).await {
+            Err(why) if self.answers(dead).await => {
+                tracing::info!(mirror = spec.name, relay = dead, why = %why, "the relay answers again and none other accepts; back at it");
+                self.attach(spec, dead, inbox, shunned).await.map(|a| a.below(hops))
+            }
+            attached => attached,
+        }
     }
 
     /// Whether `peer` answers `GET /v1/identity` as itself within a
