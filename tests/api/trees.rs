@@ -236,8 +236,11 @@ async fn a_stalled_relay_that_was_the_only_offer_takes_its_mirror_back(backend: 
     // S ← A ← B with one subscriber per prefix: A holds S's only slot, so
     // when A stalls (SIGSTOP) past B's repair timeout, B's repair has no
     // sibling to go to and S offers only A. Once A answers again, B renews
-    // the subscription it left there instead of waiting on S forever.
-    let env: &[(&'static str, &str)] = &[("TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", "1"), ("TIDINGS_MIRROR_REPAIR_TIMEOUT", "1s")];
+    // the subscription it left there instead of waiting on S forever; its
+    // reconciliation (every second here) does not cancel that subscription
+    // meanwhile, though A answers again.
+    let env: &[(&'static str, &str)] =
+        &[("TIDINGS_MAX_SUBSCRIBERS_PER_PREFIX", "1"), ("TIDINGS_MIRROR_REPAIR_TIMEOUT", "3s"), ("TIDINGS_MIRROR_RECONCILE", "1s")];
     let source = Server::start_with(backend, env).await;
     let a = Server::start_with(backend, env).await;
     let b = Server::start_with(backend, env).await;

@@ -23,6 +23,9 @@ use tidings_protocol::ws::method;
 
 /// Most a message may inflate to: the server's own default limit.
 const MAX_MESSAGE: usize = 1 << 20;
+/// Longest the upgrade, and then `stream.auth`, may take (a server that
+/// never answers does not hold the bench).
+const OPEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A device whose messages arrive compressed.
 pub(super) struct DeflateDevice {
@@ -37,8 +40,12 @@ pub(super) struct DeflateDevice {
 
 impl DeflateDevice {
     /// Upgrades `{base}/v1/ws` offering `permessage-deflate` with no
-    /// context takeover, and reads `stream.hello`.
+    /// context takeover, and reads `stream.hello`, within [`OPEN_WITHIN`].
     pub(super) async fn connect(base: &str, wire: &Arc<AtomicU64>) -> anyhow::Result<Self> {
+        tokio::time::timeout(OPEN_WITHIN, Self::upgrade(base, wire)).await.context("the upgrade took longer than 30 s")?
+    }
+
+    async fn upgrade(base: &str, wire: &Arc<AtomicU64>) -> anyhow::Result<Self> {
         let host = base.trim_end_matches('/').strip_prefix("http://").context("the bench's compressed devices speak plain HTTP")?;
         let mut tcp = TcpStream::connect(host).await?;
         tcp.set_nodelay(true)?;
@@ -74,8 +81,13 @@ impl DeflateDevice {
         Ok(device)
     }
 
-    /// Authenticates as a device of `key` with `body`.
+    /// Authenticates as a device of `key` with `body`, within
+    /// [`OPEN_WITHIN`].
     pub(super) async fn auth(&mut self, key: &ServerIdentity, body: Value) -> anyhow::Result<()> {
+        tokio::time::timeout(OPEN_WITHIN, self.authenticate(key, body)).await.context("stream.auth took longer than 30 s")?
+    }
+
+    async fn authenticate(&mut self, key: &ServerIdentity, body: Value) -> anyhow::Result<()> {
         let target = tidings_protocol::identity::proof_target(method::AUTH, &body, &self.nonce);
         let proof = json!({"identity": key.entity(), "signature": key.signature(&target)});
         let call = json!({"jsonrpc": "2.0", "id": 1, "method": method::AUTH, "params": {"body": body, "origin_proof": proof}});
@@ -106,12 +118,18 @@ impl DeflateDevice {
         }
     }
 
-    /// The next frame: its header and payload.
+    /// The next frame: its header and payload. A server's frame is not
+    /// masked, and a control frame is final and at most 125 bytes
+    /// (RFC 6455, 5.1 and 5.5).
     async fn frame(&mut self) -> anyhow::Result<(FrameHeader, Vec<u8>)> {
         loop {
             let mut cursor = std::io::Cursor::new(&self.read[self.start..]);
             if let Some((header, len)) = FrameHeader::parse(&mut cursor)? {
                 ensure!(len <= MAX_MESSAGE as u64, "a frame of {len} bytes");
+                ensure!(header.mask.is_none(), "the server masked a frame");
+                if let OpCode::Control(_) = header.opcode {
+                    ensure!(header.is_final && len <= 125, "a fragmented or {len}-byte control frame");
+                }
                 let at = self.start + cursor.position() as usize;
                 let end = at + len as usize;
                 if self.read.len() >= end {
@@ -156,21 +174,30 @@ impl DeflateDevice {
 }
 
 /// A compressed message's payload inflated (RFC 7692: its closing
-/// `00 00 ff ff` was taken off), at most [`MAX_MESSAGE`] bytes.
+/// `00 00 ff ff` was taken off), at most [`MAX_MESSAGE`] bytes. A message
+/// may end in a final block (RFC 7692, 7.2.3.4): what is appended after
+/// that end is not read, but bytes of the message after it are refused.
 fn inflated(inflate: &mut flate2::Decompress, payload: &[u8]) -> anyhow::Result<Vec<u8>> {
-    use flate2::FlushDecompress;
+    use flate2::{FlushDecompress, Status};
     inflate.reset(false);
     let mut out = Vec::with_capacity(payload.len() * 4);
-    for input in [payload, &[0, 0, 0xff, 0xff]] {
+    for (input, appended) in [(payload, false), (&[0, 0, 0xff, 0xff][..], true)] {
         let mut input = input;
         while !input.is_empty() {
             ensure!(out.len() < MAX_MESSAGE, "a message inflates past {MAX_MESSAGE} bytes");
             out.reserve(out.len().max(1024));
             let (before, had) = (inflate.total_in(), out.len());
-            inflate.decompress_vec(input, &mut out, FlushDecompress::Sync)?;
+            let status = inflate.decompress_vec(input, &mut out, FlushDecompress::Sync)?;
             let used = (inflate.total_in() - before) as usize;
-            ensure!(used > 0 || out.len() > had, "the message does not inflate (bytes after its end)");
             input = &input[used..];
+            if status == Status::StreamEnd {
+                // A sender that ends in a final block may leave the first
+                // byte of an empty stored block after it (RFC 7692's own
+                // example does); anything else is refused.
+                ensure!(appended || input.is_empty() || input == [0], "bytes after the message's final block");
+                return Ok(out);
+            }
+            ensure!(used > 0 || out.len() > had, "the message does not inflate");
         }
     }
     Ok(out)
@@ -202,7 +229,48 @@ mod tests {
         let mut ended = flate2::Compress::new(flate2::Compression::default(), false);
         let mut finished = Vec::with_capacity(64);
         ended.compress_vec(b"x", &mut finished, flate2::FlushCompress::Finish).unwrap();
+        let exact = finished.clone();
         finished.extend_from_slice(b"more");
         assert!(inflated(&mut inflate, &finished).is_err());
+        // A message that ends in a final block inflates (the appended
+        // 00 00 ff ff after its end is not read), with or without the
+        // stored block's first byte after it: RFC 7692, 7.2.3.4's example.
+        assert_eq!(inflated(&mut inflate, &exact).unwrap(), b"x");
+        assert_eq!(inflated(&mut inflate, &[0xf3, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00, 0x00]).unwrap(), b"Hello");
+    }
+
+    /// What a server may not send: a masked frame, a control frame over
+    /// 125 bytes or fragmented. A small final ping is read.
+    #[tokio::test]
+    async fn a_masked_frame_or_a_malformed_control_frame_is_refused() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let frame = |opcode, is_final, mask, len: usize| {
+            let header = FrameHeader { is_final, rsv1: false, rsv2: false, rsv3: false, opcode, mask };
+            let mut bytes = Vec::new();
+            header.format(len as u64, &mut bytes).unwrap();
+            bytes.resize(bytes.len() + len, 0);
+            bytes
+        };
+        let ping = OpCode::Control(Control::Ping);
+        let text = OpCode::Data(Data::Text);
+        for (bytes, taken) in [
+            (frame(text, true, Some([1, 2, 3, 4]), 4), false),
+            (frame(ping, true, None, 126), false),
+            (frame(ping, false, None, 4), false),
+            (frame(ping, true, None, 125), true),
+            (frame(text, true, None, 4), true),
+        ] {
+            let mut device = DeflateDevice {
+                tcp: TcpStream::connect(at).await.unwrap(),
+                read: bytes,
+                start: 0,
+                inflate: flate2::Decompress::new(false),
+                wire: Arc::default(),
+                nonce: String::new(),
+            };
+            let read = tokio::time::timeout(std::time::Duration::from_secs(10), device.frame()).await.expect("read without waiting");
+            assert_eq!(read.is_ok(), taken, "{:?}", &device.read[..2]);
+        }
     }
 }

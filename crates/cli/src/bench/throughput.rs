@@ -49,26 +49,44 @@ pub struct AnswerPart {
     pub mean_ms: f64,
 }
 
+/// Most parts an answer's `Server-Timing` may name, and most names the
+/// report keeps (tidings names five): the server under test is not
+/// trusted to keep its header small or its names few.
+const MAX_PARTS: usize = 16;
+/// Longest part name taken.
+const MAX_PART_NAME: usize = 32;
+/// Longest part taken, in milliseconds (a day): sums stay finite.
+const MAX_PART_MS: f64 = 86_400_000.0;
+
 /// The parts of a `Server-Timing` header (`name;dur=ms, ...`), or none if
-/// it is not one.
+/// it is not one (or names more than [`MAX_PARTS`], a long name, or a
+/// duration that is not a finite, non-negative number).
 fn timing_parts(header: &str) -> Option<Vec<(String, f64)>> {
+    if header.split(',').count() > MAX_PARTS {
+        return None;
+    }
     header
         .split(',')
         .map(|part| {
             let (name, dur) = part.trim().split_once(";dur=")?;
-            Some((name.to_owned(), dur.parse().ok()?))
+            let ms: f64 = dur.parse().ok()?;
+            (name.len() <= MAX_PART_NAME && (0.0..MAX_PART_MS).contains(&ms)).then(|| (name.to_owned(), ms))
         })
         .collect()
 }
 
-/// Each part's percentiles, in the order the answers named them.
+/// Each part's percentiles, in the order the answers named them (the
+/// first [`MAX_PARTS`] names and the client's own `http`; later ones are
+/// not reported).
 fn part_stats(samples: Vec<Vec<(String, f64)>>) -> Vec<AnswerPart> {
     let mut by_name: Vec<(String, Vec<f64>)> = Vec::new();
     for answer in samples {
         for (name, ms) in answer {
+            let room = by_name.len() < MAX_PARTS || name == "http";
             match by_name.iter_mut().find(|(n, _)| *n == name) {
                 Some((_, values)) => values.push(ms),
-                None => by_name.push((name, vec![ms])),
+                None if room => by_name.push((name, vec![ms])),
+                None => {}
             }
         }
     }
@@ -206,6 +224,24 @@ mod tests {
         assert_eq!(timing_parts("read;dur=0.010, commit;dur=1.5"), Some(vec![("read".into(), 0.01), ("commit".into(), 1.5)]));
         assert_eq!(timing_parts("read;desc=x"), None);
         assert_eq!(timing_parts("read;dur=fast"), None);
+        assert_eq!(timing_parts("read;dur=NaN"), None);
+        assert_eq!(timing_parts("read;dur=-1"), None);
+        assert_eq!(timing_parts("read;dur=1e300"), None);
+        assert_eq!(timing_parts(&format!("{};dur=1", "n".repeat(MAX_PART_NAME + 1))), None);
+        let many = (0..=MAX_PARTS).map(|i| format!("p{i};dur=1")).collect::<Vec<_>>().join(", ");
+        assert_eq!(timing_parts(&many), None, "more parts than any server names");
+        // A server that names new parts in every answer: the report keeps
+        // the first MAX_PARTS names.
+        let fresh = (0..100)
+            .map(|i| {
+                let mut named: Vec<_> = (0..MAX_PARTS).map(|j| (format!("p{i}-{j}"), 1.0)).collect();
+                named.push(("http".to_owned(), 1.0));
+                named
+            })
+            .collect();
+        let kept = part_stats(fresh);
+        assert_eq!(kept.len(), MAX_PARTS + 1);
+        assert!(kept.iter().any(|p| p.name == "http"), "the client's own part is kept");
         let answers = (1..=100).map(|i| vec![("commit".to_owned(), f64::from(i)), ("http".to_owned(), 1.0)]).collect();
         let parts = part_stats(answers);
         assert_eq!(parts.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["commit", "http"]);

@@ -297,9 +297,62 @@ async fn commit<G: Grouped>(store: &dyn Store, group: Vec<Job<G>>, events: usize
         }
         Err(e) => {
             tracing::debug!(error = %crate::report::chain(&e), members = answers.len(), "a group commit failed; committing its members one by one");
+            // Each member's commit is its own: the failed attempt and the
+            // members before it count as its wait (`queue`).
             for (request, answer) in requests.into_iter().zip(answers) {
-                let _ = answer.send(stamped(G::alone(store, request).await));
+                let taken = Instant::now();
+                let outcome = G::alone(store, request).await;
+                let _ = answer.send((outcome, Stamps { taken, stored: Instant::now() }));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kind whose groups fail (after [`SLOW`]) and whose members commit
+    /// alone at once.
+    struct Failing;
+
+    const SLOW: Duration = Duration::from_secs(1);
+
+    #[async_trait::async_trait]
+    impl Grouped for Failing {
+        type Request = u32;
+        type Answer = u32;
+        const KIND: &'static str = "test";
+
+        fn events(_: &u32) -> usize {
+            1
+        }
+
+        async fn alone(_: &dyn Store, request: u32) -> Result<u32, StoreError> {
+            Ok(request)
+        }
+
+        async fn together(_: &dyn Store, _: Vec<u32>) -> Result<Vec<u32>, StoreError> {
+            tokio::time::sleep(SLOW).await;
+            Err(StoreError::Other(anyhow::anyhow!("one member cannot be stored")))
+        }
+    }
+
+    /// Members of a failed group are committed alone, and each one's
+    /// `commit` is its own commit: the failed attempt counts as waiting.
+    #[tokio::test]
+    async fn a_failed_group_s_members_are_stamped_with_their_own_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(crate::store::embedded::EmbeddedStore::open(dir.path()).await.unwrap());
+        let group = GroupCommit::<Failing>::start(store, GroupSettings { max_events: 8, max_delay: Duration::from_millis(200) });
+        let submitted = Instant::now();
+        let (a, b) = tokio::join!(group.submit_stamped(1, None), group.submit_stamped(2, None));
+        for (answer, want) in [(a, 1), (b, 2)] {
+            let (outcome, stamps) = answer;
+            assert_eq!(outcome.unwrap(), want, "committed alone after the group failed");
+            let stamps = stamps.expect("stamped");
+            assert!(stamps.taken.duration_since(submitted) >= SLOW, "the failed attempt is waiting, not committing");
+            assert!(stamps.stored.duration_since(stamps.taken) < SLOW, "its commit is its own");
         }
     }
 }

@@ -105,14 +105,24 @@ impl Link {
         }
     }
 
+    /// The relay a repair under way may go back to (the one that stopped
+    /// answering), if one is under way.
+    pub(super) fn returning_to(&self, applier: &Applier<'_>) -> Option<String> {
+        self.repairing.then(|| applier.upstream.clone())
+    }
+
     /// The subscription is held at `a.upstream`.
     pub(super) async fn held(&mut self, mirrors: &Mirrors, spec: &Spec, applier: &mut Applier<'_>, a: Attached, stop: &CancellationToken) {
+        // Back at a relay that only stalled, renewing the subscription left
+        // there: the relay kept it, and what it holds for this mirror.
+        let returned = self.abandoned.iter().any(|x| x.upstream == a.upstream && x.id == a.id);
         // A first subscription, or one the upstream ended meanwhile (a new
         // id): what was missed is re-read.
-        let fresh = self.subscription.as_ref() != Some(&a.id);
+        let fresh = self.subscription.as_ref() != Some(&a.id) && !returned;
         applier.upstream = a.upstream.clone();
-        // Held there again: nothing of it to cancel.
-        self.abandoned.retain(|x| x.upstream != a.upstream);
+        // Held there again: nothing of it to cancel (any other left there
+        // still is).
+        self.abandoned.retain(|x| !(x.upstream == a.upstream && x.id == a.id));
         self.hops = a.hops;
         if !a.alternatives.is_empty() {
             self.alternatives = a.alternatives;

@@ -448,10 +448,11 @@ impl Mirrors {
                 }
                 _ = reconcile.tick() => {
                     applier.reconcile(&stop).await;
+                    let keep = link.returning_to(&applier);
                     tokio::select! {
                         biased;
                         _ = stop.cancelled() => break,
-                        _ = self.cancel_abandoned(&spec, &mut link.abandoned) => {}
+                        _ = self.cancel_abandoned(&spec, &mut link.abandoned, keep) => {}
                     }
                 }
             }

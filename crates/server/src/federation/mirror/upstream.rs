@@ -111,11 +111,16 @@ impl Mirrors {
     /// Cancels the abandoned subscriptions whose relay answers again (all
     /// probed at once); forgets those whose token has expired. (One at a
     /// server attached to again is dropped from the list then: a renewal
-    /// keeps the id, so it is the live subscription.)
-    pub(super) async fn cancel_abandoned(&self, spec: &Spec, abandoned: &mut Vec<Abandoned>) {
+    /// keeps the id, so it is the live subscription.) Those at `keep`, the
+    /// relay a repair under way may go back to, are kept: cancelled, the
+    /// place a return would renew would be given up.
+    pub(super) async fn cancel_abandoned(&self, spec: &Spec, abandoned: &mut Vec<Abandoned>, keep: Option<String>) {
         let now = tokio::time::Instant::now();
         abandoned.retain(|a| a.until > now);
-        let answering = futures_util::future::join_all(abandoned.iter().map(|a| self.answers(&a.upstream))).await;
+        let kept_for_return = |a: &Abandoned| keep.as_deref() == Some(a.upstream.as_str());
+        let answering =
+            futures_util::future::join_all(abandoned.iter().map(|a| async { !kept_for_return(a) && self.answers(&a.upstream).await }))
+                .await;
         let mut kept = Vec::new();
         for (a, answers) in std::mem::take(abandoned).into_iter().zip(answering) {
             if !answers {

@@ -431,6 +431,50 @@ mod tests {
         }
     }
 
+    /// A client that closes its side while a write waits for it (its
+    /// buffers full), then takes the rest: the stream, idle after that
+    /// write, still sees the close and ends (the close's wake-up came
+    /// during the waiting write, and is not lost there).
+    #[tokio::test]
+    async fn a_client_that_closes_during_a_waiting_write_ends_the_stream() {
+        use futures_util::StreamExt as _;
+        use tokio::io::AsyncWriteExt as _;
+        const BIG: usize = 4 << 20;
+        // Buffers of 64 KiB on both sides (set, so the kernel does not grow
+        // them): the frame cannot be taken whole, and its write waits.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(64 << 10).unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(1).unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(64 << 10).unwrap();
+        let mut server = socket.connect(listener.local_addr().unwrap()).await.unwrap();
+        let (mut client, _) = listener.accept().await.unwrap();
+        // One frame larger than both sockets' buffers can hold, then nothing.
+        let frame = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(Bytes::from(vec![b'a'; BIG]))]);
+        let body = Body::from_stream(frame.chain(futures_util::stream::pending()));
+        let (head, body, exact) = head_of(Response::builder().body(body).unwrap());
+        let written = tokio::spawn(async move {
+            let watch = Watch::new(CancellationToken::new());
+            write_response(&mut server, head, body, exact, watch, Duration::from_secs(60)).await
+        });
+        // The frame's first bytes are here: its write has begun, and cannot
+        // end before the client reads on.
+        let mut read = Vec::with_capacity(BIG + 1024);
+        while !read.ends_with(b"aaaa") {
+            let mut buf = [0u8; 1024];
+            let n = client.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the stream ended early");
+            read.extend_from_slice(&buf[..n]);
+        }
+        client.shutdown().await.unwrap();
+        let rest = tokio::time::timeout(Duration::from_secs(30), client.read_to_end(&mut read)).await;
+        assert!(rest.is_ok(), "the stream did not end after its client closed");
+        let body_at = read.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+        assert_eq!(read[body_at..].iter().filter(|b| **b == b'a').count(), BIG, "the frame arrived whole");
+        written.await.unwrap().unwrap();
+    }
+
     #[test]
     fn chunk_sizes_in_hex() {
         let mut out = [0u8; 18];
