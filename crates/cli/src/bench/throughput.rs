@@ -61,7 +61,7 @@ const MAX_PART_MS: f64 = 86_400_000.0;
 /// The parts of a `Server-Timing` header (`name;dur=ms, ...`), or none if
 /// it is not one (or names more than [`MAX_PARTS`], a long name, or a
 /// duration that is not a finite, non-negative number).
-fn timing_parts(header: &str) -> Option<Vec<(String, f64)>> {
+fn timing_parts(header: &str) -> Option<Vec<(&str, f64)>> {
     if header.split(',').count() > MAX_PARTS {
         return None;
     }
@@ -70,39 +70,51 @@ fn timing_parts(header: &str) -> Option<Vec<(String, f64)>> {
         .map(|part| {
             let (name, dur) = part.trim().split_once(";dur=")?;
             let ms: f64 = dur.parse().ok()?;
-            (name.len() <= MAX_PART_NAME && (0.0..MAX_PART_MS).contains(&ms)).then(|| (name.to_owned(), ms))
+            (name.len() <= MAX_PART_NAME && (0.0..MAX_PART_MS).contains(&ms)).then_some((name, ms))
         })
         .collect()
 }
 
-/// Each part's percentiles, in the order the answers named them (the
-/// first [`MAX_PARTS`] names and the client's own `http`; later ones are
-/// not reported).
-fn part_stats(samples: Vec<Vec<(String, f64)>>) -> Vec<AnswerPart> {
-    let mut by_name: Vec<(String, Vec<f64>)> = Vec::new();
-    for answer in samples {
-        for (name, ms) in answer {
-            let room = by_name.len() < MAX_PARTS || name == "http";
-            match by_name.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, values)) => values.push(ms),
-                None if room => by_name.push((name, vec![ms])),
-                None => {}
-            }
+/// Each part's samples by name, in the order the answers named them: the
+/// first [`MAX_PARTS`] names and the client's own `http` (later names are
+/// not reported). Kept as they come, with no allocation per answer: the
+/// load generator shares the machine with the server it measures.
+#[derive(Debug, Default)]
+struct PartSamples(Vec<(String, Vec<f64>)>);
+
+impl PartSamples {
+    fn add(&mut self, name: &str, ms: f64) {
+        let room = self.0.len() < MAX_PARTS || name == "http";
+        match self.0.iter_mut().find(|(n, _)| n == name) {
+            Some((_, values)) => values.push(ms),
+            None if room => self.0.push((name.to_owned(), vec![ms])),
+            None => {}
         }
     }
-    by_name
-        .into_iter()
-        .map(|(name, mut values)| {
-            values.sort_by(f64::total_cmp);
-            let mean_ms = values.iter().sum::<f64>() / values.len() as f64;
-            AnswerPart {
-                name,
-                p50_ms: nearest_rank(&values, 0.5).unwrap_or(f64::NAN),
-                p99_ms: nearest_rank(&values, 0.99).unwrap_or(f64::NAN),
-                mean_ms,
-            }
-        })
-        .collect()
+
+    /// Another publisher's samples, added to these.
+    fn merge(&mut self, other: PartSamples) {
+        for (name, values) in other.0 {
+            values.into_iter().for_each(|ms| self.add(&name, ms));
+        }
+    }
+
+    /// Each part's percentiles.
+    fn stats(self) -> Vec<AnswerPart> {
+        self.0
+            .into_iter()
+            .map(|(name, mut values)| {
+                values.sort_by(f64::total_cmp);
+                let mean_ms = values.iter().sum::<f64>() / values.len() as f64;
+                AnswerPart {
+                    name,
+                    p50_ms: nearest_rank(&values, 0.5).unwrap_or(f64::NAN),
+                    p99_ms: nearest_rank(&values, 0.99).unwrap_or(f64::NAN),
+                    mean_ms,
+                }
+            })
+            .collect()
+    }
 }
 
 /// Closed-loop publish throughput: `concurrency` publishers, `batch` events
@@ -120,7 +132,7 @@ pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRe
                 let one = json!({"event_type": event_type, "payload": {"weight": 1}});
                 let body = if batch == 1 { one } else { json!({"events": vec![one; batch]}) };
                 let body = bytes::Bytes::from(serde_json::to_vec(&body).expect("serialisable"));
-                let (mut answered, mut failed, mut parts) = (Vec::new(), 0u64, Vec::new());
+                let (mut answered, mut failed, mut parts) = (Vec::new(), 0u64, PartSamples::default());
                 let mut n = 0u64;
                 while Instant::now() < deadline {
                     let sent = Instant::now();
@@ -136,10 +148,10 @@ pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRe
                             let waited = sent.elapsed().as_secs_f64() * 1000.0;
                             answered.push(waited);
                             let named = r.headers().get("server-timing").and_then(|h| h.to_str().ok()).and_then(timing_parts);
-                            if let Some(mut named) = named {
+                            if let Some(named) = named {
                                 let server: f64 = named.iter().map(|(_, ms)| ms).sum();
-                                named.push(("http".to_owned(), (waited - server).max(0.0)));
-                                parts.push(named);
+                                named.into_iter().for_each(|(name, ms)| parts.add(name, ms));
+                                parts.add("http", (waited - server).max(0.0));
                             }
                         }
                         _ => failed += 1,
@@ -149,12 +161,12 @@ pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRe
             })
         })
         .collect();
-    let (mut answered, mut failed, mut parts) = (Vec::new(), 0, Vec::new());
+    let (mut answered, mut failed, mut parts) = (Vec::new(), 0, PartSamples::default());
     for w in workers {
         let (a, f, p) = w.await?;
         answered.extend(a);
         failed += f;
-        parts.extend(p);
+        parts.merge(p);
     }
     let seconds = start.elapsed().as_secs_f64();
     let events = answered.len() as u64 * args.batch as u64;
@@ -175,7 +187,7 @@ pub async fn publish_throughput(args: &BenchArgs) -> anyhow::Result<ThroughputRe
         failed: Some(failed),
         answer_p50_ms: pct(0.5),
         answer_p99_ms: pct(0.99),
-        parts: part_stats(parts),
+        parts: parts.stats(),
     })
 }
 
@@ -221,7 +233,7 @@ mod tests {
 
     #[test]
     fn server_timing_parts_and_their_percentiles() {
-        assert_eq!(timing_parts("read;dur=0.010, commit;dur=1.5"), Some(vec![("read".into(), 0.01), ("commit".into(), 1.5)]));
+        assert_eq!(timing_parts("read;dur=0.010, commit;dur=1.5"), Some(vec![("read", 0.01), ("commit", 1.5)]));
         assert_eq!(timing_parts("read;desc=x"), None);
         assert_eq!(timing_parts("read;dur=fast"), None);
         assert_eq!(timing_parts("read;dur=NaN"), None);
@@ -232,18 +244,23 @@ mod tests {
         assert_eq!(timing_parts(&many), None, "more parts than any server names");
         // A server that names new parts in every answer: the report keeps
         // the first MAX_PARTS names.
-        let fresh = (0..100)
-            .map(|i| {
-                let mut named: Vec<_> = (0..MAX_PARTS).map(|j| (format!("p{i}-{j}"), 1.0)).collect();
-                named.push(("http".to_owned(), 1.0));
-                named
-            })
-            .collect();
-        let kept = part_stats(fresh);
+        let mut fresh = PartSamples::default();
+        for i in 0..100 {
+            (0..MAX_PARTS).for_each(|j| fresh.add(&format!("p{i}-{j}"), 1.0));
+            fresh.add("http", 1.0);
+        }
+        let kept = fresh.stats();
         assert_eq!(kept.len(), MAX_PARTS + 1);
         assert!(kept.iter().any(|p| p.name == "http"), "the client's own part is kept");
-        let answers = (1..=100).map(|i| vec![("commit".to_owned(), f64::from(i)), ("http".to_owned(), 1.0)]).collect();
-        let parts = part_stats(answers);
+        // Two publishers' samples, merged.
+        let (mut one, mut other) = (PartSamples::default(), PartSamples::default());
+        for i in 1..=100 {
+            let publisher = if i % 2 == 0 { &mut one } else { &mut other };
+            publisher.add("commit", f64::from(i));
+            publisher.add("http", 1.0);
+        }
+        one.merge(other);
+        let parts = one.stats();
         assert_eq!(parts.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["commit", "http"]);
         assert_eq!((parts[0].p50_ms, parts[0].p99_ms, parts[0].mean_ms), (50.0, 99.0, 50.5));
     }
