@@ -3,6 +3,8 @@
 //! index names, its frame built once and queued for every client whose
 //! filter matches; a queue that refuses marks its client for eviction
 //! after the round (lagged if it was behind, slow if it was backed up).
+//! Frames for parked readers (`queue`'s module docs) are written to their
+//! streams after the round, off the lock.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -47,7 +49,8 @@ impl Broker {
         let position = clients.position;
         events.retain(|e| e.id > position);
         clients.rounds += 1;
-        let mut round = Round { number: clients.rounds, bound: self.shared.settings.client_queue, now: None, evict: Vec::new() };
+        let mut round =
+            Round { number: clients.rounds, bound: self.shared.settings.client_queue, now: None, evict: Vec::new(), flush: Vec::new() };
         {
             let mut candidates = Vec::new();
             for event in &events {
@@ -60,6 +63,8 @@ impl Broker {
             }
         }
         self.advance(clients, last);
+        drop(guard);
+        self.flush(round.flush);
         true
     }
 
@@ -136,9 +141,13 @@ impl Broker {
     /// Queues one frame for one client: whether it was queued (`false`: the
     /// client is gone), or why the client must go.
     #[inline]
-    fn push(&self, state: &ClientState, frame: Frame, round: &mut Round) -> Result<bool, Detached> {
+    fn push(&self, state: &Arc<ClientState>, frame: Frame, round: &mut Round) -> Result<bool, Detached> {
         match state.queue.push(frame, round.bound) {
-            Ok(was_empty) => {
+            Ok(queue::Pushed { was_empty, flush }) => {
+                if flush && was_empty {
+                    // Written once the round is over, off the lock.
+                    round.flush.push(state.clone());
+                }
                 if was_empty {
                     // A client that had taken everything is not behind:
                     // the no-progress clock starts with this frame, not at
@@ -174,6 +183,32 @@ struct Round {
     bound: usize,
     now: Option<u64>,
     evict: Vec<(u64, Detached)>,
+    /// Parked readers with frames to write.
+    flush: Vec<Arc<ClientState>>,
+}
+
+/// Parked readers one write task takes: a round's writes are spread over
+/// tasks of this many, which the runtime's workers share.
+const FLUSH_SHARE: usize = 256;
+
+impl Broker {
+    /// Writes what the round queued for parked readers to their streams,
+    /// on the runtime's workers, not in the caller: a hand-off fans out in
+    /// the thread that committed (the embedded store's writer), which must
+    /// not wait on a thousand sockets. The tasks are the broker's own and
+    /// end by themselves (a write never waits).
+    fn flush(&self, mut states: Vec<Arc<ClientState>>) {
+        let write = |share: Vec<Arc<ClientState>>| {
+            for state in share {
+                state.queue.flush();
+            }
+        };
+        let Some(runtime) = self.shared.runtime.as_ref() else { return write(states) };
+        while !states.is_empty() {
+            let share = states.split_off(states.len().saturating_sub(FLUSH_SHARE));
+            runtime.spawn(async move { write(share) });
+        }
+    }
 }
 
 /// Whether rows `first..=last` are settled without a fan-out: not taken

@@ -23,6 +23,7 @@ mod subscription;
 
 pub(crate) use frame::trace_of;
 pub use frame::{Detached, Frame, FrameData};
+pub use queue::{Sink, Wrote};
 pub use subscription::Subscription;
 
 use std::collections::HashMap;
@@ -162,6 +163,9 @@ struct Shared {
     /// The position, for tasks that follow the log (the subscription engine).
     advanced: watch::Sender<EventId>,
     stopped: CancellationToken,
+    /// Where a round's writes for parked readers run (`fanout`); none
+    /// outside a runtime (they then run in the round's caller).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 /// A handle to the broker. Cloning is shallow.
@@ -184,6 +188,7 @@ impl Broker {
             position: AtomicI64::new(head),
             advanced: watch::Sender::new(head),
             stopped: CancellationToken::new(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         };
         Self { shared: Arc::new(shared) }
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Broker, ClientState, Detached, Frame};
+use super::{Broker, ClientState, Detached, Frame, Sink};
 use crate::metrics as m;
 use tidings_protocol::event::EventId;
 
@@ -37,9 +37,29 @@ impl Subscription {
     /// [`Self::recv`] as a poll function, for a transport that waits on
     /// its queue and something else in one poll.
     pub fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Frame>> {
-        let frame = std::task::ready!(self.state.queue.poll_pop(cx));
+        self.poll_recv_or_park(cx, None)
+    }
+
+    /// [`Self::poll_recv`] for a client with a stream attached
+    /// ([`Self::attach`]), given its cursor (what it has delivered): it
+    /// parks while it waits, and the broker writes its frames to the
+    /// stream itself; its next poll unparks it, and moves the cursor past
+    /// what was written meanwhile.
+    pub fn poll_recv_or_park(&mut self, cx: &mut std::task::Context<'_>, park: Option<&mut EventId>) -> std::task::Poll<Option<Frame>> {
+        let frame = std::task::ready!(self.state.queue.poll_pop(cx, park));
         self.progress();
         std::task::Poll::Ready(frame)
+    }
+
+    /// The stream the broker writes while the client is parked (see
+    /// `broker::queue`).
+    pub fn attach(&self, sink: Arc<dyn Sink>) {
+        self.state.queue.attach(sink);
+    }
+
+    /// The stream attached, if any.
+    pub fn sink(&self) -> Option<Arc<dyn Sink>> {
+        self.state.queue.sink()
     }
 
     /// A frame already queued, without waiting (for coalescing writes).

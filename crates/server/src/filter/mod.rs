@@ -181,6 +181,12 @@ impl Filter {
         self.payload.as_ref()?.take_budget_notice()
     }
 
+    /// Whether [`Self::take_budget_notice`] has a notice to give: nothing
+    /// is written for the stream before it.
+    pub fn budget_notice_due(&self) -> bool {
+        self.payload.as_ref().is_some_and(PayloadRule::budget_notice_due)
+    }
+
     /// Builds a filter from its parts, validating each.
     pub fn from_parts(types: &[String], agents: &[String], targets: &[String], limits: FilterLimits) -> Result<Self, FilterError> {
         for (field, list) in [("types", types), ("agents", agents), ("targets", targets)] {

@@ -27,10 +27,10 @@ use super::AppState;
 use super::caller::{Caller, Params};
 use super::compress::{self, Gzip};
 use super::error::ApiError;
-use crate::broker::{Frame, FrameData};
+use crate::broker::{Frame, FrameData, Wrote};
 use crate::config::Compression;
 use crate::filter::{Filter, FilterQuery};
-use crate::server::Connection;
+use crate::server::{Connection, Link};
 use crate::service::error::{check_envelope, parse_cursor};
 use crate::service::session::{Dropped, End, Gap, Item, Session, Start, record_delivery};
 use tidings_protocol::event::{EventId, names};
@@ -87,17 +87,25 @@ pub(crate) async fn stream(
     };
 
     let core = app.core();
+    let compression = app.settings().streams.compression == Compression::On;
+    let gzip = (compression && compress::accepts_gzip(&headers)).then(Box::<Gzip>::default);
+    let gzipped = gzip.is_some();
     let mut options = core.session_options("sse");
     options.permit = Some(core.limits().acquire_stream(&caller)?);
-    options.kill = connection.map(|c| c.0.kill_token());
+    options.kill = connection.as_ref().map(|c| c.0.kill_token());
     options.expires_at = caller.expires_at;
+    // A plain stream on the direct path, whose frames need no span of their
+    // own, lets the broker write its frames while it waits.
+    if !gzipped
+        && crate::telemetry::tracer().is_none()
+        && let Some(link) = connection.as_ref().and_then(|c| c.0.link())
+    {
+        options.sink = Some(Arc::new(Sink { link: link.clone(), filter: filter.clone(), expires_at: caller.expires_at }));
+    }
     let start = resume.map_or(Start::Now, Start::Resume);
     let session = Session::open(core, filter, start, options).await?;
 
     let retry_ms = u32::try_from(app.settings().streams.sse_retry.as_millis()).unwrap_or(u32::MAX);
-    let compression = app.settings().streams.compression == Compression::On;
-    let gzip = (compression && compress::accepts_gzip(&headers)).then(Box::default);
-    let gzipped = gzip.is_some();
     let state = SseState { session, retry_ms, phase: Phase::Start, pending: Vec::new().into_iter(), gzip };
     // The session is awaited right in the stream's step, with no helper
     // future in between: an idle stream is this one future.
@@ -146,6 +154,39 @@ pub(crate) async fn stream(
         crate::metrics::stream_compressed();
     }
     Ok(response)
+}
+
+/// A stream the broker writes while its session waits (see
+/// `broker::Sink`): what the stream would write, as one chunk.
+#[derive(Debug)]
+struct Sink {
+    link: Arc<Link>,
+    filter: Arc<Filter>,
+    expires_at: Option<i64>,
+}
+
+impl crate::broker::Sink for Sink {
+    fn idle(&self) -> bool {
+        self.link.idle()
+    }
+
+    fn settled(&self) -> bool {
+        self.link.settled()
+    }
+
+    fn write(&self, frames: &[Frame]) -> Wrote {
+        // A notice goes first, and nothing goes after the token's expiry:
+        // the session writes those.
+        if self.filter.budget_notice_due() || self.expires_at.is_some_and(|at| chrono::Utc::now().timestamp() >= at) {
+            return Wrote::Declined;
+        }
+        let whole = match frames {
+            [one] => self.link.write_chunk(std::slice::from_ref(&one.sse(event_frame))),
+            many => self.link.write_chunk(&many.iter().map(|f| f.sse(event_frame)).collect::<Vec<_>>()),
+        };
+        record_delivery("sse", frames, false);
+        if whole { Wrote::All } else { Wrote::Part }
+    }
 }
 
 /// Kept per stream for its whole life, so kept small: an idle stream costs

@@ -33,6 +33,7 @@ mod idle;
 pub mod tls;
 mod watch;
 
+pub(crate) use direct::Link;
 pub(crate) use watch::Watch;
 
 /// Longest request target (path and query) accepted: room for the longest
@@ -79,6 +80,9 @@ pub struct Connection {
     secure: bool,
     /// The server's connections: a graceful shutdown waits for each.
     tracker: TaskTracker,
+    /// A stream's socket on the direct path, which the broker may write
+    /// while the stream waits ([`Link`]).
+    link: Option<Arc<Link>>,
 }
 
 impl Connection {
@@ -90,6 +94,12 @@ impl Connection {
     /// The peer address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The socket of a stream served on the direct path, which the broker
+    /// may write while the stream's task waits (see [`Link`]).
+    pub(crate) fn link(&self) -> Option<&Arc<Link>> {
+        self.link.as_ref()
     }
 
     /// Whether the request arrived over TLS (this server's own; a proxy's
@@ -154,7 +164,8 @@ pub async fn serve(listener: TcpListener, router: Router, options: ServeOptions,
             },
         };
         let _ = stream.set_nodelay(true);
-        let connection = Connection { kill: force.child_token(), peer, secure: options.tls.is_some(), tracker: tracker.clone() };
+        let connection =
+            Connection { kill: force.child_token(), peer, secure: options.tls.is_some(), tracker: tracker.clone(), link: None };
         let task =
             serve_connection(stream, connection, router.clone(), options.clone(), refusals.clone(), shutdown.clone(), tracker.clone());
         tracker.spawn(task);

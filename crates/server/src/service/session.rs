@@ -29,7 +29,7 @@ use super::Services;
 pub use super::delivered::record_delivery;
 pub use super::gap::{Gap, GapReason};
 use super::limits::StreamPermit;
-use crate::broker::{Broker, Detached, Frame, SubscribeOptions, Subscription};
+use crate::broker::{Broker, Detached, Frame, Sink, SubscribeOptions, Subscription};
 use crate::filter::Filter;
 use crate::metrics as m;
 use crate::store::{Bounds, EventLog, StoreError};
@@ -77,6 +77,10 @@ pub struct SessionOptions {
     /// ends with [`Item::Expired`] (at the expiry when it has heartbeats,
     /// else at its next item).
     pub expires_at: Option<i64>,
+    /// The stream the broker may write itself while the session waits live
+    /// with everything delivered (`broker::Sink`): an SSE stream on the
+    /// direct path. Such a session is *parked* while it waits.
+    pub sink: Option<Arc<dyn Sink>>,
 }
 
 /// A slow client's drop: the session ends after it; the client resumes
@@ -184,6 +188,9 @@ pub struct Session {
     /// [`FIRST_PAGE_BYTES`]).
     pages: u8,
     phase: Phase,
+    /// The session has a stream the broker writes while it is parked
+    /// (kept in its subscription's queue: [`SessionOptions::sink`]).
+    parks: bool,
     /// A gap to announce, and the events read with it (rare; boxed so an
     /// idle session does not carry room for them).
     aside: Option<Box<Aside>>,
@@ -215,6 +222,7 @@ impl Services {
             scan_budget: None,
             permit: None,
             expires_at: None,
+            sink: None,
         }
     }
 }
@@ -320,7 +328,11 @@ impl Session {
             Start::Resume(id) | Start::After(id) => Some(id),
             Start::Now => None,
         };
-        let SessionOptions { transport, kill, heartbeat, read_batch, scan_budget, permit, expires_at, .. } = options;
+        if let (Some(sub), Some(sink)) = (&subscription, &options.sink) {
+            sub.attach(sink.clone());
+        }
+        let SessionOptions { transport, kill, heartbeat, read_batch, scan_budget, permit, expires_at, sink, .. } = options;
+        let sink = sink.filter(|_| subscription.is_some());
         // Past 2106 a token lives as long as u32 seconds reach.
         let expiry = expires_at
             .map(|at| std::num::NonZeroU32::new(u32::try_from(at.max(1)).unwrap_or(u32::MAX)).unwrap_or(std::num::NonZeroU32::MIN));
@@ -346,6 +358,7 @@ impl Session {
             row_bytes: u32::MAX,
             pages: 0,
             phase: Phase::Replay,
+            parks: sink.is_some(),
             aside: gap.map(|gap| Box::new(Aside { gap: Some(gap), ..Aside::default() })),
         })
     }
@@ -465,7 +478,15 @@ impl Session {
     /// which ends the session as [`End::Shutdown`]).
     fn poll_live(&mut self, cx: &mut Context<'_>) -> Poll<Option<Option<Frame>>> {
         let sub = self.subscription.as_mut().expect("a live phase has a subscription");
-        if let Poll::Ready(frame) = sub.poll_recv(cx) {
+        // A session with a stream parks while it waits, and every poll
+        // unparks it first: what the broker wrote for it meanwhile was
+        // delivered, and from here on the session writes.
+        let before = self.cursor;
+        let polled = sub.poll_recv_or_park(cx, self.parks.then_some(&mut self.cursor));
+        if self.cursor != before {
+            self.last_sent = Some(self.cursor);
+        }
+        if let Poll::Ready(frame) = polled {
             return Poll::Ready(Some(frame));
         }
         let Some(every) = self.heartbeat else { return Poll::Pending };
@@ -645,6 +666,9 @@ impl Session {
         // Register anew before the old registration goes; its queue is
         // drained already.
         let fresh = self.broker.subscribe(self.filter.clone(), subscribe(&self.kill, self.transport, true));
+        if let Some(sink) = self.subscription.as_ref().and_then(Subscription::sink) {
+            fresh.attach(sink);
+        }
         self.target = fresh.position();
         self.subscription = Some(fresh);
         self.phase = Phase::Replay;

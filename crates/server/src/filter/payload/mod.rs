@@ -179,6 +179,11 @@ impl PayloadRule {
         self.over_budget.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether [`Self::take_budget_notice`] has a notice to give.
+    pub fn budget_notice_due(&self) -> bool {
+        self.went_over_budget() && !self.told.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The budget, once, the first time this is asked after an evaluation
     /// went over it: what the client is told.
     pub fn take_budget_notice(&self) -> Option<usize> {

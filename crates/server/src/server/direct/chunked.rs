@@ -13,9 +13,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Response, header};
 use bytes::{Buf as _, Bytes};
-use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 
+use super::link::{Link, Owed};
 use crate::server::Watch;
 
 /// The response's head as bytes, and its body: the response itself (its
@@ -63,7 +63,8 @@ pub(super) fn head_of(response: Response<Body>) -> (Vec<u8>, Body, Option<u64>) 
 /// a boxed future with its deadline.
 #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice for its whole life (see the body)")]
 pub(super) fn write_response<'a>(
-    stream: &'a mut TcpStream,
+    stream: &'a TcpStream,
+    link: Option<&'a Link>,
     head: Vec<u8>,
     body: Body,
     exact: Option<u64>,
@@ -77,23 +78,24 @@ pub(super) fn write_response<'a>(
         tokio::select! {
             biased;
             _ = watch.as_mut() => return Ok(()),
-            r = stream.write_all(&head) => r?,
+            r = write_rest(stream, vec![Bytes::from(head)]) => r?,
         }
-        drop(head);
         // The socket's read readiness has not been given the watch's waker
         // yet: the first step polls it.
         watch.raise();
         let chunked = exact.is_none();
         let mut body = std::pin::pin!(body);
+        // Whatever way it ends, the broker writes for this stream no more.
+        let _ended = link.map(Ended);
         loop {
-            let (frames, ended) = match std::future::poll_fn(|cx| next_step(cx, stream, body.as_mut(), watch.as_mut())).await {
-                Step::Frames(frames, ended) => (frames, ended),
+            let (rest, ended) = match std::future::poll_fn(|cx| next_step(cx, stream, link, body.as_mut(), watch.as_mut())).await {
+                Step::Frames(frames, ended) => match try_write(stream, &frames, chunked) {
+                    Ok(rest) => (rest, ended),
+                    Err(_) => return Ok(()),
+                },
+                Step::Owed(rest) => (Some(rest), false),
                 Step::End => break,
                 Step::Closed => return Ok(()),
-            };
-            let rest = match try_write(stream, &frames, chunked) {
-                Ok(rest) => rest,
-                Err(_) => return Ok(()),
             };
             if let Some(rest) = rest {
                 // Boxed: a waiting write is rare, and its state and timer
@@ -125,9 +127,11 @@ pub(super) fn write_response<'a>(
         // The end, like any write, within the write timeout and the kill.
         let end = async {
             if chunked {
-                stream.write_all(b"0\r\n\r\n").await?;
+                write_rest(stream, vec![Bytes::from_static(b"0\r\n\r\n")]).await?;
             }
-            stream.shutdown().await
+            // The socket may outlive this task for a moment (the broker
+            // holds it while it writes): the client sees the end now.
+            socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write)
         };
         tokio::select! {
             biased;
@@ -137,8 +141,20 @@ pub(super) fn write_response<'a>(
     }
 }
 
+/// Lowers the link's idle flag for good when the stream ends.
+struct Ended<'a>(&'a Link);
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        self.0.set_idle(false);
+    }
+}
+
 /// What the stream does next.
 enum Step {
+    /// The rest of a chunk the broker began (see [`Link`]): written before
+    /// anything else.
+    Owed(Vec<Bytes>),
     /// Frames to write (every one that was ready, at most [`MAX_GATHER`]);
     /// `true` when the body ended after them.
     Frames(Vec<Bytes>, bool),
@@ -155,7 +171,23 @@ enum Step {
 /// rarely have news: both are polled with `watch`'s waker, and only when it
 /// fired, so a delivery's wake-up reads a flag instead of taking the
 /// token's and the socket's locks (see [`Watch`]).
-fn next_step(cx: &mut Context<'_>, stream: &TcpStream, mut body: Pin<&mut Body>, mut watch: Pin<&mut Watch>) -> Poll<Step> {
+fn next_step(
+    cx: &mut Context<'_>,
+    stream: &TcpStream,
+    link: Option<&Link>,
+    mut body: Pin<&mut Body>,
+    mut watch: Pin<&mut Watch>,
+) -> Poll<Step> {
+    if let Some(link) = link {
+        // Running: the broker writes for this stream no more until it
+        // waits again with nothing in hand, and what it left goes first.
+        link.set_idle(false);
+        match link.take_owed() {
+            Some(Owed::Rest(rest)) => return Poll::Ready(Step::Owed(rest)),
+            Some(Owed::Failed) => return Poll::Ready(Step::Closed),
+            None => {}
+        }
+    }
     if watch.as_mut().woken(cx) {
         let waker = watch.waker();
         let mut quiet = Context::from_waker(&waker);
@@ -200,7 +232,13 @@ fn next_step(cx: &mut Context<'_>, stream: &TcpStream, mut body: Pin<&mut Body>,
             Poll::Pending => break,
         }
     }
-    if frames.is_empty() { Poll::Pending } else { Poll::Ready(Step::Frames(frames, false)) }
+    if !frames.is_empty() {
+        return Poll::Ready(Step::Frames(frames, false));
+    }
+    if let Some(link) = link {
+        link.set_idle(true);
+    }
+    Poll::Pending
 }
 
 /// Most frames gathered into one write.
@@ -210,7 +248,7 @@ const MAX_GATHER: usize = 64;
 /// takes it all (with chunked encoding, one chunk holding them all: each is
 /// a whole SSE event, so the stream reads the same). Returns what is left
 /// when the socket would block.
-fn try_write(stream: &TcpStream, frames: &[Bytes], chunked: bool) -> io::Result<Option<Vec<Bytes>>> {
+pub(super) fn try_write(stream: &TcpStream, frames: &[Bytes], chunked: bool) -> io::Result<Option<Vec<Bytes>>> {
     use std::io::IoSlice;
     let total: usize = frames.iter().map(Bytes::len).sum();
     let mut size = [0u8; 18];
@@ -387,10 +425,10 @@ mod tests {
         for (what, response, leaves) in cases {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-            let (mut server, _) = listener.accept().await.unwrap();
+            let (server, _) = listener.accept().await.unwrap();
             let (head, body, exact) = head_of(response);
             let watch = Watch::new(CancellationToken::new());
-            write_response(&mut server, head, body, exact, watch, Duration::from_secs(5)).await.unwrap();
+            write_response(&server, None, head, body, exact, watch, Duration::from_secs(5)).await.unwrap();
             let mut read = Vec::new();
             tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut read)).await.unwrap().unwrap();
             let read = String::from_utf8(read).unwrap();
@@ -415,7 +453,7 @@ mod tests {
             ("the client sends 64 KiB and stays", 64 << 10, false, false),
         ] {
             let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-            let (mut server, _) = listener.accept().await.unwrap();
+            let (server, _) = listener.accept().await.unwrap();
             client.write_all(&vec![b'x'; sent]).await.unwrap();
             if close {
                 client.shutdown().await.unwrap();
@@ -425,10 +463,23 @@ mod tests {
                 token.cancel();
             }
             let (head, body, exact) = head_of(Response::builder().body(silent()).unwrap());
-            let written = write_response(&mut server, head, body, exact, Watch::new(token), Duration::from_secs(5));
+            let written = write_response(&server, None, head, body, exact, Watch::new(token), Duration::from_secs(5));
             let ended = tokio::time::timeout(Duration::from_secs(2), written).await;
             assert_eq!(ended.is_ok(), close || kill, "{what}");
         }
+    }
+
+    /// A server's socket and its client's, with buffers of 64 KiB on both
+    /// sides (set, so the kernel does not grow them).
+    async fn small_buffers() -> (TcpStream, TcpStream) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(64 << 10).unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(1).unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(64 << 10).unwrap();
+        let server = socket.connect(listener.local_addr().unwrap()).await.unwrap();
+        (server, listener.accept().await.unwrap().0)
     }
 
     /// A client that closes its side while a write waits for it (its
@@ -440,23 +491,15 @@ mod tests {
         use futures_util::StreamExt as _;
         use tokio::io::AsyncWriteExt as _;
         const BIG: usize = 4 << 20;
-        // Buffers of 64 KiB on both sides (set, so the kernel does not grow
-        // them): the frame cannot be taken whole, and its write waits.
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(64 << 10).unwrap();
-        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let listener = socket.listen(1).unwrap();
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_send_buffer_size(64 << 10).unwrap();
-        let mut server = socket.connect(listener.local_addr().unwrap()).await.unwrap();
-        let (mut client, _) = listener.accept().await.unwrap();
+        // The frame cannot be taken whole, and its write waits.
+        let (server, mut client) = small_buffers().await;
         // One frame larger than both sockets' buffers can hold, then nothing.
         let frame = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(Bytes::from(vec![b'a'; BIG]))]);
         let body = Body::from_stream(frame.chain(futures_util::stream::pending()));
         let (head, body, exact) = head_of(Response::builder().body(body).unwrap());
         let written = tokio::spawn(async move {
             let watch = Watch::new(CancellationToken::new());
-            write_response(&mut server, head, body, exact, watch, Duration::from_secs(60)).await
+            write_response(&server, None, head, body, exact, watch, Duration::from_secs(60)).await
         });
         // The frame's first bytes are here: its write has begun, and cannot
         // end before the client reads on.
@@ -473,6 +516,70 @@ mod tests {
         let body_at = read.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
         assert_eq!(read[body_at..].iter().filter(|b| **b == b'a').count(), BIG, "the frame arrived whole");
         written.await.unwrap().unwrap();
+    }
+
+    /// The broker writes to a waiting stream's socket itself, and when the
+    /// socket does not take a chunk whole, the stream's task writes the
+    /// rest before anything of its own: the client reads every chunk
+    /// whole, in order, whatever the broker and the task wrote.
+    #[tokio::test]
+    async fn a_broker_write_that_the_socket_does_not_take_whole_is_finished_by_the_task_first() {
+        use std::sync::Arc;
+        let (server, mut client) = small_buffers().await;
+        let link = Arc::new(Link::new(server));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+        let frames =
+            futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (Ok::<_, std::convert::Infallible>(f), rx)) });
+        let (head, body, exact) = head_of(Response::builder().body(Body::from_stream(frames)).unwrap());
+        let task = {
+            let link = link.clone();
+            tokio::spawn(async move {
+                let watch = Watch::new(CancellationToken::new());
+                write_response(&link.stream, Some(&link), head, body, exact, watch, Duration::from_secs(30)).await
+            })
+        };
+        let idle = || async {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while !link.idle() {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("the stream waits")
+        };
+        let mut expected = Vec::new();
+        let chunk = |data: &[u8], expected: &mut Vec<u8>| {
+            expected.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            expected.extend_from_slice(data);
+            expected.extend_from_slice(b"\r\n");
+        };
+        tx.send(Bytes::from_static(b"first")).unwrap();
+        chunk(b"first", &mut expected);
+        idle().await;
+        // The broker's chunks, until one does not fit (the client reads
+        // nothing yet): no further broker write while the rest is owed.
+        let mut n = 0u8;
+        loop {
+            let frame = Bytes::from(vec![b'a' + n % 26; 50_000]);
+            chunk(&frame, &mut expected);
+            n += 1;
+            if !link.write_chunk(&[frame]) {
+                break;
+            }
+            assert!(n < 100, "the socket's buffers never filled");
+        }
+        assert!(!link.idle() && !link.settled());
+        // The task's own next frame goes after the rest.
+        tx.send(Bytes::from_static(b"last")).unwrap();
+        chunk(b"last", &mut expected);
+        drop(tx);
+        expected.extend_from_slice(b"0\r\n\r\n");
+        let mut read = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), client.read_to_end(&mut read)).await.unwrap().unwrap();
+        let body_at = read.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+        assert!(read[body_at..] == expected[..], "the client read every chunk whole and in order");
+        task.await.unwrap().unwrap();
+        assert!(link.settled());
     }
 
     #[test]

@@ -21,9 +21,11 @@
 //!
 //! Three parts: `head` reads and sorts the first request's head,
 //! `chunked` writes a stream's response, `rewind` carries every connection
-//! hyper serves. Each has its byte-level tests: a table of what arrives and
+//! hyper serves; `link` shares a stream's socket with the broker, which
+//! writes to it while the stream's task waits. Each has its byte-level tests: a table of what arrives and
 //! what must leave.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -38,18 +40,21 @@ use super::Connection;
 
 mod chunked;
 mod head;
+mod link;
 mod rewind;
+
+pub(crate) use link::Link;
 
 pub(super) use head::{First, sniff};
 pub(super) use rewind::{Refusals, Rewind};
 
 /// Answers a refused head and closes, reading (and dropping) what the
 /// client still sends for a moment so the answer is not lost to a reset.
-pub(super) async fn refuse(mut stream: TcpStream, response: Response<Body>, kill: &CancellationToken, write_timeout: Duration) {
+pub(super) async fn refuse(stream: TcpStream, response: Response<Body>, kill: &CancellationToken, write_timeout: Duration) {
     rewind::count_refusal(response.status().as_u16());
     let (head, body, exact) = chunked::head_of(response);
     let watch = super::Watch::new(kill.clone());
-    if chunked::write_response(&mut stream, head, body, exact, watch, write_timeout).await.is_err() {
+    if chunked::write_response(&stream, None, head, body, exact, watch, write_timeout).await.is_err() {
         return;
     }
     linger(stream).await;
@@ -84,13 +89,16 @@ async fn linger(mut stream: TcpStream) {
 
 /// Serves one stream request on `stream`, then closes it.
 pub(super) async fn serve(
-    mut stream: TcpStream,
+    stream: TcpStream,
     mut request: Box<Request<Body>>,
-    connection: Connection,
+    mut connection: Connection,
     router: Router,
     write_timeout: Duration,
 ) {
     let kill = connection.kill_token();
+    // The handler may let the broker write to the socket (see [`Link`]).
+    let link = Arc::new(Link::new(stream));
+    connection.link = Some(link.clone());
     request.extensions_mut().insert(connection);
     // Boxed, like the request: the handler's future is gone once it
     // answered, and an idle stream's task keeps no room for either.
@@ -102,5 +110,5 @@ pub(super) async fn serve(
     // The stream's task wakes once per delivery: the kill token (and the
     // client's side) are watched at the cost of a flag's load a wake-up
     // (see [`super::Watch`]).
-    let _ = chunked::write_response(&mut stream, head, body, exact, super::Watch::new(kill), write_timeout).await;
+    let _ = chunked::write_response(&link.stream, Some(&link), head, body, exact, super::Watch::new(kill), write_timeout).await;
 }
