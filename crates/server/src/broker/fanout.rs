@@ -188,8 +188,10 @@ struct Round {
 }
 
 /// Parked readers one write task takes: a round's writes are spread over
-/// tasks of this many, which the runtime's workers share.
-const FLUSH_SHARE: usize = 256;
+/// tasks of this many, which the runtime's workers share (64 gave a lower
+/// p99 than 256 at 1,000 clients: docs/benchmarks.md, "What parking a
+/// waiting stream saved").
+const FLUSH_SHARE: usize = 64;
 
 impl Broker {
     /// Writes what the round queued for parked readers to their streams,

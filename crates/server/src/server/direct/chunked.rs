@@ -75,10 +75,12 @@ pub(super) fn write_response<'a>(
     // arguments twice (as given and as bound), for its whole life.
     async move {
         let mut watch = std::pin::pin!(watch);
+        // Boxed, like every write that waits: its state would otherwise
+        // take room in every stream's task for the stream's whole life.
         tokio::select! {
             biased;
             _ = watch.as_mut() => return Ok(()),
-            r = write_rest(stream, vec![Bytes::from(head)]) => r?,
+            r = Box::pin(write_rest(stream, vec![Bytes::from(head)])) => r?,
         }
         // The socket's read readiness has not been given the watch's waker
         // yet: the first step polls it.
@@ -124,15 +126,16 @@ pub(super) fn write_response<'a>(
                 break;
             }
         }
-        // The end, like any write, within the write timeout and the kill.
-        let end = async {
+        // The end, like any write, within the write timeout and the kill
+        // (boxed, as the first write).
+        let end = Box::pin(async {
             if chunked {
                 write_rest(stream, vec![Bytes::from_static(b"0\r\n\r\n")]).await?;
             }
             // The socket may outlive this task for a moment (the broker
             // holds it while it writes): the client sees the end now.
             socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write)
-        };
+        });
         tokio::select! {
             biased;
             _ = watch.as_mut() => Ok(()),

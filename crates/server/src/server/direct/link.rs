@@ -27,8 +27,10 @@ pub(crate) struct Link {
     /// A broker write left something for the task: the rest of a chunk,
     /// or a failure.
     owed: AtomicBool,
-    /// That rest, or `None` when the write failed.
-    rest: Mutex<Option<Vec<Bytes>>>,
+    /// That rest, or `None` when the write failed (boxed: it is rare, and
+    /// every stream carries the room).
+    #[expect(clippy::box_collection, reason = "one pointer of room in every stream, for a rest few ever have")]
+    rest: Mutex<Option<Box<Vec<Bytes>>>>,
 }
 
 /// What a broker write left the task.
@@ -67,7 +69,7 @@ impl Link {
         }
         let rest = self.rest.lock().unwrap_or_else(|p| p.into_inner()).take();
         self.owed.store(false, Ordering::Release);
-        Some(rest.map_or(Owed::Failed, Owed::Rest))
+        Some(rest.map_or(Owed::Failed, |rest| Owed::Rest(*rest)))
     }
 
     /// The broker's side: writes `frames` as one chunk, without waiting.
@@ -76,7 +78,7 @@ impl Link {
     pub(crate) fn write_chunk(&self, frames: &[Bytes]) -> bool {
         let left = match super::chunked::try_write(&self.stream, frames, true) {
             Ok(None) => return true,
-            Ok(Some(rest)) => Some(rest),
+            Ok(Some(rest)) => Some(Box::new(rest)),
             Err(_) => None,
         };
         self.idle.store(false, Ordering::Release);
