@@ -127,6 +127,15 @@ impl Queue {
         self.lock().sink = Some(sink);
     }
 
+    /// The stream is gone: nothing is written to it, and it is let go.
+    pub(super) fn detach(&self) {
+        let mut inner = self.lock();
+        inner.parked = false;
+        let sink = inner.sink.take();
+        drop(inner);
+        drop(sink);
+    }
+
     /// The stream attached, if any.
     pub(super) fn sink(&self) -> Option<Arc<dyn Sink>> {
         self.lock().sink.clone()

@@ -126,6 +126,9 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        // The stream is over: the broker holds its socket no longer (an
+        // evicted client's state outlives it for the eviction grace).
+        self.state.queue.detach();
         self.finish();
         self.broker.lock().remove(self.id);
         m::client_disconnected(self.transport);

@@ -175,8 +175,9 @@ impl crate::broker::Sink for Sink {
     }
 
     fn write(&self, frames: &[Frame]) -> Wrote {
-        // A notice goes first, and nothing goes after the token's expiry:
-        // the session writes those.
+        // A notice that is due and the token's expiry are the session's:
+        // it is woken to write them (the notice after the frames it takes
+        // with it, as ever; nothing after the expiry).
         if self.filter.budget_notice_due() || self.expires_at.is_some_and(|at| chrono::Utc::now().timestamp() >= at) {
             return Wrote::Declined;
         }

@@ -77,9 +77,8 @@ pub struct SessionOptions {
     /// ends with [`Item::Expired`] (at the expiry when it has heartbeats,
     /// else at its next item).
     pub expires_at: Option<i64>,
-    /// The stream the broker may write itself while the session waits live
-    /// with everything delivered (`broker::Sink`): an SSE stream on the
-    /// direct path. Such a session is *parked* while it waits.
+    /// The stream the broker writes itself while the session waits live with
+    /// everything delivered (it is *parked*: `broker::Sink`).
     pub sink: Option<Arc<dyn Sink>>,
 }
 
@@ -188,8 +187,7 @@ pub struct Session {
     /// [`FIRST_PAGE_BYTES`]).
     pages: u8,
     phase: Phase,
-    /// The session has a stream the broker writes while it is parked
-    /// (kept in its subscription's queue: [`SessionOptions::sink`]).
+    /// The session parks (its [`SessionOptions::sink`] is in its queue).
     parks: bool,
     /// A gap to announce, and the events read with it (rare; boxed so an
     /// idle session does not carry room for them).
@@ -328,11 +326,8 @@ impl Session {
             Start::Resume(id) | Start::After(id) => Some(id),
             Start::Now => None,
         };
-        if let (Some(sub), Some(sink)) = (&subscription, &options.sink) {
-            sub.attach(sink.clone());
-        }
         let SessionOptions { transport, kill, heartbeat, read_batch, scan_budget, permit, expires_at, sink, .. } = options;
-        let sink = sink.filter(|_| subscription.is_some());
+        let parks = subscription.as_ref().zip(sink).map(|(sub, sink)| sub.attach(sink)).is_some();
         // Past 2106 a token lives as long as u32 seconds reach.
         let expiry = expires_at
             .map(|at| std::num::NonZeroU32::new(u32::try_from(at.max(1)).unwrap_or(u32::MAX)).unwrap_or(std::num::NonZeroU32::MIN));
@@ -358,7 +353,7 @@ impl Session {
             row_bytes: u32::MAX,
             pages: 0,
             phase: Phase::Replay,
-            parks: sink.is_some(),
+            parks,
             aside: gap.map(|gap| Box::new(Aside { gap: Some(gap), ..Aside::default() })),
         })
     }
@@ -478,9 +473,8 @@ impl Session {
     /// which ends the session as [`End::Shutdown`]).
     fn poll_live(&mut self, cx: &mut Context<'_>) -> Poll<Option<Option<Frame>>> {
         let sub = self.subscription.as_mut().expect("a live phase has a subscription");
-        // A session with a stream parks while it waits, and every poll
-        // unparks it first: what the broker wrote for it meanwhile was
-        // delivered, and from here on the session writes.
+        // A session that parks is unparked by every poll, its cursor moved
+        // past what the broker wrote for it meanwhile (delivered).
         let before = self.cursor;
         let polled = sub.poll_recv_or_park(cx, self.parks.then_some(&mut self.cursor));
         if self.cursor != before {
@@ -642,6 +636,12 @@ impl Session {
                 Detached::Closed => Some(self.end(End::Shutdown)),
             };
         };
+        // Nothing is delivered after the token's expiry; the client resumes
+        // after the last event it received (the broker's writes included).
+        if self.expiry.is_some_and(expired) {
+            self.phase = Phase::Done(End::Over);
+            return Some(Item::Expired { last_event_id: self.last_sent });
+        }
         let mut frames = Vec::new();
         let mut bytes = 0;
         let mut next = Some(first);

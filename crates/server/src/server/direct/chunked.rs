@@ -89,13 +89,23 @@ pub(super) fn write_response<'a>(
         let mut body = std::pin::pin!(body);
         // Whatever way it ends, the broker writes for this stream no more.
         let _ended = link.map(Ended);
+        // Frames gathered behind a rest the broker left: written after it.
+        let mut behind: Option<(Vec<Bytes>, bool)> = None;
         loop {
-            let (rest, ended) = match std::future::poll_fn(|cx| next_step(cx, stream, link, body.as_mut(), watch.as_mut())).await {
+            let step = match behind.take() {
+                Some((frames, ended)) => Step::Frames(frames, ended),
+                None => std::future::poll_fn(|cx| next_step(cx, stream, link, body.as_mut(), watch.as_mut())).await,
+            };
+            let (rest, ended) = match step {
+                Step::Frames(frames, ended) if frames.is_empty() => (None, ended),
                 Step::Frames(frames, ended) => match try_write(stream, &frames, chunked) {
                     Ok(rest) => (rest, ended),
                     Err(_) => return Ok(()),
                 },
-                Step::Owed(rest) => (Some(rest), false),
+                Step::Owed(rest, then) => {
+                    behind = then;
+                    (Some(rest), false)
+                }
                 Step::End => break,
                 Step::Closed => return Ok(()),
             };
@@ -156,8 +166,9 @@ impl Drop for Ended<'_> {
 /// What the stream does next.
 enum Step {
     /// The rest of a chunk the broker began (see [`Link`]): written before
-    /// anything else.
-    Owed(Vec<Bytes>),
+    /// anything else, then the frames gathered behind it, if any (and
+    /// whether the body ended after them).
+    Owed(Vec<Bytes>, Option<(Vec<Bytes>, bool)>),
     /// Frames to write (every one that was ready, at most [`MAX_GATHER`]);
     /// `true` when the body ended after them.
     Frames(Vec<Bytes>, bool),
@@ -186,7 +197,7 @@ fn next_step(
         // waits again with nothing in hand, and what it left goes first.
         link.set_idle(false);
         match link.take_owed() {
-            Some(Owed::Rest(rest)) => return Poll::Ready(Step::Owed(rest)),
+            Some(Owed::Rest(rest)) => return Poll::Ready(Step::Owed(rest, None)),
             Some(Owed::Failed) => return Poll::Ready(Step::Closed),
             None => {}
         }
@@ -220,6 +231,7 @@ fn next_step(
         }
     }
     let mut frames = Vec::new();
+    let mut ended = false;
     while frames.len() < MAX_GATHER {
         match http_body::Body::poll_frame(body.as_mut(), cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -230,18 +242,35 @@ fn next_step(
                     frames.push(data);
                 }
             }
-            Poll::Ready(Some(Err(_)) | None) if frames.is_empty() => return Poll::Ready(Step::End),
-            Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(Step::Frames(frames, true)),
+            Poll::Ready(Some(Err(_)) | None) => {
+                ended = true;
+                break;
+            }
             Poll::Pending => break,
         }
     }
-    if !frames.is_empty() {
-        return Poll::Ready(Step::Frames(frames, false));
+    // A broker write begun before this task lowered its idle flag may have
+    // left a rest while the body was polled (the body's first look at the
+    // client's queue waits for that write, under the queue's lock): it
+    // goes before anything gathered here.
+    if let Some(link) = link
+        && let Some(owed) = link.take_owed()
+    {
+        return Poll::Ready(match owed {
+            Owed::Rest(rest) => Step::Owed(rest, Some((frames, ended))),
+            Owed::Failed => Step::Closed,
+        });
     }
-    if let Some(link) = link {
-        link.set_idle(true);
+    match (frames.is_empty(), ended) {
+        (true, true) => Poll::Ready(Step::End),
+        (false, _) => Poll::Ready(Step::Frames(frames, ended)),
+        (true, false) => {
+            if let Some(link) = link {
+                link.set_idle(true);
+            }
+            Poll::Pending
+        }
     }
-    Poll::Pending
 }
 
 /// Most frames gathered into one write.
@@ -583,6 +612,67 @@ mod tests {
         assert!(read[body_at..] == expected[..], "the client read every chunk whole and in order");
         task.await.unwrap().unwrap();
         assert!(link.settled());
+    }
+
+    /// A broker write that the socket takes only in part while the
+    /// stream's task, woken, is polling its body: the rest still goes
+    /// before the frame that poll gathered.
+    #[tokio::test]
+    async fn a_rest_left_while_the_task_polls_goes_before_what_it_gathered() {
+        use std::sync::{Arc, Mutex};
+        let (server, mut client) = small_buffers().await;
+        let link = Arc::new(Link::new(server));
+        let expected = Arc::new(Mutex::new(Vec::new()));
+        let chunk = |data: &[u8], expected: &mut Vec<u8>| {
+            expected.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            expected.extend_from_slice(data);
+            expected.extend_from_slice(b"\r\n");
+        };
+        // A body that, asked for its next frame, first lets "the broker"
+        // write chunks until one is taken only in part, as a flush that
+        // began before the task woke would.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Bytes, bool)>();
+        let frames = futures_util::stream::unfold((rx, link.clone(), expected.clone()), move |(mut rx, link, expected)| async move {
+            let (frame, broker_first) = rx.recv().await?;
+            if broker_first {
+                for n in 0u8.. {
+                    let big = Bytes::from(vec![b'a' + n % 26; 50_000]);
+                    chunk(&big, &mut expected.lock().unwrap());
+                    if !link.write_chunk(&[big]) {
+                        break;
+                    }
+                    assert!(n < 100, "the socket's buffers never filled");
+                }
+            }
+            chunk(&frame, &mut expected.lock().unwrap());
+            Some((Ok::<_, std::convert::Infallible>(frame), (rx, link, expected)))
+        });
+        let (head, body, exact) = head_of(Response::builder().body(Body::from_stream(frames)).unwrap());
+        let task = {
+            let link = link.clone();
+            tokio::spawn(async move {
+                let watch = Watch::new(CancellationToken::new());
+                write_response(&link.stream, Some(&link), head, body, exact, watch, Duration::from_secs(30)).await
+            })
+        };
+        tx.send((Bytes::from_static(b"first"), false)).unwrap();
+        // Written, and the task waits: only then does the broker write.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !link.idle() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the stream waits");
+        tx.send((Bytes::from_static(b"mine"), true)).unwrap();
+        drop(tx);
+        let mut read = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), client.read_to_end(&mut read)).await.unwrap().unwrap();
+        task.await.unwrap().unwrap();
+        let mut expected = expected.lock().unwrap().clone();
+        expected.extend_from_slice(b"0\r\n\r\n");
+        let body_at = read.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+        assert!(read[body_at..] == expected[..], "the rest went first, every chunk whole and in order");
     }
 
     #[test]
