@@ -514,6 +514,17 @@ mod tests {
         (server, listener.accept().await.unwrap().0)
     }
 
+    /// Writes a response with `body` on `link`'s socket, as a stream on the
+    /// direct path does, on a task of its own.
+    fn serve_linked(link: &std::sync::Arc<Link>, body: Body) -> tokio::task::JoinHandle<io::Result<()>> {
+        let link = link.clone();
+        let (head, body, exact) = head_of(Response::builder().body(body).unwrap());
+        tokio::spawn(async move {
+            let watch = Watch::new(CancellationToken::new());
+            write_response(&link.stream, Some(&link), head, body, exact, watch, Duration::from_secs(30)).await
+        })
+    }
+
     /// A client that closes its side while a write waits for it (its
     /// buffers full), then takes the rest: the stream, idle after that
     /// write, still sees the close and ends (the close's wake-up came
@@ -562,14 +573,7 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
         let frames =
             futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (Ok::<_, std::convert::Infallible>(f), rx)) });
-        let (head, body, exact) = head_of(Response::builder().body(Body::from_stream(frames)).unwrap());
-        let task = {
-            let link = link.clone();
-            tokio::spawn(async move {
-                let watch = Watch::new(CancellationToken::new());
-                write_response(&link.stream, Some(&link), head, body, exact, watch, Duration::from_secs(30)).await
-            })
-        };
+        let task = serve_linked(&link, Body::from_stream(frames));
         let idle = || async {
             tokio::time::timeout(Duration::from_secs(10), async {
                 while !link.idle() {
@@ -647,14 +651,7 @@ mod tests {
             chunk(&frame, &mut expected.lock().unwrap());
             Some((Ok::<_, std::convert::Infallible>(frame), (rx, link, expected)))
         });
-        let (head, body, exact) = head_of(Response::builder().body(Body::from_stream(frames)).unwrap());
-        let task = {
-            let link = link.clone();
-            tokio::spawn(async move {
-                let watch = Watch::new(CancellationToken::new());
-                write_response(&link.stream, Some(&link), head, body, exact, watch, Duration::from_secs(30)).await
-            })
-        };
+        let task = serve_linked(&link, Body::from_stream(frames));
         tx.send((Bytes::from_static(b"first"), false)).unwrap();
         // Written, and the task waits: only then does the broker write.
         tokio::time::timeout(Duration::from_secs(10), async {
