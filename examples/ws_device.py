@@ -45,6 +45,7 @@ def canonical(value):
 class Device:
     def __init__(self, ws, key, nonce):
         self.ws, self.key, self.nonce, self.next_id = ws, key, nonce, 0
+        self.early = []  # stream.event frames that came while an answer was awaited
         public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         self.identity = {"type": "system/identity", "data": {"algorithm": "ed25519", "public_key": base64.b64encode(public).decode()}}
 
@@ -59,10 +60,13 @@ class Device:
         return self.next_id
 
     async def answer(self, request_id):
-        """Reads up to the answer of `request_id` (nothing realtime comes before catch-up ends)."""
+        """Reads up to the answer of `request_id`, keeping the realtime events that come first
+        (a device whose cursor is at the head is live from its auth on)."""
         while True:
             frame = json.loads(await self.ws.recv())
-            if frame.get("id") in (request_id, None) and ("result" in frame or "error" in frame):
+            if frame.get("method") == "stream.event":
+                self.early.append(frame)
+            elif frame.get("id") in (request_id, None) and ("result" in frame or "error" in frame):
                 if "error" in frame:
                     sys.exit(f"rejected: {frame['error']['data']['code']}: {frame['error']['message']}")
                 return frame["result"]
@@ -94,9 +98,11 @@ async def main():
             body["filter"] = {"types": [t.strip() for t in args.types.split(",")]}
         auth = await device.call("stream.auth", {"body": body, "origin_proof": device.proof("stream.auth", body)})
         head, cursor = auth["head_seq"], auth["cursor"]
-        printed, since = 0, cursor if args.since is None else args.since
+        printed, since, last = 0, cursor if args.since is None else args.since, 0
 
         def show(seq, event):
+            nonlocal last
+            last = seq
             print(json.dumps(event), flush=True)
             return args.count is not None and printed + 1 >= args.count
 
@@ -114,9 +120,16 @@ async def main():
             since = page["next_since"]
             if not page["has_more"] and since >= head:
                 break
-        async for message in ws:
-            frame = json.loads(message)
-            if frame.get("method") == "stream.event":
+
+        async def frames():
+            while device.early:
+                yield device.early.pop(0)
+            async for message in ws:
+                yield json.loads(message)
+
+        async for frame in frames():
+            # What a catch-up page showed may also come live: once is enough.
+            if frame.get("method") == "stream.event" and frame["params"]["seq"] > last:
                 done = show(frame["params"]["seq"], frame["params"]["event"])
                 printed += 1
                 ack = await device.ack(frame["params"]["seq"])

@@ -11,13 +11,15 @@
 //! frame, and the room a burst took is given back once it has drained.
 //!
 //! A reader whose stream can be written without it (a [`Sink`]: an SSE
-//! stream on the direct path) may *park*: while it waits with everything
+//! stream on the direct path, a WebSocket over plain TCP) may *park*: while it waits with everything
 //! written, the broker writes what it pushes straight to the stream
 //! ([`Queue::flush`]), with no wake-up, no poll of the reader's task and
 //! no second take of the frame. The reader unparks as soon as it runs
 //! again (a heartbeat, a notice, the end), and whatever the broker could
 //! not write whole (the socket full, the token expired, a notice due) is
-//! handed back to it, in order: the queue's lock orders every write.
+//! handed back to it, in order: the queue's lock orders every write of
+//! frames (a WebSocket's task also writes answers and pings, and its link
+//! orders those: `server::Link`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,7 +29,8 @@ use super::Frame;
 use tidings_protocol::event::EventId;
 
 /// A stream the broker can write for its parked reader (see the module
-/// docs); the SSE stream on the direct path is one.
+/// docs); the SSE stream on the direct path and the WebSocket over plain
+/// TCP are.
 pub trait Sink: Send + Sync + std::fmt::Debug {
     /// Whether the stream's task has written everything it took and waits:
     /// only then may the broker write for it.

@@ -105,6 +105,20 @@ pub(crate) fn status(kind: Kind) -> StatusCode {
     }
 }
 
+/// The JSON-RPC error code of each kind of refusal (`data.code` carries the
+/// stable code).
+pub(super) fn rpc_code(kind: Kind) -> i64 {
+    match kind {
+        Kind::Invalid | Kind::TooLarge | Kind::Unprocessable | Kind::NotAcceptable => tidings_protocol::ws::rpc::INVALID_PARAMS,
+        Kind::Unauthenticated => tidings_protocol::ws::rpc::UNAUTHENTICATED,
+        Kind::Forbidden => tidings_protocol::ws::rpc::FORBIDDEN,
+        Kind::NotFound | Kind::Gone => tidings_protocol::ws::rpc::NOT_FOUND,
+        Kind::Conflict => tidings_protocol::ws::rpc::CONFLICT,
+        Kind::TooMany | Kind::Unavailable => tidings_protocol::ws::rpc::TRY_LATER,
+        Kind::Internal => tidings_protocol::ws::rpc::INTERNAL,
+    }
+}
+
 impl<E: Refusal + 'static> From<E> for ApiError {
     fn from(e: E) -> Self {
         let kind = e.kind();

@@ -19,6 +19,7 @@ mod poll;
 mod sse;
 mod tree;
 mod ws;
+mod ws_park;
 mod ws_socket;
 
 use std::sync::Arc;

@@ -175,10 +175,7 @@ impl crate::broker::Sink for Sink {
     }
 
     fn write(&self, frames: &[Frame]) -> Wrote {
-        // A notice that is due and the token's expiry are the session's:
-        // it is woken to write them (the notice after the frames it takes
-        // with it, as ever; nothing after the expiry).
-        if self.filter.budget_notice_due() || self.expires_at.is_some_and(|at| chrono::Utc::now().timestamp() >= at) {
+        if task_must_write(&self.filter, self.expires_at) {
             return Wrote::Declined;
         }
         let whole = match frames {
@@ -188,6 +185,14 @@ impl crate::broker::Sink for Sink {
         record_delivery("sse", frames, false);
         if whole { Wrote::All } else { Wrote::Part }
     }
+}
+
+/// Whether a broker write must be left to the stream's task: a notice that
+/// is due and the token's expiry are the session's, and the task is woken
+/// to write them (the notice after the frames it takes with it, as ever;
+/// nothing after the expiry). Shared by the WebSocket's broker writes.
+pub(super) fn task_must_write(filter: &Filter, expires_at: Option<i64>) -> bool {
+    filter.budget_notice_due() || expires_at.is_some_and(|at| chrono::Utc::now().timestamp() >= at)
 }
 
 /// Kept per stream for its whole life, so kept small: an idle stream costs

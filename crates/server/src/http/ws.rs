@@ -11,9 +11,11 @@
 //! of ours. The upgrade runs through the same router, middleware and caller
 //! extraction as every route; an idle connection keeps no read or write
 //! buffer, a delivery's frames leave in one vectored write, and each
-//! event's `stream.event` text is built once and shared by every
-//! connection it goes to ([`crate::broker::Frame::rendered`]). An idle
-//! connection costs about what an idle SSE stream does (docs/benchmarks.md).
+//! event's `stream.event` message is built once and shared by every
+//! connection it goes to ([`crate::broker::Frame::rendered`]); while a
+//! live device waits, the broker writes those messages itself
+//! ([`super::ws_park`]). An idle connection costs about what an idle SSE
+//! stream does (docs/benchmarks.md).
 //!
 //! Order (docs/ref-websocket.md, "Ordering"; none of it reversed): hello
 //! before reading anything; at auth the live subscription is registered
@@ -33,23 +35,20 @@ use axum::Extension;
 use axum::extract::State;
 use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
-use hyper::upgrade::Upgraded;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use super::caller::Caller;
-use super::compress;
 use super::error::ApiError;
-use super::ws_socket::{Incoming, NotUpgrade, ReadError, Socket, Upgrade};
+use super::ws_park::{self, WsIo};
+use super::ws_socket::{Incoming, NotUpgrade, Socket, Upgrade};
 use crate::auth::Identity;
-use crate::broker::{Frame, FrameData};
 use crate::config::Compression;
 use crate::filter::Filter;
 use crate::server::Connection;
 use crate::service::device::{self, DeviceError};
-use crate::service::error::{Kind, Refusal};
+use crate::service::error::Refusal;
 use crate::service::limits::StreamPermit;
 use crate::service::session::{End, Item, Session, Start, record_delivery};
 use tidings_protocol::event::EventId;
@@ -143,6 +142,8 @@ struct Device {
     delivered: EventId,
     /// Live delivery, once realtime started.
     session: Option<Session>,
+    /// What the broker writes for that session, if it does.
+    sink: Option<Arc<ws_park::Sink>>,
     /// Held while the device is connected.
     _permit: StreamPermit,
     /// Its token expired and it was told (`stream.token_expired`): the
@@ -154,9 +155,22 @@ struct Device {
     live_at_expiry: bool,
 }
 
+impl Device {
+    /// Live delivery stops: its session is gone (the broker writes no more
+    /// for it), and what the broker wrote counts as delivered. Returns
+    /// whether it was live.
+    fn stop_live(&mut self) -> bool {
+        let live = self.session.take().is_some();
+        if let Some(sink) = self.sink.take() {
+            self.delivered = self.delivered.max(sink.had());
+        }
+        live
+    }
+}
+
 /// One connection.
 struct Ws {
-    socket: Socket<TokioIo<Upgraded>>,
+    socket: Socket<WsIo>,
     app: AppState,
     nonce: String,
     awaiting_pong: bool,
@@ -232,6 +246,7 @@ impl Ws {
             // once told, the grace for `stream.reauth`.
             let mut timer: Option<(i64, Pin<Box<tokio::time::Sleep>>)> =
                 Some((UNAUTHENTICATED, Box::pin(tokio::time::sleep(self.app.settings().ws.ws_auth_timeout))));
+            let link = self.socket.link().cloned();
             loop {
                 let want = match self.device.as_deref() {
                     None => Some(UNAUTHENTICATED),
@@ -252,12 +267,22 @@ impl Ws {
                         // Boxed: handling a request (auth, catch-up, acks: store
                         // round trips) is the largest state of a connection, and
                         // an idle one should not carry its room.
-                        Some(Ok(message)) => Box::pin(self.on_message(message, &mut pending)).await,
-                        Some(Err(e)) => read_error(&e),
+                        Some(Ok(message)) => {
+                            // What a request brings goes before the events that come
+                            // while it is handled, as when this task wrote them all.
+                            link.iter().for_each(|l| l.set_idle(false));
+                            Box::pin(self.on_message(message, &mut pending)).await
+                        }
+                        Some(Err(e)) => Next::Close(e.close().0, e.close().1),
                     },
                     // Boxed too: writing a delivery is a large state that an
                     // idle connection would otherwise carry.
-                    item = next_item(&mut self.device) => Box::pin(self.on_item(item)).await,
+                    item = ws_park::next_item(self.device.as_mut().and_then(|d| d.session.as_mut()), link.as_deref()) => match item {
+                        Some(item) => Box::pin(self.on_item(item)).await,
+                        // A broker write's rest goes out before anything else.
+                        None if self.socket.settle().await.is_err() => return,
+                        None => Next::Go,
+                    },
                     _ = ping.tick() => {
                         if self.awaiting_pong {
                             // No pong within a heartbeat interval: the peer is gone.
@@ -279,12 +304,22 @@ impl Ws {
     /// heartbeats: the connection pings on its own timer, and a session's
     /// heartbeat timer would cost every idle device a timer that does
     /// nothing.
-    fn session_options(&self) -> crate::service::session::SessionOptions {
+    ///
+    /// On a connection the broker can write to, with a [`ws_park::Sink`]
+    /// (returned too) for a device that has every event up to `floor`.
+    fn session_options(
+        &self,
+        filter: &Arc<Filter>,
+        expires_at: Option<i64>,
+        floor: EventId,
+    ) -> (crate::service::session::SessionOptions, Option<Arc<ws_park::Sink>>) {
         let mut options = self.app.core().session_options("ws");
         options.kill = self.kill.clone();
         options.heartbeat = None;
-        options.expires_at = self.device.as_deref().and_then(|d| d.caller.expires_at);
-        options
+        options.expires_at = expires_at;
+        let sink = ws_park::Sink::of(self.socket.link(), self.socket.deflates(), filter, expires_at, floor);
+        options.sink = sink.clone().map(|s| s as Arc<dyn crate::broker::Sink>);
+        (options, sink)
     }
 
     async fn close(&mut self, code: u16, reason: &'static str) {
@@ -302,7 +337,7 @@ impl Ws {
 
     /// A typed refusal as a JSON-RPC error.
     async fn send_refusal(&mut self, id: &Value, refusal: &(dyn Refusal + Sync)) -> Next {
-        let (code, data_code, message) = (rpc_code(refusal.kind()), refusal.code(), refusal.message());
+        let (code, data_code, message) = (super::error::rpc_code(refusal.kind()), refusal.code(), refusal.message());
         match self.send_error(id, code, data_code, &message).await {
             Ok(()) => Next::Go,
             Err(_) => Next::Close(close::INTERNAL, "write_failed"),
@@ -392,8 +427,7 @@ impl Ws {
         let filter = Arc::new(identity.restrict(filter));
         // Register first, then read the head: the session's position is
         // the head as of its registration.
-        let mut options = self.session_options();
-        options.expires_at = identity.expires_at;
+        let (options, sink) = self.session_options(&filter, identity.expires_at, 0);
         let session = match Session::open(&core, filter.clone(), Start::Now, options).await {
             Ok(s) => s,
             Err(e) => return self.send_refusal(id, &e).await,
@@ -414,6 +448,7 @@ impl Ws {
         // At the head: realtime right away, on the session registered above.
         // Behind: the device catches up with sync.delta first.
         let session = (cursor >= head).then_some(session);
+        sink.iter().for_each(|s| s.raise(cursor));
         // Taken only now: an auth refused above can be sent again.
         let Some(Pending { caller: Ok(caller), permit: Some(Ok(permit)) }) = pending.take().map(|p| *p) else {
             return Next::Close(close::INTERNAL, "no_permit");
@@ -426,6 +461,7 @@ impl Ws {
             filter,
             head,
             delivered: cursor,
+            sink: sink.filter(|_| session.is_some()),
             session,
             _permit: permit,
             reauth_by: None,
@@ -488,12 +524,14 @@ impl Ws {
         }
         // Caught up to at least the head of the auth: realtime from exactly
         // where this answer ends.
-        let options = self.session_options();
         let Some(dev) = self.device.as_deref_mut() else { return Next::Go };
         dev.delivered = dev.delivered.max(page.next_since);
         if dev.session.is_none() && !page.has_more && page.next_since >= dev.head {
-            match Session::open(&core, dev.filter.clone(), Start::After(page.next_since), options).await {
-                Ok(session) => dev.session = Some(session),
+            let (filter, expires_at, delivered) = (dev.filter.clone(), dev.caller.expires_at, dev.delivered);
+            let (options, sink) = self.session_options(&filter, expires_at, delivered);
+            let Some(dev) = self.device.as_deref_mut() else { return Next::Go };
+            match Session::open(&core, filter, Start::After(page.next_since), options).await {
+                Ok(session) => (dev.session, dev.sink) = (Some(session), sink),
                 Err(e) => return self.send_refusal(&Value::Null, &e).await,
             }
         }
@@ -537,7 +575,7 @@ impl Ws {
                 .await;
             return Next::Close(close::NORMAL, "token_expired");
         }
-        dev.live_at_expiry = dev.session.take().is_some();
+        dev.live_at_expiry = dev.stop_live();
         let by = now_ms().saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
         dev.reauth_by = Some(by);
         let notice = json!({"jsonrpc": "2.0", "method": method::TOKEN_EXPIRED, "params": wire::DeviceTokenExpired { last_seq: dev.delivered, reauth_by_ms: by }});
@@ -583,16 +621,16 @@ impl Ws {
         dev.caller = identity;
         // Live delivery (going on, or stopped at the expiry) restarts
         // under the new token: its filter and its expiry.
-        let live = if dev.reauth_by.take().is_some() { dev.live_at_expiry } else { dev.session.take().is_some() };
-        let (expires_at, delivered) = (dev.caller.expires_at, dev.delivered);
+        let live = if dev.reauth_by.take().is_some() { dev.live_at_expiry } else { dev.stop_live() };
+        let (expires_at, delivered, filter) = (dev.caller.expires_at, dev.delivered, dev.filter.clone());
         if live {
             // Live again from the last event sent (what came meanwhile is
             // read from the log first).
             let core = self.app.core().clone();
-            let options = self.session_options();
+            let (options, sink) = self.session_options(&filter, expires_at, delivered);
             let Some(dev) = self.device.as_deref_mut() else { return Next::Go };
-            match Session::open(&core, dev.filter.clone(), Start::After(delivered), options).await {
-                Ok(session) => dev.session = Some(session),
+            match Session::open(&core, filter, Start::After(delivered), options).await {
+                Ok(session) => (dev.session, dev.sink) = (Some(session), sink),
                 Err(e) => return self.send_refusal(id, &e).await,
             }
         }
@@ -615,14 +653,12 @@ impl Ws {
             Item::Expired { .. } => self.on_deadline().await,
             Item::Events { frames, replayed } => {
                 let floor = self.device.as_ref().map_or(0, |d| d.delivered);
-                // Each event's `stream.event` text is built once and shared
-                // (compressed once, with permessage-deflate); the delivery
-                // leaves in one vectored write.
+                // Each event's `stream.event` message is built once and
+                // shared (compressed once, with permessage-deflate); the
+                // delivery leaves in one vectored write.
                 let deflate = self.socket.deflates();
-                let text =
-                    |f: &Frame| if deflate { f.rendered_compressed(event_frame, compress::message) } else { f.rendered(event_frame) };
-                let texts: Vec<Bytes> = frames.iter().filter(|f| f.id > floor).map(text).collect();
-                if self.socket.send_texts(&texts, deflate).await.is_err() {
+                let messages: Vec<Bytes> = frames.iter().filter(|f| f.id > floor).map(|f| ws_park::message(f, deflate)).collect();
+                if self.socket.send_framed(&messages).await.is_err() {
                     return Next::Close(close::INTERNAL, "write_failed");
                 }
                 if let (Some(dev), Some(last)) = (self.device.as_deref_mut(), frames.last()) {
@@ -652,49 +688,5 @@ impl Ws {
             Item::End(End::Failed) => Next::Close(close::INTERNAL, "store_unavailable"),
             Item::End(End::Over) => Next::Close(close::NORMAL, "over"),
         }
-    }
-}
-
-/// The next delivery of a device that is live; never, otherwise.
-async fn next_item(device: &mut Option<Box<Device>>) -> Item {
-    match device.as_mut().and_then(|d| d.session.as_mut()) {
-        Some(session) => session.next().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// `stream.event {seq, event}` around the envelope: built once per event
-/// and shared by every connection it goes to.
-fn event_frame(frame: &FrameData) -> Bytes {
-    let mut out = Vec::with_capacity(frame.envelope.len() + 64);
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":\"stream.event\",\"params\":{\"seq\":");
-    out.extend_from_slice(itoa::Buffer::new().format(frame.id).as_bytes());
-    out.extend_from_slice(b",\"event\":");
-    out.extend_from_slice(&frame.envelope);
-    out.extend_from_slice(b"}}");
-    out.into()
-}
-
-/// The close a read error calls for.
-fn read_error(e: &ReadError) -> Next {
-    match e {
-        ReadError::TooBig => Next::Close(close::TOO_BIG, "message_too_big"),
-        ReadError::Utf8 => Next::Close(close::INVALID, "invalid_utf8"),
-        ReadError::Protocol(_) => Next::Close(close::PROTOCOL, "protocol_error"),
-        ReadError::Io(_) => Next::Close(close::INTERNAL, "read_failed"),
-    }
-}
-
-/// The JSON-RPC error code of each kind of refusal (`data.code` carries the
-/// stable code).
-fn rpc_code(kind: Kind) -> i64 {
-    match kind {
-        Kind::Invalid | Kind::TooLarge | Kind::Unprocessable | Kind::NotAcceptable => rpc::INVALID_PARAMS,
-        Kind::Unauthenticated => rpc::UNAUTHENTICATED,
-        Kind::Forbidden => rpc::FORBIDDEN,
-        Kind::NotFound | Kind::Gone => rpc::NOT_FOUND,
-        Kind::Conflict => rpc::CONFLICT,
-        Kind::TooMany | Kind::Unavailable => rpc::TRY_LATER,
-        Kind::Internal => rpc::INTERNAL,
     }
 }

@@ -10,10 +10,10 @@
 //! into the write buffer frame by frame. Here:
 //! - bytes are read into the stack and kept only while a frame is not
 //!   whole, so between messages a connection holds no read buffer at all;
-//! - a delivery's frames leave in one vectored write of their headers and
-//!   the event texts every connection shares
-//!   ([`crate::broker::Frame::rendered`]): nothing is copied, and nothing is
-//!   kept once written.
+//! - a delivery's frames leave in one vectored write of the event messages
+//!   every connection shares, header and all
+//!   ([`crate::broker::Frame::rendered`], [`super::ws_park`]): nothing is
+//!   copied, and nothing is kept once written.
 //!
 //! What a client may send is bounded: a frame's length is checked against
 //! the message limit from its header, before any of its payload is read.
@@ -30,8 +30,8 @@ use std::task::{Context, Poll, ready};
 
 use axum::extract::FromRequestParts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header, request::Parts};
-use hyper::upgrade::{OnUpgrade, Upgraded};
-use hyper_util::rt::TokioIo;
+use bytes::Bytes;
+use hyper::upgrade::OnUpgrade;
 use tokio::io::{AsyncRead, AsyncWriteExt as _, ReadBuf};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
@@ -39,6 +39,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control
 
 use super::compress::Offer;
 use super::error::ApiError;
+use super::ws_park::WsIo;
 
 /// The longest frame header (a masked frame with a 64-bit length).
 const MAX_HEADER: usize = 14;
@@ -110,9 +111,9 @@ impl Upgrade {
 
     /// The connection, once the `101` went out; `None` if it never did.
     /// `compression` as given to [`Upgrade::response`].
-    pub(super) async fn socket(self, max_message: usize, compression: bool) -> Option<Socket<TokioIo<Upgraded>>> {
+    pub(super) async fn socket(self, max_message: usize, compression: bool) -> Option<Socket<WsIo>> {
         let upgraded = self.on_upgrade.await.ok()?;
-        let mut socket = Socket::new(TokioIo::new(upgraded), max_message);
+        let mut socket = Socket::new(WsIo::of(upgraded)?, max_message);
         socket.deflate = compression && self.deflate.is_some();
         Some(socket)
     }
@@ -142,6 +143,19 @@ pub(super) enum ReadError {
     Protocol(&'static str),
     #[error(transparent)]
     Io(#[from] io::Error),
+}
+
+impl ReadError {
+    /// The close it calls for: its code and reason.
+    pub(super) fn close(&self) -> (u16, &'static str) {
+        use tidings_protocol::ws::close;
+        match self {
+            Self::TooBig => (close::TOO_BIG, "message_too_big"),
+            Self::Utf8 => (close::INVALID, "invalid_utf8"),
+            Self::Protocol(_) => (close::PROTOCOL, "protocol_error"),
+            Self::Io(_) => (close::INTERNAL, "read_failed"),
+        }
+    }
 }
 
 /// The server's side of one WebSocket connection over `io`.
@@ -278,12 +292,15 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
         Ok(None)
     }
 
-    /// Sends `texts` as text frames, in one vectored write when the socket
-    /// takes it whole; `compressed`: each is a `permessage-deflate` payload
-    /// (RSV1 set), only where it was negotiated.
-    pub(super) async fn send_texts(&mut self, texts: &[impl AsRef<[u8]> + Sync], compressed: bool) -> io::Result<()> {
-        debug_assert!(self.deflate || !compressed, "compressed frames only where negotiated");
-        self.send(OpCode::Data(Data::Text), texts, compressed).await
+    /// Sends whole frames ([`super::ws_park::text_frame`]s), in one vectored write when the
+    /// socket takes it whole.
+    pub(super) async fn send_framed(&mut self, frames: &[Bytes]) -> io::Result<()> {
+        if self.broken {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let written = self.write_all(frames.iter().map(|f| IoSlice::new(f)).collect()).await;
+        self.broken = written.is_err();
+        written
     }
 
     /// Sends one text frame.
@@ -338,6 +355,10 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
             slices.push(IoSlice::new(payload));
             from = to;
         }
+        self.write_all(slices).await
+    }
+
+    async fn write_all(&mut self, mut slices: Vec<IoSlice<'_>>) -> io::Result<()> {
         let mut rest = slices.as_mut_slice();
         while !rest.is_empty() {
             let n = self.io.write_vectored(rest).await?;
@@ -347,6 +368,23 @@ impl<Io: AsyncRead + tokio::io::AsyncWrite + Unpin> Socket<Io> {
             IoSlice::advance_slices(&mut rest, n);
         }
         self.io.flush().await
+    }
+}
+
+impl Socket<WsIo> {
+    /// The link the broker may write to, if any ([`WsIo::link`]).
+    pub(super) fn link(&self) -> Option<&std::sync::Arc<crate::server::Link>> {
+        self.io.link()
+    }
+
+    /// Writes what a broker write left, if anything.
+    pub(super) async fn settle(&mut self) -> io::Result<()> {
+        if self.broken {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let settled = self.io.flush().await;
+        self.broken = settled.is_err();
+        settled
     }
 }
 
@@ -591,7 +629,7 @@ mod tests {
         // Sent compressed: RSV1 set, the payload inflating to the text.
         let (mut socket, mut client) = self::socket();
         socket.deflate = true;
-        socket.send_texts(&[crate::http::compress::message(text)], true).await.unwrap();
+        socket.send_framed(&[super::super::ws_park::text_frame(&crate::http::compress::message(text), true)]).await.unwrap();
         drop(socket);
         let mut wire = Vec::new();
         client.read_to_end(&mut wire).await.unwrap();
@@ -609,7 +647,7 @@ mod tests {
     async fn frames_sent_read_back_as_a_client_reads_them() {
         let (mut socket, mut client) = socket();
         let texts = [b"{}".to_vec(), vec![b'y'; 126], vec![b'z'; 70_000]];
-        socket.send_texts(&texts, false).await.unwrap();
+        socket.send_framed(&texts.iter().map(|t| super::super::ws_park::text_frame(t, false)).collect::<Vec<_>>()).await.unwrap();
         socket.send_close(1013, "slow_consumer").await.unwrap();
         let mut wire = Vec::new();
         client.read_to_end(&mut wire).await.unwrap();

@@ -33,7 +33,7 @@ mod idle;
 pub mod tls;
 mod watch;
 
-pub(crate) use direct::Link;
+pub(crate) use direct::{Link, LinkIo};
 pub(crate) use watch::Watch;
 
 /// Longest request target (path and query) accepted: room for the longest
@@ -392,6 +392,18 @@ mod tests {
 
     use super::*;
 
+    /// Plain HTTP, every request through hyper, with `shutdown_timeout`.
+    fn options(shutdown_timeout: Duration) -> ServeOptions {
+        ServeOptions {
+            header_timeout: Duration::from_secs(5),
+            shutdown_timeout,
+            direct: |_| false,
+            write_timeout: Duration::from_secs(5),
+            refuse: |_| axum::response::Response::new(axum::body::Body::empty()),
+            tls: None,
+        }
+    }
+
     /// A task a request hands to its connection (a WebSocket after its
     /// upgrade) is waited for by a graceful shutdown, as a stream is.
     #[tokio::test]
@@ -412,14 +424,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let options = ServeOptions {
-            header_timeout: Duration::from_secs(5),
-            shutdown_timeout: Duration::from_secs(60),
-            direct: |_| false,
-            write_timeout: Duration::from_secs(5),
-            refuse: |_| axum::response::Response::new(axum::body::Body::empty()),
-            tls: None,
-        };
+        let options = options(Duration::from_secs(60));
         let mut server = tokio::spawn(serve(listener, router, options, shutdown.clone()));
         let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
         client.write_all(b"GET /spawn HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
@@ -433,5 +438,60 @@ mod tests {
         release.notify_one();
         tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap();
         assert!(done.load(Ordering::SeqCst));
+    }
+
+    /// A connection upgraded on hyper's path is taken back from hyper whole
+    /// (the broker can then write to it, `Link`): the socket itself, with
+    /// the bytes the client sent right behind its request first, and
+    /// everything written after the `101` reaching the client.
+    #[tokio::test]
+    async fn an_upgraded_connection_is_taken_from_hyper_whole() {
+        use tokio::io::AsyncReadExt as _;
+        let router = Router::new().route(
+            "/up",
+            axum::routing::get(|mut request: axum::extract::Request| async move {
+                let upgrade = request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>().expect("an upgrade");
+                tokio::spawn(async move {
+                    let upgraded = upgrade.await.expect("upgraded");
+                    let mut io = LinkIo::of_upgraded(upgraded).expect("a plain connection of this server's").expect("taken");
+                    let mut read = Vec::new();
+                    while read.len() < b"early,late".len() {
+                        let mut chunk = [0u8; 64];
+                        let n = io.read(&mut chunk).await.expect("read");
+                        assert!(n > 0, "the client closed early");
+                        read.extend_from_slice(&chunk[..n]);
+                    }
+                    io.write_all(&[b"echo:", &read[..]].concat()).await.expect("written");
+                    io.shutdown().await.expect("shut");
+                });
+                axum::response::Response::builder()
+                    .status(101)
+                    .header("connection", "upgrade")
+                    .header("upgrade", "test")
+                    .body(axum::body::Body::empty())
+                    .unwrap()
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let options = options(Duration::from_secs(5));
+        let server = tokio::spawn(serve(listener, router, options, shutdown.clone()));
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // The first bytes of the new protocol right behind the request.
+        client.write_all(b"GET /up HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: test\r\n\r\nearly,").await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut byte)).await.unwrap().unwrap();
+            head.push(byte[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+        client.write_all(b"late").await.unwrap();
+        let mut rest = String::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_string(&mut rest)).await.unwrap().unwrap();
+        assert_eq!(rest, "echo:early,late");
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap();
     }
 }

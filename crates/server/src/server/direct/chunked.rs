@@ -323,7 +323,7 @@ pub(super) fn try_write(stream: &TcpStream, frames: &[Bytes], chunked: bool) -> 
 }
 
 /// Drops the first `n` bytes of `pieces`.
-fn consume(pieces: &mut Vec<Bytes>, mut n: usize) {
+pub(super) fn consume(pieces: &mut Vec<Bytes>, mut n: usize) {
     pieces.retain_mut(|piece| {
         let k = n.min(piece.len());
         piece.advance(k);
@@ -371,7 +371,7 @@ fn hex_size(n: usize, out: &mut [u8; 18]) -> usize {
 }
 #[cfg(test)]
 #[allow(clippy::disallowed_methods, reason = "tests start the tasks they drive")]
-mod tests {
+pub(super) mod tests {
     use tokio::io::AsyncReadExt as _;
     use tokio_util::sync::CancellationToken;
 
@@ -503,7 +503,7 @@ mod tests {
 
     /// A server's socket and its client's, with buffers of 64 KiB on both
     /// sides (set, so the kernel does not grow them).
-    async fn small_buffers() -> (TcpStream, TcpStream) {
+    pub(in crate::server::direct) async fn small_buffers() -> (TcpStream, TcpStream) {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.set_recv_buffer_size(64 << 10).unwrap();
         socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();

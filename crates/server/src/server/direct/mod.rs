@@ -43,7 +43,7 @@ mod head;
 mod link;
 mod rewind;
 
-pub(crate) use link::Link;
+pub(crate) use link::{Link, LinkIo};
 
 pub(super) use head::{First, sniff};
 pub(super) use rewind::{Refusals, Rewind};

@@ -113,23 +113,52 @@ impl Drop for Rewind {
     /// Closes with [`linger`] unless the client already ended its side:
     /// whether it is still sending (a body after a refusal, the rest of an
     /// oversized frame) cannot be known here, its bytes may still be on
-    /// their way. A second descriptor of the socket keeps it open for the
-    /// lingering task while this one closes.
+    /// their way.
     fn drop(&mut self) {
-        if self.eof {
-            return;
+        if !self.eof {
+            linger_after(&self.inner);
         }
-        let (Ok(handle), Ok(fd)) = (tokio::runtime::Handle::try_current(), std::os::fd::AsFd::as_fd(&self.inner).try_clone_to_owned())
-        else {
-            return;
-        };
-        let socket = std::net::TcpStream::from(fd);
-        handle.spawn(async move {
-            if let Ok(stream) = TcpStream::from_std(socket) {
-                linger(stream).await;
-            }
-        });
     }
+}
+
+/// Keeps the socket of `stream` open for [`linger`] on a second descriptor,
+/// on a task of its own, while `stream` closes.
+pub(super) fn linger_after(stream: &TcpStream) {
+    let (Ok(handle), Ok(socket)) = (tokio::runtime::Handle::try_current(), duplicate(stream)) else {
+        return;
+    };
+    handle.spawn(async move {
+        if let Ok(stream) = TcpStream::from_std(socket) {
+            linger(stream).await;
+        }
+    });
+}
+
+/// A second descriptor of `stream`'s socket.
+fn duplicate(stream: &TcpStream) -> io::Result<std::net::TcpStream> {
+    Ok(std::net::TcpStream::from(std::os::fd::AsFd::as_fd(stream).try_clone_to_owned()?))
+}
+
+/// Applies a write deadline to one poll of a write: a write that makes no
+/// progress for `timeout` fails (`stalled` runs meanwhile).
+pub(super) fn deadline<T>(
+    stalled: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+    timeout: Duration,
+    cx: &mut Context<'_>,
+    polled: Poll<io::Result<T>>,
+) -> Poll<io::Result<T>> {
+    if polled.is_ready() {
+        *stalled = None;
+        return polled;
+    }
+    let sleep = stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+    if sleep.as_mut().poll(cx).is_ready() {
+        *stalled = None;
+        crate::metrics::client_dropped("write_stalled");
+        tracing::debug!(reason = "write_stalled", "closing a connection whose client takes no bytes");
+        return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+    }
+    Poll::Pending
 }
 
 impl Rewind {
@@ -152,19 +181,16 @@ impl Rewind {
 
     /// Applies the write deadline to one poll of a write.
     fn deadline<T>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-        if polled.is_ready() {
-            self.stalled = None;
-            return polled;
-        }
-        let timeout = self.write_timeout;
-        let sleep = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-        if sleep.as_mut().poll(cx).is_ready() {
-            self.stalled = None;
-            crate::metrics::client_dropped("write_stalled");
-            tracing::debug!(reason = "write_stalled", "closing a connection whose client takes no bytes");
-            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
-        }
-        Poll::Pending
+        deadline(&mut self.stalled, self.write_timeout, cx, polled)
+    }
+
+    /// The socket, once hyper let go of it after a `101`: what the sniff
+    /// read that hyper has not, the stream (a second descriptor of it:
+    /// this one closes without lingering), and the write timeout.
+    pub(super) fn into_stream(mut self) -> io::Result<(Bytes, TcpStream, Duration)> {
+        let stream = TcpStream::from_std(duplicate(&self.inner)?)?;
+        self.eof = true;
+        Ok((std::mem::take(&mut self.prefix), stream, self.write_timeout))
     }
 
     /// Writes what is pending, and frees it once written.
