@@ -168,11 +168,12 @@ impl LinkIo {
     pub(crate) fn of_upgraded(upgraded: Upgraded) -> Result<io::Result<Self>, Upgraded> {
         let parts = upgraded.downcast::<TokioIo<super::Rewind>>()?;
         Ok(parts.io.into_inner().into_stream().map(|(unread, stream, write_timeout)| {
-            // What hyper read past the request goes before what it did not.
+            // What hyper read past the request goes before what it did not;
+            // copied, as the view of it would keep hyper's whole read
+            // buffer (8 KiB) for the connection's life.
             let read_ahead = match (parts.read_buf.is_empty(), unread.is_empty()) {
-                (_, true) => parts.read_buf,
-                (true, false) => unread,
-                (false, false) => [parts.read_buf, unread].concat().into(),
+                (true, true) => Bytes::new(),
+                _ => [&parts.read_buf[..], &unread[..]].concat().into(),
             };
             Self::new(stream, read_ahead, write_timeout)
         }))
