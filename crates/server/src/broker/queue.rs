@@ -102,8 +102,11 @@ impl Queue {
     }
 
     /// Queues `frame` unless `bound` frames wait already or the queue was
-    /// closed; wakes the reader, unless it is parked and its stream idle
-    /// (the frame is then the broker's to write: [`Self::flush`]).
+    /// closed; wakes the reader, unless it is parked: the frame is then the
+    /// broker's to write ([`Self::flush`], which wakes the reader instead
+    /// if its stream's task runs meanwhile). Whether the stream is idle is
+    /// looked at by that flush, not here: the look is a cache miss per
+    /// client, and the flush pays it with the write, off the round.
     pub(super) fn push(&self, frame: Frame, bound: usize) -> Result<Pushed, Refused> {
         let mut inner = self.lock();
         if inner.closed {
@@ -114,7 +117,7 @@ impl Queue {
         }
         let was_empty = inner.frames.is_empty();
         inner.frames.push_back(frame);
-        if inner.parked && inner.sink.as_ref().is_some_and(|s| s.idle()) {
+        if inner.parked {
             return Ok(Pushed { was_empty, flush: true });
         }
         let waker = inner.waker.take();
@@ -370,12 +373,13 @@ mod tests {
         // Parked again by that poll: a frame ≤ its cursor is not written.
         queue.push(frame(4), 8).unwrap();
         assert_eq!(queue.flush(), 0);
-        // A stream that is not idle (its task writes) is not written: the
-        // push wakes the reader, and a flush writes nothing.
+        // A stream that is not idle (its task runs) is not written: the
+        // flush writes nothing and wakes the reader.
         stream.idle.store(false, Ordering::SeqCst);
-        assert_eq!(queue.push(frame(5), 8), Ok(Pushed { was_empty: true, flush: false }), "not idle: its task writes");
-        assert_eq!(wakes(), 1);
+        assert_eq!(queue.push(frame(5), 8), Ok(Pushed { was_empty: true, flush: true }), "parked: the flush looks");
+        assert_eq!(wakes(), 0);
         assert_eq!(queue.flush(), 0);
+        assert_eq!(wakes(), 1, "not idle: its task writes");
         assert!(matches!(queue.poll_pop(&mut cx, Some(&mut cursor)), Poll::Ready(Some(f)) if f.id == 5));
         cursor = 5;
 
