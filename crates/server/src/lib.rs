@@ -69,3 +69,5 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod telemetry;
+#[cfg(test)]
+mod testing;

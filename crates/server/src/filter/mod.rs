@@ -44,9 +44,11 @@ pub struct FilterError(pub String);
 #[derive(Debug, Clone)]
 pub struct Filter {
     types: Vec<Glob>,
-    agents: HashSet<String>,
-    targets: HashSet<String>,
-    payload: Option<PayloadRule>,
+    /// Boxed, like the rule below: most filters have none, and every live
+    /// client keeps its filter for its whole life.
+    agents: Names,
+    targets: Names,
+    payload: Option<Box<PayloadRule>>,
     /// The caller's `subscribe` grants, when they restrict anything: an event
     /// must match one of them as well as the filter's own types.
     grants: Option<Vec<Glob>>,
@@ -56,6 +58,14 @@ pub struct Filter {
     /// for every one (admins), else only those whose `subscriber` is this
     /// identity (notifications are private, and may bundle entities).
     notifications_for: Option<String>,
+}
+
+/// Names an event must match one of (an agent, a target); `None` when the
+/// filter does not restrict by them.
+type Names = Option<Box<HashSet<String>>>;
+
+fn names(list: &[String]) -> Names {
+    (!list.is_empty()).then(|| Box::new(list.iter().cloned().collect()))
 }
 
 /// The JSON form, before validation.
@@ -141,8 +151,8 @@ impl Default for Filter {
     fn default() -> Self {
         Self {
             types: Vec::new(),
-            agents: HashSet::new(),
-            targets: HashSet::new(),
+            agents: None,
+            targets: None,
             payload: None,
             grants: None,
             max_visibility: tidings_protocol::event::Visibility::Admin,
@@ -184,7 +194,7 @@ impl Filter {
     /// Whether [`Self::take_budget_notice`] has a notice to give: nothing
     /// is written for the stream before it.
     pub fn budget_notice_due(&self) -> bool {
-        self.payload.as_ref().is_some_and(PayloadRule::budget_notice_due)
+        self.payload.as_ref().is_some_and(|rule| rule.budget_notice_due())
     }
 
     /// Builds a filter from its parts, validating each.
@@ -204,12 +214,12 @@ impl Filter {
                 )));
             }
         }
-        Ok(Self { types, agents: agents.iter().cloned().collect(), targets: targets.iter().cloned().collect(), ..Self::default() })
+        Ok(Self { types, agents: names(agents), targets: names(targets), ..Self::default() })
     }
 
     /// Adds a payload rule (validated and compiled here).
     pub fn with_payload(mut self, rule: &Value, limits: FilterLimits) -> Result<Self, FilterError> {
-        self.payload = Some(PayloadRule::compile(rule, limits.rule)?);
+        self.payload = Some(Box::new(PayloadRule::compile(rule, limits.rule)?));
         Ok(self)
     }
 
@@ -299,10 +309,14 @@ impl Filter {
         if !type_matched && !self.types.is_empty() && !self.types.iter().any(|g| g.matches(&event.event_type)) {
             return false;
         }
-        if !self.agents.is_empty() && !event.agent.as_ref().is_some_and(|a| self.agents.contains(&a.id)) {
+        if let Some(agents) = &self.agents
+            && !event.agent.as_ref().is_some_and(|a| agents.contains(&a.id))
+        {
             return false;
         }
-        if !self.targets.is_empty() && !event.references().any(|r| self.targets.contains(r)) {
+        if let Some(targets) = &self.targets
+            && !event.references().any(|r| targets.contains(r))
+        {
             return false;
         }
         // The rule last: it is the most expensive check.
@@ -343,6 +357,16 @@ fn string_list(field: &str, value: Value) -> Result<Vec<String>, FilterError> {
 mod tests {
     use super::*;
     use tidings_protocol::event::{Agent, Link, Visibility, names};
+
+    /// Every live client keeps its filter for its whole life: its size is
+    /// carried by every idle stream and device, so it may not grow
+    /// unnoticed (264 bytes with the agents, the targets and the rule
+    /// inline, which most filters do not have).
+    #[test]
+    fn a_filter_stays_small() {
+        let size = std::mem::size_of::<Filter>();
+        assert!(size <= 112, "a filter takes {size} bytes");
+    }
 
     fn ev(t: &str, agent: Option<&str>, r: Option<&str>, links: &[&str]) -> EventBody {
         EventBody {

@@ -98,10 +98,9 @@ pub(crate) async fn upgrade(
     response
 }
 
-/// The connection's task: its `101` going out, then [`Ws::run`]. What it
-/// captures is small (the upgrade, two handles and a box), since a task
-/// keeps its captures for its whole life.
-#[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice for its whole life")]
+/// The connection's task: its `101` going out (boxed), then [`Ws::run`],
+/// chained, not nested: a task keeps its largest state for its whole life,
+/// and this one keeps neither the upgrade nor what [`Ws`] is made of.
 fn connection_task(
     ws: Upgrade,
     app: AppState,
@@ -110,14 +109,17 @@ fn connection_task(
     max_message: usize,
     compression: bool,
 ) -> impl Future<Output = ()> + Send {
-    async move {
-        let Some(socket) = ws.socket(max_message, compression).await else { return };
-        if socket.deflates() {
-            crate::metrics::stream_compressed();
-        }
-        let nonce = tidings_protocol::tree::generate_id();
-        Ws { socket, app, nonce, awaiting_pong: false, device: None, kill, pending: Some(pending) }.run().await
-    }
+    use futures_util::FutureExt as _;
+    Box::pin(ws.socket(max_message, compression)).then(move |socket| {
+        let ws = socket.map(|socket| {
+            if socket.deflates() {
+                crate::metrics::stream_compressed();
+            }
+            let nonce = tidings_protocol::tree::generate_id();
+            Ws { socket, app, nonce, awaiting_pong: false, device: None, kill, pending: Some(pending) }
+        });
+        futures_util::future::OptionFuture::from(ws.map(Ws::run)).map(drop)
+    })
 }
 
 /// What a connection holds until `stream.auth`: the caller and its place in
@@ -209,17 +211,20 @@ impl Ws {
     #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice for its whole life")]
     fn run(mut self) -> impl Future<Output = ()> + Send {
         async move {
-            let head = self.app.core().broker().position();
-            // Written as text and dropped at once: a `Value` kept in this
-            // function's state would cost every connection its map nodes.
+            // Written as text, and freed once written: a local of this
+            // block lives as long as the connection.
             let hello = wire::Hello {
                 server_did: self.app.core().identity().hash().to_string(),
-                head_seq: head,
+                head_seq: self.app.core().broker().position(),
                 profiles: PROFILES.iter().map(|p| (*p).to_owned()).collect(),
                 nonce: self.nonce.clone(),
             };
             let hello = json!({"jsonrpc": "2.0", "method": method::HELLO, "params": hello}).to_string();
-            if self.socket.send_text(hello.as_bytes()).await.is_err() {
+            // The writes before the loop and after it, and the rare ones
+            // in it (a ping, a deadline), are boxed: this future is what
+            // every open connection carries, sized for its largest state.
+            let socket = &mut self.socket;
+            if Box::pin(async move { socket.send_text(hello.as_bytes()).await }).await.is_err() {
                 return;
             }
             // Until auth, when the device takes it.
@@ -227,10 +232,10 @@ impl Ws {
             match pending.as_deref() {
                 Some(Pending { caller: Err(code), .. }) => {
                     let code = *code;
-                    let _ = self.send_error(&Value::Null, rpc::UNAUTHENTICATED, code, "the token is missing or not valid").await;
-                    return self.close(close::NORMAL, code).await;
+                    let _ = Box::pin(self.send_error(&Value::Null, rpc::UNAUTHENTICATED, code, "the token is missing or not valid")).await;
+                    return Box::pin(self.close(close::NORMAL, code)).await;
                 }
-                Some(Pending { permit: Some(Err(code)), .. }) => return self.close(close::TRY_LATER, code).await,
+                Some(Pending { permit: Some(Err(code)), .. }) => return Box::pin(self.close(close::TRY_LATER, code)).await,
                 _ => {}
             }
             // Watched for the connection's life, each at the cost of a
@@ -260,7 +265,7 @@ impl Ws {
                     _ = kill.as_mut() => return,
                     _ = async { if let Some((_, t)) = timer.as_mut() { t.await } }, if timer.is_some() => {
                         timer = None;
-                        self.on_deadline().await
+                        Box::pin(self.on_deadline()).await
                     }
                     message = std::future::poll_fn(|cx| self.socket.poll_recv(cx)) => match message {
                         None => return,
@@ -289,12 +294,12 @@ impl Ws {
                             return;
                         }
                         self.awaiting_pong = true;
-                        if self.socket.send_ping().await.is_err() { return; }
+                        if Box::pin(self.socket.send_ping()).await.is_err() { return; }
                         Next::Go
                     }
                 };
                 if let Next::Close(code, reason) = next {
-                    return self.close(code, reason).await;
+                    return Box::pin(self.close(code, reason)).await;
                 }
             }
         }
@@ -690,3 +695,6 @@ impl Ws {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -61,7 +61,6 @@ pub(super) fn head_of(response: Response<Body>) -> (Vec<u8>, Body, Option<u64>) 
 /// the write is tried at once without waiting (it nearly always completes:
 /// the socket buffer has room), and only a write that has to wait becomes
 /// a boxed future with its deadline.
-#[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice for its whole life (see the body)")]
 pub(super) fn write_response<'a>(
     stream: &'a TcpStream,
     link: Option<&'a Link>,
@@ -71,21 +70,22 @@ pub(super) fn write_response<'a>(
     watch: Watch,
     write_timeout: Duration,
 ) -> impl Future<Output = io::Result<()>> + 'a {
-    // A plain function returning a block: an async function keeps its
-    // arguments twice (as given and as bound), for its whole life.
+    // A plain function returning a block, which keeps what it is given for
+    // its whole life: the head is given as its boxed write, and the end is
+    // a boxed write of its own, so a stream's task keeps room for neither
+    // (nor for the end's timer).
+    let first = Box::pin(write_rest(stream, vec![Bytes::from(head)]));
+    let chunked = exact.is_none();
     async move {
         let mut watch = std::pin::pin!(watch);
-        // Boxed, like every write that waits: its state would otherwise
-        // take room in every stream's task for the stream's whole life.
         tokio::select! {
             biased;
             _ = watch.as_mut() => return Ok(()),
-            r = Box::pin(write_rest(stream, vec![Bytes::from(head)])) => r?,
+            r = first => r?,
         }
         // The socket's read readiness has not been given the watch's waker
         // yet: the first step polls it.
         watch.raise();
-        let chunked = exact.is_none();
         let mut body = std::pin::pin!(body);
         // Whatever way it ends, the broker writes for this stream no more.
         let _ended = link.map(Ended);
@@ -136,21 +136,24 @@ pub(super) fn write_response<'a>(
                 break;
             }
         }
-        // The end, like any write, within the write timeout and the kill
-        // (boxed, as the first write).
-        let end = Box::pin(async {
-            if chunked {
-                write_rest(stream, vec![Bytes::from_static(b"0\r\n\r\n")]).await?;
-            }
-            // The socket may outlive this task for a moment (the broker
-            // holds it while it writes): the client sees the end now.
-            socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write)
-        });
-        tokio::select! {
-            biased;
-            _ = watch.as_mut() => Ok(()),
-            r = tokio::time::timeout(write_timeout, end) => r.unwrap_or(Ok(())),
+        Box::pin(write_end(stream, chunked, watch, write_timeout)).await
+    }
+}
+
+/// The end, like any write, within the write timeout and the kill.
+async fn write_end(stream: &TcpStream, chunked: bool, watch: Pin<&mut Watch>, write_timeout: Duration) -> io::Result<()> {
+    let end = async {
+        if chunked {
+            write_rest(stream, vec![Bytes::from_static(b"0\r\n\r\n")]).await?;
         }
+        // The socket may outlive this task for a moment (the broker
+        // holds it while it writes): the client sees the end now.
+        socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write)
+    };
+    tokio::select! {
+        biased;
+        _ = watch => Ok(()),
+        r = tokio::time::timeout(write_timeout, end) => r.unwrap_or(Ok(())),
     }
 }
 
