@@ -38,13 +38,12 @@ async fn twelve_event_sources_on_one_origin_all_receive_over_http2(backend: Back
     let tls = spawn_process_at(&tls_envs, free_port()).await;
     let (plain_envs, _plain_dir) = process_store(backend).await;
     let plain = spawn_process_at(&plain_envs, free_port()).await;
-    let out = tokio::time::timeout(
+    let out = crate::helpers::output_within(
+        tokio::process::Command::new("node").arg(script).arg(&tls.base).arg(&plain.base),
         Duration::from_secs(90),
-        tokio::process::Command::new("node").arg(script).arg(&tls.base).arg(&plain.base).kill_on_drop(true).output(),
     )
     .await
-    .expect("the browser run ends")
-    .unwrap();
+    .expect("the browser run ends");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let summary =
         stdout.lines().find_map(|l| l.strip_prefix("OK ")).unwrap_or_else(|| panic!("{stdout}{}", String::from_utf8_lossy(&out.stderr)));
@@ -78,11 +77,11 @@ async fn console_shows_real_values_and_is_read_only_for_non_admins(backend: Back
     let reader = crate::helpers::tokens::token("viewer", serde_json::json!({"subscribe": ["comment.*", "tree.*"]}));
     let store = if backend == Backend::Postgres { "postgres" } else { "embedded" };
     let mut node = tokio::process::Command::new("node");
-    node.arg("--experimental-websocket").arg(script).args([&server.base, &admin, &reader, store]).kill_on_drop(true);
+    node.arg("--experimental-websocket").arg(script).args([&server.base, &admin, &reader, store]);
     if let Some(shot) = std::env::var_os("TIDINGS_SCREENSHOT") {
         node.env("TIDINGS_SCREENSHOT", shot);
     }
-    let out = tokio::time::timeout(Duration::from_secs(120), node.output()).await.expect("the browser run ends").unwrap();
+    let out = crate::helpers::output_within(&mut node, Duration::from_secs(120)).await.expect("the browser run ends");
     let compressed = server.metric("tidings_streams_compressed_total").await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -137,9 +136,12 @@ async fn drive_live_page(backend: Backend, transport: &str, tls: bool) {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // A group of its own, with Chromium: stopped whole if it hangs.
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .expect("node runs");
+    let group = node.id().expect("node runs");
     let mut stdin = node.stdin.take().unwrap();
     let mut lines = tokio::io::BufReader::new(node.stdout.take().unwrap()).lines();
     let mut ok = None;
@@ -163,6 +165,11 @@ async fn drive_live_page(backend: Backend, transport: &str, tls: bool) {
             ok = Some(summary.to_owned());
         }
     }
-    let out = node.wait_with_output().await.unwrap();
+    let mut end = std::pin::pin!(node.wait_with_output());
+    let Ok(out) = tokio::time::timeout(Duration::from_secs(60), &mut end).await else {
+        crate::helpers::kill_group(group);
+        panic!("the browser run ends");
+    };
+    let out = out.unwrap();
     assert!(out.status.success() && ok.is_some(), "the browser run failed: {}", String::from_utf8_lossy(&out.stderr));
 }

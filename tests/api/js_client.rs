@@ -54,8 +54,7 @@ async fn client_scenarios_pass_in_node_and_in_chromium(backend: Backend) {
     let auth = spawn_process_at(&auth_envs, free_port()).await;
     for (runner, flags) in [("test/node.test.mjs", &["--experimental-websocket"][..]), ("test/browser.test.mjs", &[][..])] {
         let compressed = main.metric(COMPRESSED).await;
-        let out = tokio::time::timeout(
-            Duration::from_secs(240),
+        let out = crate::helpers::output_within(
             tokio::process::Command::new("node")
                 .args(flags)
                 .arg("--test")
@@ -65,13 +64,11 @@ async fn client_scenarios_pass_in_node_and_in_chromium(backend: Backend) {
                 .env("TIDINGS_SLOW_URL", &slow.base)
                 .env("TIDINGS_OTHER_URL", &other.base)
                 .env("TIDINGS_AUTH_URL", &auth.base)
-                .env("TIDINGS_AUTH_SECRET", secret)
-                .kill_on_drop(true)
-                .output(),
+                .env("TIDINGS_AUTH_SECRET", secret),
+            Duration::from_secs(240),
         )
         .await
-        .unwrap_or_else(|_| panic!("{runner} ends within four minutes"))
-        .unwrap();
+        .unwrap_or_else(|| panic!("{runner} ends within four minutes"));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{runner} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
         // Every scenario ran (none skipped, none left out of the count).

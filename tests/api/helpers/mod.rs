@@ -562,3 +562,55 @@ pub(crate) fn generated_in(path: &str, begin: &str, end: &str, generated: &str) 
     }
     assert_eq!(committed, generated, "{path} differs from what the code generates: run TIDINGS_BLESS=1 with this test");
 }
+
+/// Runs `command` (a program that starts children of its own: `node
+/// --test` runs each file in a child, a browser script starts Chromium) in
+/// a process group of its own, waiting at most `limit`. A run that does not
+/// end in time is stopped whole, its children too, and `None` is returned:
+/// killing the program alone left a child behind, spinning for good.
+pub(crate) async fn output_within(command: &mut tokio::process::Command, limit: Duration) -> Option<std::process::Output> {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the program starts");
+    let group = child.id().expect("the program runs");
+    let mut run = std::pin::pin!(child.wait_with_output());
+    match tokio::time::timeout(limit, &mut run).await {
+        Ok(out) => Some(out.expect("the program's output is read")),
+        Err(_) => {
+            kill_group(group);
+            None
+        }
+    }
+}
+
+/// Kills the process group `group` led by a child this test started and has
+/// not waited for yet (so the group is still its own), whatever is in it.
+pub(crate) fn kill_group(group: u32) {
+    let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).status();
+}
+
+/// A program that does not end in time is stopped with its children: a
+/// shell that started a child of its own and waits, here.
+#[tokio::test]
+async fn a_program_that_does_not_end_in_time_is_stopped_with_its_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("child.pid");
+    let script = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
+    let out = output_within(tokio::process::Command::new("sh").args(["-c", &script]), Duration::from_secs(2)).await;
+    assert!(out.is_none(), "the shell waits for its child");
+    let child = std::fs::read_to_string(&pid_file).unwrap().trim().to_owned();
+    // Killed, it is a zombie until init reaps it, then gone.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{child}/stat")).ok();
+        if state.as_deref().is_none_or(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'))) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the shell's child was left running: {state:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
