@@ -136,12 +136,12 @@ async fn drive_live_page(backend: Backend, transport: &str, tls: bool) {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        // A group of its own, with Chromium: stopped whole if it hangs.
-        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .expect("node runs");
-    let group = node.id().expect("node runs");
+    // Node and what it started (Chromium) are stopped whole if this test
+    // fails before node ends.
+    let tree = crate::helpers::Tree(node.id().expect("node runs"));
     let mut stdin = node.stdin.take().unwrap();
     let mut lines = tokio::io::BufReader::new(node.stdout.take().unwrap()).lines();
     let mut ok = None;
@@ -166,10 +166,12 @@ async fn drive_live_page(backend: Backend, transport: &str, tls: bool) {
         }
     }
     let mut end = std::pin::pin!(node.wait_with_output());
-    let Ok(out) = tokio::time::timeout(Duration::from_secs(60), &mut end).await else {
-        crate::helpers::kill_group(group);
-        panic!("the browser run ends");
-    };
-    let out = out.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(60), &mut end).await;
+    match ended {
+        Ok(_) => tree.disarm(),
+        // Stopped now, while node still holds its children.
+        Err(_) => drop(tree),
+    }
+    let out = ended.expect("the browser run ends").unwrap();
     assert!(out.status.success() && ok.is_some(), "the browser run failed: {}", String::from_utf8_lossy(&out.stderr));
 }

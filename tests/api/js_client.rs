@@ -99,11 +99,11 @@ async fn the_types_take_what_the_server_takes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn npm_test_needs_no_server() {
     let mut command = tokio::process::Command::new("npm");
-    command.args(["test", "--silent"]).current_dir(CLIENT).kill_on_drop(true);
+    command.args(["test", "--silent"]).current_dir(CLIENT);
     for name in ["TIDINGS_URL", "TIDINGS_SLOW_URL", "TIDINGS_OTHER_URL", "TIDINGS_AUTH_URL", "TIDINGS_AUTH_SECRET"] {
         command.env_remove(name);
     }
-    let out = tokio::time::timeout(Duration::from_secs(120), command.output()).await.expect("npm test ends within two minutes").unwrap();
+    let out = crate::helpers::output_within(&mut command, Duration::from_secs(120)).await.expect("npm test ends within two minutes");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "npm test failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("# fail 0") && stdout.contains("# skipped 0") && !stdout.contains("# pass 0"), "{stdout}");
@@ -111,13 +111,12 @@ async fn npm_test_needs_no_server() {
 
 /// Runs `program` with `args` in `dir`, within a minute; its standard output.
 async fn run(program: &str, args: &[&str], dir: &Path, envs: &[(&str, &str)]) -> String {
-    let out = tokio::time::timeout(
+    let out = crate::helpers::output_within(
+        tokio::process::Command::new(program).args(args).current_dir(dir).envs(envs.iter().copied()),
         Duration::from_secs(60),
-        tokio::process::Command::new(program).args(args).current_dir(dir).envs(envs.iter().copied()).kill_on_drop(true).output(),
     )
     .await
-    .unwrap_or_else(|_| panic!("{program} {args:?} ends within a minute"))
-    .unwrap();
+    .unwrap_or_else(|| panic!("{program} {args:?} ends within a minute"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{program} {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
     stdout

@@ -564,33 +564,79 @@ pub(crate) fn generated_in(path: &str, begin: &str, end: &str, generated: &str) 
 }
 
 /// Runs `command` (a program that starts children of its own: `node
-/// --test` runs each file in a child, a browser script starts Chromium) in
-/// a process group of its own, waiting at most `limit`. A run that does not
-/// end in time is stopped whole, its children too, and `None` is returned:
+/// --test` runs each file in a child, a browser script starts Chromium),
+/// waiting at most `limit`. A run that does not end in time is stopped
+/// whole, its descendants too ([`kill_tree`]), and `None` is returned:
 /// killing the program alone left a child behind, spinning for good.
 pub(crate) async fn output_within(command: &mut tokio::process::Command, limit: Duration) -> Option<std::process::Output> {
     let child = command
+        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .expect("the program starts");
-    let group = child.id().expect("the program runs");
+    let tree = Tree(child.id().expect("the program runs"));
     let mut run = std::pin::pin!(child.wait_with_output());
-    match tokio::time::timeout(limit, &mut run).await {
-        Ok(out) => Some(out.expect("the program's output is read")),
-        Err(_) => {
-            kill_group(group);
-            None
-        }
+    let Ok(out) = tokio::time::timeout(limit, &mut run).await else {
+        // Stopped now, while the program still holds its children (the
+        // run's own drop would kill the program alone, orphaning them).
+        drop(tree);
+        return None;
+    };
+    tree.disarm();
+    Some(out.expect("the program's output is read"))
+}
+
+/// A child this test started, and everything it started in turn, killed
+/// when this is dropped: forget it once the child has been waited for, and
+/// drop it before the child's `Child` (which waits for it) otherwise.
+pub(crate) struct Tree(pub(crate) u32);
+
+impl Tree {
+    /// The child was waited for: its number may be another process's from
+    /// now on, and nothing is killed.
+    pub(crate) fn disarm(self) {
+        std::mem::forget(self);
     }
 }
 
-/// Kills the process group `group` led by a child this test started and has
-/// not waited for yet (so the group is still its own), whatever is in it.
-pub(crate) fn kill_group(group: u32) {
-    let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).status();
+impl Drop for Tree {
+    fn drop(&mut self) {
+        kill_tree(self.0);
+    }
+}
+
+/// Kills `pid` (a child this test started and has not waited for, so
+/// everything under it is this test's own; checked) and its descendants, found by
+/// their parents in `/proc`, whatever their process group (Playwright
+/// starts Chromium in a session of its own); the children stay in the
+/// test's group, so a run stopped from the terminal stops them as before.
+pub(crate) fn kill_tree(pid: u32) {
+    let mut parents = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        // The parent is the second field after the command's `)`.
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let parent = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
+        if let Some(parent) = parent {
+            parents.push((child, parent));
+        }
+    }
+    // A number this test's process no longer has as its child (waited for
+    // already) may be another process's: nothing is killed then.
+    if !parents.contains(&(pid, std::process::id())) {
+        return;
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(parents.iter().filter(|(_, p)| *p == parent).map(|(c, _)| *c));
+        i += 1;
+    }
+    let pids: Vec<String> = tree.iter().map(u32::to_string).collect();
+    let _ = std::process::Command::new("kill").arg("-KILL").args(&pids).status();
 }
 
 /// A program that does not end in time is stopped with its children: a

@@ -211,15 +211,15 @@ impl Ws {
     #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice for its whole life")]
     fn run(mut self) -> impl Future<Output = ()> + Send {
         async move {
-            // Written as text, and freed once written: a local of this
-            // block lives as long as the connection.
-            let hello = wire::Hello {
+            // A temporary, written as text and freed once written: a local
+            // of this block would live as long as the connection.
+            let hello = json!({"jsonrpc": "2.0", "method": method::HELLO, "params": wire::Hello {
                 server_did: self.app.core().identity().hash().to_string(),
                 head_seq: self.app.core().broker().position(),
                 profiles: PROFILES.iter().map(|p| (*p).to_owned()).collect(),
                 nonce: self.nonce.clone(),
-            };
-            let hello = json!({"jsonrpc": "2.0", "method": method::HELLO, "params": hello}).to_string();
+            }})
+            .to_string();
             // The writes before the loop and after it, and the rare ones
             // in it (a ping, a deadline), are boxed: this future is what
             // every open connection carries, sized for its largest state.
