@@ -1,11 +1,12 @@
 //! Hot standbys serve history (`TIDINGS_REPLICA_URLS`), PostgreSQL only
 //! (the embedded store is one process's file by nature): `scripts/test`
-//! starts two hot standbys of its throwaway cluster (`pg_basebackup -R`,
-//! streaming replication). Replays, polls and `sync.delta` read through a
-//! standby while publishers run and still see every id exactly once, in
-//! order; history a caught-up standby holds costs the primary no read; and
-//! a standby that lags (its replay paused) or stops changes nothing a
-//! client sees. The second standby is this file's alone to pause and stop.
+//! starts two hot standbys of a throwaway cluster of their own
+//! (`pg_basebackup -R`, streaming replication). Replays, polls and
+//! `sync.delta` read through a standby while publishers run and still see
+//! every id exactly once, in order; history a caught-up standby holds
+//! costs the primary no read; and a standby that lags (its replay paused)
+//! or stops changes nothing a client sees. The second standby is this
+//! file's alone to pause and stop.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::device::{Client, Key};
 use crate::helpers::eventually;
-use crate::helpers::{Backend, TestApp, spawn_app_with};
+use crate::helpers::{TestApp, spawn_app_on};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_is_read_through_the_standby_exactly_once() {
@@ -27,13 +28,13 @@ async fn the_broker_reads_notified_commits_at_the_standby() {
     // A reads its tail at the standby; B, on the same database, publishes
     // (so A learns of each commit by NOTIFY and reads it, rather than being
     // handed its own).
-    let a = spawn_app_with(Backend::Postgres, |s| {
+    let a = on_their_primary(|s| {
         s.postgres.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
         s.postgres.broker_reads = tidings_server::config::BrokerReads::Replica;
     })
     .await;
     let url = a.db_url.clone().unwrap();
-    let b = spawn_app_with(Backend::Postgres, |s| s.database_url = Some(url)).await;
+    let b = on_their_primary(|s| s.database_url = Some(url)).await;
     eventually("the standby serves", || async { standby(&a).await["usable"] == true }).await;
     let mut stream = a.stream("?types=probe.*", None).await;
     let batches = 40;
@@ -57,7 +58,7 @@ async fn the_broker_reads_notified_commits_at_the_standby() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standbys_show_only_to_admins() {
     use crate::helpers::tokens::{SECRET, token};
-    let app = spawn_app_with(Backend::Postgres, |s| {
+    let app = on_their_primary(|s| {
         s.auth.jwt_hs256_secret = Some(SECRET.into());
         s.postgres.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
     })
@@ -76,6 +77,19 @@ async fn a_lagging_or_stopped_standby_changes_nothing_a_client_sees() {
     lagging_or_stopped().await
 }
 
+/// A PostgreSQL server on a fresh database of the standbys' own primary
+/// (`scripts/test` keeps it apart, so that only this file's databases are
+/// copied to two standbys).
+async fn on_their_primary(configure: impl FnOnce(&mut tidings_server::config::Settings)) -> TestApp {
+    spawn_app_on(&their_primary(), configure).await
+}
+
+/// The standbys' primary's URL (its `postgres` database).
+fn their_primary() -> String {
+    std::env::var("TIDINGS_TEST_REPLICAS_PRIMARY_URL")
+        .expect("TIDINGS_TEST_REPLICAS_PRIMARY_URL is not set: run the suite with scripts/test, which starts it")
+}
+
 /// The standby (named by the environment variable `var`) URL of the
 /// database `primary` names.
 fn standby_url(var: &str, primary: &str) -> String {
@@ -87,7 +101,7 @@ fn standby_url(var: &str, primary: &str) -> String {
 
 /// A PostgreSQL server whose history is read at the standby `var` names.
 async fn with_standby(var: &'static str, max_lag: Duration) -> TestApp {
-    spawn_app_with(Backend::Postgres, |s| {
+    on_their_primary(|s| {
         s.postgres.replica_urls = vec![standby_url(var, s.database_url.as_deref().unwrap())];
         s.postgres.replica_max_lag = max_lag;
     })
@@ -97,6 +111,19 @@ async fn with_standby(var: &'static str, max_lag: Duration) -> TestApp {
 /// The standby's entry in `/health/deep`.
 async fn standby(app: &TestApp) -> Value {
     app.deep().await.1["replicas"]["standbys"][0].clone()
+}
+
+/// Waits until the first standby's copy of the database `url` names holds
+/// the log up to `head` (at most 30 s): the copy itself may not be there
+/// yet, as the standby replays the database's creation too.
+async fn until_the_standby_holds(url: &str, head: i64) {
+    let at_standby = standby_url("TIDINGS_TEST_STANDBY_URL", url);
+    crate::helpers::wait_until("the standby holds the log", Duration::from_secs(30), Duration::from_millis(20), || async {
+        let Ok((client, conn)) = tokio_postgres::connect(&at_standby, tokio_postgres::NoTls).await else { return false };
+        tokio::spawn(conn);
+        client.query_one("SELECT coalesce(max(id), 0) FROM events", &[]).await.is_ok_and(|row| row.get::<_, i64>(0) >= head)
+    })
+    .await;
 }
 
 async fn primary_reads(app: &TestApp) -> i64 {
@@ -267,13 +294,13 @@ async fn lagging_or_stopped() {
 /// primary on every wake-up for good; and nothing is missed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_notify_costs_the_broker_nothing_lasting() {
-    let a = spawn_app_with(Backend::Postgres, |s| {
+    let a = on_their_primary(|s| {
         s.postgres.replica_urls = vec![standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap())];
         s.postgres.broker_reads = tidings_server::config::BrokerReads::Replica;
     })
     .await;
     let url = a.db_url.clone().unwrap();
-    let b = spawn_app_with(Backend::Postgres, |s| s.database_url = Some(url.clone())).await;
+    let b = on_their_primary(|s| s.database_url = Some(url.clone())).await;
     eventually("the standby serves", || async { standby(&a).await["usable"] == true }).await;
     let mut stream = a.stream("?types=probe.*", None).await;
     one_by_one(&b, &mut stream, 3).await;
@@ -316,12 +343,12 @@ async fn one_by_one(publisher: &TestApp, stream: &mut crate::helpers::Stream, n:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_process_reads_history_at_the_standby() {
     let role = format!("reader_{}", rand::random::<u32>());
-    let (admin, conn) = tokio_postgres::connect(&crate::helpers::admin_url(), tokio_postgres::NoTls).await.unwrap();
+    let (admin, conn) = tokio_postgres::connect(&their_primary(), tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
     admin.batch_execute(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 10")).await.unwrap();
     let as_reader = |url: String| url.replacen("://postgres@", &format!("://{role}@"), 1);
     let a = Arc::new(
-        spawn_app_with(Backend::Postgres, |s| {
+        on_their_primary(|s| {
             s.postgres.replica_urls = vec![as_reader(standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap()))];
             s.postgres.db_timeout = Duration::from_secs(10);
         })
@@ -330,7 +357,7 @@ async fn every_process_reads_history_at_the_standby() {
     let url = a.db_url.clone().unwrap();
     a.db().await.batch_execute(&format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")).await.unwrap();
     let b = Arc::new(
-        spawn_app_with(Backend::Postgres, |s| {
+        on_their_primary(|s| {
             s.postgres.replica_urls = vec![as_reader(standby_url("TIDINGS_TEST_STANDBY_URL", &url))];
             s.database_url = Some(url.clone());
             s.postgres.db_timeout = Duration::from_secs(10);
@@ -344,12 +371,7 @@ async fn every_process_reads_history_at_the_standby() {
         p.await.unwrap();
     }
     let head = a.head().await;
-    let (at_standby, conn) = tokio_postgres::connect(&standby_url("TIDINGS_TEST_STANDBY_URL", &url), tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    crate::helpers::wait_until("the standby holds the whole log", Duration::from_secs(30), Duration::from_millis(20), || async {
-        at_standby.query_one("SELECT coalesce(max(id), 0) FROM events", &[]).await.unwrap().get::<_, i64>(0) >= head
-    })
-    .await;
+    until_the_standby_holds(&url, head).await;
     for app in [&a, &b] {
         eventually("the standby serves history", || async { standby(app).await["usable"] == true }).await;
     }
@@ -381,4 +403,79 @@ async fn every_process_reads_history_at_the_standby() {
     }
     // Sixteen connections wanted, ten allowed: the standby refused one.
     assert!(capped > 0, "neither process was refused a connection");
+}
+
+/// A probe refused a connection for the standby's connection limits while
+/// a read holds every connection the standby allows this process: the
+/// standby is busy, not down. The reads' refusals were handled so (issue
+/// 48), the probe's were not: a probe that found the pool's connections
+/// busy marked the standby down, a probe a second later found one idle and
+/// marked it usable, and a process under load read most of its history at
+/// the primary. The role here may hold one connection; a proxy in front of
+/// the standby holds a history read's query on it, so the probe asks for a
+/// second while the pool's one is busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_refused_while_a_read_holds_the_connections_keeps_the_standby() {
+    // A read may find the pool's one connection lent to a probe (a
+    // millisecond in each second) and be refused itself, which this test
+    // is not about: it starts again, on a server of its own.
+    for _ in 0..3 {
+        if let Some(seen) = probe_refused_while_a_read_is_held().await {
+            assert_eq!(seen["usable"], true, "the probe's refusal marked the standby down: {seen}");
+            assert_eq!(seen["connections_capped_at"], 1, "kept at the one connection the role may hold: {seen}");
+            return;
+        }
+    }
+    panic!("three reads in a row were not the first to use the pool's connection");
+}
+
+/// The standby's state once its probe was refused while the proxy held a
+/// read's query; `None` when the read found no held connection of its own.
+async fn probe_refused_while_a_read_is_held() -> Option<Value> {
+    use crate::helpers::proxy::HoldingProxy;
+    let role = format!("reader_{}", rand::random::<u32>());
+    let (admin, conn) = tokio_postgres::connect(&their_primary(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    admin.batch_execute(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 1")).await.unwrap();
+    let direct = std::env::var("TIDINGS_TEST_STANDBY_URL").unwrap();
+    let target: std::net::SocketAddr = direct.split('@').nth(1).unwrap().split('/').next().unwrap().parse().unwrap();
+    let proxy = HoldingProxy::start(target, b"FROM events WHERE id >").await;
+    let through_proxy = |url: String| {
+        url.replacen("://postgres@", &format!("://{role}@"), 1).replacen(&target.to_string(), &format!("127.0.0.1:{}", proxy.port), 1)
+    };
+    let app = on_their_primary(|s| {
+        s.postgres.replica_urls = vec![through_proxy(standby_url("TIDINGS_TEST_STANDBY_URL", s.database_url.as_deref().unwrap()))];
+    })
+    .await;
+    app.db().await.batch_execute(&format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")).await.unwrap();
+    let head = publish_many(&app, 20).await;
+    until_the_standby_holds(app.db_url.as_deref().unwrap(), head).await;
+    eventually("the standby serves history", || async { standby(&app).await["usable"] == true }).await;
+    let app = Arc::new(app);
+    let reader = tokio::spawn({
+        let app = app.clone();
+        async move { polled(&app, 0, head, 100).await }
+    });
+    // Held, or refused and answered by the primary.
+    crate::helpers::wait_until("the read is held or answered", Duration::from_secs(20), Duration::from_millis(5), || async {
+        proxy.held() > 0 || reader.is_finished()
+    })
+    .await;
+    if proxy.held() == 0 {
+        assert_eq!(reader.await.unwrap(), (1..=head).collect::<Vec<_>>());
+        return None;
+    }
+    // The probe, once a second, finds the pool's connection busy.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let seen = loop {
+        let now = standby(&app).await;
+        if now["usable"] != true || now["connections_capped_at"].is_number() {
+            break now;
+        }
+        assert!(std::time::Instant::now() < deadline, "waited 20 s for a probe to be refused: {now}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    proxy.release();
+    assert_eq!(reader.await.unwrap(), (1..=head).collect::<Vec<_>>(), "every id once, in order");
+    Some(seen)
 }

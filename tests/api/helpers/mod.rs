@@ -8,6 +8,7 @@ pub(crate) mod device;
 pub(crate) mod epochs;
 pub(crate) mod federation;
 pub(crate) mod mirrors;
+pub(crate) mod proxy;
 pub(crate) mod tokens;
 
 use std::ops::ControlFlow;
@@ -35,7 +36,10 @@ macro_rules! both_stores {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() { super::$name($crate::helpers::Backend::Postgres).await }
+            async fn postgres() {
+                super::$name($crate::helpers::Backend::Postgres).await;
+                $crate::helpers::drop_databases().await;
+            }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn embedded() { super::$name($crate::helpers::Backend::Embedded).await }
         }
@@ -52,6 +56,13 @@ pub(crate) async fn fresh_database() -> (String, String) {
     fresh_database_on(&admin_url()).await
 }
 
+thread_local! {
+    /// The databases made on this thread, with their cluster's URL: a test
+    /// body's own (libtest runs each test on a thread of its own, and a
+    /// tokio test's body on it).
+    static MADE: std::cell::RefCell<Vec<(String, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Creates a fresh database on the cluster of `admin` (a URL).
 pub(crate) async fn fresh_database_on(admin: &str) -> (String, String) {
     let admin = admin.to_owned();
@@ -59,11 +70,26 @@ pub(crate) async fn fresh_database_on(admin: &str) -> (String, String) {
     tokio::spawn(conn);
     let name = format!("t_{}", rand::random::<u64>());
     client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("creating a test database");
+    MADE.with(|made| made.borrow_mut().push((admin.clone(), name.clone())));
     let url = match admin.rsplit_once('/') {
         Some((base, _)) => format!("{base}/{name}"),
         None => panic!("unexpected admin URL"),
     };
     (url, name)
+}
+
+/// Drops the databases this test's body made, once it passed (a failed
+/// test keeps them to look at): each takes 7 MB or more, and the suite
+/// makes hundreds. Best effort: a cluster the test stopped is skipped.
+pub(crate) async fn drop_databases() {
+    for (admin, name) in MADE.with(|made| std::mem::take(&mut *made.borrow_mut())) {
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await?;
+            tokio::spawn(conn);
+            client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await
+        })
+        .await;
+    }
 }
 
 /// Settings for a test server: the defaults (never the ambient `TIDINGS_*`
@@ -96,20 +122,28 @@ pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
 }
 
 pub(crate) async fn spawn_app_with(backend: Backend, configure: impl FnOnce(&mut Settings)) -> TestApp {
+    match backend {
+        Backend::Postgres => spawn_app_on(&admin_url(), configure).await,
+        Backend::Embedded => spawn_app_at(None, configure).await,
+    }
+}
+
+/// A PostgreSQL server on a fresh database of the cluster `admin` (a URL)
+/// names.
+pub(crate) async fn spawn_app_on(admin: &str, configure: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_app_at(Some(fresh_database_on(admin).await), configure).await
+}
+
+/// A server on the database `db` (URL and name), or the embedded store.
+async fn spawn_app_at(db: Option<(String, String)>, configure: impl FnOnce(&mut Settings)) -> TestApp {
     let mut settings = test_settings();
     // A fresh data directory for each server: the embedded store lives there,
     // and the server key on both stores.
     let dir = tempfile::tempdir().unwrap();
     settings.data_dir = dir.path().to_path_buf();
-    let mut db = None;
-    if backend == Backend::Postgres {
-        let (url, name) = fresh_database().await;
-        settings.database_url = Some(url.clone());
-        db = Some((url, name));
-    }
-    let dir = Some(dir);
+    settings.database_url = db.as_ref().map(|(url, _)| url.clone());
     configure(&mut settings);
-    start(settings, dir, db).await
+    start(settings, Some(dir), db).await
 }
 
 /// Logs of the servers under test go to the test's captured output (shown

@@ -271,12 +271,9 @@ impl Replica {
             Ok(c) => c,
             Err(deadpool_postgres::PoolError::Timeout(_)) => return Vec::new(),
             Err(e) => {
-                let held = self.pool.status().size;
                 let full = refused_for_capacity(&e);
                 let why = pool_error(e).to_string();
-                if full && held > 0 {
-                    self.cap(held, &why);
-                } else {
+                if !(full && self.refused(&why)) {
                     self.down(why);
                 }
                 return Vec::new();
@@ -296,6 +293,18 @@ impl Replica {
                 Vec::new()
             }
         }
+    }
+
+    /// The standby refused one more connection for its connection limits
+    /// (`why`): when the pool holds some, the gate shrinks to them
+    /// ([`Self::cap`]) and this answers true; with none held, the standby
+    /// serves this process nothing, and the caller marks it down.
+    fn refused(&self, why: &str) -> bool {
+        let held = self.pool.status().size;
+        if held > 0 {
+            self.cap(held, why);
+        }
+        held > 0
     }
 
     /// Shrinks the gate to the `held` connections the pool has: the
@@ -378,6 +387,10 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
                 // Refused for its connection limits while reads hold every
                 // connection this process may have: busy, not down.
                 Ok(Err(Probe::Capacity(_))) if replica.is_capped() => continue,
+                // Refused for its connection limits while reads hold every
+                // connection the pool has, before any read was refused: the
+                // same, found by the probe first.
+                Ok(Err(Probe::Capacity(e))) if replica.refused(&e.to_string()) => continue,
                 Ok(Err(e)) => (false, Err(Unusable::Unreachable(e.to_string()))),
                 Ok(Ok(standby)) => (true, judge(&standby, &primary, replicas.max_lag, replica)),
             };
