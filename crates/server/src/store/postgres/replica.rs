@@ -255,15 +255,21 @@ impl Replica {
     /// most `TIDINGS_DB_TIMEOUT`, then the primary answers), until
     /// [`REGROW_AFTER`] has passed and it tries for more again.
     async fn read(&self, after: i64, limit: usize) -> Vec<Record> {
-        let Ok(Ok(permit)) = tokio::time::timeout(self.wait, self.gate.acquire()).await else {
-            return Vec::new();
-        };
-        let rows = self.read_gated(after, limit).await;
-        // The gate shrank while this read held its permit: it gives it up.
+        self.gated(self.wait, self.read_gated(after, limit)).await.unwrap_or_default()
+    }
+
+    /// Runs `work` once the gate lets it through (waiting at most `wait`;
+    /// `None` when it did not): reads and probes alike, so that a probe of
+    /// a standby that caps this process's connections waits its turn for
+    /// one of them rather than asking for another.
+    async fn gated<T>(&self, wait: Duration, work: impl std::future::Future<Output = T>) -> Option<T> {
+        let permit = tokio::time::timeout(wait, self.gate.acquire()).await.ok()?.ok()?;
+        let done = work.await;
+        // The gate shrank while this held its permit: it gives it up.
         if self.owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
             permit.forget();
         }
-        rows
+        Some(done)
     }
 
     async fn read_gated(&self, after: i64, limit: usize) -> Vec<Record> {
@@ -341,11 +347,6 @@ impl Replica {
         }
     }
 
-    /// Whether the standby refused this process more connections lately.
-    fn is_capped(&self) -> bool {
-        self.capped.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-    }
-
     fn down(&self, why: String) {
         if self.usable.swap(false, Ordering::AcqRel) {
             tracing::warn!(replica = self.name, error = why, "a standby stopped serving history; the primary serves it");
@@ -381,18 +382,21 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
         };
         for replica in &replicas.list {
             replica.regrow();
-            let found = tokio::time::timeout(PROBE_EVERY, identify(&replica.pool)).await;
+            // Through the gate, as a read: under load it waits (half its
+            // second) for a held connection instead of asking the standby
+            // for one more.
+            let found = tokio::time::timeout(PROBE_EVERY, replica.gated(PROBE_EVERY / 2, identify(&replica.pool))).await;
             let (answered, verdict) = match found {
                 Err(_) => (false, Err(Unusable::Silent)),
+                // Reads kept every connection this process may have for
+                // that long: busy, not down.
+                Ok(None) => continue,
                 // Refused for its connection limits while reads hold every
-                // connection this process may have: busy, not down.
-                Ok(Err(Probe::Capacity(_))) if replica.is_capped() => continue,
-                // Refused for its connection limits while reads hold every
-                // connection the pool has, before any read was refused: the
-                // same, found by the probe first.
-                Ok(Err(Probe::Capacity(e))) if replica.refused(&e.to_string()) => continue,
-                Ok(Err(e)) => (false, Err(Unusable::Unreachable(e.to_string()))),
-                Ok(Ok(standby)) => (true, judge(&standby, &primary, replicas.max_lag, replica)),
+                // connection the pool has (before the gate was shrunk to
+                // them): busy, not down, as for a read.
+                Ok(Some(Err(Probe::Capacity(e)))) if replica.refused(&e.to_string()) => continue,
+                Ok(Some(Err(e))) => (false, Err(Unusable::Unreachable(e.to_string()))),
+                Ok(Some(Ok(standby))) => (true, judge(&standby, &primary, replicas.max_lag, replica)),
             };
             match verdict {
                 Ok(()) => {
