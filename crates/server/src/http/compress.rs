@@ -187,6 +187,7 @@ impl Offer {
 
 /// One compressed stream's own state: whether its header went out, and
 /// the CRC-32 and length of the plain bytes it sent, for its trailer.
+#[derive(Debug)]
 pub(crate) struct Gzip {
     started: bool,
     crc: flate2::Crc,

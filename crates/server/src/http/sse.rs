@@ -88,19 +88,20 @@ pub(crate) async fn stream(
 
     let core = app.core();
     let compression = app.settings().streams.compression == Compression::On;
-    let gzip = (compression && compress::accepts_gzip(&headers)).then(Box::<Gzip>::default);
+    let gzip = (compression && compress::accepts_gzip(&headers)).then(SharedGzip::default);
     let gzipped = gzip.is_some();
     let mut options = core.session_options("sse");
     options.permit = Some(core.limits().acquire_stream(&caller)?);
     options.kill = connection.as_ref().map(|c| c.0.kill_token());
     options.expires_at = caller.expires_at;
-    // A plain stream on the direct path, whose frames need no span of their
-    // own, lets the broker write its frames while it waits.
-    if !gzipped
-        && crate::telemetry::tracer().is_none()
+    // A stream on the direct path, whose frames need no span of their own,
+    // lets the broker write its frames while it waits (a compressed one's
+    // gzip state with them: see [`SharedGzip`]).
+    if crate::telemetry::tracer().is_none()
         && let Some(link) = connection.as_ref().and_then(|c| c.0.link())
     {
-        options.sink = Some(Arc::new(Sink { link: link.clone(), filter: filter.clone(), expires_at: caller.expires_at }));
+        let sink = Sink { link: link.clone(), filter: filter.clone(), expires_at: caller.expires_at, gzip: gzip.clone() };
+        options.sink = Some(Arc::new(sink));
     }
     let start = resume.map_or(Start::Now, Start::Resume);
     let session = Session::open(core, filter, start, options).await?;
@@ -115,13 +116,7 @@ pub(crate) async fn stream(
             // its shared compressed segment): the connection writes the
             // chunks that are ready in one go.
             if let Some(frame) = s.pending.next() {
-                let chunk = match s.gzip.as_deref_mut() {
-                    None => frame.sse(event_frame),
-                    Some(gzip) => {
-                        let (plain, packed) = frame.sse_compressed(event_frame, compress::segment);
-                        gzip.write(&plain, packed)
-                    }
-                };
+                let chunk = event_chunk(&frame, s.gzip.as_deref());
                 return Some((Ok::<_, std::convert::Infallible>(chunk), s));
             }
             let chunk = match s.first_or_done() {
@@ -137,7 +132,7 @@ pub(crate) async fn stream(
             return match chunk {
                 Some(chunk) => Some((Ok(s.encode(chunk)), s)),
                 // A compressed stream's last chunk is its trailer.
-                None => s.gzip.take().map(|gzip| (Ok(gzip.trailer()), s)),
+                None => s.gzip.take().map(|gzip| (Ok(lock(&gzip).trailer()), s)),
             };
         }
     });
@@ -163,6 +158,32 @@ struct Sink {
     link: Arc<Link>,
     filter: Arc<Filter>,
     expires_at: Option<i64>,
+    /// A compressed stream's gzip state, shared with its task.
+    gzip: Option<SharedGzip>,
+}
+
+/// A compressed stream's gzip state (the checksum and length of what it
+/// sent, for its trailer), shared by its task and the broker's writes for
+/// it: each event is counted by whichever writes it, and the two never
+/// write at once (the broker writes only while the task waits, see
+/// `server::Link`), so the lock is never contended.
+type SharedGzip = Arc<std::sync::Mutex<Gzip>>;
+
+fn lock(gzip: &std::sync::Mutex<Gzip>) -> std::sync::MutexGuard<'_, Gzip> {
+    // Each use is one update of a checksum: a panic cannot leave it torn.
+    gzip.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An event as this stream writes it: its shared SSE frame, or its shared
+/// compressed segment, counted by the stream's gzip state.
+fn event_chunk(frame: &Frame, gzip: Option<&std::sync::Mutex<Gzip>>) -> Bytes {
+    match gzip {
+        None => frame.sse(event_frame),
+        Some(gzip) => {
+            let (plain, packed) = frame.sse_compressed(event_frame, compress::segment);
+            lock(gzip).write(&plain, packed)
+        }
+    }
 }
 
 impl crate::broker::Sink for Sink {
@@ -178,9 +199,10 @@ impl crate::broker::Sink for Sink {
         if task_must_write(&self.filter, self.expires_at) {
             return Wrote::Declined;
         }
+        let gzip = self.gzip.as_deref();
         let whole = match frames {
-            [one] => self.link.write_chunk(std::slice::from_ref(&one.sse(event_frame))),
-            many => self.link.write_chunk(&many.iter().map(|f| f.sse(event_frame)).collect::<Vec<_>>()),
+            [one] => self.link.write_chunk(std::slice::from_ref(&event_chunk(one, gzip))),
+            many => self.link.write_chunk(&many.iter().map(|f| event_chunk(f, gzip)).collect::<Vec<_>>()),
         };
         record_delivery("sse", frames, false);
         if whole { Wrote::All } else { Wrote::Part }
@@ -204,8 +226,8 @@ struct SseState {
     /// The events of a delivery not written yet.
     pending: std::vec::IntoIter<Frame>,
     /// A compressed stream's own state (`Content-Encoding: gzip`, see
-    /// [`compress`]); boxed, so a plain stream carries a pointer.
-    gzip: Option<Box<Gzip>>,
+    /// [`compress`]); shared, so a plain stream carries a pointer.
+    gzip: Option<SharedGzip>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -220,9 +242,9 @@ impl SseState {
     /// A chunk of this stream's own as written: compressed on its own
     /// when the stream is.
     fn encode(&mut self, chunk: Bytes) -> Bytes {
-        match self.gzip.as_deref_mut() {
+        match self.gzip.as_deref() {
             None => chunk,
-            Some(gzip) => gzip.own(&chunk),
+            Some(gzip) => lock(gzip).own(&chunk),
         }
     }
 
