@@ -413,16 +413,21 @@ async fn every_process_reads_history_at_the_standby() {
 /// marked it usable, and a process under load read most of its history at
 /// the primary. The role here may hold one connection; a proxy in front of
 /// the standby holds a history read's query on it, so the probe asks for a
-/// second while the pool's one is busy.
+/// second while the pool's one is busy. And a standby no probe could check
+/// for 3 s, its connections busy all along, is set aside (a standby left on
+/// another epoch by a failover must not serve history for as long as the
+/// load lasts): before the held read's own deadline (5 s) ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_refused_while_a_read_holds_the_connections_keeps_the_standby() {
     // A read may find the pool's one connection lent to a probe (a
     // millisecond in each second) and be refused itself, which this test
     // is not about: it starts again, on a server of its own.
     for _ in 0..3 {
-        if let Some(seen) = probe_refused_while_a_read_is_held().await {
-            assert_eq!(seen["usable"], true, "the probe's refusal marked the standby down: {seen}");
-            assert_eq!(seen["connections_capped_at"], 1, "kept at the one connection the role may hold: {seen}");
+        if let Some((refused, unchecked)) = probe_refused_while_a_read_is_held().await {
+            assert_eq!(refused["usable"], true, "the probe's refusal marked the standby down: {refused}");
+            assert_eq!(refused["connections_capped_at"], 1, "kept at the one connection the role may hold: {refused}");
+            let why = unchecked["last_error"].as_str().unwrap_or_default();
+            assert!(why.starts_with("not checked for 3s"), "set aside for going unchecked, before the read's own deadline: {unchecked}");
             return;
         }
     }
@@ -430,8 +435,9 @@ async fn a_probe_refused_while_a_read_holds_the_connections_keeps_the_standby() 
 }
 
 /// The standby's state once its probe was refused while the proxy held a
-/// read's query; `None` when the read found no held connection of its own.
-async fn probe_refused_while_a_read_is_held() -> Option<Value> {
+/// read's query, and once it was no longer usable; `None` when the read
+/// found no held connection of its own.
+async fn probe_refused_while_a_read_is_held() -> Option<(Value, Value)> {
     use crate::helpers::proxy::HoldingProxy;
     let role = format!("reader_{}", rand::random::<u32>());
     let (admin, conn) = tokio_postgres::connect(&their_primary(), tokio_postgres::NoTls).await.unwrap();
@@ -465,17 +471,25 @@ async fn probe_refused_while_a_read_is_held() -> Option<Value> {
         assert_eq!(reader.await.unwrap(), (1..=head).collect::<Vec<_>>());
         return None;
     }
-    // The probe, once a second, finds the pool's connection busy.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let seen = loop {
-        let now = standby(&app).await;
-        if now["usable"] != true || now["connections_capped_at"].is_number() {
-            break now;
-        }
-        assert!(std::time::Instant::now() < deadline, "waited 20 s for a probe to be refused: {now}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    // The probe, once a second, finds the pool's connection busy; the read
+    // stays held, and no probe checks the standby from then on.
+    let refused = until_standby(&app, "a probe to be refused", |s| s["usable"] != true || s["connections_capped_at"].is_number()).await;
+    let unchecked = until_standby(&app, "the standby to be set aside", |s| s["usable"] != true).await;
     proxy.release();
     assert_eq!(reader.await.unwrap(), (1..=head).collect::<Vec<_>>(), "every id once, in order");
-    Some(seen)
+    Some((refused, unchecked))
+}
+
+/// The standby's entry in `/health/deep` once `done` holds of it (at most
+/// 20 s).
+async fn until_standby(app: &TestApp, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = standby(app).await;
+        if done(&now) {
+            return now;
+        }
+        assert!(std::time::Instant::now() < deadline, "waited 20 s for {what}: {now}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -74,8 +74,10 @@ async fn relay(mut client: TcpStream, mut server: TcpStream, marker: &[u8], held
             };
             if !*released.borrow() && buf[..n].windows(marker.len()).any(|w| w == marker) {
                 held.fetch_add(1, Ordering::AcqRel);
+                // Counted off however the wait ends (the relay may be
+                // dropped mid-wait).
+                let _counted = Counted(&held);
                 let _ = released.wait_for(|r| *r).await;
-                held.fetch_sub(1, Ordering::AcqRel);
             }
             if server_write.write_all(&buf[..n]).await.is_err() {
                 return;
@@ -86,5 +88,14 @@ async fn relay(mut client: TcpStream, mut server: TcpStream, marker: &[u8], held
     tokio::select! {
         () = upstream => {}
         _ = downstream => {}
+    }
+}
+
+/// Takes one off a count of held connections when dropped.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }

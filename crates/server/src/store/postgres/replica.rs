@@ -38,6 +38,10 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest the broker waits for a standby to replay a notified commit
 /// before it reads the primary (`TIDINGS_BROKER_READS=replica`).
 const TAIL_WAIT: Duration = Duration::from_millis(100);
+/// Longest a standby serves history without a probe having checked it
+/// (its epoch, its recovery, its lag): a probe that finds every
+/// connection busy lets it serve on only this long.
+const UNCHECKED_LIMIT: Duration = Duration::from_secs(3);
 
 /// The standbys of one primary.
 #[derive(Debug)]
@@ -69,6 +73,8 @@ struct Replica {
     /// behind; 0 when it holds the primary's head.
     lag_ms: AtomicI64,
     reads: AtomicU64,
+    /// When a probe last checked it.
+    checked: std::sync::Mutex<tokio::time::Instant>,
     last_error: std::sync::Mutex<Option<String>>,
     /// The connections this process kept reading through when the standby
     /// refused another, and when.
@@ -106,6 +112,7 @@ impl Replicas {
                 lag_events: AtomicI64::new(0),
                 lag_ms: AtomicI64::new(0),
                 reads: AtomicU64::new(0),
+                checked: std::sync::Mutex::new(tokio::time::Instant::now()),
                 last_error: std::sync::Mutex::new(Some("not probed yet".to_owned())),
                 capped: std::sync::Mutex::new(None),
                 gate: tokio::sync::Semaphore::new(POOL_SIZE),
@@ -264,12 +271,8 @@ impl Replica {
     /// one of them rather than asking for another.
     async fn gated<T>(&self, wait: Duration, work: impl std::future::Future<Output = T>) -> Option<T> {
         let permit = tokio::time::timeout(wait, self.gate.acquire()).await.ok()?.ok()?;
-        let done = work.await;
-        // The gate shrank while this held its permit: it gives it up.
-        if self.owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
-            permit.forget();
-        }
-        Some(done)
+        let _pass = Pass { permit: Some(permit), owed: &self.owed };
+        Some(work.await)
     }
 
     async fn read_gated(&self, after: i64, limit: usize) -> Vec<Record> {
@@ -357,6 +360,23 @@ impl Replica {
     }
 }
 
+/// A permit of the gate, held while its work runs, ended or dropped: if
+/// the gate shrank meanwhile, it is given up rather than handed back.
+struct Pass<'a> {
+    permit: Option<tokio::sync::SemaphorePermit<'a>>,
+    owed: &'a AtomicUsize,
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        if self.owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+            && let Some(permit) = self.permit.take()
+        {
+            permit.forget();
+        }
+    }
+}
+
 /// `host:port/dbname` of a connection config.
 fn name_of(config: &tokio_postgres::Config) -> String {
     let host = match config.get_hosts().first() {
@@ -384,19 +404,28 @@ async fn probe(replicas: Weak<Replicas>, primary: Pool) {
             replica.regrow();
             // Through the gate, as a read: under load it waits (half its
             // second) for a held connection instead of asking the standby
-            // for one more.
-            let found = tokio::time::timeout(PROBE_EVERY, replica.gated(PROBE_EVERY / 2, identify(&replica.pool))).await;
+            // for one more; then it has its second.
+            let found = replica.gated(PROBE_EVERY / 2, tokio::time::timeout(PROBE_EVERY, identify(&replica.pool))).await;
             let (answered, verdict) = match found {
-                Err(_) => (false, Err(Unusable::Silent)),
-                // Reads kept every connection this process may have for
-                // that long: busy, not down.
-                Ok(None) => continue,
-                // Refused for its connection limits while reads hold every
-                // connection the pool has (before the gate was shrunk to
-                // them): busy, not down, as for a read.
-                Ok(Some(Err(Probe::Capacity(e)))) if replica.refused(&e.to_string()) => continue,
-                Ok(Some(Err(e))) => (false, Err(Unusable::Unreachable(e.to_string()))),
-                Ok(Some(Ok(standby))) => (true, judge(&standby, &primary, replicas.max_lag, replica)),
+                Some(Err(_)) => (false, Err(Unusable::Silent)),
+                Some(Ok(Ok(standby))) => {
+                    *replica.checked.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+                    (true, judge(&standby, &primary, replicas.max_lag, replica))
+                }
+                Some(Ok(Err(Probe::Capacity(e)))) if !replica.refused(&e.to_string()) => (false, Err(Unusable::Unreachable(e.to_string()))),
+                Some(Ok(Err(Probe::Store(e)))) => (false, Err(Unusable::Unreachable(e.to_string()))),
+                // Reads kept every connection this process may have busy
+                // for that long, or the standby refused one more while the
+                // pool holds some (capped, as for a read): busy, not down,
+                // until it has gone unchecked too long. Then the primary
+                // serves its history, the gate empties, and the next probe
+                // gets through.
+                None | Some(Ok(Err(Probe::Capacity(_)))) => {
+                    if replica.checked.lock().unwrap_or_else(|p| p.into_inner()).elapsed() < UNCHECKED_LIMIT {
+                        continue;
+                    }
+                    (true, Err(Unusable::Unchecked(UNCHECKED_LIMIT)))
+                }
             };
             match verdict {
                 Ok(()) => {
@@ -456,6 +485,8 @@ fn verdict(standby: &Server, primary: &Server, max_lag: Duration) -> (i64, i64, 
 enum Unusable {
     #[error("the standby did not answer the probe within 1 s")]
     Silent,
+    #[error("not checked for {0:?}: reads kept every connection to it busy")]
+    Unchecked(Duration),
     #[error("{0}")]
     Unreachable(String),
     #[error("not a standby (not in recovery)")]
